@@ -1,0 +1,344 @@
+#include "block_hash.h"
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_status.h"
+
+struct kvp_hasher {
+	EVP_MD_CTX *ctx;
+	const EVP_MD *md;
+	uint8_t none_hash[KVP_HASH_LEN];
+};
+
+/* ---- canonical CBOR (the subset vLLM's hash inputs use; spec 6.4) ---- */
+
+#define CBOR_HEAD_MAX 9
+
+static inline size_t
+cbor_head(uint8_t *p, unsigned major, uint64_t n)
+{
+	uint8_t m = (uint8_t)(major << 5);
+
+	if (n < 24) {
+		p[0] = m | (uint8_t)n;
+		return 1;
+	}
+	if (n <= 0xff) {
+		p[0] = m | 24;
+		p[1] = (uint8_t)n;
+		return 2;
+	}
+	if (n <= 0xffff) {
+		p[0] = m | 25;
+		p[1] = (uint8_t)(n >> 8);
+		p[2] = (uint8_t)n;
+		return 3;
+	}
+	if (n <= 0xffffffffu) {
+		p[0] = m | 26;
+		p[1] = (uint8_t)(n >> 24);
+		p[2] = (uint8_t)(n >> 16);
+		p[3] = (uint8_t)(n >> 8);
+		p[4] = (uint8_t)n;
+		return 5;
+	}
+	p[0] = m | 27;
+	for (int i = 0; i < 8; i++)
+		p[1 + i] = (uint8_t)(n >> (56 - 8 * i));
+	return 9;
+}
+
+static inline size_t
+cbor_int(uint8_t *p, int64_t v)
+{
+	/* -1-v for negatives, computed without overflow at INT64_MIN. */
+	return v >= 0 ? cbor_head(p, 0, (uint64_t)v) : cbor_head(p, 1, ~(uint64_t)v);
+}
+
+static size_t
+cbor_str(uint8_t *p, const char *s)
+{
+	size_t n = strlen(s);
+	size_t h = cbor_head(p, 3, n);
+	memcpy(p + h, s, n);
+	return h + n;
+}
+
+/* ---- hasher ---- */
+
+int
+kvp_hasher_create(const char *seed, struct kvp_hasher **out)
+{
+	struct kvp_hasher *h;
+	int rv = KVP_OK;
+
+	if (out == NULL)
+		return KVP_EINVAL;
+	if ((h = calloc(1, sizeof(*h))) == NULL)
+		return KVP_ENOMEM;
+	h->md = EVP_sha256();
+	if ((h->ctx = EVP_MD_CTX_new()) == NULL || h->md == NULL) {
+		kvp_hasher_destroy(h);
+		return KVP_ENOMEM;
+	}
+	if (seed != NULL) {
+		size_t n = strlen(seed);
+		uint8_t *buf = malloc(n + CBOR_HEAD_MAX);
+		if (buf == NULL) {
+			kvp_hasher_destroy(h);
+			return KVP_ENOMEM;
+		}
+		rv = kvp_hash_raw(h, buf, cbor_str(buf, seed), h->none_hash);
+		free(buf);
+	} else if (RAND_bytes(h->none_hash, KVP_HASH_LEN) != 1) {
+		rv = KVP_EINTERNAL;
+	}
+	if (rv != KVP_OK) {
+		kvp_hasher_destroy(h);
+		return rv;
+	}
+	*out = h;
+	return KVP_OK;
+}
+
+void
+kvp_hasher_destroy(struct kvp_hasher *h)
+{
+	if (h == NULL)
+		return;
+	EVP_MD_CTX_free(h->ctx);
+	free(h);
+}
+
+const uint8_t *
+kvp_hasher_none_hash(const struct kvp_hasher *h)
+{
+	return h->none_hash;
+}
+
+int
+kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t out[KVP_HASH_LEN])
+{
+	unsigned int n = 0;
+
+	if (h == NULL || (data == NULL && len > 0) || out == NULL)
+		return KVP_EINVAL;
+	if (EVP_DigestInit_ex(h->ctx, h->md, NULL) != 1 ||
+	    EVP_DigestUpdate(h->ctx, data, len) != 1 ||
+	    EVP_DigestFinal_ex(h->ctx, out, &n) != 1 || n != KVP_HASH_LEN)
+		return KVP_EINTERNAL;
+	return KVP_OK;
+}
+
+int
+kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
+               size_t n, const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN])
+{
+	/* Encoded in chunks so any block size hashes without allocating. */
+	uint8_t buf[1024];
+	size_t len = 0;
+	unsigned int dlen = 0;
+	int ok;
+
+	if (h == NULL || (tokens == NULL && n > 0) || out == NULL ||
+	    (extra == NULL && extra_len > 0))
+		return KVP_EINVAL;
+	ok = EVP_DigestInit_ex(h->ctx, h->md, NULL) == 1;
+	buf[len++] = 0x83;
+	buf[len++] = 0x58;
+	buf[len++] = KVP_HASH_LEN;
+	memcpy(buf + len, parent ? parent : h->none_hash, KVP_HASH_LEN);
+	len += KVP_HASH_LEN;
+	len += cbor_head(buf + len, 4, n);
+	for (size_t i = 0; i < n; i++) {
+		if (len > sizeof(buf) - CBOR_HEAD_MAX) {
+			ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
+			len = 0;
+		}
+		len += cbor_int(buf + len, tokens[i]);
+	}
+	if (extra_len == 0) {
+		if (len == sizeof(buf)) {
+			ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
+			len = 0;
+		}
+		buf[len++] = 0xf6;
+		ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
+	} else {
+		ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
+		ok &= EVP_DigestUpdate(h->ctx, extra, extra_len) == 1;
+	}
+	ok &= EVP_DigestFinal_ex(h->ctx, out, &dlen) == 1;
+	return ok && dlen == KVP_HASH_LEN ? KVP_OK : KVP_EINTERNAL;
+}
+
+/* ---- extra keys (spec 6.6) ---- */
+
+int
+kvp_request_keys_validate(const struct kvp_request_keys *k)
+{
+	if (k == NULL)
+		return KVP_OK;
+	if (k->num_mm > 0 && k->mm == NULL)
+		return KVP_EINVAL;
+	for (size_t i = 0; i < k->num_mm; i++) {
+		const struct kvp_mm_feature *f = &k->mm[i];
+		if (f->identifier == NULL || f->offset < 0 || f->length < 1 ||
+		    f->length > INT64_MAX - f->offset)
+			return KVP_EINVAL;
+		if (i > 0 && f->offset < k->mm[i - 1].offset)
+			return KVP_EINVAL;
+	}
+	return KVP_OK;
+}
+
+size_t
+kvp_extra_keys_max_len(const struct kvp_request_keys *k)
+{
+	size_t n = CBOR_HEAD_MAX;
+
+	if (k == NULL)
+		return n;
+	if (k->lora_name)
+		n += CBOR_HEAD_MAX + strlen(k->lora_name);
+	if (k->cache_salt)
+		n += CBOR_HEAD_MAX + strlen(k->cache_salt);
+	for (size_t i = 0; i < k->num_mm; i++)
+		n += 1 + CBOR_HEAD_MAX + strlen(k->mm[i].identifier) + CBOR_HEAD_MAX;
+	return n;
+}
+
+/* _gen_mm_extra_hash_keys, iteration for iteration. Returns the item count. */
+static size_t
+mm_keys(const struct kvp_request_keys *k, int64_t start, int64_t end, int64_t *mm_idx,
+        uint8_t *p, size_t *len)
+{
+	size_t items = 0;
+	int64_t n = (int64_t)k->num_mm, cur;
+	const struct kvp_mm_feature *last;
+
+	if (n == 0)
+		return 0;
+	last = &k->mm[n - 1];
+	if (last->offset + last->length < start)
+		return 0;
+	cur = *mm_idx < 0 ? n + *mm_idx : *mm_idx;
+	if (cur < 0)
+		cur = 0; /* vLLM asserts -idx <= len; we only produce -1 */
+	while (cur < n) {
+		const struct kvp_mm_feature *f = &k->mm[cur];
+		if (!(end > f->offset))
+			break; /* the block has not reached this feature */
+		if (start > f->offset + f->length) {
+			cur++; /* the block has passed it */
+			continue;
+		}
+		p[(*len)++] = 0x82;
+		*len += cbor_str(p + *len, f->identifier);
+		*len += cbor_int(p + *len, f->offset - start);
+		items++;
+		if (end >= f->offset + f->length)
+			cur++; /* the block may also hold the next feature */
+		else
+			break;
+	}
+	*mm_idx = cur;
+	return items;
+}
+
+int
+kvp_extra_keys_encode(const struct kvp_request_keys *k, int64_t start, int64_t end,
+                      int64_t *mm_idx, uint8_t *buf, size_t cap, size_t *len)
+{
+	uint8_t mm[1024], *mmbuf = mm;
+	size_t mmlen = 0, items = 0, n = 0, need;
+	int64_t idx_dummy = 0;
+
+	if (buf == NULL || len == NULL || (need = kvp_extra_keys_max_len(k)) > cap)
+		return KVP_EINVAL;
+	if (mm_idx == NULL)
+		mm_idx = &idx_dummy;
+	if (k == NULL) {
+		buf[0] = 0xf6;
+		*len = 1;
+		return KVP_OK;
+	}
+	/* The mm items come second but their count is known only after the walk. */
+	if (need > sizeof(mm) && (mmbuf = malloc(need)) == NULL)
+		return KVP_ENOMEM;
+	size_t nmm = mm_keys(k, start, end, mm_idx, mmbuf, &mmlen);
+	items = (k->lora_name ? 1 : 0) + nmm +
+	        (start == 0 && k->cache_salt && k->cache_salt[0] ? 1 : 0);
+	if (items == 0) {
+		buf[n++] = 0xf6;
+	} else {
+		n += cbor_head(buf, 4, items);
+		if (k->lora_name)
+			n += cbor_str(buf + n, k->lora_name);
+		memcpy(buf + n, mmbuf, mmlen);
+		n += mmlen;
+		if (start == 0 && k->cache_salt && k->cache_salt[0])
+			n += cbor_str(buf + n, k->cache_salt);
+	}
+	if (mmbuf != mm)
+		free(mmbuf);
+	*len = n;
+	return KVP_OK;
+}
+
+int
+kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,
+                 const int64_t *tokens, size_t num_tokens, uint32_t block_size,
+                 const uint8_t *prev, size_t num_prev, uint8_t *out, size_t cap,
+                 size_t *num_out)
+{
+	uint8_t ebuf_small[512], *ebuf = ebuf_small;
+	size_t ecap = sizeof(ebuf_small), full, count = 0;
+	int64_t mm_idx;
+	const uint8_t *parent;
+	int rv = KVP_OK;
+
+	if (h == NULL || block_size == 0 || (tokens == NULL && num_tokens > 0) ||
+	    (prev == NULL && num_prev > 0) || num_out == NULL ||
+	    kvp_request_keys_validate(k) != KVP_OK)
+		return KVP_EINVAL;
+	full = num_tokens / block_size;
+	if (full > num_prev && (out == NULL || cap < full - num_prev))
+		return KVP_EINVAL;
+	if (kvp_extra_keys_max_len(k) > ecap) {
+		ecap = kvp_extra_keys_max_len(k);
+		if ((ebuf = malloc(ecap)) == NULL)
+			return KVP_ENOMEM;
+	}
+	mm_idx = num_prev > 0 ? -1 : 0;
+	parent = num_prev > 0 ? prev + (num_prev - 1) * KVP_HASH_LEN : NULL;
+	for (size_t b = num_prev; b < full && rv == KVP_OK; b++, count++) {
+		int64_t start = (int64_t)b * block_size;
+		size_t elen = 0;
+		uint8_t *dst = out + count * KVP_HASH_LEN;
+		rv = kvp_extra_keys_encode(k, start, start + block_size, &mm_idx, ebuf, ecap, &elen);
+		if (rv == KVP_OK)
+			rv = kvp_hash_block(h, parent, tokens + start, block_size, ebuf, elen, dst);
+		parent = dst;
+	}
+	if (ebuf != ebuf_small)
+		free(ebuf);
+	if (rv != KVP_OK)
+		return rv;
+	*num_out = count;
+	return KVP_OK;
+}
+
+uint64_t
+kvp_hash_event_id(const uint8_t *hash, size_t len)
+{
+	uint64_t v = 0;
+	size_t from = len > 8 ? len - 8 : 0;
+
+	for (size_t i = from; i < len; i++)
+		v = (v << 8) | hash[i];
+	return v;
+}

@@ -1,0 +1,80 @@
+/*
+ * free_queue.h: vLLM's FreeKVCacheBlockQueue, an intrusive doubly linked
+ * list of block ids with fake head and tail sentinels.
+ *
+ * The head is the next block to be allocated or evicted (LRU end); the tail
+ * is the most recently freed. Links are 32-bit block ids stored in the
+ * block metadata array (struct kvp_block), so every operation is O(1) and
+ * nothing allocates. The two sentinels live in the same array at indexes
+ * n (head) and n+1 (tail); a block that is not linked has prev == next ==
+ * KVP_QUEUE_UNLINKED.
+ *
+ * Internal to the engine (the pool owns its queue); exposed so tests can
+ * check the primitives against vLLM's (scenarios A1, A2). Not thread-safe.
+ * Never allocates, never prints.
+ */
+#ifndef KVP_FREE_QUEUE_H
+#define KVP_FREE_QUEUE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_QUEUE_UNLINKED (-1)
+
+/* Per-block metadata shared by the queue and the pool: 16 bytes. */
+struct kvp_block {
+	int32_t prev;     /* previous in the free queue, or KVP_QUEUE_UNLINKED */
+	int32_t next;     /* next in the free queue, or KVP_QUEUE_UNLINKED */
+	int32_t ref_cnt;  /* holders; the pool keeps the null block's at 0 */
+	uint32_t mark;    /* pool scratch: duplicate detection within a call */
+};
+
+struct kvp_queue {
+	struct kvp_block *blocks; /* n + 2 entries; not owned */
+	int32_t head;             /* == n, the fake head */
+	int32_t tail;             /* == n + 1, the fake tail */
+	uint32_t num_free;
+};
+
+/*
+ * Links blocks[order[0..count)] in that order. blocks must have n + 2
+ * entries (the last two are the sentinels); every order[i] must be distinct
+ * and < n (our bug otherwise: asserted). Blocks not in order are marked
+ * unlinked. ref_cnt and mark are not touched.
+ */
+void kvp_queue_init(struct kvp_queue *q, struct kvp_block *blocks, uint32_t n,
+                    const int32_t *order, size_t count);
+
+/* Returns 1 if block id is linked into the queue, else 0. */
+static inline int
+kvp_queue_contains(const struct kvp_queue *q, int32_t id)
+{
+	return q->blocks[id].prev != KVP_QUEUE_UNLINKED;
+}
+
+/* Pops the head block. Returns its id, or -1 if the queue is empty. */
+int32_t kvp_queue_popleft(struct kvp_queue *q);
+
+/*
+ * Pops n blocks from the head into out[0..n), in queue order. Returns
+ * KVP_ENOSPACE (queue unchanged) if fewer than n are queued; n == 0 is KVP_OK.
+ */
+int kvp_queue_popleft_n(struct kvp_queue *q, uint32_t n, int32_t *out);
+
+/* Unlinks block id from anywhere. KVP_ENOTFOUND if it is not linked. */
+int kvp_queue_remove(struct kvp_queue *q, int32_t id);
+
+/* Links block id before the tail. KVP_ESTATE if it is already linked. */
+int kvp_queue_append(struct kvp_queue *q, int32_t id);
+
+/*
+ * Links ids[0..n) before the tail, in order. The caller guarantees they are
+ * distinct and unlinked (asserted: the pool validates first).
+ */
+void kvp_queue_append_n(struct kvp_queue *q, const int32_t *ids, size_t n);
+
+/* Walks from head to tail: first id, or -1 when empty; next id, or -1 at the end. */
+int32_t kvp_queue_first(const struct kvp_queue *q);
+int32_t kvp_queue_next(const struct kvp_queue *q, int32_t id);
+
+#endif /* KVP_FREE_QUEUE_H */

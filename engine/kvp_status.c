@@ -1,0 +1,29 @@
+#include "kvp_status.h"
+
+#include <stddef.h>
+
+#define KVP_STATUS_TEXT_(name, num, text) [num] = text,
+#define KVP_STATUS_NAME_(name, num, text) [num] = #name,
+static const char *const status_text[] = {KVP_STATUS_TABLE(KVP_STATUS_TEXT_)};
+static const char *const status_name[] = {KVP_STATUS_TABLE(KVP_STATUS_NAME_)};
+#undef KVP_STATUS_TEXT_
+#undef KVP_STATUS_NAME_
+
+_Static_assert(sizeof(status_text) / sizeof(status_text[0]) == KVP_STATUS_COUNT,
+               "KVP_STATUS_COUNT must match the table");
+
+const char *
+kvp_strerror(int status)
+{
+	if (status < 0 || status >= KVP_STATUS_COUNT || status_text[status] == NULL)
+		return "unknown status";
+	return status_text[status];
+}
+
+const char *
+kvp_status_name(int status)
+{
+	if (status < 0 || status >= KVP_STATUS_COUNT || status_name[status] == NULL)
+		return "KVP_UNKNOWN";
+	return status_name[status];
+}

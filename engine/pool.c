@@ -1,0 +1,600 @@
+#include "pool.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "free_queue.h"
+#include "hash_map.h"
+#include "kvp_status.h"
+
+#define GROUP_LEN 4
+#define MAX_KEY (65532 + GROUP_LEN)
+
+struct kvp_pool {
+	uint32_t n;               /* blocks, the null block included */
+	uint32_t hash_block_size;
+	uint32_t max_hash_len;
+	bool caching, events_on;
+	char medium[32];
+	struct kvp_block *blocks; /* n + 2: the queue's sentinels at the end */
+	struct kvp_queue queue;
+	struct kvp_map map;
+	struct kvp_metrics *metrics;
+	struct kvp_event_batch events;
+	uint32_t stamp;           /* current call's mark for duplicate checks */
+	uint32_t num_hashed;
+	int32_t *scratch;         /* n ids: evict_blocks' sorted set */
+	uint8_t *extra_buf;       /* cache_full_blocks' extra-key scratch */
+	size_t extra_cap;
+	struct kvp_pool_stats stats;
+};
+
+int
+kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
+{
+	struct kvp_pool *p;
+	uint32_t mhl;
+	int rv;
+
+	if (cfg == NULL || out == NULL || cfg->num_blocks == 0 ||
+	    cfg->num_blocks > INT32_MAX - 3 || cfg->hash_block_size == 0)
+		return KVP_EINVAL;
+	mhl = cfg->max_hash_len ? cfg->max_hash_len : KVP_HASH_LEN;
+	if (mhl % KVP_HASH_LEN != 0 || mhl + GROUP_LEN > MAX_KEY)
+		return KVP_EINVAL;
+	if (cfg->medium != NULL && strlen(cfg->medium) >= sizeof(p->medium))
+		return KVP_EINVAL;
+	if ((p = calloc(1, sizeof(*p))) == NULL)
+		return KVP_ENOMEM;
+	p->n = cfg->num_blocks;
+	p->hash_block_size = cfg->hash_block_size;
+	p->max_hash_len = mhl;
+	p->caching = cfg->enable_caching;
+	p->events_on = cfg->enable_events;
+	p->metrics = cfg->metrics;
+	snprintf(p->medium, sizeof(p->medium), "%s", cfg->medium ? cfg->medium : "GPU");
+	kvp_event_batch_init(&p->events);
+	p->blocks = calloc((size_t)p->n + 2, sizeof(*p->blocks));
+	p->scratch = malloc((size_t)p->n * sizeof(*p->scratch));
+	if (p->blocks == NULL || p->scratch == NULL) {
+		kvp_pool_destroy(p);
+		return KVP_ENOMEM;
+	}
+	if ((rv = kvp_map_init(&p->map, p->n, mhl + GROUP_LEN)) != KVP_OK) {
+		kvp_pool_destroy(p);
+		return rv;
+	}
+	/* Link 1..N-1 in id order: vLLM links 0..N-1 and then pops 0 as null. */
+	kvp_queue_init(&p->queue, p->blocks, p->n, NULL, 0);
+	if (p->n > 1) {
+		struct kvp_block *b = p->blocks;
+		for (uint32_t i = 1; i < p->n; i++) {
+			b[i].prev = (int32_t)i - 1;
+			b[i].next = (int32_t)i + 1;
+		}
+		b[1].prev = p->queue.head;
+		b[p->n - 1].next = p->queue.tail;
+		b[p->queue.head].next = 1;
+		b[p->queue.tail].prev = (int32_t)p->n - 1;
+		p->queue.num_free = p->n - 1;
+	}
+	*out = p;
+	return KVP_OK;
+}
+
+void
+kvp_pool_destroy(struct kvp_pool *p)
+{
+	if (p == NULL)
+		return;
+	kvp_map_fini(&p->map);
+	kvp_event_batch_fini(&p->events);
+	free(p->blocks);
+	free(p->scratch);
+	free(p->extra_buf);
+	free(p);
+}
+
+/* A fresh mark for duplicate detection; clears all marks on wrap. */
+static uint32_t
+next_stamp(struct kvp_pool *p)
+{
+	if (++p->stamp == 0) {
+		for (uint32_t i = 0; i < p->n; i++)
+			p->blocks[i].mark = 0;
+		p->stamp = 1;
+	}
+	return p->stamp;
+}
+
+/* _maybe_evict_cached_block; the caller reserved room for one event. */
+static void
+maybe_evict(struct kvp_pool *p, int32_t id)
+{
+	size_t len;
+	const uint8_t *key;
+
+	if (p->metrics)
+		kvp_metrics_on_evicted(p->metrics, id);
+	if ((key = kvp_map_key(&p->map, id, &len)) == NULL)
+		return;
+	if (p->events_on) {
+		uint32_t g = (uint32_t)key[len - 4] << 24 | (uint32_t)key[len - 3] << 16 |
+		             (uint32_t)key[len - 2] << 8 | key[len - 1];
+		kvp_event_append_removed(&p->events, key, len - GROUP_LEN, p->medium, g);
+	}
+	kvp_map_remove_id(&p->map, id);
+	p->num_hashed--;
+	p->stats.blocks_evicted++;
+}
+
+static int
+reserve_removed(struct kvp_pool *p, size_t n)
+{
+	if (!p->events_on || n == 0)
+		return KVP_OK;
+	size_t per = kvp_event_removed_bytes(p->max_hash_len, p->medium);
+	if (n > SIZE_MAX / 2 / per)
+		return KVP_ENOMEM;
+	return kvp_event_batch_reserve(&p->events, n, n * per);
+}
+
+int
+kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
+{
+	int rv;
+
+	if (p == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	if (n > p->queue.num_free) {
+		p->stats.alloc_failures++;
+		return KVP_ENOSPACE;
+	}
+	/* Reserve for the worst case (every popped block cached) up front. */
+	if (p->caching && p->num_hashed > 0 &&
+	    (rv = reserve_removed(p, n < p->num_hashed ? n : p->num_hashed)) != KVP_OK)
+		return rv;
+	rv = kvp_queue_popleft_n(&p->queue, n, ids);
+	assert(rv == KVP_OK);
+	for (uint32_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (p->caching)
+			maybe_evict(p, id);
+		assert(p->blocks[id].ref_cnt == 0);
+		p->blocks[id].ref_cnt = 1;
+		if (p->metrics)
+			kvp_metrics_on_allocated(p->metrics, id);
+	}
+	p->stats.blocks_allocated += n;
+	return KVP_OK;
+}
+
+static void
+put_group(uint8_t *dst, uint32_t g)
+{
+	dst[0] = (uint8_t)(g >> 24);
+	dst[1] = (uint8_t)(g >> 16);
+	dst[2] = (uint8_t)(g >> 8);
+	dst[3] = (uint8_t)g;
+}
+
+static int32_t
+lookup_group(const struct kvp_pool *p, uint8_t *key, size_t hash_len, uint32_t gid)
+{
+	put_group(key + hash_len, gid);
+	return kvp_map_lookup(&p->map, key, hash_len + GROUP_LEN);
+}
+
+int
+kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
+                          const uint32_t *groups, size_t ngroups, int32_t *ids)
+{
+	uint8_t key[MAX_KEY];
+
+	if (p == NULL || hash == NULL || hash_len == 0 || hash_len > p->max_hash_len ||
+	    (ngroups > 0 && (groups == NULL || ids == NULL)))
+		return KVP_EINVAL;
+	memcpy(key, hash, hash_len);
+	if (ngroups == 1) {
+		int32_t id = lookup_group(p, key, hash_len, groups[0]);
+		if (id < 0)
+			return KVP_ENOTFOUND;
+		ids[0] = id;
+		return KVP_OK;
+	}
+	/* All or nothing: prove every group hits before writing any id. */
+	for (size_t g = 0; g < ngroups; g++)
+		if (lookup_group(p, key, hash_len, groups[g]) < 0)
+			return KVP_ENOTFOUND;
+	for (size_t g = 0; g < ngroups; g++)
+		ids[g] = lookup_group(p, key, hash_len, groups[g]);
+	return KVP_OK;
+}
+
+int
+kvp_pool_touch(struct kvp_pool *p, const int32_t *ids, size_t n)
+{
+	if (p == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (id < 0 || (uint32_t)id >= p->n)
+			return KVP_ERANGE;
+		if (id == KVP_NULL_BLOCK)
+			continue;
+		/* Duplicates add up; refuse anything that could overflow. */
+		if (p->blocks[id].ref_cnt > INT32_MAX - (int64_t)n)
+			return KVP_ESTATE;
+		if (p->blocks[id].ref_cnt == 0 && !kvp_queue_contains(&p->queue, id))
+			return KVP_ESTATE; /* vLLM raises; impossible while invariants hold */
+	}
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (id != KVP_NULL_BLOCK) {
+			if (p->blocks[id].ref_cnt == 0)
+				(void)kvp_queue_remove(&p->queue, id);
+			p->blocks[id].ref_cnt++;
+		}
+		if (p->metrics)
+			kvp_metrics_on_accessed(p->metrics, id);
+	}
+	return KVP_OK;
+}
+
+int
+kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
+{
+	uint32_t mark;
+
+	if (p == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	mark = next_stamp(p);
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (id < 0 || (uint32_t)id >= p->n)
+			return KVP_ERANGE;
+		if (id == KVP_NULL_BLOCK)
+			continue;
+		if (p->blocks[id].mark == mark)
+			return KVP_EINVAL;
+		if (p->blocks[id].ref_cnt == 0)
+			return KVP_ESTATE;
+		p->blocks[id].mark = mark;
+	}
+	/* Each block appears once, so decrement-then-append in one pass keeps
+	 * vLLM's order (all decrements, then appends in list order). */
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (id == KVP_NULL_BLOCK)
+			continue;
+		if (--p->blocks[id].ref_cnt == 0)
+			kvp_queue_append_n(&p->queue, &id, 1);
+	}
+	return KVP_OK;
+}
+
+int
+kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num_blocks,
+                           const struct kvp_cache_args *a)
+{
+	uint32_t k, nc, nf, mark;
+	size_t hlen, stored = 0;
+	uint8_t key[MAX_KEY];
+	int rv;
+
+	if (p == NULL || a == NULL || (blocks == NULL && num_blocks > 0))
+		return KVP_EINVAL;
+	nc = a->num_cached_blocks;
+	nf = a->num_full_blocks;
+	if (nc >= nf)
+		return KVP_OK;
+	if (!p->caching)
+		return KVP_ENOTSUP;
+	if (a->block_size == 0 || a->block_size % p->hash_block_size != 0)
+		return KVP_EINVAL;
+	k = a->block_size / p->hash_block_size;
+	hlen = (size_t)k * KVP_HASH_LEN;
+	if (hlen > p->max_hash_len || nf > num_blocks || a->block_hashes == NULL ||
+	    a->num_block_hashes / k < nf || (a->token_ids == NULL && a->num_tokens > 0) ||
+	    kvp_request_keys_validate(a->keys) != KVP_OK)
+		return KVP_EINVAL;
+	mark = next_stamp(p);
+	for (uint32_t i = nc; i < nf; i++) {
+		int32_t id = blocks[i];
+		if (id < 0 || (uint32_t)id >= p->n)
+			return KVP_ERANGE;
+		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
+			continue;
+		if (p->blocks[id].mark == mark)
+			return KVP_EINVAL;
+		if (kvp_map_key(&p->map, id, &(size_t){0}) != NULL || p->blocks[id].ref_cnt == 0)
+			return KVP_ESTATE;
+		p->blocks[id].mark = mark;
+		stored++;
+	}
+	if (p->events_on) {
+		size_t per = kvp_extra_keys_max_len(a->keys);
+		size_t t0 = (size_t)nc * a->block_size, t1 = (size_t)nf * a->block_size;
+		t0 = t0 < a->num_tokens ? t0 : a->num_tokens; /* Python slice clamping */
+		t1 = t1 < a->num_tokens ? t1 : a->num_tokens;
+		if (per > p->extra_cap) {
+			uint8_t *nb = realloc(p->extra_buf, per);
+			if (nb == NULL)
+				return KVP_ENOMEM;
+			p->extra_buf = nb;
+			p->extra_cap = per;
+		}
+		rv = kvp_event_batch_reserve(
+			&p->events, 1,
+			kvp_event_stored_bytes(stored, hlen, nc > 0, t1 - t0,
+		                               a->keys ? a->keys->lora_name : NULL, p->medium,
+		                               stored * per));
+		if (rv != KVP_OK)
+			return rv;
+		struct kvp_stored_desc d = {
+			.hash_len = hlen,
+			.parent = nc > 0 ? a->block_hashes + (size_t)(nc - 1) * hlen : NULL,
+			.token_ids = a->token_ids + t0,
+			.num_tokens = t1 - t0,
+			.block_size = a->block_size,
+			.has_lora_id = a->has_lora_id,
+			.lora_id = a->lora_id,
+			.lora_name = a->keys ? a->keys->lora_name : NULL,
+			.medium = p->medium,
+			.group_idx = a->group_id,
+			.max_hashes = stored,
+		};
+		kvp_event_stored_begin(&p->events, &d);
+	}
+	int64_t mm_idx = 0;
+	for (uint32_t i = nc; i < nf; i++) {
+		int32_t id = blocks[i];
+		const uint8_t *h = a->block_hashes + (size_t)i * hlen;
+		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
+			continue;
+		memcpy(key, h, hlen);
+		put_group(key + hlen, a->group_id);
+		rv = kvp_map_insert(&p->map, key, hlen + GROUP_LEN, id);
+		assert(rv == KVP_OK);
+		p->num_hashed++;
+		if (p->events_on) {
+			size_t elen = 0;
+			int64_t start = (int64_t)i * a->block_size;
+			rv = kvp_extra_keys_encode(a->keys, start, start + a->block_size, &mm_idx,
+			                           p->extra_buf, p->extra_cap, &elen);
+			assert(rv == KVP_OK);
+			kvp_event_stored_add(&p->events, h, p->extra_buf, elen);
+		}
+	}
+	if (p->events_on)
+		kvp_event_stored_end(&p->events);
+	p->stats.blocks_stored += stored;
+	return KVP_OK;
+}
+
+static int
+cmp_i32(const void *x, const void *y)
+{
+	int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+	return (a > b) - (a < b);
+}
+
+int
+kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
+{
+	uint32_t mark;
+	size_t m = 0, hashed = 0;
+	int rv;
+
+	if (p == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	mark = next_stamp(p);
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (id < 0 || (uint32_t)id >= p->n)
+			return KVP_ERANGE;
+		if (p->blocks[id].mark == mark)
+			continue;
+		p->blocks[id].mark = mark;
+		p->scratch[m++] = id;
+		if (kvp_map_key(&p->map, id, &(size_t){0}) != NULL)
+			hashed++;
+	}
+	if ((rv = reserve_removed(p, hashed)) != KVP_OK)
+		return rv;
+	qsort(p->scratch, m, sizeof(*p->scratch), cmp_i32);
+	for (size_t i = 0; i < m; i++)
+		maybe_evict(p, p->scratch[i]);
+	return KVP_OK;
+}
+
+int
+kvp_pool_reset_prefix_cache(struct kvp_pool *p)
+{
+	int rv;
+
+	if (p == NULL)
+		return KVP_EINVAL;
+	if (p->n - p->queue.num_free != 1)
+		return KVP_ESTATE;
+	if (p->events_on && (rv = kvp_event_batch_reserve(&p->events, 1, 0)) != KVP_OK)
+		return rv;
+	kvp_map_clear(&p->map);
+	p->num_hashed = 0;
+	if (p->metrics)
+		kvp_metrics_reset(p->metrics);
+	if (p->events_on)
+		kvp_event_append_cleared(&p->events);
+	p->stats.resets++;
+	return KVP_OK;
+}
+
+int
+kvp_pool_take_events(struct kvp_pool *p, struct kvp_event_batch *out)
+{
+	if (p == NULL || out == NULL)
+		return KVP_EINVAL;
+	kvp_event_batch_swap(&p->events, out);
+	kvp_event_batch_clear(&p->events);
+	return KVP_OK;
+}
+
+uint32_t
+kvp_pool_num_blocks(const struct kvp_pool *p)
+{
+	return p->n;
+}
+
+uint32_t
+kvp_pool_num_free(const struct kvp_pool *p)
+{
+	return p->queue.num_free;
+}
+
+double
+kvp_pool_usage(const struct kvp_pool *p)
+{
+	if (p->n <= 1)
+		return 0.0;
+	return 1.0 - (double)p->queue.num_free / (double)(p->n - 1);
+}
+
+uint32_t
+kvp_pool_num_cached_keys(const struct kvp_pool *p)
+{
+	return p->map.num_keys;
+}
+
+uint32_t
+kvp_pool_num_cached_blocks(const struct kvp_pool *p)
+{
+	return p->num_hashed;
+}
+
+int32_t
+kvp_pool_ref_cnt(const struct kvp_pool *p, int32_t id)
+{
+	if (id < 0 || (uint32_t)id >= p->n)
+		return -1;
+	return p->blocks[id].ref_cnt;
+}
+
+const uint8_t *
+kvp_pool_block_key(const struct kvp_pool *p, int32_t id, size_t *len)
+{
+	if (id < 0 || (uint32_t)id >= p->n || len == NULL)
+		return NULL;
+	return kvp_map_key(&p->map, id, len);
+}
+
+size_t
+kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap)
+{
+	size_t n = 0;
+
+	for (int32_t id = kvp_queue_first(&p->queue); id >= 0 && n < cap;
+	     id = kvp_queue_next(&p->queue, id))
+		out[n++] = id;
+	return n;
+}
+
+uint32_t
+kvp_pool_hash_block_size(const struct kvp_pool *p)
+{
+	return p->hash_block_size;
+}
+
+uint32_t
+kvp_pool_max_hash_len(const struct kvp_pool *p)
+{
+	return p->max_hash_len;
+}
+
+bool
+kvp_pool_caching_enabled(const struct kvp_pool *p)
+{
+	return p->caching;
+}
+
+void
+kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out)
+{
+	*out = p->stats;
+}
+
+#define FAIL(...)                                                     \
+	do {                                                          \
+		if (detail != NULL && detail_len > 0)                 \
+			snprintf(detail, detail_len, __VA_ARGS__);    \
+		return KVP_EINTERNAL;                                 \
+	} while (0)
+
+int
+kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
+{
+	const struct kvp_block *b = p->blocks;
+	uint32_t queued = 0, hashed = 0;
+	int32_t prev = p->queue.head;
+
+	/* Walk the queue: links agree both ways, members are free and non-null. */
+	for (int32_t id = b[p->queue.head].next; id != p->queue.tail; id = b[id].next) {
+		if (id < 0 || (uint32_t)id >= p->n)
+			FAIL("queue link %d out of range", id);
+		if (id == KVP_NULL_BLOCK)
+			FAIL("null block is in the free queue");
+		if (b[id].prev != prev)
+			FAIL("block %d: prev %d, expected %d", id, b[id].prev, prev);
+		if (b[id].ref_cnt != 0)
+			FAIL("queued block %d has ref_cnt %d", id, b[id].ref_cnt);
+		if (++queued > p->n)
+			FAIL("free queue has a cycle");
+		prev = id;
+	}
+	if (b[p->queue.tail].prev != prev)
+		FAIL("tail.prev %d, expected %d", b[p->queue.tail].prev, prev);
+	if (queued != p->queue.num_free)
+		FAIL("queue holds %u blocks, count says %u", queued, p->queue.num_free);
+	if (b[KVP_NULL_BLOCK].ref_cnt != 0)
+		FAIL("null block ref_cnt %d", b[KVP_NULL_BLOCK].ref_cnt);
+	if (p->map.klen[KVP_NULL_BLOCK] != 0)
+		FAIL("null block has a hash");
+	for (uint32_t i = 1; i < p->n; i++) {
+		int32_t id = (int32_t)i;
+		size_t len;
+		const uint8_t *key;
+		if (b[i].ref_cnt < 0)
+			FAIL("block %u ref_cnt %d", i, b[i].ref_cnt);
+		if ((b[i].ref_cnt == 0) != (kvp_queue_contains(&p->queue, id) != 0))
+			FAIL("block %u: ref_cnt %d but %s the queue", i, b[i].ref_cnt,
+			     kvp_queue_contains(&p->queue, id) ? "in" : "not in");
+		if ((key = kvp_map_key(&p->map, id, &len)) != NULL) {
+			int32_t head;
+			hashed++;
+			if (len < GROUP_LEN + 1)
+				FAIL("block %u key too short", i);
+			head = kvp_map_lookup(&p->map, key, len);
+			if (head < 0)
+				FAIL("block %u has a hash that is not in the map", i);
+			int found = 0;
+			for (int32_t j = head; j >= 0; j = kvp_map_next_same_key(&p->map, j))
+				if (j == id)
+					found = 1;
+			if (!found)
+				FAIL("block %u is not under its own key", i);
+		}
+	}
+	if (hashed != p->num_hashed)
+		FAIL("%u hashed blocks, count says %u", hashed, p->num_hashed);
+	/* Each key's chain head is a distinct key: count heads. */
+	uint32_t keys = 0;
+	for (uint64_t i = 0; i <= p->map.mask; i++)
+		if (p->map.buckets[i] != 0)
+			keys++;
+	if (keys != p->map.num_keys)
+		FAIL("map has %u keys, count says %u", keys, p->map.num_keys);
+	if (!p->caching && hashed != 0)
+		FAIL("caching is off but %u blocks are hashed", hashed);
+	return KVP_OK;
+}

@@ -1,0 +1,195 @@
+/*
+ * pool.h: vLLM V1's BlockPool in C (reference section 4; checklist 11).
+ *
+ * A pool owns num_blocks KV blocks. Block 0 is the null block: never in the
+ * free queue, never handed out, never cached. The free queue starts in id
+ * order (1..N-1); allocation pops from its head, evicting lazily: a popped
+ * block that still has a hash loses it and a BlockRemoved event is queued.
+ * Freed blocks are appended in the order given and keep their hashes
+ * (evictable cached blocks that prefix lookups can still hit and touch can
+ * revive). The prefix-cache map is keyed by hash || 4-byte big-endian group
+ * id with no de-duplication.
+ *
+ * Deliberate differences from vLLM (a remote service cannot trust its
+ * caller, so misuse is rejected with a status and nothing changes; vLLM
+ * asserts, raises, or silently corrupts its state):
+ *  - free_blocks of a block whose ref count is 0: KVP_ESTATE (vLLM: -1).
+ *  - free_blocks naming one non-null block twice: KVP_EINVAL (vLLM appends
+ *    it twice and corrupts the queue).
+ *  - The null block's ref count is pinned at 0: touch and free accept id 0
+ *    and leave it alone (vLLM drifts it, even below zero).
+ *  - Any id >= num_blocks: KVP_ERANGE for the whole call, before any change
+ *    (vLLM's evict_blocks asserts midway, after earlier ids took effect).
+ *  - get_new_blocks(n > free): KVP_ENOSPACE (vLLM: ValueError, also atomic).
+ *  - cache_full_blocks of a block that already has a hash, or that named
+ *    twice: KVP_ESTATE / KVP_EINVAL (vLLM asserts); of a block with ref
+ *    count 0: KVP_ESTATE (vLLM would cache a free block's stale contents).
+ *  - Preconditions vLLM asserts (hash list too short, mask length, block
+ *    size not a multiple of hash_block_size) are KVP_EINVAL.
+ *  - cache_full_blocks on a pool created with caching off: KVP_ENOTSUP
+ *    (vLLM would insert hashes that allocation then never evicts).
+ *  - reset_prefix_cache while blocks are in use: KVP_ESTATE (vLLM: False).
+ *  - touch would overflow a ref count: KVP_ESTATE.
+ * Every operation validates its whole argument list first, reserves any
+ * memory it needs (events), and only then mutates: on any error the pool,
+ * its event queue and its metrics are unchanged.
+ *
+ * Not thread-safe: one thread at a time per pool (two pools in one process
+ * are independent). Pure: no I/O, clocks (metrics take a clock callback),
+ * threads or printing. Never allocates on the allocate/free/touch/lookup
+ * paths; event queuing allocates only when its buffer must grow.
+ */
+#ifndef KVP_POOL_H
+#define KVP_POOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block_hash.h"
+#include "events.h"
+#include "metrics.h"
+
+#define KVP_NULL_BLOCK 0
+
+struct kvp_pool_config {
+	uint32_t num_blocks;       /* N >= 1, the null block included */
+	uint32_t hash_block_size;  /* tokens per fine (32-byte) hash, >= 1 */
+	uint32_t max_hash_len;     /* longest block hash cached, 32·k; 0: 32 */
+	bool enable_caching;
+	bool enable_events;
+	const char *medium;        /* events' medium; NULL: "GPU" (vLLM's) */
+	struct kvp_metrics *metrics; /* optional, not owned; sized >= num_blocks */
+};
+
+struct kvp_pool_stats {
+	uint64_t blocks_allocated;  /* blocks handed out by get_new_blocks */
+	uint64_t blocks_evicted;    /* hashes dropped (each is a BlockRemoved) */
+	uint64_t alloc_failures;    /* get_new_blocks calls refused with KVP_ENOSPACE */
+	uint64_t blocks_stored;     /* blocks cached by cache_full_blocks */
+	uint64_t resets;            /* successful reset_prefix_cache calls */
+};
+
+struct kvp_pool;
+
+/*
+ * Creates a pool. KVP_EINVAL for a bad config (num_blocks 0 or above
+ * 2^31-3, hash_block_size 0, max_hash_len not a multiple of 32 or over
+ * 65532, metrics sized for fewer blocks), KVP_ENOMEM. *out only on success.
+ */
+int kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out);
+/* Destroys a pool (events still queued are dropped). NULL is a no-op. */
+void kvp_pool_destroy(struct kvp_pool *p);
+
+/*
+ * get_new_blocks: pops n blocks from the free-queue head into ids[0..n),
+ * evicting their hashes (one BlockRemoved each, in pop order), and sets their
+ * ref counts to 1. KVP_ENOSPACE if n > kvp_pool_num_free(); KVP_EINVAL if ids
+ * is NULL with n > 0; KVP_ENOMEM if the event queue cannot grow.
+ */
+int kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids);
+
+/*
+ * get_cached_block: for each group in groups[0..ngroups), the first block
+ * cached under hash || group. All or nothing: KVP_ENOTFOUND (ids untouched)
+ * if any group misses. Pure lookup: no ref count or queue change.
+ * KVP_EINVAL for a bad length (0, or over max_hash_len) or NULL pointers.
+ */
+int kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
+                              const uint32_t *groups, size_t ngroups, int32_t *ids);
+
+/*
+ * touch: for each id in order, a free block (ref 0) leaves the queue, and
+ * its ref count rises by one (duplicates count twice). KVP_ERANGE,
+ * KVP_ESTATE (ref count would overflow), KVP_EINVAL (ids NULL, n > 0).
+ */
+int kvp_pool_touch(struct kvp_pool *p, const int32_t *ids, size_t n);
+
+/*
+ * free_blocks: decrements each block's ref count and appends those that
+ * reach 0 to the queue tail in the order given (the first is evicted
+ * first; managers pass a request's blocks in reverse). Hashes are kept.
+ * KVP_ERANGE, KVP_ESTATE (a ref count is already 0), KVP_EINVAL (a non-null
+ * id repeated, or ids NULL with n > 0).
+ */
+int kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n);
+
+/* cache_full_blocks arguments (vLLM's request, range, group and mask). */
+struct kvp_cache_args {
+	const uint8_t *block_hashes;   /* the request's fine hashes, 32 bytes each */
+	size_t num_block_hashes;
+	const int64_t *token_ids;      /* request.all_token_ids (event only) */
+	size_t num_tokens;
+	const struct kvp_request_keys *keys; /* extra-key sources (event only); NULL: none */
+	bool has_lora_id;              /* lora_request.adapter_id (event only) */
+	int64_t lora_id;
+	uint32_t num_cached_blocks;
+	uint32_t num_full_blocks;
+	uint32_t block_size;           /* the group's; a multiple of hash_block_size */
+	uint32_t group_id;
+	const bool *block_mask;        /* NULL, or num_full - num_cached entries */
+};
+
+/*
+ * cache_full_blocks: caches blocks[num_cached..num_full) under the request's
+ * hashes (coarse hash i = fine hashes [i·k, (i+1)·k) concatenated, k =
+ * block_size / hash_block_size), skipping the null block and masked-out
+ * blocks, and queues exactly one BlockStored (parent = the logical previous
+ * hash, token ids of the whole range, one extra-keys item per stored block).
+ * num_cached >= num_full: KVP_OK, no change, no event.
+ * KVP_EINVAL (range, hash list too short, block size, hash too long for the
+ * pool, a block named twice, token_ids NULL with num_tokens > 0, bad keys),
+ * KVP_ERANGE, KVP_ESTATE (a block already has a hash, or has ref count 0),
+ * KVP_ENOTSUP (caching is off), KVP_ENOMEM.
+ */
+int kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num_blocks,
+                               const struct kvp_cache_args *a);
+
+/*
+ * evict_blocks: drops the hash of each listed block (in ascending id order,
+ * duplicates once, as vLLM iterates its set), queuing a BlockRemoved for
+ * each block that had one. Ref counts and the queue are unchanged; the null
+ * block and uncached ids are no-ops. KVP_ERANGE (nothing evicted),
+ * KVP_EINVAL, KVP_ENOMEM.
+ */
+int kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n);
+
+/*
+ * reset_prefix_cache: with every non-null block free, empties the map,
+ * clears every block's hash, resets metrics and queues one AllBlocksCleared
+ * (no BlockRemoved); the queue order is kept. KVP_ESTATE if any non-null
+ * block is in use (nothing changes), KVP_ENOMEM.
+ */
+int kvp_pool_reset_prefix_cache(struct kvp_pool *p);
+
+/* Moves the queued events into *out (whose previous contents are dropped). */
+int kvp_pool_take_events(struct kvp_pool *p, struct kvp_event_batch *out);
+
+/* Observers (p and ids valid; out-of-range ids return -1 / NULL / false). */
+uint32_t kvp_pool_num_blocks(const struct kvp_pool *p);
+uint32_t kvp_pool_num_free(const struct kvp_pool *p);
+/* 1 - free/(N-1), or 0 when N == 1. */
+double kvp_pool_usage(const struct kvp_pool *p);
+/* Distinct keys in the prefix-cache map (vLLM's len()). */
+uint32_t kvp_pool_num_cached_keys(const struct kvp_pool *p);
+/* Blocks that currently hold a hash. */
+uint32_t kvp_pool_num_cached_blocks(const struct kvp_pool *p);
+int32_t kvp_pool_ref_cnt(const struct kvp_pool *p, int32_t id);
+/* The block's map key (hash || group) and its length, or NULL if unhashed. */
+const uint8_t *kvp_pool_block_key(const struct kvp_pool *p, int32_t id, size_t *len);
+/* Free-queue order head to tail: writes up to cap ids, returns the count. */
+size_t kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap);
+uint32_t kvp_pool_hash_block_size(const struct kvp_pool *p);
+uint32_t kvp_pool_max_hash_len(const struct kvp_pool *p);
+bool kvp_pool_caching_enabled(const struct kvp_pool *p);
+void kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out);
+
+/*
+ * Invariant checker for tests and debug endpoints: ref 0 and non-null iff
+ * in the free queue; queue links and count consistent; hashed iff in the map
+ * under that key; map key count consistent; null block unhashed. Returns
+ * KVP_OK or KVP_EINTERNAL with a description in detail (if non-NULL). O(N).
+ */
+int kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len);
+
+#endif /* KVP_POOL_H */

@@ -1,0 +1,183 @@
+/* The prefix-cache map against vLLM's BlockHashToBlockMap (scenarios C3, C4). */
+#include "kvp_test.h"
+
+#include <stdlib.h>
+
+#include "hash_map.h"
+
+/* k = text || 4-byte big-endian number, as vLLM's tests build them. */
+static size_t
+mkkey(uint8_t *k, const char *text, uint32_t num)
+{
+	size_t n = strlen(text);
+	memcpy(k, text, n);
+	k[n] = (uint8_t)(num >> 24);
+	k[n + 1] = (uint8_t)(num >> 16);
+	k[n + 2] = (uint8_t)(num >> 8);
+	k[n + 3] = (uint8_t)num;
+	return n + 4;
+}
+
+/* C3: vLLM's test_maybe_evict_cached_block at the map level. */
+static void
+test_hash_map_c3_shared_key_survives_until_last_block(void **state)
+{
+	struct kvp_map m;
+	uint8_t k0[8], k1[8], k2[8];
+	size_t l0 = mkkey(k0, "10", 1000), l1 = mkkey(k1, "20", 2000), l2 = mkkey(k2, "30", 3000);
+
+	(void)state;
+	assert_ok(kvp_map_init(&m, 4, 36));
+	assert_ok(kvp_map_insert(&m, k0, l0, 0));
+	assert_ok(kvp_map_insert(&m, k1, l1, 1));
+	assert_ok(kvp_map_insert(&m, k2, l2, 2));
+	assert_ok(kvp_map_insert(&m, k0, l0, 3));
+	assert_int_equal(m.num_keys, 3);
+	assert_int_equal(kvp_map_lookup(&m, k0, l0), 0);
+
+	assert_int_equal(kvp_map_remove_id(&m, 1), 1);
+	assert_int_equal(m.num_keys, 2);
+	assert_int_equal(kvp_map_lookup(&m, k1, l1), -1);
+	assert_int_equal(kvp_map_remove_id(&m, 0), 1);
+	assert_int_equal(m.num_keys, 2);
+	assert_int_equal(kvp_map_lookup(&m, k0, l0), 3);
+	assert_int_equal(kvp_map_remove_id(&m, 2), 1);
+	assert_int_equal(m.num_keys, 1);
+	assert_int_equal(kvp_map_remove_id(&m, 3), 1);
+	assert_int_equal(m.num_keys, 0);
+	assert_int_equal(kvp_map_remove_id(&m, 3), 0);
+	kvp_map_fini(&m);
+}
+
+/* C4, single entries. */
+static void
+test_hash_map_c4_pop_single_entry_semantics(void **state)
+{
+	struct kvp_map m;
+	uint8_t k0[8], k1[8];
+	size_t l0 = mkkey(k0, "k", 0), l1 = mkkey(k1, "k", 1);
+
+	(void)state;
+	assert_ok(kvp_map_init(&m, 128, 8));
+	assert_ok(kvp_map_insert(&m, k0, l0, 0));
+	assert_ok(kvp_map_insert(&m, k1, l1, 1));
+	assert_int_equal(kvp_map_pop(&m, k0, l0, 100), 0);
+	assert_int_equal(kvp_map_lookup(&m, k0, l0), 0);
+	assert_int_equal(kvp_map_pop(&m, k0, l0, 0), 1);
+	assert_int_equal(kvp_map_pop(&m, k0, l0, 1), 0);
+	assert_int_equal(kvp_map_pop(&m, k1, l1, 1), 1);
+	assert_int_equal(m.num_keys, 0);
+	kvp_map_fini(&m);
+}
+
+/* C4, several blocks per key: lookup returns the first inserted survivor. */
+static void
+test_hash_map_c4_pop_multi_entry_fifo(void **state)
+{
+	struct kvp_map m;
+	uint8_t k0[8], k1[8];
+	size_t l0 = mkkey(k0, "k", 0), l1 = mkkey(k1, "k", 1);
+
+	(void)state;
+	assert_ok(kvp_map_init(&m, 16, 8));
+	assert_ok(kvp_map_insert(&m, k0, l0, 0));
+	assert_ok(kvp_map_insert(&m, k0, l0, 1));
+	assert_ok(kvp_map_insert(&m, k1, l1, 10));
+	assert_ok(kvp_map_insert(&m, k1, l1, 11));
+	assert_int_equal(m.num_keys, 2);
+	assert_int_equal(kvp_map_lookup(&m, k0, l0), 0);
+	assert_int_equal(kvp_map_pop(&m, k0, l0, 0), 1);
+	assert_int_equal(kvp_map_lookup(&m, k0, l0), 1);
+	assert_int_equal(kvp_map_pop(&m, k0, l0, 1), 1);
+	assert_int_equal(kvp_map_lookup(&m, k0, l0), -1);
+	assert_int_equal(kvp_map_pop(&m, k0, l0, 2), 0);
+	assert_int_equal(kvp_map_lookup(&m, k1, l1), 10);
+	assert_int_equal(kvp_map_pop(&m, k1, l1, 10), 1);
+	assert_int_equal(kvp_map_lookup(&m, k1, l1), 11);
+	assert_int_equal(kvp_map_pop(&m, k1, l1, 11), 1);
+	assert_int_equal(kvp_map_lookup(&m, k1, l1), -1);
+	assert_int_equal(m.num_keys, 0);
+	kvp_map_fini(&m);
+}
+
+static void
+test_hash_map_bad_insert_is_rejected_unchanged(void **state)
+{
+	struct kvp_map m;
+	uint8_t k[8], big[40] = {0};
+	size_t l = mkkey(k, "k", 7);
+
+	(void)state;
+	assert_status(kvp_map_init(&m, 0, 8), KVP_EINVAL);
+	assert_status(kvp_map_init(&m, 4, 0), KVP_EINVAL);
+	assert_ok(kvp_map_init(&m, 4, 8));
+	assert_status(kvp_map_insert(&m, k, 0, 1), KVP_EINVAL);
+	assert_status(kvp_map_insert(&m, big, sizeof(big), 1), KVP_EINVAL);
+	assert_status(kvp_map_insert(&m, k, l, 4), KVP_EINVAL);
+	assert_status(kvp_map_insert(&m, k, l, -1), KVP_EINVAL);
+	assert_ok(kvp_map_insert(&m, k, l, 1));
+	assert_status(kvp_map_insert(&m, k, l, 1), KVP_ESTATE);
+	assert_int_equal(m.num_keys, 1);
+	assert_int_equal(kvp_map_lookup(&m, k, l), 1);
+	assert_int_equal(kvp_map_next_same_key(&m, 1), -1);
+	kvp_map_fini(&m);
+	kvp_map_fini(&m); /* twice is safe */
+}
+
+/*
+ * Many keys with colliding probe sequences, removed in random order: the
+ * backward-shift deletion must keep every survivor findable. Seeded.
+ */
+static void
+test_hash_map_random_churn_keeps_survivors_findable(void **state)
+{
+	enum { N = 2000 };
+	struct kvp_map m;
+	uint8_t keys[N][8];
+	size_t lens[N];
+	int in[N] = {0};
+	unsigned seed = 12345;
+
+	(void)state;
+	printf("seed %u\n", seed);
+	srand(seed);
+	assert_ok(kvp_map_init(&m, N, 8));
+	for (int i = 0; i < N; i++)
+		lens[i] = mkkey(keys[i], "x", (uint32_t)(i % 700)); /* ~3 blocks per key */
+	for (int round = 0; round < 20000; round++) {
+		int id = rand() % N;
+		if (in[id]) {
+			assert_int_equal(kvp_map_pop(&m, keys[id], lens[id], id), 1);
+			in[id] = 0;
+		} else {
+			assert_ok(kvp_map_insert(&m, keys[id], lens[id], id));
+			in[id] = 1;
+		}
+		if (round % 997 == 0) {
+			for (int j = 0; j < N; j++) {
+				int32_t head = kvp_map_lookup(&m, keys[j], lens[j]);
+				int found = 0;
+				for (int32_t x = head; x >= 0; x = kvp_map_next_same_key(&m, x))
+					found |= x == j;
+				assert_int_equal(found, in[j]);
+			}
+		}
+	}
+	kvp_map_clear(&m);
+	assert_int_equal(m.num_keys, 0);
+	assert_int_equal(kvp_map_lookup(&m, keys[0], lens[0]), -1);
+	kvp_map_fini(&m);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hash_map_c3_shared_key_survives_until_last_block),
+		cmocka_unit_test(test_hash_map_c4_pop_single_entry_semantics),
+		cmocka_unit_test(test_hash_map_c4_pop_multi_entry_fifo),
+		cmocka_unit_test(test_hash_map_bad_insert_is_rejected_unchanged),
+		cmocka_unit_test(test_hash_map_random_churn_keeps_survivors_findable),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
