@@ -148,6 +148,12 @@ kvp_metrics_reset(struct kvp_metrics *m)
 	m->count = 0;
 }
 
+uint32_t
+kvp_metrics_num_blocks(const struct kvp_metrics *m)
+{
+	return m->cfg.num_blocks;
+}
+
 bool
 kvp_metrics_is_tracked(const struct kvp_metrics *m, int32_t id)
 {

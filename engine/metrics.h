@@ -58,6 +58,8 @@ void kvp_metrics_on_evicted(struct kvp_metrics *m, int32_t id);
 /* Forgets every tracked block and pending sample (a successful reset). */
 void kvp_metrics_reset(struct kvp_metrics *m);
 
+/* The block count the collector was sized for. */
+uint32_t kvp_metrics_num_blocks(const struct kvp_metrics *m);
 /* Returns true if block id is being tracked. */
 bool kvp_metrics_is_tracked(const struct kvp_metrics *m, int32_t id);
 /* Moves up to cap pending samples (oldest first) into out; returns how many. */

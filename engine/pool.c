@@ -17,7 +17,7 @@ struct kvp_pool {
 	uint32_t hash_block_size;
 	uint32_t max_hash_len;
 	bool caching, events_on;
-	char medium[32];
+	char medium[32];          /* sizeof: the limit on a configured medium */
 	struct kvp_block *blocks; /* n + 2: the queue's sentinels at the end */
 	struct kvp_queue queue;
 	struct kvp_map map;
@@ -45,6 +45,8 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 	if (mhl % KVP_HASH_LEN != 0 || mhl + GROUP_LEN > MAX_KEY)
 		return KVP_EINVAL;
 	if (cfg->medium != NULL && strlen(cfg->medium) >= sizeof(p->medium))
+		return KVP_EINVAL;
+	if (cfg->metrics != NULL && kvp_metrics_num_blocks(cfg->metrics) < cfg->num_blocks)
 		return KVP_EINVAL;
 	if ((p = calloc(1, sizeof(*p))) == NULL)
 		return KVP_ENOMEM;

@@ -1,0 +1,306 @@
+/* Block hashing against vLLM's sha256_cbor known answers (scenarios H0-H7). */
+#include "kvp_test.h"
+
+#include <stdlib.h>
+
+#include "block_hash.h"
+
+static struct kvp_hasher *
+seeded(void)
+{
+	struct kvp_hasher *h = NULL;
+	assert_ok(kvp_hasher_create("0", &h));
+	return h;
+}
+
+static void
+assert_hex(const uint8_t *got, size_t n, const char *hex)
+{
+	uint8_t want[256];
+	size_t wn = kvp_test_unhex(hex, want, sizeof(want));
+	assert_int_equal(n, wn);
+	if (memcmp(got, want, n) != 0) {
+		char g[513];
+		for (size_t i = 0; i < n; i++)
+			snprintf(g + 2 * i, 3, "%02x", got[i]);
+		fail_msg("got %s\nwant %s", g, hex);
+	}
+}
+
+static void
+test_block_hash_h0_none_hash_from_seed(void **state)
+{
+	struct kvp_hasher *h = seeded();
+
+	(void)state;
+	assert_hex(kvp_hasher_none_hash(h), 32,
+	           "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e");
+	kvp_hasher_destroy(h);
+}
+
+static void
+test_block_hash_random_none_hash_differs_per_hasher(void **state)
+{
+	struct kvp_hasher *a = NULL, *b = NULL;
+
+	(void)state;
+	assert_ok(kvp_hasher_create(NULL, &a));
+	assert_ok(kvp_hasher_create(NULL, &b));
+	assert_memory_not_equal(kvp_hasher_none_hash(a), kvp_hasher_none_hash(b), 32);
+	kvp_hasher_destroy(a);
+	kvp_hasher_destroy(b);
+	kvp_hasher_destroy(NULL);
+	assert_status(kvp_hasher_create("0", NULL), KVP_EINVAL);
+}
+
+static void
+test_block_hash_h1_h2_chain_and_event_ids(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	int64_t tok[48];
+	uint8_t h1[32], h2[32], h3[32];
+
+	(void)state;
+	for (int i = 0; i < 48; i++)
+		tok[i] = i;
+	assert_ok(kvp_hash_block(h, NULL, tok, 16, NULL, 0, h1));
+	assert_hex(h1, 32, "d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c");
+	assert_int_equal(kvp_hash_event_id(h1, 32), 12687895063098490012ull);
+	assert_ok(kvp_hash_block(h, h1, tok + 16, 16, NULL, 0, h2));
+	assert_hex(h2, 32, "fedd9e4abebebbe6f6cf96b682f08d316063fe2f22a5c552192dd62904fcccac");
+	assert_int_equal(kvp_hash_event_id(h2, 32), 1814341696565857452ull);
+	assert_ok(kvp_hash_block(h, h2, tok + 32, 16, NULL, 0, h3));
+	assert_hex(h3, 32, "ee4c34c217da17ac84268f864db16efed5fcefe10fcc4a9625a719adc68e654f");
+	assert_int_equal(kvp_hash_event_id(h3, 32), 2713165534665270607ull);
+
+	/* The request hasher gives the same chain, 16-token blocks. */
+	uint8_t out[3 * 32];
+	size_t n = 0;
+	assert_ok(kvp_hash_request(h, NULL, tok, 47, 16, NULL, 0, out, 3, &n));
+	assert_int_equal(n, 2); /* the partial third block is not hashed */
+	assert_memory_equal(out, h1, 32);
+	assert_memory_equal(out + 32, h2, 32);
+	assert_ok(kvp_hash_request(h, NULL, tok, 48, 16, out, 2, out + 64, 1, &n));
+	assert_int_equal(n, 1);
+	assert_memory_equal(out + 64, h3, 32);
+	kvp_hasher_destroy(h);
+}
+
+/* H3: the extra keys tuple ("my-lora", ("aaa", 0), "salt1"), built from a request. */
+static void
+test_block_hash_h3_extra_keys_bytes_and_digest(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	const struct kvp_mm_feature mm[] = {{"aaa", 0, 4}};
+	const struct kvp_request_keys k = {.lora_name = "my-lora", .mm = mm, .num_mm = 1,
+	                                   .cache_salt = "salt1"};
+	uint8_t buf[128], out[32];
+	size_t len = 0;
+	int64_t idx = 0;
+
+	(void)state;
+	assert_ok(kvp_extra_keys_encode(&k, 0, 4, &idx, buf, sizeof(buf), &len));
+	assert_hex(buf, len, "83676d792d6c6f72618263616161006573616c7431");
+	assert_ok(kvp_hash_block(h, NULL, (int64_t[]){1, 2, 3, 4}, 4, buf, len, out));
+	assert_hex(out, 32, "5748396c1fb6bbd198f3140eb47b377ada812e6e1dcab2fb88ea37306c7f459d");
+	assert_int_equal(kvp_hash_event_id(out, 32), 9865758614826730909ull);
+	assert_status(kvp_extra_keys_encode(&k, 0, 4, &idx, buf, 8, &len), KVP_EINVAL);
+	kvp_hasher_destroy(h);
+}
+
+/* H4: every CBOR integer width, negatives, literal parent, negative mm offset. */
+static void
+test_block_hash_h4_integer_widths_and_negatives(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	uint8_t parent[32], out[32];
+	const int64_t tok[] = {0, 23, 24, 255, 256, 65535, 65536, 4294967295LL,
+	                       4294967296LL, -1, -24, -25, 151643};
+	const uint8_t extra[] = {0x81, 0x82, 0x63, 'b', 'b', 'b', 0x24};
+
+	(void)state;
+	for (int i = 0; i < 32; i++)
+		parent[i] = (uint8_t)i;
+	assert_ok(kvp_hash_block(h, parent, tok, N_ELEMS(tok), extra, sizeof(extra), out));
+	assert_hex(out, 32, "90f201423fd50e99a8fed4b73258c98dbf2912772e2e61cf1d57772954e5471f");
+	assert_int_equal(kvp_hash_event_id(out, 32), 2114289569475413791ull);
+	kvp_hasher_destroy(h);
+}
+
+/* H5: request-level chain with LoRA, mm and salt. */
+static void
+test_block_hash_h5_request_chain_with_lora_mm_salt(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	const struct kvp_mm_feature mm[] = {{"img", 2, 3}};
+	const struct kvp_request_keys k = {.lora_name = "L", .mm = mm, .num_mm = 1,
+	                                   .cache_salt = "S"};
+	int64_t tok[8];
+	uint8_t out[2 * 32];
+	size_t n = 0;
+
+	(void)state;
+	for (int i = 0; i < 8; i++)
+		tok[i] = i;
+	assert_ok(kvp_hash_request(h, &k, tok, 8, 4, NULL, 0, out, 2, &n));
+	assert_int_equal(n, 2);
+	assert_hex(out, 32, "2e22a72f505692bd4873ca3d4e0b019404e5cbaa6a9cb18cafba1662ecb8b859");
+	assert_hex(out + 32, 32, "ae38ae0968b51d793c445e0331a86d8f5671fb01c02f0db4d90a0c83fd9c2fe9");
+	/* Incrementally (block 1 hashed after block 0, mm index -1): same. */
+	uint8_t inc[2 * 32];
+	assert_ok(kvp_hash_request(h, &k, tok, 4, 4, NULL, 0, inc, 1, &n));
+	assert_ok(kvp_hash_request(h, &k, tok, 8, 4, inc, 1, inc + 32, 1, &n));
+	assert_memory_equal(inc, out, 64);
+	kvp_hasher_destroy(h);
+}
+
+/* H6: salt only enters the first block. */
+static void
+test_block_hash_h6_salt_only_on_first_block(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	const struct kvp_request_keys k = {.cache_salt = "salt1"};
+	int64_t tok[8];
+	uint8_t out[64];
+	size_t n = 0;
+
+	(void)state;
+	for (int i = 0; i < 8; i++)
+		tok[i] = i;
+	assert_ok(kvp_hash_request(h, &k, tok, 8, 4, NULL, 0, out, 2, &n));
+	assert_hex(out, 32, "95e6875f935c12800a594290e439ee8ce2d8a9b262ac6b3712e78bfb506376df");
+	assert_hex(out + 32, 32, "8e0557308051de46c86ba26e918f54980959cae8a215d11c20c63a7ea516dcfb");
+	kvp_hasher_destroy(h);
+}
+
+/* Spec 6.6: bs 16, aaa@11+10, bbb@30+18 over three blocks. */
+static void
+test_block_hash_mm_offsets_relative_to_block_start(void **state)
+{
+	const struct kvp_mm_feature mm[] = {{"aaa", 11, 10}, {"bbb", 30, 18}};
+	const struct kvp_request_keys k = {.mm = mm, .num_mm = 2};
+	uint8_t buf[128];
+	size_t len;
+	int64_t idx = 0;
+
+	(void)state;
+	assert_ok(kvp_extra_keys_encode(&k, 0, 16, &idx, buf, sizeof(buf), &len));
+	assert_hex(buf, len, "8182636161610b");             /* (("aaa",11),) */
+	assert_ok(kvp_extra_keys_encode(&k, 16, 32, &idx, buf, sizeof(buf), &len));
+	assert_hex(buf, len, "8282636161612482636262620e"); /* (("aaa",-5),("bbb",14)) */
+	assert_ok(kvp_extra_keys_encode(&k, 32, 48, &idx, buf, sizeof(buf), &len));
+	assert_hex(buf, len, "818263626262" "21");          /* (("bbb",-2),) */
+	assert_ok(kvp_extra_keys_encode(&k, 48, 64, &idx, buf, sizeof(buf), &len));
+	assert_hex(buf, len, "f6");
+	assert_ok(kvp_extra_keys_encode(NULL, 0, 16, NULL, buf, sizeof(buf), &len));
+	assert_hex(buf, len, "f6");
+}
+
+/* H7: a coarse key is the concatenation of fine hashes, event id from the last. */
+static void
+test_block_hash_h7_coarse_key_event_id(void **state)
+{
+	uint8_t key[68];
+
+	(void)state;
+	kvp_test_unhex("d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c"
+	               "fedd9e4abebebbe6f6cf96b682f08d316063fe2f22a5c552192dd62904fcccac"
+	               "00000001", key, sizeof(key));
+	assert_int_equal(kvp_hash_event_id(key, 64), 1814341696565857452ull);
+	assert_int_equal(kvp_hash_event_id((const uint8_t *)"\x01\x02", 2), 0x0102);
+}
+
+static void
+test_block_hash_bad_arguments_are_einval(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	uint8_t out[32];
+	size_t n;
+	const struct kvp_mm_feature unsorted[] = {{"a", 5, 1}, {"b", 1, 1}};
+	const struct kvp_mm_feature nullid[] = {{NULL, 0, 1}};
+	const struct kvp_mm_feature zerolen[] = {{"a", 0, 0}};
+	struct kvp_request_keys k = {.mm = unsorted, .num_mm = 2};
+	int64_t tok[8] = {0};
+
+	(void)state;
+	assert_status(kvp_hash_block(h, NULL, NULL, 4, NULL, 0, out), KVP_EINVAL);
+	assert_status(kvp_hash_block(NULL, NULL, tok, 4, NULL, 0, out), KVP_EINVAL);
+	assert_status(kvp_hash_request(h, &k, tok, 8, 4, NULL, 0, out, 1, &n), KVP_EINVAL);
+	k.mm = nullid;
+	k.num_mm = 1;
+	assert_status(kvp_hash_request(h, &k, tok, 8, 4, NULL, 0, out, 1, &n), KVP_EINVAL);
+	k.mm = zerolen;
+	assert_status(kvp_hash_request(h, &k, tok, 8, 4, NULL, 0, out, 1, &n), KVP_EINVAL);
+	assert_status(kvp_hash_request(h, NULL, tok, 8, 0, NULL, 0, out, 1, &n), KVP_EINVAL);
+	/* cap too small: nothing written */
+	assert_status(kvp_hash_request(h, NULL, tok, 8, 4, NULL, 0, out, 1, &n), KVP_EINVAL);
+	kvp_hasher_destroy(h);
+}
+
+/* Blocks larger than the encoder's chunk buffer hash the same as a one-shot encode. */
+static void
+test_block_hash_large_block_crosses_chunk_boundary(void **state)
+{
+	struct kvp_hasher *h = seeded();
+	enum { N = 1000 };
+	int64_t *tok = malloc(N * sizeof(*tok));
+	uint8_t *enc = malloc(64 + N * 9), got[32], want[32];
+	size_t len = 0;
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		tok[i] = (int64_t)i * 100003 - 5000000;
+	enc[len++] = 0x83;
+	enc[len++] = 0x58;
+	enc[len++] = 0x20;
+	memcpy(enc + len, kvp_hasher_none_hash(h), 32);
+	len += 32;
+	enc[len++] = 0x99; /* array, 2-byte length */
+	enc[len++] = N >> 8;
+	enc[len++] = N & 0xff;
+	for (int i = 0; i < N; i++) {
+		int64_t v = tok[i];
+		uint64_t u = v >= 0 ? (uint64_t)v : (uint64_t)(-1 - v);
+		uint8_t major = v >= 0 ? 0x00 : 0x20;
+		if (u < 24) {
+			enc[len++] = major | (uint8_t)u;
+		} else if (u <= 0xff) {
+			enc[len++] = major | 24;
+			enc[len++] = (uint8_t)u;
+		} else if (u <= 0xffff) {
+			enc[len++] = major | 25;
+			enc[len++] = (uint8_t)(u >> 8);
+			enc[len++] = (uint8_t)u;
+		} else {
+			enc[len++] = major | 26;
+			for (int s = 24; s >= 0; s -= 8)
+				enc[len++] = (uint8_t)(u >> s);
+		}
+	}
+	enc[len++] = 0xf6;
+	assert_ok(kvp_hash_raw(h, enc, len, want));
+	assert_ok(kvp_hash_block(h, NULL, tok, N, NULL, 0, got));
+	assert_memory_equal(got, want, 32);
+	free(tok);
+	free(enc);
+	kvp_hasher_destroy(h);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_block_hash_h0_none_hash_from_seed),
+		cmocka_unit_test(test_block_hash_random_none_hash_differs_per_hasher),
+		cmocka_unit_test(test_block_hash_h1_h2_chain_and_event_ids),
+		cmocka_unit_test(test_block_hash_h3_extra_keys_bytes_and_digest),
+		cmocka_unit_test(test_block_hash_h4_integer_widths_and_negatives),
+		cmocka_unit_test(test_block_hash_h5_request_chain_with_lora_mm_salt),
+		cmocka_unit_test(test_block_hash_h6_salt_only_on_first_block),
+		cmocka_unit_test(test_block_hash_mm_offsets_relative_to_block_start),
+		cmocka_unit_test(test_block_hash_h7_coarse_key_event_id),
+		cmocka_unit_test(test_block_hash_bad_arguments_are_einval),
+		cmocka_unit_test(test_block_hash_large_block_crosses_chunk_boundary),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
