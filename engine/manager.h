@@ -1,0 +1,155 @@
+/*
+ * manager.h: the request-level layer over one BlockPool, what a scheduler
+ * really calls (reference section 5: KVCacheManager with its coordinator and
+ * full-attention single-type managers).
+ *
+ * The manager keeps, per request: its token ids, its chain of fine block
+ * hashes (extended as tokens are appended), its block list per KV-cache
+ * group, and how many of those blocks are cached. Several groups share the
+ * pool, told apart by the group id in the map key; a position hits only if
+ * every group of its block size hits it, and with several block sizes the
+ * hit is the longest length all groups agree on, rounded down to the LCM
+ * of the block sizes.
+ *
+ * Supported: full-attention groups whose block sizes are multiples of the
+ * pool's hash_block_size (a group of block size k x hash_block_size uses
+ * coarse hashes of k fine hashes). Not supported yet: sliding-window,
+ * chunked-local and Mamba groups, eagle's last-block drop, external
+ * (connector) computed tokens, and prompt-embeds extra keys.
+ *
+ * Differences from vLLM, as in pool.h, are refusals instead of asserts:
+ * unknown requests are KVP_ENOTFOUND; hit blocks passed to allocate_slots
+ * are checked against the request's hashes (a remote caller may pass ids
+ * that were evicted since its lookup: KVP_ESTATE, look up again); hits for
+ * a request that already holds blocks are KVP_EINVAL (vLLM asserts).
+ * allocate_slots is all or nothing: on KVP_ENOSPACE nothing changed and
+ * the caller must preempt. (If memory runs out mid-step, KVP_ENOMEM is
+ * returned and the step may be partly applied; the pool stays consistent.)
+ *
+ * The manager counts the request's computed tokens itself: after a
+ * successful allocate_slots it is hit + previously computed + new tokens,
+ * as vLLM's scheduler sets it when nothing is rejected.
+ *
+ * Not thread-safe; borrows the pool and hasher (one thread at a time for
+ * all three). Never prints, reads no clock.
+ */
+#ifndef KVP_MANAGER_H
+#define KVP_MANAGER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block_hash.h"
+#include "events.h"
+#include "pool.h"
+
+#define KVP_MGR_MAX_GROUPS 8
+
+struct kvp_mgr_config {
+	uint32_t num_groups;        /* 1..KVP_MGR_MAX_GROUPS; group ids are 0..num_groups-1 */
+	const uint32_t *block_sizes; /* per group, each a multiple of hash_block_size */
+	uint32_t max_model_len;     /* tokens per request, >= 1 */
+	uint32_t max_requests;      /* live requests; 0: 65536 */
+};
+
+/* A new request, as the scheduler describes it. Everything is copied. */
+struct kvp_request_desc {
+	const int64_t *prompt;      /* prompt token ids */
+	size_t num_prompt;          /* 1..max_model_len */
+	const struct kvp_request_keys *keys; /* LoRA name, mm features, salt; NULL: none */
+	bool has_lora_id;           /* the LoRA adapter's int id (events only) */
+	int64_t lora_id;
+	bool skip_reading_prefix_cache; /* prompt logprobs, pooling: never hit */
+};
+
+/* allocate_slots arguments (vLLM's names). */
+struct kvp_alloc_args {
+	uint32_t num_new_tokens;           /* >= 1 */
+	uint32_t num_new_computed_tokens;  /* hit tokens from get_computed_blocks */
+	const int32_t *const *computed_blocks; /* per group: the hit blocks, or NULL if no hit */
+	uint32_t num_lookahead_tokens;
+	bool delay_cache_blocks;
+};
+
+struct kvp_mgr_stats {
+	uint64_t requests, queries, hits;        /* prefix-cache lookups, in tokens */
+	uint64_t preempted_requests, preempted_queries, preempted_hits;
+	uint64_t alloc_failures;                 /* allocate_slots refused with KVP_ENOSPACE */
+	uint64_t active_requests;
+};
+
+struct kvp_mgr;
+
+/*
+ * Creates a manager over pool (which must outlive it) hashing with hasher
+ * (the pool's NONE_HASH owner). KVP_EINVAL (bad config, block size not a
+ * multiple of hash_block_size, coarse hash longer than the pool's
+ * max_hash_len), KVP_ENOMEM.
+ */
+int kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
+                   const struct kvp_mgr_config *cfg, struct kvp_mgr **out);
+/* Destroys the manager; blocks still held by requests are freed first. NULL: no-op. */
+void kvp_mgr_destroy(struct kvp_mgr *m);
+
+/*
+ * Adds a request and hashes its full prompt blocks. KVP_EINVAL (bad desc,
+ * prompt empty or over max_model_len, bad keys), KVP_ESTATE (id in use),
+ * KVP_EBUSY (max_requests live), KVP_ENOMEM.
+ */
+int kvp_mgr_add_request(struct kvp_mgr *m, uint64_t req_id, const struct kvp_request_desc *d);
+
+/*
+ * Appends generated tokens and hashes newly completed blocks (vLLM's
+ * append_output_token_ids + request block hasher). KVP_ENOTFOUND, KVP_EINVAL
+ * (would exceed max_model_len), KVP_ENOMEM.
+ */
+int kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens, size_t n);
+
+/*
+ * get_computed_blocks: the longest prefix hit, capped at num_tokens - 1
+ * (the last token is always recomputed), stopping at the first miss. Writes
+ * group g's hit blocks to out[g] (cap entries each; NULL allowed when cap
+ * is 0 and only the length is wanted) and the hit length in tokens to
+ * *hit_tokens. Counts one prefix-cache query. Takes no references: the
+ * blocks may be evicted until allocate_slots touches them.
+ * KVP_ENOTFOUND, KVP_EINVAL (cap too small: nothing written, nothing counted).
+ */
+int kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *out,
+                                size_t cap, uint32_t *hit_tokens);
+
+/*
+ * allocate_slots: touches the hits, allocates blocks for the tokens to
+ * compute (plus lookahead) in group order, and caches blocks that became
+ * full (one BlockStored per group that cached any). Writes group g's new
+ * blocks to new_blocks[g] (cap each, may be NULL if cap is 0 and none are
+ * needed) and their counts to counts[g]. KVP_ENOSPACE: the caller must
+ * preempt; nothing changed. KVP_ENOTFOUND, KVP_EINVAL, KVP_ESTATE (a hit
+ * block is no longer cached under the request's hash), KVP_ENOMEM.
+ */
+int kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_alloc_args *a,
+                           int32_t *const *new_blocks, size_t cap, size_t *counts);
+
+/*
+ * Preempts a request: frees its blocks (each group's in reverse, so its
+ * deepest blocks are evicted first) and resets its computed tokens to 0;
+ * the request keeps its tokens and hashes and can be scheduled again.
+ * KVP_ENOTFOUND.
+ */
+int kvp_mgr_preempt(struct kvp_mgr *m, uint64_t req_id);
+
+/* free(request): frees its blocks as preempt does, then forgets it. KVP_ENOTFOUND. */
+int kvp_mgr_free_request(struct kvp_mgr *m, uint64_t req_id);
+
+/* A request's blocks in group g (valid until the next call), its token count. */
+int kvp_mgr_request_blocks(const struct kvp_mgr *m, uint64_t req_id, uint32_t g,
+                           const int32_t **ids, size_t *n);
+int kvp_mgr_request_info(const struct kvp_mgr *m, uint64_t req_id, size_t *num_tokens,
+                         size_t *num_computed, size_t *num_hashes);
+
+/* Takes the pool's events, setting each BlockStored's spec kind ("full_attention"). */
+int kvp_mgr_take_events(struct kvp_mgr *m, struct kvp_event_batch *out);
+
+void kvp_mgr_get_stats(const struct kvp_mgr *m, struct kvp_mgr_stats *out);
+
+#endif /* KVP_MANAGER_H */
