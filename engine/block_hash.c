@@ -9,7 +9,7 @@
 
 struct kvp_hasher {
 	EVP_MD_CTX *ctx;
-	const EVP_MD *md;
+	EVP_MD *md;            /* fetched once: EVP_sha256() re-fetches under a lock per init */
 	uint8_t none_hash[KVP_HASH_LEN];
 };
 
@@ -58,6 +58,31 @@ cbor_int(uint8_t *p, int64_t v)
 	return v >= 0 ? cbor_head(p, 0, (uint64_t)v) : cbor_head(p, 1, ~(uint64_t)v);
 }
 
+/*
+ * cbor_int for the common case, a token id in [0, 2^32), without branches
+ * on its size: token sizes are random, and a mispredicted branch per token
+ * costs more than the rest of the encoding. Writes 8 bytes (the caller
+ * leaves room) and returns how many count.
+ */
+static inline size_t
+cbor_token(uint8_t *p, int64_t v)
+{
+	static const uint8_t lens[4] = {1, 2, 3, 5};
+
+	if ((uint64_t)v >= (1ull << 32))
+		return cbor_int(p, v); /* negative or wide: rare, predictable */
+	uint32_t u = (uint32_t)v;
+	unsigned cls = (u >= 24) + (u >= 256) + (u >= 65536);
+	unsigned l = lens[cls];
+	uint64_t head = cls ? 0x17u + cls : 0;
+	uint64_t word = (head << (8 * (l - 1))) | u;
+	uint64_t x = word << (64 - 8 * l), be = 0;
+	for (int i = 0; i < 8; i++) /* big-endian store; compilers emit bswap */
+		be |= ((x >> (56 - 8 * i)) & 0xff) << (8 * i);
+	memcpy(p, &be, 8);
+	return l;
+}
+
 static size_t
 cbor_str(uint8_t *p, const char *s)
 {
@@ -79,7 +104,7 @@ kvp_hasher_create(const char *seed, struct kvp_hasher **out)
 		return KVP_EINVAL;
 	if ((h = calloc(1, sizeof(*h))) == NULL)
 		return KVP_ENOMEM;
-	h->md = EVP_sha256();
+	h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
 	if ((h->ctx = EVP_MD_CTX_new()) == NULL || h->md == NULL) {
 		kvp_hasher_destroy(h);
 		return KVP_ENOMEM;
@@ -110,6 +135,7 @@ kvp_hasher_destroy(struct kvp_hasher *h)
 	if (h == NULL)
 		return;
 	EVP_MD_CTX_free(h->ctx);
+	EVP_MD_free(h->md);
 	free(h);
 }
 
@@ -126,7 +152,7 @@ kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t out[KVP
 
 	if (h == NULL || (data == NULL && len > 0) || out == NULL)
 		return KVP_EINVAL;
-	if (EVP_DigestInit_ex(h->ctx, h->md, NULL) != 1 ||
+	if (EVP_DigestInit_ex2(h->ctx, h->md, NULL) != 1 ||
 	    EVP_DigestUpdate(h->ctx, data, len) != 1 ||
 	    EVP_DigestFinal_ex(h->ctx, out, &n) != 1 || n != KVP_HASH_LEN)
 		return KVP_EINTERNAL;
@@ -137,7 +163,11 @@ int
 kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
                size_t n, const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN])
 {
-	/* Encoded in chunks so any block size hashes without allocating. */
+	/*
+	 * Encoded in chunks so any block size hashes without allocating; a
+	 * usual block (16 tokens) is one chunk and one digest update, which
+	 * matters: an update costs as much as encoding a dozen tokens.
+	 */
 	uint8_t buf[1024];
 	size_t len = 0;
 	unsigned int dlen = 0;
@@ -146,7 +176,7 @@ kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *token
 	if (h == NULL || (tokens == NULL && n > 0) || out == NULL ||
 	    (extra == NULL && extra_len > 0))
 		return KVP_EINVAL;
-	ok = EVP_DigestInit_ex(h->ctx, h->md, NULL) == 1;
+	ok = EVP_DigestInit_ex2(h->ctx, h->md, NULL) == 1;
 	buf[len++] = 0x83;
 	buf[len++] = 0x58;
 	buf[len++] = KVP_HASH_LEN;
@@ -158,21 +188,57 @@ kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *token
 			ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
 			len = 0;
 		}
-		len += cbor_int(buf + len, tokens[i]);
+		len += cbor_token(buf + len, tokens[i]);
 	}
 	if (extra_len == 0) {
-		if (len == sizeof(buf)) {
-			ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
-			len = 0;
-		}
-		buf[len++] = 0xf6;
-		ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
+		extra = (const uint8_t *)"\xf6";
+		extra_len = 1;
+	}
+	if (extra_len <= sizeof(buf) - len) {
+		memcpy(buf + len, extra, extra_len);
+		ok &= EVP_DigestUpdate(h->ctx, buf, len + extra_len) == 1;
 	} else {
 		ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
 		ok &= EVP_DigestUpdate(h->ctx, extra, extra_len) == 1;
 	}
 	ok &= EVP_DigestFinal_ex(h->ctx, out, &dlen) == 1;
 	return ok && dlen == KVP_HASH_LEN ? KVP_OK : KVP_EINTERNAL;
+}
+
+int
+kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
+                     const int64_t *tokens, size_t n, const uint8_t *extra,
+                     size_t extra_len, uint8_t *buf, size_t cap, size_t *len)
+{
+	size_t k = 0;
+
+	uint8_t scratch[CBOR_HEAD_MAX];
+	size_t need;
+
+	if (h == NULL || (tokens == NULL && n > 0) || buf == NULL || len == NULL ||
+	    (extra == NULL && extra_len > 0) || n > (SIZE_MAX - 64 - extra_len) / 9)
+		return KVP_EINVAL;
+	need = 3 + KVP_HASH_LEN + cbor_head(scratch, 4, n) + (extra_len ? extra_len : 1);
+	for (size_t i = 0; i < n; i++)
+		need += cbor_int(scratch, tokens[i]);
+	if (cap < need)
+		return KVP_EINVAL;
+	buf[k++] = 0x83;
+	buf[k++] = 0x58;
+	buf[k++] = KVP_HASH_LEN;
+	memcpy(buf + k, parent ? parent : h->none_hash, KVP_HASH_LEN);
+	k += KVP_HASH_LEN;
+	k += cbor_head(buf + k, 4, n);
+	for (size_t i = 0; i < n; i++)
+		k += cbor_int(buf + k, tokens[i]);
+	if (extra_len == 0) {
+		buf[k++] = 0xf6;
+	} else {
+		memcpy(buf + k, extra, extra_len);
+		k += extra_len;
+	}
+	*len = k;
+	return KVP_OK;
 }
 
 /* ---- extra keys (spec 6.6) ---- */

@@ -62,6 +62,16 @@ const uint8_t *kvp_hasher_none_hash(const struct kvp_hasher *h);
 int kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
                    size_t n, const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN]);
 
+/*
+ * Writes the exact bytes kvp_hash_block() digests (0x83, parent, token
+ * array, extra or 0xf6) to buf and their count to *len; for tests, tools
+ * and the benchmark's raw-SHA-256 baseline. KVP_EINVAL if cap is below the
+ * exact length (45 + 9·n + extra_len always suffices); nothing is written then.
+ */
+int kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
+                         const int64_t *tokens, size_t n, const uint8_t *extra,
+                         size_t extra_len, uint8_t *buf, size_t cap, size_t *len);
+
 /* Plain SHA-256 of len bytes with the hasher's context (benchmark baseline). */
 int kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t out[KVP_HASH_LEN]);
 

@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvp_status.h"
+
 #define KVP_QUEUE_UNLINKED (-1)
 
 /* Per-block metadata shared by the queue and the pool: 16 bytes. */
@@ -52,29 +54,114 @@ kvp_queue_contains(const struct kvp_queue *q, int32_t id)
 	return q->blocks[id].prev != KVP_QUEUE_UNLINKED;
 }
 
-/* Pops the head block. Returns its id, or -1 if the queue is empty. */
-int32_t kvp_queue_popleft(struct kvp_queue *q);
+/*
+ * The operations below are inline: they sit on the allocate/free/touch hot
+ * path of another translation unit, and a call per block costs more than
+ * the work.
+ */
 
 /*
  * Pops n blocks from the head into out[0..n), in queue order. Returns
  * KVP_ENOSPACE (queue unchanged) if fewer than n are queued; n == 0 is KVP_OK.
  */
-int kvp_queue_popleft_n(struct kvp_queue *q, uint32_t n, int32_t *out);
+static inline int
+kvp_queue_popleft_n(struct kvp_queue *q, uint32_t n, int32_t *out)
+{
+	struct kvp_block *b = q->blocks;
+	int32_t cur;
+
+	if (n > q->num_free)
+		return KVP_ENOSPACE;
+	if (n == 0)
+		return KVP_OK;
+	cur = b[q->head].next;
+	for (uint32_t i = 0; i < n; i++) {
+		int32_t nx = b[cur].next;
+		out[i] = cur;
+		b[cur].prev = KVP_QUEUE_UNLINKED;
+		b[cur].next = KVP_QUEUE_UNLINKED;
+		cur = nx;
+	}
+	b[q->head].next = cur;
+	b[cur].prev = q->head;
+	q->num_free -= n;
+	return KVP_OK;
+}
+
+/* Pops the head block. Returns its id, or -1 if the queue is empty. */
+static inline int32_t
+kvp_queue_popleft(struct kvp_queue *q)
+{
+	int32_t id;
+	return kvp_queue_popleft_n(q, 1, &id) == KVP_OK ? id : -1;
+}
 
 /* Unlinks block id from anywhere. KVP_ENOTFOUND if it is not linked. */
-int kvp_queue_remove(struct kvp_queue *q, int32_t id);
+static inline int
+kvp_queue_remove(struct kvp_queue *q, int32_t id)
+{
+	struct kvp_block *b = q->blocks;
+	int32_t p, nx;
 
-/* Links block id before the tail. KVP_ESTATE if it is already linked. */
-int kvp_queue_append(struct kvp_queue *q, int32_t id);
+	if (!kvp_queue_contains(q, id))
+		return KVP_ENOTFOUND;
+	p = b[id].prev;
+	nx = b[id].next;
+	b[p].next = nx;
+	b[nx].prev = p;
+	b[id].prev = KVP_QUEUE_UNLINKED;
+	b[id].next = KVP_QUEUE_UNLINKED;
+	q->num_free--;
+	return KVP_OK;
+}
 
 /*
  * Links ids[0..n) before the tail, in order. The caller guarantees they are
- * distinct and unlinked (asserted: the pool validates first).
+ * distinct and unlinked (the pool validates first).
  */
-void kvp_queue_append_n(struct kvp_queue *q, const int32_t *ids, size_t n);
+static inline void
+kvp_queue_append_n(struct kvp_queue *q, const int32_t *ids, size_t n)
+{
+	struct kvp_block *b = q->blocks;
+	int32_t last;
+
+	if (n == 0)
+		return;
+	last = b[q->tail].prev;
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		b[last].next = id;
+		b[id].prev = last;
+		last = id;
+	}
+	b[last].next = q->tail;
+	b[q->tail].prev = last;
+	q->num_free += (uint32_t)n;
+}
+
+/* Links block id before the tail. KVP_ESTATE if it is already linked. */
+static inline int
+kvp_queue_append(struct kvp_queue *q, int32_t id)
+{
+	if (kvp_queue_contains(q, id))
+		return KVP_ESTATE;
+	kvp_queue_append_n(q, &id, 1);
+	return KVP_OK;
+}
 
 /* Walks from head to tail: first id, or -1 when empty; next id, or -1 at the end. */
-int32_t kvp_queue_first(const struct kvp_queue *q);
-int32_t kvp_queue_next(const struct kvp_queue *q, int32_t id);
+static inline int32_t
+kvp_queue_first(const struct kvp_queue *q)
+{
+	int32_t id = q->blocks[q->head].next;
+	return id == q->tail ? -1 : id;
+}
+
+static inline int32_t
+kvp_queue_next(const struct kvp_queue *q, int32_t id)
+{
+	int32_t nx = q->blocks[id].next;
+	return nx == q->tail ? -1 : nx;
+}
 
 #endif /* KVP_FREE_QUEUE_H */

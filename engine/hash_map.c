@@ -1,37 +1,95 @@
 #include "hash_map.h"
 
-#include <stdlib.h>
 #include <string.h>
 
+#include "big_alloc.h"
 #include "kvp_status.h"
 
 #define EMPTY 0u
 
+static inline uint64_t
+load64(const uint8_t *p)
+{
+	uint64_t w;
+	memcpy(&w, p, 8);
+	return w;
+}
+
+static inline uint64_t
+fmix64(uint64_t h)
+{
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ull;
+	h ^= h >> 33;
+	return h;
+}
+
 /*
  * Keys are mostly SHA-256 output (already uniform) followed by a small group
  * id, but tests and callers may pass short or patterned keys, so every byte
- * is mixed in.
+ * is mixed in. Words are multiplied in independent lanes, so the multiplies
+ * overlap instead of forming one long dependency chain.
  */
-static uint32_t
-key_hash(const uint8_t *k, size_t len)
+uint32_t
+kvp_map_hash(const uint8_t *k, size_t len)
 {
-	uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)len;
-	uint64_t w;
+	uint64_t a = 0x9e3779b97f4a7c15ull ^ len, b = 0xbf58476d1ce4e5b9ull;
+	size_t n = len;
 
-	while (len >= 8) {
-		memcpy(&w, k, 8);
-		h = (h ^ w) * 0xff51afd7ed558ccdull;
-		h ^= h >> 32;
+	while (n >= 16) {
+		a += (load64(k) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
+		b += (load64(k + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+		a = (a << 29) | (a >> 35);
+		b = (b << 31) | (b >> 33);
+		k += 16;
+		n -= 16;
+	}
+	if (n >= 8) {
+		a ^= load64(k) * 0xc4ceb9fe1a85ec53ull;
 		k += 8;
+		n -= 8;
+	}
+	if (n >= 4) { /* 4..7 bytes: two overlapping 4-byte reads */
+		uint32_t x, y;
+		memcpy(&x, k, 4);
+		memcpy(&y, k + n - 4, 4);
+		b ^= ((uint64_t)x << 32 | y) * 0x9e3779b97f4a7c15ull;
+	} else if (n > 0) {
+		uint64_t t = (uint64_t)k[0] << 16 | (uint64_t)k[n / 2] << 8 | k[n - 1];
+		b ^= (t + 1) * 0x9e3779b97f4a7c15ull;
+	}
+	return (uint32_t)fmix64(a ^ (b * 0x2545f4914f6cdd1dull));
+}
+
+/* Key equality; keys are short (36 bytes for a plain hash) so a word loop beats a call. */
+static inline int
+key_equal(const uint8_t *x, const uint8_t *y, size_t len)
+{
+	while (len >= 8) {
+		if (load64(x) != load64(y))
+			return 0;
+		x += 8;
+		y += 8;
 		len -= 8;
 	}
-	w = 0;
-	memcpy(&w, k, len);
-	h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
-	h ^= h >> 29;
-	h *= 0x94d049bb133111ebull;
-	h ^= h >> 32;
-	return (uint32_t)h;
+	if (len >= 4) {
+		uint32_t a, b;
+		memcpy(&a, x, 4);
+		memcpy(&b, y, 4);
+		if (a != b)
+			return 0;
+		x += 4;
+		y += 4;
+		len -= 4;
+	}
+	while (len > 0) {
+		if (*x++ != *y++)
+			return 0;
+		len--;
+	}
+	return 1;
 }
 
 static inline uint64_t
@@ -58,22 +116,25 @@ slot(const struct kvp_map *m, int32_t id)
 	return m->keys + (size_t)id * m->max_key_len;
 }
 
+static size_t
+bucket_bytes(const struct kvp_map *m)
+{
+	return ((size_t)m->mask + 1) * sizeof(*m->buckets);
+}
+
 /* Returns the bucket index holding key, or -1. */
 static int64_t
 find_bucket(const struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h)
 {
-	uint32_t i = h & m->mask;
-
-	for (;;) {
+	for (uint32_t i = h & m->mask;; i = (i + 1) & m->mask) {
 		uint64_t b = m->buckets[i];
 		if (b == EMPTY)
 			return -1;
 		if (bucket_hash(b) == h) {
 			int32_t id = bucket_head(b);
-			if (m->klen[id] == len && memcmp(slot(m, id), key, len) == 0)
+			if (m->ent[id].len == len && key_equal(slot(m, id), key, len))
 				return i;
 		}
-		i = (i + 1) & m->mask;
 	}
 }
 
@@ -90,74 +151,88 @@ kvp_map_init(struct kvp_map *m, uint32_t num_ids, uint32_t max_key_len)
 		nb <<= 1;
 	if (nb > (1ull << 32))
 		return KVP_EINVAL;
-	/* calloc: zero pages are mapped lazily, so creation stays O(1)-ish. */
-	m->buckets = calloc(nb, sizeof(*m->buckets));
-	m->kprev = malloc((size_t)num_ids * sizeof(*m->kprev));
-	m->knext = malloc((size_t)num_ids * sizeof(*m->knext));
-	m->klen = calloc(num_ids, sizeof(*m->klen));
-	m->keys = calloc(num_ids, max_key_len);
-	if (!m->buckets || !m->kprev || !m->knext || !m->klen || !m->keys) {
-		kvp_map_fini(m);
-		return KVP_ENOMEM;
-	}
 	m->mask = (uint32_t)(nb - 1);
 	m->num_ids = num_ids;
 	m->max_key_len = max_key_len;
+	/* Zeroed lazily by the kernel, so creation stays cheap. */
+	m->buckets = kvp_big_alloc(bucket_bytes(m));
+	m->ent = kvp_big_alloc((size_t)num_ids * sizeof(*m->ent));
+	m->keys = kvp_big_alloc((size_t)num_ids * max_key_len);
+	if (!m->buckets || !m->ent || !m->keys) {
+		kvp_map_fini(m);
+		return KVP_ENOMEM;
+	}
 	return KVP_OK;
 }
 
 void
 kvp_map_fini(struct kvp_map *m)
 {
-	free(m->buckets);
-	free(m->kprev);
-	free(m->knext);
-	free(m->klen);
-	free(m->keys);
+	kvp_big_free(m->buckets, bucket_bytes(m));
+	kvp_big_free(m->ent, (size_t)m->num_ids * sizeof(*m->ent));
+	kvp_big_free(m->keys, (size_t)m->num_ids * m->max_key_len);
 	memset(m, 0, sizeof(*m));
 }
 
 int
-kvp_map_insert(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
+kvp_map_insert_hashed(struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h,
+                      int32_t id)
 {
-	uint32_t h;
 	int64_t bi;
+	struct kvp_map_entry *e;
 
 	if (len == 0 || len > m->max_key_len || id < 0 || (uint32_t)id >= m->num_ids)
 		return KVP_EINVAL;
-	if (m->klen[id] != 0)
+	e = &m->ent[id];
+	if (e->len != 0)
 		return KVP_ESTATE;
-	h = key_hash(key, len);
 	bi = find_bucket(m, key, len, h);
 	memcpy(m->keys + (size_t)id * m->max_key_len, key, len);
-	m->klen[id] = (uint16_t)len;
-	m->knext[id] = -1;
+	e->len = (uint16_t)len;
+	e->hash = h;
+	e->next = -1;
 	if (bi >= 0) {
 		int32_t head = bucket_head(m->buckets[bi]);
-		int32_t tail = m->kprev[head];
-		m->knext[tail] = id;
-		m->kprev[id] = tail;
-		m->kprev[head] = id;
+		int32_t tail = m->ent[head].prev;
+		m->ent[tail].next = id;
+		e->prev = tail;
+		m->ent[head].prev = id;
 	} else {
 		uint32_t i = h & m->mask;
 		while (m->buckets[i] != EMPTY)
 			i = (i + 1) & m->mask;
 		m->buckets[i] = bucket_make(h, id);
-		m->kprev[id] = id;
+		e->prev = id;
 		m->num_keys++;
 	}
 	return KVP_OK;
 }
 
+int
+kvp_map_insert(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
+{
+	if (len == 0 || len > m->max_key_len)
+		return KVP_EINVAL;
+	return kvp_map_insert_hashed(m, key, len, kvp_map_hash(key, len), id);
+}
+
 int32_t
-kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len)
+kvp_map_lookup_hashed(const struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h)
 {
 	int64_t bi;
 
 	if (len == 0 || len > m->max_key_len)
 		return -1;
-	bi = find_bucket(m, key, len, key_hash(key, len));
+	bi = find_bucket(m, key, len, h);
 	return bi < 0 ? -1 : bucket_head(m->buckets[bi]);
+}
+
+int32_t
+kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len)
+{
+	if (len == 0 || len > m->max_key_len)
+		return -1;
+	return kvp_map_lookup_hashed(m, key, len, kvp_map_hash(key, len));
 }
 
 /* Backward-shift deletion of bucket i (linear probing, no tombstones). */
@@ -188,25 +263,47 @@ static void
 unlink_id(struct kvp_map *m, uint32_t bi, int32_t id)
 {
 	int32_t head = bucket_head(m->buckets[bi]);
-	int32_t tail = m->kprev[head];
-	int32_t nx = m->knext[id];
+	int32_t tail = m->ent[head].prev;
+	int32_t nx = m->ent[id].next;
 
 	if (id == head) {
 		if (nx < 0) {
 			delete_bucket(m, bi);
 		} else {
-			m->kprev[nx] = tail;
+			m->ent[nx].prev = tail;
 			m->buckets[bi] = bucket_make(bucket_hash(m->buckets[bi]), nx);
 		}
 	} else {
-		int32_t pv = m->kprev[id];
-		m->knext[pv] = nx;
+		int32_t pv = m->ent[id].prev;
+		m->ent[pv].next = nx;
 		if (nx >= 0)
-			m->kprev[nx] = pv;
+			m->ent[nx].prev = pv;
 		else
-			m->kprev[head] = pv; /* id was the tail */
+			m->ent[head].prev = pv; /* id was the tail */
 	}
-	m->klen[id] = 0;
+	m->ent[id].len = 0;
+}
+
+/*
+ * The bucket of the key id is under. Most keys have one block, so a bucket
+ * whose head is id itself is found without reading any key bytes.
+ */
+static int64_t
+bucket_of_id(const struct kvp_map *m, int32_t id)
+{
+	const struct kvp_map_entry *e = &m->ent[id];
+
+	for (uint32_t i = e->hash & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t b = m->buckets[i];
+		if (b == EMPTY)
+			return -1;
+		if (bucket_hash(b) != e->hash)
+			continue;
+		int32_t head = bucket_head(b);
+		if (head == id ||
+		    (m->ent[head].len == e->len && key_equal(slot(m, head), slot(m, id), e->len)))
+			return i;
+	}
 }
 
 int
@@ -214,11 +311,10 @@ kvp_map_pop(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
 {
 	int64_t bi;
 
-	if (id < 0 || (uint32_t)id >= m->num_ids || m->klen[id] != len ||
-	    memcmp(slot(m, id), key, len) != 0)
+	if (id < 0 || (uint32_t)id >= m->num_ids || m->ent[id].len != len ||
+	    !key_equal(slot(m, id), key, len))
 		return 0;
-	bi = find_bucket(m, key, len, key_hash(key, len));
-	if (bi < 0)
+	if ((bi = bucket_of_id(m, id)) < 0)
 		return 0; /* unreachable while the map is consistent */
 	unlink_id(m, (uint32_t)bi, id);
 	return 1;
@@ -227,13 +323,9 @@ kvp_map_pop(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
 int
 kvp_map_remove_id(struct kvp_map *m, int32_t id)
 {
-	size_t len = m->klen[id];
 	int64_t bi;
 
-	if (len == 0)
-		return 0;
-	bi = find_bucket(m, slot(m, id), len, key_hash(slot(m, id), len));
-	if (bi < 0)
+	if (m->ent[id].len == 0 || (bi = bucket_of_id(m, id)) < 0)
 		return 0;
 	unlink_id(m, (uint32_t)bi, id);
 	return 1;
@@ -242,7 +334,8 @@ kvp_map_remove_id(struct kvp_map *m, int32_t id)
 void
 kvp_map_clear(struct kvp_map *m)
 {
-	memset(m->buckets, 0, ((size_t)m->mask + 1) * sizeof(*m->buckets));
-	memset(m->klen, 0, (size_t)m->num_ids * sizeof(*m->klen));
+	memset(m->buckets, 0, bucket_bytes(m));
+	for (uint32_t i = 0; i < m->num_ids; i++)
+		m->ent[i].len = 0;
 	m->num_keys = 0;
 }

@@ -5,12 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "big_alloc.h"
 #include "free_queue.h"
 #include "hash_map.h"
 #include "kvp_status.h"
 
 #define GROUP_LEN 4
-#define MAX_KEY (65532 + GROUP_LEN)
+/* Longest key: a coarse hash of 32 fine hashes (block_size = 32 x
+ * hash_block_size) and the group id. Keys are built on the stack. */
+#define MAX_HASH (32 * KVP_HASH_LEN)
+#define MAX_KEY (MAX_HASH + GROUP_LEN)
 
 struct kvp_pool {
 	uint32_t n;               /* blocks, the null block included */
@@ -42,7 +46,7 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 	    cfg->num_blocks > INT32_MAX - 3 || cfg->hash_block_size == 0)
 		return KVP_EINVAL;
 	mhl = cfg->max_hash_len ? cfg->max_hash_len : KVP_HASH_LEN;
-	if (mhl % KVP_HASH_LEN != 0 || mhl + GROUP_LEN > MAX_KEY)
+	if (mhl % KVP_HASH_LEN != 0 || mhl > MAX_HASH)
 		return KVP_EINVAL;
 	if (cfg->medium != NULL && strlen(cfg->medium) >= sizeof(p->medium))
 		return KVP_EINVAL;
@@ -58,7 +62,7 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 	p->metrics = cfg->metrics;
 	snprintf(p->medium, sizeof(p->medium), "%s", cfg->medium ? cfg->medium : "GPU");
 	kvp_event_batch_init(&p->events);
-	p->blocks = calloc((size_t)p->n + 2, sizeof(*p->blocks));
+	p->blocks = kvp_big_alloc(((size_t)p->n + 2) * sizeof(*p->blocks));
 	p->scratch = malloc((size_t)p->n * sizeof(*p->scratch));
 	if (p->blocks == NULL || p->scratch == NULL) {
 		kvp_pool_destroy(p);
@@ -93,7 +97,7 @@ kvp_pool_destroy(struct kvp_pool *p)
 		return;
 	kvp_map_fini(&p->map);
 	kvp_event_batch_fini(&p->events);
-	free(p->blocks);
+	kvp_big_free(p->blocks, ((size_t)p->n + 2) * sizeof(*p->blocks));
 	free(p->scratch);
 	free(p->extra_buf);
 	free(p);
@@ -160,9 +164,11 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 		return rv;
 	rv = kvp_queue_popleft_n(&p->queue, n, ids);
 	assert(rv == KVP_OK);
+	/* With no hash cached and no metrics, eviction has nothing to do. */
+	bool evict = p->caching && (p->num_hashed > 0 || p->metrics != NULL);
 	for (uint32_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if (p->caching)
+		if (evict)
 			maybe_evict(p, id);
 		assert(p->blocks[id].ref_cnt == 0);
 		p->blocks[id].ref_cnt = 1;
@@ -267,13 +273,21 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	}
 	/* Each block appears once, so decrement-then-append in one pass keeps
 	 * vLLM's order (all decrements, then appends in list order). */
+	struct kvp_block *b = p->blocks;
+	int32_t last = b[p->queue.tail].prev;
+	uint32_t appended = 0;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if (id == KVP_NULL_BLOCK)
+		if (id == KVP_NULL_BLOCK || --b[id].ref_cnt != 0)
 			continue;
-		if (--p->blocks[id].ref_cnt == 0)
-			kvp_queue_append_n(&p->queue, &id, 1);
+		b[last].next = id;
+		b[id].prev = last;
+		last = id;
+		appended++;
 	}
+	b[last].next = p->queue.tail;
+	b[p->queue.tail].prev = last;
+	p->queue.num_free += appended;
 	return KVP_OK;
 }
 
@@ -311,7 +325,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			continue;
 		if (p->blocks[id].mark == mark)
 			return KVP_EINVAL;
-		if (kvp_map_key(&p->map, id, &(size_t){0}) != NULL || p->blocks[id].ref_cnt == 0)
+		if (kvp_map_has_id(&p->map, id) || p->blocks[id].ref_cnt == 0)
 			return KVP_ESTATE;
 		p->blocks[id].mark = mark;
 		stored++;
@@ -401,7 +415,7 @@ kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 			continue;
 		p->blocks[id].mark = mark;
 		p->scratch[m++] = id;
-		if (kvp_map_key(&p->map, id, &(size_t){0}) != NULL)
+		if (kvp_map_has_id(&p->map, id))
 			hashed++;
 	}
 	if ((rv = reserve_removed(p, hashed)) != KVP_OK)
@@ -526,6 +540,18 @@ kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out)
 	*out = p->stats;
 }
 
+size_t
+kvp_pool_metadata_bytes(const struct kvp_pool *p, size_t *map_bytes)
+{
+	const struct kvp_map *m = &p->map;
+
+	if (map_bytes != NULL)
+		*map_bytes = ((size_t)m->mask + 1) * sizeof(*m->buckets) +
+		             (size_t)m->num_ids * m->max_key_len;
+	return ((size_t)p->n + 2) * sizeof(*p->blocks) + (size_t)p->n * sizeof(*p->scratch) +
+	       (size_t)m->num_ids * sizeof(*m->ent);
+}
+
 #define FAIL(...)                                                     \
 	do {                                                          \
 		if (detail != NULL && detail_len > 0)                 \
@@ -560,7 +586,7 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 		FAIL("queue holds %u blocks, count says %u", queued, p->queue.num_free);
 	if (b[KVP_NULL_BLOCK].ref_cnt != 0)
 		FAIL("null block ref_cnt %d", b[KVP_NULL_BLOCK].ref_cnt);
-	if (p->map.klen[KVP_NULL_BLOCK] != 0)
+	if (kvp_map_has_id(&p->map, KVP_NULL_BLOCK))
 		FAIL("null block has a hash");
 	for (uint32_t i = 1; i < p->n; i++) {
 		int32_t id = (int32_t)i;
@@ -576,6 +602,8 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 			hashed++;
 			if (len < GROUP_LEN + 1)
 				FAIL("block %u key too short", i);
+			if (p->map.ent[i].hash != kvp_map_hash(key, len))
+				FAIL("block %u: stored key hash is stale", i);
 			head = kvp_map_lookup(&p->map, key, len);
 			if (head < 0)
 				FAIL("block %u has a hash that is not in the map", i);

@@ -55,7 +55,7 @@
 struct kvp_pool_config {
 	uint32_t num_blocks;       /* N >= 1, the null block included */
 	uint32_t hash_block_size;  /* tokens per fine (32-byte) hash, >= 1 */
-	uint32_t max_hash_len;     /* longest block hash cached, 32·k; 0: 32 */
+	uint32_t max_hash_len;     /* longest block hash cached, 32·k, k <= 32; 0: 32 */
 	bool enable_caching;
 	bool enable_events;
 	const char *medium;        /* events' medium; NULL: "GPU" (vLLM's) */
@@ -75,7 +75,7 @@ struct kvp_pool;
 /*
  * Creates a pool. KVP_EINVAL for a bad config (num_blocks 0 or above
  * 2^31-3, hash_block_size 0, max_hash_len not a multiple of 32 or over
- * 65532, metrics sized for fewer blocks), KVP_ENOMEM. *out only on success.
+ * 1024, metrics sized for fewer blocks), KVP_ENOMEM. *out only on success.
  */
 int kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out);
 /* Destroys a pool (events still queued are dropped). NULL is a no-op. */
@@ -183,6 +183,11 @@ uint32_t kvp_pool_hash_block_size(const struct kvp_pool *p);
 uint32_t kvp_pool_max_hash_len(const struct kvp_pool *p);
 bool kvp_pool_caching_enabled(const struct kvp_pool *p);
 void kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out);
+/*
+ * Bytes the pool allocated: per-block metadata (block array and the map's
+ * per-block links), and the map's buckets plus key slab in *map_bytes.
+ */
+size_t kvp_pool_metadata_bytes(const struct kvp_pool *p, size_t *map_bytes);
 
 /*
  * Invariant checker for tests and debug endpoints: ref 0 and non-null iff

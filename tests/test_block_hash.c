@@ -66,6 +66,16 @@ test_block_hash_h1_h2_chain_and_event_ids(void **state)
 	assert_ok(kvp_hash_block(h, NULL, tok, 16, NULL, 0, h1));
 	assert_hex(h1, 32, "d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c");
 	assert_int_equal(kvp_hash_event_id(h1, 32), 12687895063098490012ull);
+	uint8_t in[128];
+	size_t inlen = 0;
+	assert_ok(kvp_hash_block_input(h, NULL, tok, 16, NULL, 0, in, sizeof(in), &inlen));
+	assert_hex(in, inlen, "8358204e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
+	                      "90000102030405060708090a0b0c0d0e0ff6");
+	assert_ok(kvp_hash_block_input(h, h1, tok + 16, 16, NULL, 0, in, sizeof(in), &inlen));
+	assert_hex(in, inlen, "835820d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c"
+	                      "90101112131415161718181819181a181b181c181d181e181ff6");
+	assert_status(kvp_hash_block_input(h, h1, tok, 16, NULL, 0, in, 52, &inlen), KVP_EINVAL);
+	assert_ok(kvp_hash_block_input(h, h1, tok, 16, NULL, 0, in, 53, &inlen));
 	assert_ok(kvp_hash_block(h, h1, tok + 16, 16, NULL, 0, h2));
 	assert_hex(h2, 32, "fedd9e4abebebbe6f6cf96b682f08d316063fe2f22a5c552192dd62904fcccac");
 	assert_int_equal(kvp_hash_event_id(h2, 32), 1814341696565857452ull);
@@ -121,6 +131,14 @@ test_block_hash_h4_integer_widths_and_negatives(void **state)
 	(void)state;
 	for (int i = 0; i < 32; i++)
 		parent[i] = (uint8_t)i;
+	uint8_t in[256];
+	size_t inlen = 0;
+	assert_ok(kvp_hash_block_input(h, parent, tok, N_ELEMS(tok), extra, sizeof(extra), in,
+	                               sizeof(in), &inlen));
+	assert_hex(in, inlen,
+	           "835820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f8d0017"
+	           "181818ff19010019ffff1a000100001affffffff1b0000000100000000203738181a0002505b"
+	           "81826362626224");
 	assert_ok(kvp_hash_block(h, parent, tok, N_ELEMS(tok), extra, sizeof(extra), out));
 	assert_hex(out, 32, "90f201423fd50e99a8fed4b73258c98dbf2912772e2e61cf1d57772954e5471f");
 	assert_int_equal(kvp_hash_event_id(out, 32), 2114289569475413791ull);

@@ -56,7 +56,7 @@ test_free_queue_a2_popleft_n_append_n_match_vllm(void **state)
 	struct kvp_block b[6 + 2];
 	struct kvp_queue q;
 	const int32_t order[] = {1, 3, 5, 4, 0, 2};
-	int32_t out[8], ids[8];
+	int32_t out[8] = {0}, ids[8] = {0};
 	size_t n;
 
 	(void)state;

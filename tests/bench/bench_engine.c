@@ -1,0 +1,357 @@
+/*
+ * kvp-bench-engine: the engine's throughput on the loops used to measure
+ * vLLM's Python BlockPool, each beside a baseline measured in the same run
+ * (a raw intrusive list, raw OpenSSL SHA-256), so ratios survive a noisy
+ * machine. Prints a Markdown table; BENCHMARKS.md records it.
+ *
+ * usage: kvp-bench-engine [--quick | --only-b SECONDS]
+ *   --quick   fewer repetitions and no 10M-block pool (for a smoke run)
+ *   --only-b  run loop (b) alone for SECONDS (for a profiler)
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "block_hash.h"
+#include "kvp_status.h"
+#include "pool.h"
+
+/* vLLM's Python BlockPool on a 2-core machine of this kind (issue #2). */
+#define VLLM_A_BLOCKS_PER_S 2.9e6
+#define VLLM_B_CYCLES_PER_S 27000.0
+#define VLLM_C_PAIRS_PER_S 1.5e6
+
+static int reps = 5;
+static double min_seconds = 0.3;
+
+static double
+now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double
+median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(*v), cmp_d);
+	return v[n / 2];
+}
+
+static void
+check(int rv, const char *what)
+{
+	if (rv != KVP_OK) {
+		fprintf(stderr, "bench: %s: %s\n", what, kvp_strerror(rv));
+		exit(1);
+	}
+}
+
+static struct kvp_pool *
+mkpool(uint32_t n, uint32_t bs)
+{
+	struct kvp_pool_config cfg = {.num_blocks = n, .hash_block_size = bs,
+	                              .enable_caching = true};
+	struct kvp_pool *p;
+	check(kvp_pool_create(&cfg, &p), "pool create");
+	return p;
+}
+
+static void
+rev16(int32_t *a)
+{
+	for (int i = 0; i < 8; i++) {
+		int32_t t = a[i];
+		a[i] = a[15 - i];
+		a[15 - i] = t;
+	}
+}
+
+/* Runs body until min_seconds pass; stores operations per second in out. */
+#define RATE(out, ops_per_iter, body)                                   \
+	do {                                                            \
+		double t0_ = now(), t_;                                 \
+		long it_ = 0;                                           \
+		do {                                                    \
+			for (int k_ = 0; k_ < 1000; k_++) {             \
+				body;                                   \
+			}                                               \
+			it_ += 1000;                                    \
+		} while ((t_ = now() - t0_) < min_seconds);             \
+		(out) = (double)it_ * (ops_per_iter) / t_;              \
+	} while (0)
+
+/* ---- the raw floor: an intrusive list with nothing else ---- */
+struct rnode {
+	int32_t prev, next;
+};
+
+static double
+raw_list_blocks_per_s(uint32_t n)
+{
+	struct rnode *b = malloc(((size_t)n + 2) * sizeof(*b));
+	int32_t head = (int32_t)n, tail = (int32_t)n + 1, out[16];
+	volatile int32_t sink = 0;
+	double r;
+
+	for (uint32_t i = 0; i < n; i++) {
+		b[i].prev = i ? (int32_t)i - 1 : head;
+		b[i].next = i + 1 < n ? (int32_t)i + 1 : tail;
+	}
+	b[head].next = 0;
+	b[tail].prev = (int32_t)n - 1;
+	RATE(r, 16, {
+		int32_t cur = b[head].next;
+		for (int i = 0; i < 16; i++) {
+			out[i] = cur;
+			cur = b[cur].next;
+		}
+		b[head].next = cur;
+		b[cur].prev = head;
+		int32_t last = b[tail].prev;
+		for (int i = 15; i >= 0; i--) {
+			b[last].next = out[i];
+			b[out[i]].prev = last;
+			last = out[i];
+		}
+		b[last].next = tail;
+		b[tail].prev = last;
+		sink += out[0];
+	});
+	free(b);
+	return r;
+}
+
+/* (a) get_new_blocks(16) then free reversed. */
+static double
+loop_a(void)
+{
+	struct kvp_pool *p = mkpool(100000, 16);
+	int32_t ids[16];
+	double r;
+	RATE(r, 16, {
+		kvp_pool_get_new_blocks(p, 16, ids);
+		rev16(ids);
+		kvp_pool_free_blocks(p, ids, 16);
+	});
+	kvp_pool_destroy(p);
+	return r;
+}
+
+/* (b) allocate 16, cache 16 unique hashes, free reversed, 16 lookups, touch, free reversed. */
+static double
+loop_b_n(uint32_t nblocks)
+{
+	struct kvp_pool *p = mkpool(nblocks, 16);
+	int32_t ids[16], hits[16];
+	uint8_t hashes[16 * KVP_HASH_LEN];
+	uint64_t counter = 0;
+	const uint32_t g0 = 0;
+	struct kvp_cache_args a = {.block_hashes = hashes, .num_block_hashes = 16,
+	                           .num_full_blocks = 16, .block_size = 16};
+
+	memset(hashes, 0x5a, sizeof(hashes));
+	double r;
+	RATE(r, 1, {
+		kvp_pool_get_new_blocks(p, 16, ids);
+		for (int i = 0; i < 16; i++) {
+			counter++;
+			memcpy(hashes + i * KVP_HASH_LEN, &counter, sizeof(counter));
+		}
+		kvp_pool_cache_full_blocks(p, ids, 16, &a);
+		rev16(ids);
+		kvp_pool_free_blocks(p, ids, 16);
+		for (int i = 0; i < 16; i++)
+			kvp_pool_get_cached_block(p, hashes + i * KVP_HASH_LEN, KVP_HASH_LEN, &g0, 1,
+			                          &hits[i]);
+		kvp_pool_touch(p, hits, 16);
+		rev16(hits);
+		kvp_pool_free_blocks(p, hits, 16);
+	});
+	check(kvp_pool_check(p, NULL, 0), "invariants after loop b");
+	kvp_pool_destroy(p);
+	return r;
+}
+
+static double
+loop_b(void)
+{
+	return loop_b_n(100000);
+}
+
+/* (c) touch + free of one cached block from the middle of a full free queue. */
+static double
+loop_c(void)
+{
+	enum { N = 100000 };
+	struct kvp_pool *p = mkpool(N, 16);
+	int32_t *all = malloc(N * sizeof(*all)), pick[1024];
+	uint8_t *h = calloc(N, KVP_HASH_LEN);
+	struct kvp_cache_args a = {.block_hashes = h, .num_block_hashes = N - 1,
+	                           .num_full_blocks = N - 1, .block_size = 16};
+	uint64_t x = 88172645463325252ull;
+	unsigned k = 0;
+
+	for (uint32_t i = 0; i < N - 1; i++)
+		memcpy(h + (size_t)i * KVP_HASH_LEN, &i, sizeof(i));
+	check(kvp_pool_get_new_blocks(p, N - 1, all), "fill");
+	check(kvp_pool_cache_full_blocks(p, all, N - 1, &a), "cache all");
+	check(kvp_pool_free_blocks(p, all, N - 1), "free all");
+	for (int i = 0; i < 1024; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		pick[i] = (int32_t)(1 + N / 4 + x % (N / 2)); /* the middle half */
+	}
+	double r;
+	RATE(r, 1, {
+		int32_t id = pick[k++ & 1023];
+		kvp_pool_touch(p, &id, 1);
+		kvp_pool_free_blocks(p, &id, 1);
+	});
+	check(kvp_pool_check(p, NULL, 0), "invariants after loop c");
+	free(all);
+	free(h);
+	kvp_pool_destroy(p);
+	return r;
+}
+
+/* (d) hashing a 32k-token prompt in 16-token blocks, against raw SHA-256 of the same bytes. */
+static void
+loop_hash(double *ours_ms, double *raw_ms, double *mb)
+{
+	enum { T = 32768, BS = 16, NB = T / BS };
+	struct kvp_hasher *h;
+	int64_t *tok = malloc(T * sizeof(*tok));
+	uint8_t *out = malloc(NB * KVP_HASH_LEN), *enc = malloc((size_t)NB * 256);
+	size_t *len = malloc(NB * sizeof(*len)), n, total = 0;
+	uint64_t x = 0x2545f4914f6cdd1dull;
+	double a[16], b[16];
+
+	check(kvp_hasher_create("0", &h), "hasher");
+	for (int i = 0; i < T; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		tok[i] = (int64_t)(x % 151643);
+	}
+	check(kvp_hash_request(h, NULL, tok, T, BS, NULL, 0, out, NB, &n), "hash");
+	for (int i = 0; i < NB; i++) {
+		check(kvp_hash_block_input(h, i ? out + (size_t)(i - 1) * KVP_HASH_LEN : NULL,
+		                           tok + i * BS, BS, NULL, 0, enc + (size_t)i * 256, 256,
+		                           &len[i]),
+		      "encode");
+		total += len[i];
+	}
+	for (int r = 0; r < reps * 3; r++) {
+		double t0 = now();
+		for (int k = 0; k < 20; k++)
+			check(kvp_hash_request(h, NULL, tok, T, BS, NULL, 0, out, NB, &n), "hash");
+		a[r] = (now() - t0) / 20;
+		uint8_t d[KVP_HASH_LEN];
+		t0 = now();
+		for (int k = 0; k < 20; k++)
+			for (int i = 0; i < NB; i++)
+				check(kvp_hash_raw(h, enc + (size_t)i * 256, len[i], d), "raw");
+		b[r] = (now() - t0) / 20;
+	}
+	*ours_ms = median(a, reps * 3) * 1e3;
+	*raw_ms = median(b, reps * 3) * 1e3;
+	*mb = (double)total / 1e6;
+	kvp_hasher_destroy(h);
+	free(tok);
+	free(out);
+	free(enc);
+	free(len);
+}
+
+static void
+creation(uint32_t n, double *ms, double *meta_per_block, double *map_per_block)
+{
+	double v[8];
+	size_t meta = 0, map = 0;
+	for (int r = 0; r < reps; r++) {
+		double t0 = now();
+		struct kvp_pool *p = mkpool(n, 16);
+		v[r] = (now() - t0) * 1e3;
+		meta = kvp_pool_metadata_bytes(p, &map);
+		kvp_pool_destroy(p);
+	}
+	*ms = median(v, reps);
+	*meta_per_block = (double)meta / n;
+	*map_per_block = (double)map / n;
+}
+
+static double
+median_of(double (*fn)(void))
+{
+	double v[16];
+	for (int r = 0; r < reps; r++)
+		v[r] = fn();
+	return median(v, reps);
+}
+
+static double
+raw_list_100k(void)
+{
+	return raw_list_blocks_per_s(100000);
+}
+
+int
+main(int argc, char **argv)
+{
+	int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+	if (argc > 2 && strcmp(argv[1], "--only-b") == 0) { /* for profilers */
+		min_seconds = atof(argv[2]);
+		printf("(b) %.0f cycles/s\n", loop_b());
+		if (argc > 3)
+			printf("(b) %.0f cycles/s with %s blocks\n",
+			       loop_b_n((uint32_t)atoi(argv[3])), argv[3]);
+		return 0;
+	}
+	if (quick) {
+		reps = 3;
+		min_seconds = 0.05;
+	}
+	printf("kvp-bench-engine: medians of %d runs, pool of 100,000 blocks, block_size 16\n\n",
+	       reps);
+	double floor = median_of(raw_list_100k);
+	double a = median_of(loop_a);
+	double b = median_of(loop_b);
+	double c = median_of(loop_c);
+	double ours_ms, raw_ms, mb;
+	loop_hash(&ours_ms, &raw_ms, &mb);
+
+	printf("| loop | kvpool | baseline in this run | ratio | vLLM Python | x vLLM | target |\n");
+	printf("|---|---|---|---|---|---|---|\n");
+	printf("| (a) get_new_blocks(16) + free reversed | %.1fM blocks/s | raw list %.1fM blocks/s | %.2f | 2.9M | %.0fx | 50x |\n",
+	       a / 1e6, floor / 1e6, a / floor, a / VLLM_A_BLOCKS_PER_S);
+	printf("| (b) request cycle (alloc, cache 16, free, 16 lookups, touch, free) | %.0fk cycles/s | | | 27k | %.0fx | 30x |\n",
+	       b / 1e3, b / VLLM_B_CYCLES_PER_S);
+	printf("| (c) touch + free, mid-queue cached block | %.1fM pairs/s | | | 1.5M | %.0fx | 20x |\n",
+	       c / 1e6, c / VLLM_C_PAIRS_PER_S);
+	printf("| (d) hash 32k tokens, 16-token blocks | %.3f ms (%.0f MB/s) | raw SHA-256 %.3f ms (%.0f MB/s) | %.2f | | | >= 0.80 |\n\n",
+	       ours_ms, mb / (ours_ms / 1e3), raw_ms, mb / (raw_ms / 1e3), raw_ms / ours_ms);
+
+	printf("| pool | creation | metadata per block | map per block (buckets + keys) | target |\n");
+	printf("|---|---|---|---|---|\n");
+	const uint32_t sizes[] = {1000000, 10000000};
+	for (int i = 0; i < (quick ? 1 : 2); i++) {
+		double ms, meta, map;
+		creation(sizes[i], &ms, &meta, &map);
+		printf("| %uM blocks | %.1f ms | %.1f B | %.1f B | <= 64 B; 1M under 50 ms |\n",
+		       sizes[i] / 1000000, ms, meta, map);
+	}
+	return 0;
+}
