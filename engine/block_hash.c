@@ -76,9 +76,15 @@ cbor_token(uint8_t *p, int64_t v)
 	unsigned l = lens[cls];
 	uint64_t head = cls ? 0x17u + cls : 0;
 	uint64_t word = (head << (8 * (l - 1))) | u;
-	uint64_t x = word << (64 - 8 * l), be = 0;
-	for (int i = 0; i < 8; i++) /* big-endian store; compilers emit bswap */
-		be |= ((x >> (56 - 8 * i)) & 0xff) << (8 * i);
+	uint64_t x = word << (64 - 8 * l), be;
+#if defined(__GNUC__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+	be = __builtin_bswap64(x);
+#else
+	uint8_t bytes[8];
+	for (int i = 0; i < 8; i++)
+		bytes[i] = (uint8_t)(x >> (56 - 8 * i));
+	memcpy(&be, bytes, 8);
+#endif
 	memcpy(p, &be, 8);
 	return l;
 }

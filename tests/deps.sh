@@ -1,0 +1,11 @@
+#!/bin/sh
+# Installs what kvpool builds and tests with, from Debian 12's packages.
+# Runs as root (CI) or through sudo (a developer's machine).
+set -eu
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+	build-essential cmake pkg-config ca-certificates \
+	libssl-dev libcmocka-dev libnng-dev libprotobuf-c-dev protobuf-c-compiler

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Builds kvpool and runs every test (CTest drives the cmocka programs).
+#   bash tests/run.sh                   plain build in build/
+#   KVP_SANITIZE=1 bash tests/run.sh    ASan + UBSan build in build-asan/
+# Extra CMake arguments may follow, e.g. -DCMAKE_BUILD_TYPE=Debug.
+set -eu
+cd "$(dirname "$0")/.."
+if [ "${KVP_SANITIZE:-0}" = 1 ]; then
+	dir=build-asan
+	set -- -DKVP_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug "$@"
+	export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+	export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+else
+	dir=build
+fi
+cmake -S . -B "$dir" "$@"
+cmake --build "$dir" -j "$(nproc)"
+ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" 2>&1
