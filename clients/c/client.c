@@ -1,0 +1,528 @@
+#include "kvpool.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <nng/supplemental/tls/tls.h>
+#include <nng/supplemental/util/platform.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wire.h"
+
+#define MAX_MM 256
+
+struct kvp_client {
+	nng_socket sock;
+	nng_dialer dialer;
+	nng_tls_config *tls;
+	char pool[KVP_WIRE_MAX_NAME];
+	uint64_t session;
+	uint64_t next_call_id;
+	uint32_t timeout_ms, retries;
+	struct kvp_client_info info;
+	char detail[512];
+};
+
+static int
+set_detail(struct kvp_client *c, int status, const char *fmt, const char *arg)
+{
+	snprintf(c->detail, sizeof(c->detail), fmt, arg ? arg : "");
+	return status;
+}
+
+/* One round trip of raw bytes, resending the same bytes after a timeout. */
+static int
+roundtrip(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply, size_t *rlen)
+{
+	int rv = NNG_ETIMEDOUT;
+
+	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
+		nng_msg *msg;
+		if ((rv = nng_msg_alloc(&msg, 0)) != 0 || (rv = nng_msg_append(msg, req, len)) != 0) {
+			if (rv == 0)
+				nng_msg_free(msg);
+			return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+		}
+		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
+			nng_msg_free(msg);
+			if (rv == NNG_ETIMEDOUT)
+				continue;
+			return set_detail(c, KVP_EINTERNAL, "send: %s", nng_strerror(rv));
+		}
+		if ((rv = nng_recvmsg(c->sock, &msg, 0)) == NNG_ETIMEDOUT)
+			continue;
+		if (rv != 0)
+			return set_detail(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
+		*rlen = nng_msg_len(msg);
+		if ((*reply = malloc(*rlen ? *rlen : 1)) == NULL) {
+			nng_msg_free(msg);
+			return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+		}
+		memcpy(*reply, nng_msg_body(msg), *rlen);
+		nng_msg_free(msg);
+		return KVP_OK;
+	}
+	return set_detail(c, KVP_EBUSY, "no reply from the daemon after retries (%s)",
+	                  nng_strerror(rv));
+}
+
+int
+kvp_client_raw(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply,
+               size_t *reply_len)
+{
+	if (c == NULL || req == NULL || reply == NULL || reply_len == NULL)
+		return KVP_EINVAL;
+	return roundtrip(c, req, len, reply, reply_len);
+}
+
+/*
+ * Sends rq (its envelope fields filled here) and unpacks the reply. On
+ * KVP_OK the caller owns *out (free with kvpool__v1__reply__free_unpacked);
+ * on an error status from the daemon, *out is freed and detail is set.
+ */
+static int
+call(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
+{
+	uint8_t *buf, *rbuf = NULL;
+	size_t len, rlen = 0;
+	Kvpool__V1__Reply *r;
+	int rv;
+
+	rq->call_id = c->next_call_id++;
+	rq->pool = c->pool;
+	rq->session_id = c->session;
+	len = kvpool__v1__request__get_packed_size(rq);
+	if ((buf = malloc(len ? len : 1)) == NULL)
+		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+	kvpool__v1__request__pack(rq, buf);
+	rv = roundtrip(c, buf, len, &rbuf, &rlen);
+	free(buf);
+	if (rv != KVP_OK)
+		return rv;
+	r = kvpool__v1__reply__unpack(NULL, rlen, rbuf);
+	free(rbuf);
+	if (r == NULL)
+		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
+	if (r->call_id != rq->call_id && r->call_id != 0) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINTERNAL, "reply to another call", NULL);
+	}
+	rv = kvp_wire_status(r->status);
+	if (rv != KVP_OK) {
+		set_detail(c, rv, "%s", r->detail);
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return rv;
+	}
+	c->detail[0] = '\0';
+	*out = r;
+	return KVP_OK;
+}
+
+static char *
+read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (f == NULL)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1 << 20) &&
+	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
+		if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+			buf[n] = '\0';
+		} else {
+			free(buf);
+			buf = NULL;
+		}
+	}
+	fclose(f);
+	return buf;
+}
+
+static int
+tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
+{
+	int rv;
+	if ((rv = nng_tls_config_alloc(&c->tls, NNG_TLS_MODE_CLIENT)) != 0)
+		return set_detail(c, KVP_EINTERNAL, "TLS: %s", nng_strerror(rv));
+	if (o->tls_ca_file) {
+		if ((rv = nng_tls_config_ca_file(c->tls, o->tls_ca_file)) != 0)
+			return set_detail(c, KVP_EINTERNAL, "TLS CA file: %s", nng_strerror(rv));
+		(void)nng_tls_config_auth_mode(c->tls, NNG_TLS_AUTH_MODE_REQUIRED);
+	} else {
+		(void)nng_tls_config_auth_mode(c->tls, NNG_TLS_AUTH_MODE_NONE);
+	}
+	if (o->tls_server_name && (rv = nng_tls_config_server_name(c->tls, o->tls_server_name)) != 0)
+		return set_detail(c, KVP_EINTERNAL, "TLS server name: %s", nng_strerror(rv));
+	if (o->tls_cert_file) {
+		char *cert = read_file(o->tls_cert_file);
+		char *key = o->tls_key_file ? read_file(o->tls_key_file) : NULL;
+		rv = cert && key ? nng_tls_config_own_cert(c->tls, cert, key, NULL) : NNG_ENOENT;
+		free(cert);
+		free(key);
+		if (rv != 0)
+			return set_detail(c, KVP_EINTERNAL, "TLS client certificate: %s", nng_strerror(rv));
+	}
+	return KVP_OK;
+}
+
+static void
+copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
+{
+	struct kvp_client_info *i = &c->info;
+	const Kvpool__V1__PoolInfo *p = h->pool;
+
+	i->session_id = h->session_id;
+	i->lease_ms = h->lease_ms;
+	if (p == NULL)
+		return;
+	snprintf(i->pool, sizeof(i->pool), "%s", p->name);
+	i->num_blocks = p->num_blocks;
+	i->hash_block_size = p->hash_block_size;
+	i->block_size = p->n_groups > 0 ? p->groups[0]->block_size : p->hash_block_size;
+	snprintf(i->hash_algorithm, sizeof(i->hash_algorithm), "%s", p->hash_algorithm);
+	memcpy(i->none_hash_fingerprint, p->none_hash_fingerprint.data,
+	       p->none_hash_fingerprint.len < 8 ? p->none_hash_fingerprint.len : 8);
+	snprintf(i->medium, sizeof(i->medium), "%s", p->medium);
+	i->event_epoch = p->event_epoch;
+	i->event_seq = p->event_seq;
+	i->max_model_len = p->max_model_len;
+	i->max_ids_per_call = p->max_ids_per_call;
+	i->max_hash_len = p->max_hash_len;
+}
+
+int
+kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
+{
+	struct kvp_client *c;
+	int rv;
+
+	if (o == NULL || o->url == NULL || out == NULL ||
+	    (o->pool && strlen(o->pool) >= KVP_WIRE_MAX_NAME))
+		return KVP_EINVAL;
+	if ((c = calloc(1, sizeof(*c))) == NULL)
+		return KVP_ENOMEM;
+	snprintf(c->pool, sizeof(c->pool), "%s", o->pool ? o->pool : "default");
+	c->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
+	c->retries = o->retries ? o->retries : 2;
+	c->next_call_id = ((uint64_t)nng_random() << 32 | nng_random()) | 1;
+	if ((rv = nng_req0_open(&c->sock)) != 0) {
+		free(c);
+		return KVP_EINTERNAL;
+	}
+	/* Replies can be as large as requests: bound what we accept too. */
+	(void)nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
+	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, (nng_duration)c->timeout_ms);
+	(void)nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, (nng_duration)c->timeout_ms);
+	/* We resend ourselves, with the same call id; nng's own resend is off. */
+	(void)nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 10);
+	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
+	if ((rv = nng_dialer_create(&c->dialer, c->sock, o->url)) != 0) {
+		rv = set_detail(c, KVP_EINVAL, "bad URL %s", o->url);
+		goto fail;
+	}
+	if (strncmp(o->url, "tls+", 4) == 0) {
+		if ((rv = tls_setup(c, o)) != KVP_OK)
+			goto fail;
+		(void)nng_dialer_set_ptr(c->dialer, NNG_OPT_TLS_CONFIG, c->tls);
+	}
+	/* Non-blocking: a daemon still starting is retried in the background. */
+	if ((rv = nng_dialer_start(c->dialer, NNG_FLAG_NONBLOCK)) != 0) {
+		rv = set_detail(c, KVP_EINTERNAL, "dial: %s", nng_strerror(rv));
+		goto fail;
+	}
+	if (o->session_id != 0) {
+		c->session = o->session_id;
+		c->info.session_id = o->session_id;
+		snprintf(c->info.pool, sizeof(c->info.pool), "%s", c->pool);
+		*out = c;
+		return KVP_OK;
+	}
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	h.protocol_version = KVP_PROTOCOL_VERSION;
+	h.auth_token = (char *)(o->token ? o->token : "");
+	h.client_name = (char *)(o->client_name ? o->client_name : "libkvpool");
+	h.lease_ms = o->lease_ms;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	if ((rv = call(c, &rq, &r)) != KVP_OK)
+		goto fail;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_HELLO) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		rv = KVP_EINTERNAL;
+		goto fail;
+	}
+	copy_info(c, r->hello);
+	c->session = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	*out = c;
+	return KVP_OK;
+fail:
+	kvp_client_detach(c);
+	return rv;
+}
+
+void
+kvp_client_detach(struct kvp_client *c)
+{
+	if (c == NULL)
+		return;
+	nng_close(c->sock);
+	if (c->tls)
+		nng_tls_config_free(c->tls);
+	free(c);
+}
+
+void
+kvp_client_close(struct kvp_client *c)
+{
+	if (c == NULL)
+		return;
+	if (c->session != 0) {
+		Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+		Kvpool__V1__GoodbyeRequest g = KVPOOL__V1__GOODBYE_REQUEST__INIT;
+		Kvpool__V1__Reply *r = NULL;
+		rq.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
+		rq.goodbye = &g;
+		c->retries = 0; /* best effort: the lease cleans up otherwise */
+		if (call(c, &rq, &r) == KVP_OK)
+			kvpool__v1__reply__free_unpacked(r, NULL);
+	}
+	kvp_client_detach(c);
+}
+
+const struct kvp_client_info *
+kvp_client_info(const struct kvp_client *c)
+{
+	return &c->info;
+}
+
+const char *
+kvp_client_last_detail(const struct kvp_client *c)
+{
+	return c ? c->detail : "";
+}
+
+/* ---- calls ---- */
+
+#define CALL(c, field, CASE, msg, r)                                  \
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;           \
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_##CASE;              \
+	rq.field = (msg);                                             \
+	int rv = call((c), &rq, &(r))
+
+int
+kvp_client_allocate(struct kvp_client *c, uint32_t n, int32_t *ids)
+{
+	Kvpool__V1__AllocateRequest m = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	m.num_blocks = n;
+	CALL(c, allocate, ALLOCATE, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_ALLOCATE || r->allocate->n_block_ids != n) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINTERNAL, "allocate: unexpected reply", NULL);
+	}
+	if (n > 0)
+		memcpy(ids, r->allocate->block_ids, n * sizeof(*ids));
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+static int
+ids_call(struct kvp_client *c, int which, const int32_t *ids, size_t n, uint32_t *count)
+{
+	Kvpool__V1__TouchRequest t = KVPOOL__V1__TOUCH_REQUEST__INIT;
+	Kvpool__V1__FreeRequest f = KVPOOL__V1__FREE_REQUEST__INIT;
+	Kvpool__V1__EvictRequest e = KVPOOL__V1__EVICT_REQUEST__INIT;
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int rv;
+
+	if (c == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	t.block_ids = f.block_ids = e.block_ids = (int32_t *)ids;
+	t.n_block_ids = f.n_block_ids = e.n_block_ids = n;
+	rq.call_case = (Kvpool__V1__Request__CallCase)which;
+	if (which == KVPOOL__V1__REQUEST__CALL_TOUCH)
+		rq.touch = &t;
+	else if (which == KVPOOL__V1__REQUEST__CALL_FREE)
+		rq.free = &f;
+	else
+		rq.evict = &e;
+	if ((rv = call(c, &rq, &r)) != KVP_OK)
+		return rv;
+	if (count && r->result_case == KVPOOL__V1__REPLY__RESULT_EVICT)
+		*count = r->evict->num_evicted;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_touch(struct kvp_client *c, const int32_t *ids, size_t n)
+{
+	return ids_call(c, KVPOOL__V1__REQUEST__CALL_TOUCH, ids, n, NULL);
+}
+
+int
+kvp_client_free(struct kvp_client *c, const int32_t *ids, size_t n)
+{
+	return ids_call(c, KVPOOL__V1__REQUEST__CALL_FREE, ids, n, NULL);
+}
+
+int
+kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted)
+{
+	return ids_call(c, KVPOOL__V1__REQUEST__CALL_EVICT, ids, n, num_evicted);
+}
+
+int
+kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored)
+{
+	Kvpool__V1__CacheRequest m = KVPOOL__V1__CACHE_REQUEST__INIT;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[MAX_MM], *mmp[MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || a == NULL || (a->keys && a->keys->num_mm > MAX_MM))
+		return KVP_EINVAL;
+	m.block_ids = (int32_t *)a->block_ids;
+	m.n_block_ids = a->num_block_ids;
+	m.num_cached_blocks = a->num_cached_blocks;
+	m.num_full_blocks = a->num_full_blocks;
+	m.group_id = a->group_id;
+	m.block_size = a->block_size;
+	m.block_hashes.data = (uint8_t *)a->hashes;
+	m.block_hashes.len = a->hashes ? a->num_hashes * KVP_HASH_LEN : 0;
+	m.token_ids = (int64_t *)a->tokens;
+	m.n_token_ids = a->num_tokens;
+	if (a->keys || a->has_lora_id) {
+		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	CALL(c, cache, CACHE, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (num_stored && r->result_case == KVPOOL__V1__REPLY__RESULT_CACHE)
+		*num_stored = r->cache->num_stored;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
+                  size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens)
+{
+	Kvpool__V1__LookupRequest m = KVPOOL__V1__LOOKUP_REQUEST__INIT;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[MAX_MM], *mmp[MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || q == NULL || num_hit_blocks == NULL ||
+	    (q->keys && q->keys->num_mm > MAX_MM))
+		return KVP_EINVAL;
+	m.block_hashes.data = (uint8_t *)q->hashes;
+	m.block_hashes.len = q->hashes ? q->num_hashes * KVP_HASH_LEN : 0;
+	m.token_ids = (int64_t *)q->tokens;
+	m.n_token_ids = q->num_tokens;
+	m.group_ids = (uint32_t *)q->group_ids;
+	m.n_group_ids = q->group_ids ? q->num_groups : 0;
+	m.block_size = q->block_size;
+	if (q->keys) {
+		kvp_wire_keys_to_proto(q->keys, false, 0, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	CALL(c, lookup, LOOKUP, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINTERNAL, "lookup: unexpected reply", NULL);
+	}
+	size_t groups = q->group_ids && q->num_groups ? q->num_groups : 1;
+	size_t hit = r->lookup->num_hit_blocks;
+	if (hit > cap || r->lookup->n_block_ids != hit * groups) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINVAL, "lookup: more hits than the ids buffer holds", NULL);
+	}
+	for (size_t g = 0; g < groups && ids && hit > 0; g++)
+		memcpy(ids + g * cap, r->lookup->block_ids + g * hit, hit * sizeof(*ids));
+	*num_hit_blocks = (uint32_t)hit;
+	if (hit_tokens)
+		*hit_tokens = r->lookup->hit_tokens;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_reset(struct kvp_client *c)
+{
+	Kvpool__V1__ResetRequest m = KVPOOL__V1__RESET_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL)
+		return KVP_EINVAL;
+	CALL(c, reset, RESET, &m, r);
+	if (rv == KVP_OK)
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	return rv;
+}
+
+int
+kvp_client_heartbeat(struct kvp_client *c)
+{
+	Kvpool__V1__HeartbeatRequest m = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL)
+		return KVP_EINVAL;
+	CALL(c, heartbeat, HEARTBEAT, &m, r);
+	if (rv == KVP_OK)
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	return rv;
+}
+
+int
+kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
+{
+	Kvpool__V1__StatsRequest m = KVPOOL__V1__STATS_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || out == NULL)
+		return KVP_EINVAL;
+	CALL(c, stats, STATS, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_STATS) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINTERNAL, "stats: unexpected reply", NULL);
+	}
+	const Kvpool__V1__StatsReply *s = r->stats;
+	out->num_blocks = s->num_blocks;
+	out->num_free = s->num_free;
+	out->num_cached_blocks = s->num_cached_blocks;
+	out->num_cached_keys = s->num_cached_keys;
+	out->usage = s->usage;
+	out->blocks_allocated = s->blocks_allocated;
+	out->blocks_evicted = s->blocks_evicted;
+	out->alloc_failures = s->alloc_failures;
+	out->blocks_stored = s->blocks_stored;
+	out->resets = s->resets;
+	out->prefix_requests = s->prefix_requests;
+	out->prefix_queries = s->prefix_queries;
+	out->prefix_hits = s->prefix_hits;
+	out->sessions = s->sessions;
+	out->leases_expired = s->leases_expired;
+	out->events_emitted = s->events_emitted;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}

@@ -1,0 +1,135 @@
+/*
+ * kvpool.h: libkvpool, the C client of kvpoold.
+ *
+ * A client is one session on one pool of one daemon: kvp_client_open()
+ * dials the URL (ipc://, tcp://, tls+tcp://) and says Hello; every call
+ * then carries the session id. nng reconnects by itself if the connection
+ * drops, and the session survives a reconnect as long as its lease does.
+ * A call that times out is sent again with the same call id, and the
+ * daemon answers a repeated call id with its first reply instead of
+ * applying the call twice. Errors are the kvp_status codes of the engine
+ * (the wire's numbers); kvp_client_last_detail() has the daemon's text.
+ *
+ * Not thread-safe: one thread at a time per client (open one per thread).
+ * Never prints.
+ */
+#ifndef KVPOOL_CLIENT_H
+#define KVPOOL_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "block_hash.h"
+#include "kvp_status.h"
+
+struct kvp_client_options {
+	const char *url;            /* required */
+	const char *pool;           /* NULL: "default" */
+	const char *token;          /* the pool's auth token; NULL: none */
+	const char *client_name;    /* shown in the daemon's logs; NULL: "libkvpool" */
+	uint32_t lease_ms;          /* requested lease; 0: the daemon's default */
+	uint32_t timeout_ms;        /* per attempt; 0: 5000 */
+	uint32_t retries;           /* attempts after a timeout, same call id; 0: 2 */
+	const char *tls_ca_file;    /* tls+tcp://: CA that signed the daemon's cert */
+	const char *tls_cert_file;  /* tls+tcp:// with mutual TLS: our certificate... */
+	const char *tls_key_file;   /* ...and its key */
+	const char *tls_server_name; /* NULL: the URL's host */
+	uint64_t session_id;        /* non-zero: resume this session instead of Hello */
+};
+
+/* What Hello said about the pool and the session. */
+struct kvp_client_info {
+	uint64_t session_id;
+	uint32_t lease_ms;
+	char pool[128];
+	uint32_t num_blocks;
+	uint32_t hash_block_size;
+	uint32_t block_size;        /* group 0's */
+	char hash_algorithm[32];
+	uint8_t none_hash_fingerprint[8];
+	char medium[16];
+	uint64_t event_epoch, event_seq;
+	uint32_t max_model_len, max_ids_per_call, max_hash_len;
+};
+
+struct kvp_client_stats {
+	uint32_t num_blocks, num_free, num_cached_blocks, num_cached_keys;
+	double usage;
+	uint64_t blocks_allocated, blocks_evicted, alloc_failures, blocks_stored, resets;
+	uint64_t prefix_requests, prefix_queries, prefix_hits;
+	uint32_t sessions;
+	uint64_t leases_expired, events_emitted;
+};
+
+struct kvp_client;
+
+/*
+ * Connects and opens a session. KVP_EINVAL (no URL), KVP_EUNAUTH (token),
+ * KVP_EUNKNOWNPOOL, KVP_EVERSION, KVP_EBUSY (the daemon's session limit),
+ * KVP_EINTERNAL (transport: cannot dial, TLS files), KVP_ENOMEM.
+ */
+int kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out);
+/* Says Goodbye (releasing the session's blocks) and closes. NULL: no-op. */
+void kvp_client_close(struct kvp_client *c);
+/* Closes without Goodbye: the session and its blocks live until the lease ends. */
+void kvp_client_detach(struct kvp_client *c);
+
+const struct kvp_client_info *kvp_client_info(const struct kvp_client *c);
+/* The daemon's (or the transport's) text for the last failed call. */
+const char *kvp_client_last_detail(const struct kvp_client *c);
+
+/* get_new_blocks: n ids into ids[0..n). KVP_ENOSPACE: the pool is full. */
+int kvp_client_allocate(struct kvp_client *c, uint32_t n, int32_t *ids);
+int kvp_client_touch(struct kvp_client *c, const int32_t *ids, size_t n);
+/* free_blocks in the order given; KVP_ENOTOWNER for references not held. */
+int kvp_client_free(struct kvp_client *c, const int32_t *ids, size_t n);
+
+/* cache_full_blocks: either hashes (fine, 32 bytes each) or tokens (hashed by the daemon). */
+struct kvp_client_cache {
+	const int32_t *block_ids;
+	size_t num_block_ids;
+	uint32_t num_cached_blocks, num_full_blocks;
+	uint32_t group_id;
+	uint32_t block_size;        /* 0: the pool's */
+	const uint8_t *hashes;      /* NULL: hash tokens */
+	size_t num_hashes;
+	const int64_t *tokens;      /* the request's tokens from position 0 */
+	size_t num_tokens;
+	const struct kvp_request_keys *keys;
+	bool has_lora_id;
+	int64_t lora_id;
+};
+int kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored);
+
+/*
+ * The longest cached prefix (all groups per position). Writes up to cap ids
+ * per group, group after group, the hit length in blocks and tokens, and,
+ * when hashing tokens and hashes_out is not NULL, up to hashes_cap hashes.
+ */
+struct kvp_client_lookup {
+	const uint8_t *hashes;      /* NULL: hash tokens */
+	size_t num_hashes;
+	const int64_t *tokens;
+	size_t num_tokens;
+	const struct kvp_request_keys *keys;
+	const uint32_t *group_ids;  /* NULL: group 0 */
+	size_t num_groups;
+	uint32_t block_size;        /* 0: the pool's */
+};
+int kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
+                      size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens);
+
+int kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted);
+int kvp_client_reset(struct kvp_client *c);
+int kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out);
+int kvp_client_heartbeat(struct kvp_client *c);
+
+/*
+ * Sends one pre-encoded kvpool.v1.Request and returns the raw reply bytes
+ * (malloc'd): for tools and tests that speak the wire directly.
+ */
+int kvp_client_raw(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply,
+                   size_t *reply_len);
+
+#endif /* KVPOOL_CLIENT_H */

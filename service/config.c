@@ -1,0 +1,433 @@
+#define _POSIX_C_SOURCE 200809L
+
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_RPC "ipc:///tmp/kvpool.ipc"
+#define DEFAULT_POOL "name=default,blocks=4096,block_size=16"
+
+/* The settings, in --help order. */
+static const struct setting {
+	const char *name;
+	const char *arg;
+	const char *help;
+} settings[] = {
+	{"rpc", "URL", "RPC endpoint to listen on; repeatable (ipc://, tcp://, tls+tcp://). "
+	               "Default " DEFAULT_RPC},
+	{"pool", "SPEC", "a pool to host; repeatable. SPEC is NAME:BLOCKS[:BLOCK_SIZE] or "
+	                 "key=value pairs: name, blocks, block_size (16), max_model_len (8192), "
+	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU). "
+	                 "Default " DEFAULT_POOL},
+	{"token-file", "PATH", "auth token for pools without their own (file content, trimmed)"},
+	{"token", "TOKEN", "auth token for pools without their own (prefer token-file)"},
+	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "
+	                   "blocks released. Default 30000"},
+	{"contexts", "N", "requests served concurrently. Default 8"},
+	{"max-msg-bytes", "N", "largest request accepted, in bytes. Default 8388608"},
+	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
+	{"max-sessions", "N", "most sessions per pool. Default 1024"},
+	{"drain-ms", "MS", "on SIGTERM, time allowed for in-flight calls. Default 5000"},
+	{"tls-cert", "PATH", "PEM certificate for tls+tcp:// endpoints"},
+	{"tls-key", "PATH", "PEM private key for tls+tcp:// endpoints"},
+	{"tls-ca", "PATH", "PEM CA bundle: when set, clients must present a certificate it signs"},
+	{"config", "PATH", "read settings from a file of `name = value` lines (# comments)"},
+	{"quiet", NULL, "do not print the effective configuration at start"},
+	{"help", NULL, "print this help"},
+};
+
+void
+kvpd_config_usage(FILE *out)
+{
+	fprintf(out, "usage: kvpoold [--setting value]...\n\n"
+	             "kvpoold serves vLLM-compatible KV-cache block pools over nng.\n"
+	             "Each setting can also come from the environment variable KVPOOL_<NAME>\n"
+	             "(upper case, '-' as '_'; several pools separated by ';') or a config file.\n"
+	             "Precedence: flags, then environment, then config file, then defaults.\n\n");
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
+		char lhs[64];
+		snprintf(lhs, sizeof(lhs), "--%s%s%s", settings[i].name, settings[i].arg ? " " : "",
+		         settings[i].arg ? settings[i].arg : "");
+		fprintf(out, "  %-24s %s\n", lhs, settings[i].help);
+	}
+	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
+	             "KVPOOL_LEASE_MS, KVPOOL_CONTEXTS,\n  KVPOOL_MAX_MSG_BYTES, KVPOOL_MAX_IDS, "
+	             "KVPOOL_MAX_SESSIONS, KVPOOL_DRAIN_MS, KVPOOL_TLS_CERT,\n  KVPOOL_TLS_KEY, "
+	             "KVPOOL_TLS_CA, KVPOOL_CONFIG, KVPOOL_QUIET\n");
+}
+
+static int
+parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out)
+{
+	char *end;
+	unsigned long long x;
+
+	if (v == NULL || !isdigit((unsigned char)v[0]))
+		return -1;
+	errno = 0;
+	x = strtoull(v, &end, 10);
+	if (errno != 0 || *end != '\0' || x < min || x > max)
+		return -1;
+	*out = (uint32_t)x;
+	return 0;
+}
+
+static int
+copy_str(char *dst, size_t cap, const char *v)
+{
+	if (v == NULL || strlen(v) >= cap)
+		return -1;
+	memcpy(dst, v, strlen(v) + 1);
+	return 0;
+}
+
+static int
+read_token(const char *path, char *dst, FILE *err)
+{
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	if (f == NULL) {
+		fprintf(err, "kvpoold: token file %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	n = fread(dst, 1, KVPD_TOKEN_MAX - 1, f);
+	if (!feof(f)) {
+		fclose(f);
+		fprintf(err, "kvpoold: token file %s: longer than %d bytes\n", path, KVPD_TOKEN_MAX - 1);
+		return -1;
+	}
+	fclose(f);
+	dst[n] = '\0';
+	while (n > 0 && isspace((unsigned char)dst[n - 1]))
+		dst[--n] = '\0';
+	return 0;
+}
+
+struct state {
+	bool pools_replaced; /* the first pool from a higher source drops earlier ones */
+	bool rpc_replaced;
+	char global_token[KVPD_TOKEN_MAX];
+	bool has_global_token;
+	FILE *err;
+};
+
+static int
+parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
+{
+	struct kvpd_pool_config p;
+	char buf[2048], *save = NULL, *tok;
+
+	memset(&p, 0, sizeof(p));
+	p.block_size = 16;
+	p.max_model_len = 8192;
+	snprintf(p.medium, sizeof(p.medium), "CPU");
+	if (copy_str(buf, sizeof(buf), spec) != 0)
+		goto bad;
+	if (strchr(buf, '=') == NULL) {
+		char *name = strtok_r(buf, ":", &save), *blocks = strtok_r(NULL, ":", &save);
+		char *bs = strtok_r(NULL, ":", &save);
+		if (name == NULL || blocks == NULL || strtok_r(NULL, ":", &save) != NULL ||
+		    copy_str(p.name, sizeof(p.name), name) != 0 ||
+		    parse_u32(blocks, 1, (1u << 30), &p.num_blocks) != 0 ||
+		    (bs && parse_u32(bs, 1, 1u << 16, &p.block_size) != 0))
+			goto bad;
+	} else {
+		for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+			char *eq = strchr(tok, '=');
+			if (eq == NULL)
+				goto bad;
+			*eq = '\0';
+			const char *k = tok, *v = eq + 1;
+			int rv = 0;
+			if (strcmp(k, "name") == 0)
+				rv = copy_str(p.name, sizeof(p.name), v);
+			else if (strcmp(k, "blocks") == 0)
+				rv = parse_u32(v, 1, 1u << 30, &p.num_blocks);
+			else if (strcmp(k, "block_size") == 0)
+				rv = parse_u32(v, 1, 1u << 16, &p.block_size);
+			else if (strcmp(k, "max_model_len") == 0)
+				rv = parse_u32(v, 1, 1u << 24, &p.max_model_len);
+			else if (strcmp(k, "seed") == 0)
+				rv = copy_str(p.seed, sizeof(p.seed), v), p.has_seed = true;
+			else if (strcmp(k, "token_file") == 0)
+				rv = read_token(v, p.token, st->err);
+			else if (strcmp(k, "medium") == 0)
+				rv = copy_str(p.medium, sizeof(p.medium), v);
+			else
+				goto bad;
+			if (rv != 0)
+				goto bad;
+		}
+	}
+	if (p.name[0] == '\0' || p.num_blocks == 0)
+		goto bad;
+	for (const char *q = p.name; *q; q++)
+		if (!isalnum((unsigned char)*q) && *q != '-' && *q != '_' && *q != '.')
+			goto bad;
+	if (!st->pools_replaced) {
+		c->num_pools = 0;
+		st->pools_replaced = true;
+	}
+	for (size_t i = 0; i < c->num_pools; i++)
+		if (strcmp(c->pools[i].name, p.name) == 0) {
+			fprintf(st->err, "kvpoold: pool %s is defined twice\n", p.name);
+			return -1;
+		}
+	if (c->num_pools == KVPD_MAX_POOLS) {
+		fprintf(st->err, "kvpoold: at most %d pools\n", KVPD_MAX_POOLS);
+		return -1;
+	}
+	c->pools[c->num_pools++] = p;
+	return 0;
+bad:
+	fprintf(st->err, "kvpoold: bad pool spec '%s' (see --help)\n", spec);
+	return -1;
+}
+
+/* Applies one setting. Returns 0, or -1 after printing why. */
+static int
+apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, FILE *err)
+{
+	int rv = -1;
+
+	if (strcmp(name, "rpc") == 0) {
+		if (!st->rpc_replaced) {
+			c->num_rpc = 0;
+			st->rpc_replaced = true;
+		}
+		if (c->num_rpc < KVPD_MAX_URLS)
+			rv = copy_str(c->rpc[c->num_rpc++], KVPD_PATH_MAX, v);
+	} else if (strcmp(name, "pool") == 0) {
+		return parse_pool(c, v, st);
+	} else if (strcmp(name, "token-file") == 0) {
+		rv = read_token(v, st->global_token, err);
+		st->has_global_token = rv == 0;
+		if (rv != 0)
+			return -1;
+	} else if (strcmp(name, "token") == 0) {
+		rv = copy_str(st->global_token, sizeof(st->global_token), v);
+		st->has_global_token = rv == 0;
+	} else if (strcmp(name, "lease-ms") == 0) {
+		rv = parse_u32(v, 100, 86400000u, &c->lease_ms);
+	} else if (strcmp(name, "contexts") == 0) {
+		rv = parse_u32(v, 1, 256, &c->contexts);
+	} else if (strcmp(name, "max-msg-bytes") == 0) {
+		rv = parse_u32(v, 4096, 1u << 30, &c->max_msg_bytes);
+	} else if (strcmp(name, "max-ids") == 0) {
+		rv = parse_u32(v, 1, 1u << 24, &c->max_ids);
+	} else if (strcmp(name, "max-sessions") == 0) {
+		rv = parse_u32(v, 1, 1u << 20, &c->max_sessions);
+	} else if (strcmp(name, "drain-ms") == 0) {
+		rv = parse_u32(v, 0, 600000, &c->drain_ms);
+	} else if (strcmp(name, "tls-cert") == 0) {
+		rv = copy_str(c->tls_cert, KVPD_PATH_MAX, v);
+	} else if (strcmp(name, "tls-key") == 0) {
+		rv = copy_str(c->tls_key, KVPD_PATH_MAX, v);
+	} else if (strcmp(name, "tls-ca") == 0) {
+		rv = copy_str(c->tls_ca, KVPD_PATH_MAX, v);
+	} else if (strcmp(name, "quiet") == 0) {
+		c->quiet = v == NULL || strcmp(v, "0") != 0;
+		rv = 0;
+	} else {
+		fprintf(err, "kvpoold: unknown setting '%s' (see --help)\n", name);
+		return -1;
+	}
+	if (rv != 0)
+		fprintf(err, "kvpoold: bad value for %s: '%s'\n", name, v ? v : "");
+	return rv;
+}
+
+static bool
+takes_arg(const char *name)
+{
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+		if (strcmp(settings[i].name, name) == 0)
+			return settings[i].arg != NULL;
+	return true;
+}
+
+static int
+load_file(struct kvpd_config *c, const char *path, struct state *st, FILE *err)
+{
+	FILE *f = fopen(path, "r");
+	char line[4096];
+	int lineno = 0;
+
+	if (f == NULL) {
+		fprintf(err, "kvpoold: config %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		char *p = line, *eq, *end;
+		lineno++;
+		while (isspace((unsigned char)*p))
+			p++;
+		if (*p == '#' || *p == '\0')
+			continue;
+		end = p + strlen(p);
+		while (end > p && isspace((unsigned char)end[-1]))
+			*--end = '\0';
+		if ((eq = strchr(p, '=')) == NULL) {
+			if (strcmp(p, "quiet") == 0) {
+				c->quiet = true;
+				continue;
+			}
+			fprintf(err, "kvpoold: %s:%d: expected name = value\n", path, lineno);
+			fclose(f);
+			return -1;
+		}
+		char *k = p, *v = eq + 1;
+		for (end = eq; end > k && isspace((unsigned char)end[-1]);)
+			end--;
+		*end = '\0';
+		while (isspace((unsigned char)*v))
+			v++;
+		if (apply(c, k, v, st, err) != 0) {
+			fprintf(err, "kvpoold: (at %s:%d)\n", path, lineno);
+			fclose(f);
+			return -1;
+		}
+	}
+	fclose(f);
+	return 0;
+}
+
+static const char *
+env_get(char **envp, const char *name)
+{
+	size_t n = strlen(name);
+	for (char **e = envp; e && *e; e++)
+		if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+			return *e + n + 1;
+	return NULL;
+}
+
+int
+kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
+{
+	struct state st;
+	const char *cfgfile = NULL;
+
+	memset(c, 0, sizeof(*c));
+	memset(&st, 0, sizeof(st));
+	st.err = err;
+	snprintf(c->rpc[0], KVPD_PATH_MAX, "%s", DEFAULT_RPC);
+	c->num_rpc = 1;
+	c->lease_ms = 30000;
+	c->contexts = 8;
+	c->max_msg_bytes = 8u << 20;
+	c->max_ids = 65536;
+	c->max_sessions = 1024;
+	c->drain_ms = 5000;
+	(void)parse_pool(c, DEFAULT_POOL, &st);
+	st.pools_replaced = false;
+
+	/* Pass 1: --help and the config file's path. */
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			kvpd_config_usage(out);
+			return 1;
+		}
+		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+			cfgfile = argv[i + 1];
+	}
+	if (cfgfile == NULL)
+		cfgfile = env_get(envp, "KVPOOL_CONFIG");
+	if (cfgfile && load_file(c, cfgfile, &st, err) != 0)
+		return -1;
+
+	/* Environment: each setting's KVPOOL_ variable, over the file. */
+	st.pools_replaced = st.rpc_replaced = false;
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
+		char var[64];
+		size_t k = (size_t)snprintf(var, sizeof(var), "KVPOOL_");
+		for (const char *q = settings[i].name; *q && k < sizeof(var) - 1; q++)
+			var[k++] = *q == '-' ? '_' : (char)toupper((unsigned char)*q);
+		var[k] = '\0';
+		const char *v = env_get(envp, var);
+		if (v == NULL || strcmp(settings[i].name, "config") == 0 ||
+		    strcmp(settings[i].name, "help") == 0)
+			continue;
+		if (strcmp(settings[i].name, "pool") == 0 || strcmp(settings[i].name, "rpc") == 0) {
+			char list[8192], *save = NULL;
+			if (copy_str(list, sizeof(list), v) != 0)
+				return -1;
+			for (char *t = strtok_r(list, ";", &save); t; t = strtok_r(NULL, ";", &save))
+				if (apply(c, settings[i].name, t, &st, err) != 0)
+					return -1;
+		} else if (apply(c, settings[i].name, v, &st, err) != 0) {
+			fprintf(err, "kvpoold: (from %s)\n", var);
+			return -1;
+		}
+	}
+
+	/* Flags, over everything. */
+	st.pools_replaced = st.rpc_replaced = false;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = NULL;
+		char name[64];
+		if (strncmp(a, "--", 2) != 0) {
+			fprintf(err, "kvpoold: unexpected argument '%s' (see --help)\n", a);
+			return -1;
+		}
+		const char *eq = strchr(a + 2, '=');
+		size_t nl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+		if (nl >= sizeof(name)) {
+			fprintf(err, "kvpoold: unknown setting '%s'\n", a);
+			return -1;
+		}
+		memcpy(name, a + 2, nl);
+		name[nl] = '\0';
+		if (eq)
+			v = eq + 1;
+		else if (takes_arg(name)) {
+			if (i + 1 >= argc) {
+				fprintf(err, "kvpoold: --%s needs a value\n", name);
+				return -1;
+			}
+			v = argv[++i];
+		}
+		if (strcmp(name, "config") == 0)
+			continue;
+		if (apply(c, name, v, &st, err) != 0)
+			return -1;
+	}
+	if (st.has_global_token)
+		for (size_t i = 0; i < c->num_pools; i++)
+			if (c->pools[i].token[0] == '\0')
+				memcpy(c->pools[i].token, st.global_token, sizeof(st.global_token));
+	if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0')) {
+		fprintf(err, "kvpoold: tls-cert and tls-key go together\n");
+		return -1;
+	}
+	for (size_t i = 0; i < c->num_rpc; i++)
+		if (strncmp(c->rpc[i], "tls+", 4) == 0 && c->tls_cert[0] == '\0') {
+			fprintf(err, "kvpoold: %s needs tls-cert and tls-key\n", c->rpc[i]);
+			return -1;
+		}
+	return 0;
+}
+
+void
+kvpd_config_print(const struct kvpd_config *c, FILE *out)
+{
+	for (size_t i = 0; i < c->num_rpc; i++)
+		fprintf(out, "rpc = %s\n", c->rpc[i]);
+	for (size_t i = 0; i < c->num_pools; i++) {
+		const struct kvpd_pool_config *p = &c->pools[i];
+		fprintf(out, "pool = name=%s,blocks=%u,block_size=%u,max_model_len=%u,medium=%s,seed=%s,token=%s\n",
+		        p->name, p->num_blocks, p->block_size, p->max_model_len, p->medium,
+		        p->has_seed ? p->seed : "(random)", p->token[0] ? "(set)" : "(none)");
+	}
+	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
+	             "max-sessions = %u\ndrain-ms = %u\n",
+	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms);
+	if (c->tls_cert[0])
+		fprintf(out, "tls-cert = %s\ntls-key = %s\ntls-ca = %s\n", c->tls_cert, c->tls_key,
+		        c->tls_ca[0] ? c->tls_ca : "(none: clients are not verified)");
+	fflush(out);
+}

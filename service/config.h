@@ -1,0 +1,64 @@
+/*
+ * config.h: kvpoold's configuration from defaults, an optional config file,
+ * KVPOOL_* environment variables and flags, in that order of precedence.
+ *
+ * Every setting has one name used three ways: the flag `--name`, the
+ * variable `KVPOOL_NAME` (upper case, '-' -> '_') and the file line
+ * `name = value`. `pool` may be given several times (flags, lines) or as a
+ * ';'-separated list (variable). Not thread-safe; used once at start.
+ */
+#ifndef KVPD_CONFIG_H
+#define KVPD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVPD_MAX_POOLS 16
+#define KVPD_MAX_URLS 8
+#define KVPD_NAME_MAX 128
+#define KVPD_PATH_MAX 1024
+#define KVPD_TOKEN_MAX 256
+
+struct kvpd_pool_config {
+	char name[KVPD_NAME_MAX];
+	uint32_t num_blocks;
+	uint32_t block_size;       /* tokens per block (= hash block size) */
+	uint32_t max_model_len;
+	bool has_seed;
+	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: random */
+	char token[KVPD_TOKEN_MAX]; /* empty: no auth token needed */
+	char medium[16];
+};
+
+struct kvpd_config {
+	char rpc[KVPD_MAX_URLS][KVPD_PATH_MAX];
+	size_t num_rpc;
+	struct kvpd_pool_config pools[KVPD_MAX_POOLS];
+	size_t num_pools;
+	uint32_t lease_ms;         /* session lease without a call */
+	uint32_t contexts;         /* concurrent REP contexts */
+	uint32_t max_msg_bytes;
+	uint32_t max_ids;          /* ids or tokens per call */
+	uint32_t max_sessions;     /* per pool */
+	uint32_t drain_ms;         /* graceful shutdown budget */
+	char tls_cert[KVPD_PATH_MAX], tls_key[KVPD_PATH_MAX], tls_ca[KVPD_PATH_MAX];
+	bool quiet;
+};
+
+/*
+ * Builds the configuration from argv and the environment. Returns 0 on
+ * success, 1 if --help was printed (to out), -1 on an error (a message
+ * naming the setting was written to err).
+ */
+int kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out,
+                     FILE *err);
+
+/* Prints the effective configuration, one `name = value` per line (tokens masked). */
+void kvpd_config_print(const struct kvpd_config *c, FILE *out);
+
+/* The --help text (also the reference deploy/ checks its manifests against). */
+void kvpd_config_usage(FILE *out);
+
+#endif /* KVPD_CONFIG_H */

@@ -1,0 +1,62 @@
+/*
+ * dispatch.h: a hosted pool and the handlers of every call on it.
+ *
+ * Internal to the daemon. Every function here runs under the pool's lock
+ * (server.c takes it). The handlers validate the whole call (limits,
+ * ranges, ownership) before the engine changes anything, and record
+ * ownership only after the engine succeeded.
+ */
+#ifndef KVPD_DISPATCH_H
+#define KVPD_DISPATCH_H
+
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "events.h"
+#include "kvpool.pb-c.h"
+#include "server.h"
+#include "session.h"
+
+struct kvp_pool;
+struct kvp_hasher;
+struct kvp_mgr;
+
+struct kvpd_pool {
+	struct kvpd_pool_config cfg;
+	struct {
+		uint32_t max_ids, lease_ms, max_sessions;
+	} limits;
+	nng_mtx *lock;
+	struct kvp_pool *pool;
+	struct kvp_hasher *hasher;
+	struct kvp_mgr *mgr;
+	struct kvp_event_batch events;  /* drained after every call (published by #4) */
+	struct kvpd_session **sessions;
+	size_t num_sessions, cap_sessions;
+	uint8_t none_fp[8];
+	uint64_t event_seq;             /* batches taken so far */
+	struct kvpd_pool_counters counters;
+};
+
+struct kvpd_server {
+	struct kvpd_config cfg;
+	struct kvpd_pool *pools;
+	size_t num_pools;
+};
+
+/* Runs one decoded request on pool p and encodes the reply (malloc'd). */
+int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
+                  uint8_t **reply, size_t *reply_len);
+
+/* Releases every reference a session holds, newest first. Returns how many. */
+size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);
+
+/* Ends the pool's sessions whose lease ran out. Returns how many. */
+size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms);
+
+/* The engine's invariants plus ownership: sessions hold no more than the ref counts. */
+int kvpd_pool_check(struct kvpd_pool *p, char *detail, size_t len);
+
+#endif /* KVPD_DISPATCH_H */

@@ -1,0 +1,109 @@
+/*
+ * kvpoold: serves kvpool pools over nng. See `kvpoold --help`.
+ *
+ * Prints its effective configuration, listens, and runs until SIGTERM or
+ * SIGINT; then it stops accepting connections, lets calls in flight finish
+ * (drain-ms), releases every session's blocks and exits 0.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "kvp_status.h"
+#include "server.h"
+#include "transport.h"
+
+static atomic_bool stopping;
+
+struct reaper {
+	struct kvpd_server *srv;
+	uint32_t period_ms;
+};
+
+/* Ends expired sessions a few times per lease. */
+static void
+reaper_main(void *arg)
+{
+	struct reaper *r = arg;
+	while (!atomic_load(&stopping)) {
+		for (uint32_t t = 0; t < r->period_ms && !atomic_load(&stopping); t += 20)
+			nng_msleep(20);
+		size_t n = kvpd_server_expire(r->srv, nng_clock());
+		if (n > 0)
+			fprintf(stderr, "kvpoold: %zu session(s) expired; their blocks were released\n", n);
+	}
+}
+
+int
+main(int argc, char **argv, char **envp)
+{
+	struct kvpd_config cfg;
+	struct kvpd_server *srv = NULL;
+	struct kvpd_transport *tr = NULL;
+	nng_thread *reaper_thr = NULL;
+	char err[512] = "";
+	sigset_t sigs;
+	int sig = 0, rv;
+
+	rv = kvpd_config_load(&cfg, argc, argv, envp, stdout, stderr);
+	if (rv != 0)
+		return rv > 0 ? 0 : 2;
+	if (!cfg.quiet) {
+		printf("kvpoold: effective configuration\n");
+		kvpd_config_print(&cfg, stdout);
+	}
+	/* Block the stop signals in every thread (nng's inherit this mask) and
+	 * take them synchronously below. */
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+	if ((rv = kvpd_server_create(&cfg, &srv, err, sizeof(err))) != KVP_OK) {
+		fprintf(stderr, "kvpoold: %s\n", err);
+		return 1;
+	}
+	if ((rv = kvpd_transport_open(srv, &cfg, &tr, err, sizeof(err))) != KVP_OK) {
+		fprintf(stderr, "kvpoold: %s\n", err);
+		kvpd_server_destroy(srv);
+		return 1;
+	}
+	struct reaper r = {.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
+	if (r.period_ms > 1000)
+		r.period_ms = 1000;
+	if (nng_thread_create(&reaper_thr, reaper_main, &r) != 0) {
+		fprintf(stderr, "kvpoold: cannot start the lease reaper\n");
+		kvpd_transport_close(tr, 0);
+		kvpd_server_destroy(srv);
+		return 1;
+	}
+	printf("kvpoold: ready: %zu pool(s) on", cfg.num_pools);
+	for (size_t i = 0; i < cfg.num_rpc; i++)
+		printf(" %s", cfg.rpc[i]);
+	printf("\n");
+	fflush(stdout);
+
+	sigwait(&sigs, &sig);
+	printf("kvpoold: %s: draining (up to %u ms)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+	       cfg.drain_ms);
+	fflush(stdout);
+	kvpd_transport_close(tr, cfg.drain_ms);
+	atomic_store(&stopping, true);
+	nng_thread_destroy(reaper_thr);
+	char detail[256] = "";
+	rv = kvpd_server_check(srv, detail, sizeof(detail));
+	kvpd_server_destroy(srv);
+	if (rv != KVP_OK) {
+		fprintf(stderr, "kvpoold: invariant broken at exit: %s\n", detail);
+		return 1;
+	}
+	printf("kvpoold: stopped cleanly\n");
+	return 0;
+}

@@ -1,0 +1,232 @@
+#include "server.h"
+
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch.h"
+#include "manager.h"
+#include "pool.h"
+#include "session.h"
+#include "wire.h"
+
+/* ---- lifecycle ---- */
+
+static void
+pool_fini(struct kvpd_pool *p)
+{
+	if (p->sessions != NULL) {
+		for (size_t i = 0; i < p->num_sessions; i++) {
+			kvpd_pool_release_session(p, p->sessions[i]);
+			kvpd_session_destroy(p->sessions[i]);
+		}
+		free(p->sessions);
+	}
+	kvp_mgr_destroy(p->mgr);
+	kvp_pool_destroy(p->pool);
+	kvp_hasher_destroy(p->hasher);
+	kvp_event_batch_fini(&p->events);
+	if (p->lock)
+		nng_mtx_free(p->lock);
+	memset(p, 0, sizeof(*p));
+}
+
+static int
+pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_pool_config *pc,
+          char *err, size_t err_len)
+{
+	struct kvp_pool_config kc = {
+		.num_blocks = pc->num_blocks, .hash_block_size = pc->block_size,
+		.enable_caching = true, .enable_events = true, .medium = pc->medium,
+	};
+	struct kvp_mgr_config mc = {.num_groups = 1, .block_sizes = &pc->block_size,
+	                            .max_model_len = pc->max_model_len,
+	                            .max_requests = cfg->max_sessions * 64u};
+	int rv;
+
+	memset(p, 0, sizeof(*p));
+	p->cfg = *pc;
+	p->limits.max_ids = cfg->max_ids;
+	p->limits.lease_ms = cfg->lease_ms;
+	p->limits.max_sessions = cfg->max_sessions;
+	kvp_event_batch_init(&p->events);
+	if (nng_mtx_alloc(&p->lock) != 0) {
+		snprintf(err, err_len, "pool %s: cannot allocate a mutex", pc->name);
+		return KVP_ENOMEM;
+	}
+	if ((rv = kvp_hasher_create(pc->has_seed ? pc->seed : NULL, &p->hasher)) != KVP_OK ||
+	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
+	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK) {
+		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
+		return rv;
+	}
+	/* A fingerprint of NONE_HASH lets clients check they hash alike. */
+	uint8_t fp[KVP_HASH_LEN];
+	if ((rv = kvp_hash_raw(p->hasher, kvp_hasher_none_hash(p->hasher), KVP_HASH_LEN, fp)) != KVP_OK) {
+		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
+		return rv;
+	}
+	memcpy(p->none_fp, fp, sizeof(p->none_fp));
+	return KVP_OK;
+}
+
+int
+kvpd_server_create(const struct kvpd_config *cfg, struct kvpd_server **out, char *err,
+                   size_t err_len)
+{
+	struct kvpd_server *s;
+	int rv;
+
+	if (cfg == NULL || out == NULL || cfg->num_pools == 0) {
+		snprintf(err, err_len, "no pools configured");
+		return KVP_EINVAL;
+	}
+	if ((s = calloc(1, sizeof(*s))) == NULL ||
+	    (s->pools = calloc(cfg->num_pools, sizeof(*s->pools))) == NULL) {
+		free(s);
+		snprintf(err, err_len, "out of memory");
+		return KVP_ENOMEM;
+	}
+	s->cfg = *cfg;
+	for (size_t i = 0; i < cfg->num_pools; i++) {
+		if ((rv = pool_init(&s->pools[i], cfg, &cfg->pools[i], err, err_len)) != KVP_OK) {
+			s->num_pools = i + 1;
+			kvpd_server_destroy(s);
+			return rv;
+		}
+	}
+	s->num_pools = cfg->num_pools;
+	*out = s;
+	return KVP_OK;
+}
+
+void
+kvpd_server_destroy(struct kvpd_server *s)
+{
+	if (s == NULL)
+		return;
+	for (size_t i = 0; i < s->num_pools; i++)
+		pool_fini(&s->pools[i]);
+	free(s->pools);
+	free(s);
+}
+
+/* ---- requests ---- */
+
+static int
+pack_reply(Kvpool__V1__Reply *r, uint8_t **out, size_t *len)
+{
+	size_t n = kvpool__v1__reply__get_packed_size(r);
+	uint8_t *buf = malloc(n ? n : 1);
+
+	if (buf == NULL)
+		return KVP_ENOMEM;
+	*len = kvpool__v1__reply__pack(r, buf);
+	*out = buf;
+	return KVP_OK;
+}
+
+/* A reply with only a status (decode failures, unknown pools). */
+static int
+error_reply(uint64_t call_id, int status, const char *detail, uint8_t **out, size_t *len)
+{
+	Kvpool__V1__Reply r = KVPOOL__V1__REPLY__INIT;
+	r.call_id = call_id;
+	r.status = (Kvpool__V1__Status)status;
+	r.detail = (char *)detail;
+	return pack_reply(&r, out, len);
+}
+
+static struct kvpd_pool *
+find_pool(struct kvpd_server *s, const char *name)
+{
+	for (size_t i = 0; i < s->num_pools; i++)
+		if (strcmp(s->pools[i].cfg.name, name) == 0)
+			return &s->pools[i];
+	return NULL;
+}
+
+int
+kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,
+                   uint8_t **reply, size_t *reply_len)
+{
+	Kvpool__V1__Request *rq;
+	struct kvpd_pool *p;
+	int rv;
+
+	*reply = NULL;
+	*reply_len = 0;
+	if (len > s->cfg.max_msg_bytes)
+		return error_reply(0, KVP_ETOOLARGE, "request larger than max-msg-bytes", reply,
+		                   reply_len);
+	rq = kvpool__v1__request__unpack(NULL, len, req);
+	if (rq == NULL)
+		return error_reply(0, KVP_EINVAL, "malformed request (not a kvpool.v1.Request)",
+		                   reply, reply_len);
+	if ((p = find_pool(s, rq->pool)) == NULL) {
+		char detail[KVP_WIRE_MAX_NAME + 32];
+		snprintf(detail, sizeof(detail), "no pool named '%.128s'", rq->pool);
+		rv = error_reply(rq->call_id, KVP_EUNKNOWNPOOL, detail, reply, reply_len);
+		kvpool__v1__request__free_unpacked(rq, NULL);
+		return rv;
+	}
+	nng_mtx_lock(p->lock);
+	rv = kvpd_dispatch(p, rq, now_ms, reply, reply_len);
+	nng_mtx_unlock(p->lock);
+	kvpool__v1__request__free_unpacked(rq, NULL);
+	if (rv != KVP_OK)
+		return error_reply(0, rv, "out of memory", reply, reply_len);
+	return KVP_OK;
+}
+
+size_t
+kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < s->num_pools; i++) {
+		struct kvpd_pool *p = &s->pools[i];
+		nng_mtx_lock(p->lock);
+		n += kvpd_pool_expire(p, now_ms);
+		nng_mtx_unlock(p->lock);
+	}
+	return n;
+}
+
+int
+kvpd_server_check(struct kvpd_server *s, char *detail, size_t len)
+{
+	int rv = KVP_OK;
+
+	for (size_t i = 0; i < s->num_pools && rv == KVP_OK; i++) {
+		nng_mtx_lock(s->pools[i].lock);
+		rv = kvpd_pool_check(&s->pools[i], detail, len);
+		nng_mtx_unlock(s->pools[i].lock);
+	}
+	return rv;
+}
+
+size_t
+kvpd_server_num_pools(const struct kvpd_server *s)
+{
+	return s->num_pools;
+}
+
+const char *
+kvpd_server_pool_name(const struct kvpd_server *s, size_t i)
+{
+	return i < s->num_pools ? s->pools[i].cfg.name : NULL;
+}
+
+void
+kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_counters *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (i >= s->num_pools)
+		return;
+	nng_mtx_lock(s->pools[i].lock);
+	*out = s->pools[i].counters;
+	nng_mtx_unlock(s->pools[i].lock);
+}

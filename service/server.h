@@ -1,0 +1,63 @@
+/*
+ * server.h: kvpoold's state and its one entry point for requests.
+ *
+ * A server hosts named pools. Each pool owns its engine (pool, hasher,
+ * request manager), its sessions and one mutex: every call on a pool runs
+ * under that pool's lock, so the engine is touched by one thread at a time
+ * while different pools proceed in parallel.
+ *
+ * kvpd_server_handle() turns request bytes into reply bytes and never
+ * fails to produce a reply: bad input of any kind becomes an error status.
+ * It does no I/O, so tests and the fuzzer drive it directly; transport.c
+ * connects it to nng. Time comes in as an argument (milliseconds, any
+ * monotonic origin).
+ *
+ * Thread-safe: kvpd_server_handle and kvpd_server_expire may be called from
+ * any number of threads.
+ */
+#ifndef KVPD_SERVER_H
+#define KVPD_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct kvpd_server;
+
+/* Per-pool counters for /metrics and Stats. */
+struct kvpd_pool_counters {
+	uint64_t sessions_opened, leases_expired, goodbyes;
+	uint64_t events_emitted;
+	uint64_t calls, call_errors;
+};
+
+/*
+ * Creates the server and its pools from a loaded configuration. Returns 0,
+ * or a kvp status with a reason written to err_buf.
+ */
+int kvpd_server_create(const struct kvpd_config *cfg, struct kvpd_server **out, char *err_buf,
+                       size_t err_len);
+/* Destroys the server; every session's blocks are released first. NULL: no-op. */
+void kvpd_server_destroy(struct kvpd_server *s);
+
+/*
+ * Handles one request (len bytes) at time now_ms. On return *reply (malloc'd,
+ * the caller frees it) holds the encoded Reply; returns KVP_OK, or KVP_ENOMEM
+ * when not even an error reply could be built (*reply is then NULL).
+ */
+int kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,
+                       uint8_t **reply, size_t *reply_len);
+
+/* Ends sessions whose lease ran out by now_ms, releasing their blocks. Returns how many. */
+size_t kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms);
+
+/* Checks every pool's invariants; KVP_OK or KVP_EINTERNAL with a reason. */
+int kvpd_server_check(struct kvpd_server *s, char *detail, size_t len);
+
+/* Number of hosted pools, and a pool's name and counters (copied under its lock). */
+size_t kvpd_server_num_pools(const struct kvpd_server *s);
+const char *kvpd_server_pool_name(const struct kvpd_server *s, size_t i);
+void kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_counters *out);
+
+#endif /* KVPD_SERVER_H */

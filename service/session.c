@@ -1,0 +1,233 @@
+#include "session.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_status.h"
+
+#define EMPTY_ID (-1)
+
+struct kvpd_session *
+kvpd_session_create(uint64_t id, uint32_t lease_ms, const char *client, uint64_t now_ms)
+{
+	struct kvpd_session *s = calloc(1, sizeof(*s));
+
+	if (s == NULL)
+		return NULL;
+	s->id = id;
+	s->lease_ms = lease_ms;
+	s->last_seen_ms = now_ms;
+	snprintf(s->client, sizeof(s->client), "%s", client ? client : "");
+	return s;
+}
+
+void
+kvpd_session_destroy(struct kvpd_session *s)
+{
+	if (s == NULL)
+		return;
+	free(s->ids);
+	free(s->counts);
+	free(s->log);
+	for (int i = 0; i < KVPD_REPLY_CACHE; i++)
+		free(s->cache[i].bytes);
+	free(s);
+}
+
+static uint32_t
+slot_of(const struct kvpd_session *s, int32_t id)
+{
+	uint32_t h = (uint32_t)id * 0x9e3779b1u;
+	uint32_t i = h & (s->cap - 1);
+	while (s->ids[i] != EMPTY_ID && s->ids[i] != id)
+		i = (i + 1) & (s->cap - 1);
+	return i;
+}
+
+uint32_t
+kvpd_session_held(const struct kvpd_session *s, int32_t id)
+{
+	if (s->cap == 0)
+		return 0;
+	uint32_t i = slot_of(s, id);
+	return s->ids[i] == id ? s->counts[i] : 0;
+}
+
+static int
+rehash(struct kvpd_session *s, uint32_t cap)
+{
+	int32_t *ids = malloc(cap * sizeof(*ids));
+	uint32_t *counts = malloc(cap * sizeof(*counts));
+	int32_t *old_ids = s->ids;
+	uint32_t *old_counts = s->counts, old_cap = s->cap;
+
+	if (ids == NULL || counts == NULL) {
+		free(ids);
+		free(counts);
+		return KVP_ENOMEM;
+	}
+	for (uint32_t i = 0; i < cap; i++)
+		ids[i] = EMPTY_ID;
+	s->ids = ids;
+	s->counts = counts;
+	s->cap = cap;
+	s->used = 0;
+	for (uint32_t i = 0; i < old_cap; i++) {
+		if (old_ids[i] == EMPTY_ID || old_counts[i] == 0)
+			continue;
+		uint32_t j = slot_of(s, old_ids[i]);
+		s->ids[j] = old_ids[i];
+		s->counts[j] = old_counts[i];
+		s->used++;
+	}
+	free(old_ids);
+	free(old_counts);
+	return KVP_OK;
+}
+
+/* Drops released entries from the log once it is mostly stale. */
+static void
+compact_log(struct kvpd_session *s)
+{
+	/* Keep, from the newest end, as many entries per id as the id still holds. */
+	size_t w = s->log_len;
+	uint32_t *seen = NULL;
+	if (s->log_len < 64 || s->log_len < 4 * s->held)
+		return;
+	if ((seen = calloc(s->cap ? s->cap : 1, sizeof(*seen))) == NULL)
+		return; /* compaction is an optimisation */
+	for (size_t r = s->log_len; r-- > 0;) {
+		int32_t id = s->log[r];
+		uint32_t i = slot_of(s, id);
+		if (s->ids[i] == id && seen[i] < s->counts[i]) {
+			seen[i]++;
+			s->log[--w] = id;
+		}
+	}
+	memmove(s->log, s->log + w, (s->log_len - w) * sizeof(*s->log));
+	s->log_len -= w;
+	free(seen);
+}
+
+int
+kvpd_session_reserve(struct kvpd_session *s, size_t n)
+{
+	if (n > (1u << 28))
+		return KVP_ENOMEM;
+	compact_log(s);
+	if ((s->used + n) * 2 > s->cap) {
+		uint32_t cap = s->cap ? s->cap : 64;
+		while ((s->used + n) * 2 > cap)
+			cap *= 2;
+		if (rehash(s, cap) != KVP_OK)
+			return KVP_ENOMEM;
+	}
+	if (s->log_len + n > s->log_cap) {
+		size_t cap = s->log_cap ? s->log_cap : 64;
+		while (cap < s->log_len + n)
+			cap *= 2;
+		int32_t *log = realloc(s->log, cap * sizeof(*log));
+		if (log == NULL)
+			return KVP_ENOMEM;
+		s->log = log;
+		s->log_cap = cap;
+	}
+	return KVP_OK;
+}
+
+void
+kvpd_session_add(struct kvpd_session *s, int32_t id)
+{
+	uint32_t i = slot_of(s, id);
+	if (s->ids[i] != id) {
+		s->ids[i] = id;
+		s->counts[i] = 0;
+		s->used++;
+	}
+	s->counts[i]++;
+	s->held++;
+	s->log[s->log_len++] = id;
+}
+
+void
+kvpd_session_remove(struct kvpd_session *s, int32_t id)
+{
+	uint32_t i = slot_of(s, id);
+	if (s->ids[i] != id || s->counts[i] == 0)
+		return;
+	/* A zero count keeps its slot (tombstone-free table): rehash drops it. */
+	s->counts[i]--;
+	s->held--;
+}
+
+int32_t *
+kvpd_session_all_newest_first(const struct kvpd_session *s, size_t *n)
+{
+	uint32_t *taken;
+	int32_t *out;
+	size_t k = 0;
+
+	*n = 0;
+	if (s->held == 0)
+		return NULL;
+	taken = calloc(s->cap, sizeof(*taken));
+	out = malloc(s->held * sizeof(*out));
+	if (taken == NULL || out == NULL) {
+		free(taken);
+		free(out);
+		return NULL;
+	}
+	/* The newest log entries of each id are the references still held. */
+	for (size_t r = s->log_len; r-- > 0 && k < s->held;) {
+		int32_t id = s->log[r];
+		uint32_t i = slot_of(s, id);
+		if (s->ids[i] == id && taken[i] < s->counts[i]) {
+			taken[i]++;
+			out[k++] = id;
+		}
+	}
+	free(taken);
+	*n = k;
+	return out;
+}
+
+const struct kvpd_cached_reply *
+kvpd_session_cached(const struct kvpd_session *s, uint64_t call_id)
+{
+	if (call_id == 0)
+		return NULL;
+	for (int i = 0; i < KVPD_REPLY_CACHE; i++)
+		if (s->cache[i].call_id == call_id)
+			return &s->cache[i];
+	return NULL;
+}
+
+void
+kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *reply,
+                      size_t len)
+{
+	uint8_t *copy;
+
+	if (call_id == 0 || (copy = malloc(len ? len : 1)) == NULL)
+		return;
+	memcpy(copy, reply, len);
+	/* Evict the oldest entries until the new one fits the byte budget. */
+	for (int tries = 0; tries < KVPD_REPLY_CACHE; tries++) {
+		struct kvpd_cached_reply *c = &s->cache[s->cache_next];
+		s->cache_bytes -= c->len;
+		free(c->bytes);
+		c->bytes = NULL;
+		c->len = 0;
+		c->call_id = 0;
+		if (s->cache_bytes + len <= KVPD_REPLY_CACHE_BYTES)
+			break;
+		s->cache_next = (s->cache_next + 1) % KVPD_REPLY_CACHE;
+	}
+	struct kvpd_cached_reply *c = &s->cache[s->cache_next];
+	c->call_id = call_id;
+	c->bytes = copy;
+	c->len = len;
+	s->cache_bytes += len;
+	s->cache_next = (s->cache_next + 1) % KVPD_REPLY_CACHE;
+}

@@ -1,0 +1,71 @@
+/*
+ * session.h: a client's session on one pool: the block references it holds
+ * (a multiset with the order they were taken, so a lost session releases
+ * them newest first, as the scheduler would have), its lease, and its
+ * recent replies (so a retried call id is answered, not applied twice).
+ *
+ * Internal to the daemon; callers hold the pool's lock. Never prints.
+ */
+#ifndef KVPD_SESSION_H
+#define KVPD_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVPD_REPLY_CACHE 16
+#define KVPD_REPLY_CACHE_BYTES (4u << 20)
+
+struct kvpd_cached_reply {
+	uint64_t call_id; /* 0: empty */
+	uint8_t *bytes;
+	size_t len;
+};
+
+struct kvpd_session {
+	uint64_t id;
+	uint64_t last_seen_ms;
+	uint32_t lease_ms;
+	char client[64];
+	/* held references: open addressing id -> count */
+	int32_t *ids;
+	uint32_t *counts;
+	uint32_t cap, used;
+	uint64_t held;        /* references in total */
+	int32_t *log;         /* acquisition order; may hold released entries */
+	size_t log_len, log_cap;
+	struct kvpd_cached_reply cache[KVPD_REPLY_CACHE];
+	unsigned cache_next;
+	size_t cache_bytes;
+};
+
+/* Creates a session; NULL on allocation failure. */
+struct kvpd_session *kvpd_session_create(uint64_t id, uint32_t lease_ms, const char *client,
+                                         uint64_t now_ms);
+void kvpd_session_destroy(struct kvpd_session *s);
+
+/* References this session holds on block id. */
+uint32_t kvpd_session_held(const struct kvpd_session *s, int32_t id);
+/*
+ * Makes room for n more references (so recording them after the engine
+ * succeeded cannot fail). KVP_OK or KVP_ENOMEM.
+ */
+int kvpd_session_reserve(struct kvpd_session *s, size_t n);
+/* Records one more reference on id (after kvpd_session_reserve). */
+void kvpd_session_add(struct kvpd_session *s, int32_t id);
+/* Drops one reference on id; the caller checked it is held. */
+void kvpd_session_remove(struct kvpd_session *s, int32_t id);
+/*
+ * Every held reference, newest first (one id per reference), into a new
+ * array; *n gets the count. Returns NULL only when n == 0 or on ENOMEM.
+ */
+int32_t *kvpd_session_all_newest_first(const struct kvpd_session *s, size_t *n);
+
+/* A stored reply for call_id, or NULL. */
+const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,
+                                                    uint64_t call_id);
+/* Stores a copy of a reply (evicting the oldest as needed); silently skips on ENOMEM. */
+void kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *reply,
+                           size_t len);
+
+#endif /* KVPD_SESSION_H */

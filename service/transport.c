@@ -1,0 +1,231 @@
+#include "transport.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/supplemental/tls/tls.h>
+#include <nng/supplemental/util/platform.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_status.h"
+
+enum { RECV, SEND };
+
+struct worker {
+	struct kvpd_transport *t;
+	nng_ctx ctx;
+	nng_aio *aio;
+	int state;
+};
+
+struct kvpd_transport {
+	struct kvpd_server *srv;
+	nng_socket sock;
+	nng_listener listeners[KVPD_MAX_URLS];
+	size_t num_listeners;
+	nng_tls_config *tls;
+	struct worker *workers;
+	size_t num_workers;
+	atomic_int in_flight;
+	atomic_bool closing;
+	atomic_uint_fast64_t served;
+};
+
+static void
+worker_cb(void *arg)
+{
+	struct worker *w = arg;
+	struct kvpd_transport *t = w->t;
+	nng_msg *msg;
+	int rv;
+
+	switch (w->state) {
+	case RECV:
+		if ((rv = nng_aio_result(w->aio)) != 0) {
+			if (rv == NNG_ECLOSED || atomic_load(&t->closing))
+				return;
+			nng_ctx_recv(w->ctx, w->aio); /* a broken pipe: keep serving */
+			return;
+		}
+		atomic_fetch_add(&t->in_flight, 1);
+		msg = nng_aio_get_msg(w->aio);
+		uint8_t *reply = NULL;
+		size_t len = 0;
+		rv = kvpd_server_handle(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
+		                        &reply, &len);
+		nng_msg_clear(msg);
+		if (rv != KVP_OK || nng_msg_append(msg, reply, len) != 0) {
+			/* Not even an error reply fits in memory: drop it; the client retries. */
+			free(reply);
+			nng_msg_free(msg);
+			atomic_fetch_sub(&t->in_flight, 1);
+			nng_ctx_recv(w->ctx, w->aio);
+			return;
+		}
+		free(reply);
+		nng_aio_set_msg(w->aio, msg);
+		w->state = SEND;
+		nng_ctx_send(w->ctx, w->aio);
+		return;
+	case SEND:
+		if (nng_aio_result(w->aio) != 0)
+			nng_msg_free(nng_aio_get_msg(w->aio));
+		else
+			atomic_fetch_add(&t->served, 1);
+		atomic_fetch_sub(&t->in_flight, 1);
+		w->state = RECV;
+		if (!atomic_load(&t->closing))
+			nng_ctx_recv(w->ctx, w->aio);
+		return;
+	}
+}
+
+static char *
+read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+
+	if (f == NULL)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || n > (1 << 20) ||
+	    fseek(f, 0, SEEK_SET) != 0 || (buf = malloc((size_t)n + 1)) == NULL) {
+		fclose(f);
+		return NULL;
+	}
+	if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+		free(buf);
+		fclose(f);
+		return NULL;
+	}
+	buf[n] = '\0';
+	fclose(f);
+	return buf;
+}
+
+static int
+tls_setup(struct kvpd_transport *t, const struct kvpd_config *cfg, char *err, size_t len)
+{
+	char *cert = read_file(cfg->tls_cert), *key = read_file(cfg->tls_key);
+	int rv = -1;
+
+	if (cert == NULL || key == NULL) {
+		snprintf(err, len, "cannot read tls-cert %s or tls-key %s", cfg->tls_cert, cfg->tls_key);
+		goto out;
+	}
+	if ((rv = nng_tls_config_alloc(&t->tls, NNG_TLS_MODE_SERVER)) != 0 ||
+	    (rv = nng_tls_config_own_cert(t->tls, cert, key, NULL)) != 0) {
+		snprintf(err, len, "TLS certificate: %s", nng_strerror(rv));
+		goto out;
+	}
+	if (cfg->tls_ca[0] != '\0') {
+		if ((rv = nng_tls_config_ca_file(t->tls, cfg->tls_ca)) != 0 ||
+		    (rv = nng_tls_config_auth_mode(t->tls, NNG_TLS_AUTH_MODE_REQUIRED)) != 0) {
+			snprintf(err, len, "TLS client CA %s: %s", cfg->tls_ca, nng_strerror(rv));
+			goto out;
+		}
+	} else {
+		(void)nng_tls_config_auth_mode(t->tls, NNG_TLS_AUTH_MODE_NONE);
+	}
+	rv = 0;
+out:
+	free(cert);
+	free(key);
+	return rv;
+}
+
+int
+kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
+                    struct kvpd_transport **out, char *err, size_t len)
+{
+	struct kvpd_transport *t = calloc(1, sizeof(*t));
+	int rv;
+
+	if (t == NULL) {
+		snprintf(err, len, "out of memory");
+		return KVP_ENOMEM;
+	}
+	t->srv = srv;
+	if ((rv = nng_rep0_open(&t->sock)) != 0) {
+		snprintf(err, len, "cannot open a REP socket: %s", nng_strerror(rv));
+		free(t);
+		return KVP_EINTERNAL;
+	}
+	/* nng accepts any size by default; a network-facing socket must not. Slack
+	 * above max-msg-bytes lets a slightly oversized request get a clear reply. */
+	(void)nng_socket_set_size(t->sock, NNG_OPT_RECVMAXSZ, (size_t)cfg->max_msg_bytes + 65536);
+	if (cfg->tls_cert[0] != '\0' && tls_setup(t, cfg, err, len) != 0)
+		goto fail;
+	t->workers = calloc(cfg->contexts, sizeof(*t->workers));
+	if (t->workers == NULL) {
+		snprintf(err, len, "out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < cfg->contexts; i++) {
+		struct worker *w = &t->workers[i];
+		w->t = t;
+		if ((rv = nng_aio_alloc(&w->aio, worker_cb, w)) != 0 ||
+		    (rv = nng_ctx_open(&w->ctx, t->sock)) != 0) {
+			snprintf(err, len, "cannot open context %u: %s", i, nng_strerror(rv));
+			goto fail;
+		}
+		t->num_workers++;
+	}
+	for (size_t i = 0; i < cfg->num_rpc; i++) {
+		nng_listener l;
+		if ((rv = nng_listener_create(&l, t->sock, cfg->rpc[i])) != 0) {
+			snprintf(err, len, "endpoint %s: %s", cfg->rpc[i], nng_strerror(rv));
+			goto fail;
+		}
+		t->listeners[t->num_listeners++] = l;
+		if (strncmp(cfg->rpc[i], "tls+", 4) == 0 &&
+		    (rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, t->tls)) != 0) {
+			snprintf(err, len, "endpoint %s: TLS: %s", cfg->rpc[i], nng_strerror(rv));
+			goto fail;
+		}
+		if ((rv = nng_listener_start(l, 0)) != 0) {
+			snprintf(err, len, "cannot listen on %s: %s", cfg->rpc[i], nng_strerror(rv));
+			goto fail;
+		}
+	}
+	for (size_t i = 0; i < t->num_workers; i++) {
+		t->workers[i].state = RECV;
+		nng_ctx_recv(t->workers[i].ctx, t->workers[i].aio);
+	}
+	*out = t;
+	return KVP_OK;
+fail:
+	kvpd_transport_close(t, 0);
+	return KVP_EINTERNAL;
+}
+
+void
+kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
+{
+	if (t == NULL)
+		return;
+	/* Stop accepting connections; let calls in flight finish, within drain_ms. */
+	for (size_t i = 0; i < t->num_listeners; i++)
+		nng_listener_close(t->listeners[i]);
+	atomic_store(&t->closing, true);
+	for (uint32_t waited = 0; atomic_load(&t->in_flight) > 0 && waited < drain_ms; waited += 10)
+		nng_msleep(10);
+	for (size_t i = 0; i < t->num_workers; i++)
+		nng_aio_stop(t->workers[i].aio);
+	nng_close(t->sock);
+	for (size_t i = 0; i < t->num_workers; i++)
+		nng_aio_free(t->workers[i].aio);
+	free(t->workers);
+	if (t->tls)
+		nng_tls_config_free(t->tls);
+	free(t);
+}
+
+uint64_t
+kvpd_transport_served(const struct kvpd_transport *t)
+{
+	return atomic_load(&((struct kvpd_transport *)t)->served);
+}

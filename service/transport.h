@@ -1,0 +1,33 @@
+/*
+ * transport.h: kvpoold's RPC transport: one nng REP socket listening on
+ * every configured endpoint (ipc://, tcp://, tls+tcp://), with several
+ * contexts so that many clients are served at once. Each context receives
+ * a request, hands it to kvpd_server_handle() and sends the reply.
+ *
+ * Owns threads (nng's) and sockets. Start and stop from one thread.
+ */
+#ifndef KVPD_TRANSPORT_H
+#define KVPD_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "server.h"
+
+struct kvpd_transport;
+
+/* Opens the socket and its listeners. KVP_OK, or a status with err_buf saying why. */
+int kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
+                        struct kvpd_transport **out, char *err_buf, size_t err_len);
+
+/*
+ * Stops accepting connections, waits up to drain_ms for calls in flight to
+ * finish, then closes everything. NULL: no-op.
+ */
+void kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms);
+
+/* Calls served so far (replies sent). */
+uint64_t kvpd_transport_served(const struct kvpd_transport *t);
+
+#endif /* KVPD_TRANSPORT_H */

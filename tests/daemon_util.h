@@ -1,0 +1,74 @@
+/*
+ * daemon_util.h: starts a real kvpoold for integration tests, by fork+exec
+ * (nng is not fork-safe, so the child execs before touching anything), and
+ * stops it with SIGTERM, returning its exit status.
+ */
+#ifndef KVP_DAEMON_UTIL_H
+#define KVP_DAEMON_UTIL_H
+
+#define _POSIX_C_SOURCE 200809L
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* argv: extra kvpoold arguments, NULL-terminated. Returns the child's pid. */
+static inline pid_t
+daemon_start(const char *const *args)
+{
+	const char *argv[64];
+	size_t n = 0;
+	argv[n++] = KVPOOLD_PATH;
+	argv[n++] = "--quiet";
+	for (size_t i = 0; args[i] && n < 62; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	pid_t pid = fork();
+	if (pid == 0) {
+		/* If the test dies (an assertion, a sanitizer), the daemon goes too. */
+		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		execv(KVPOOLD_PATH, (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* SIGTERM, then waits up to 10 s. Returns the exit status, or -1. */
+static inline int
+daemon_stop(pid_t pid)
+{
+	int status = 0;
+	kill(pid, SIGTERM);
+	for (int i = 0; i < 1000; i++) {
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &status, 0);
+	return -1;
+}
+
+/* A unique ipc:// URL and tcp port for this test process. */
+static inline void
+daemon_urls(char *ipc, size_t ipc_len, char *tcp, size_t tcp_len)
+{
+	snprintf(ipc, ipc_len, "ipc:///tmp/kvpool-test-%d.ipc", (int)getpid());
+	snprintf(tcp, tcp_len, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+}
+
+static inline void
+sleep_ms(long ms)
+{
+	struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+#endif /* KVP_DAEMON_UTIL_H */

@@ -1,0 +1,465 @@
+/*
+ * kvpoold end to end: a real daemon (fork+exec), real nng sockets on
+ * ipc:// and tcp://127.0.0.1, the real client library. Every status code the
+ * service produces comes out of at least one call here.
+ */
+#include "daemon_util.h"
+
+#include "kvp_test.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+
+#include "block_hash.h"
+#include "kvpool.h"
+#include "kvpool.pb-c.h"
+#include "wire.h"
+
+static char ipc_url[256], tcp_url[256];
+static pid_t daemon_pid;
+
+static int
+setup(void **state)
+{
+	(void)state;
+	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
+	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url,
+	                      "--pool", "name=default,blocks=10,block_size=4,seed=0",
+	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",
+	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
+	                      "--max-ids", "64", "--max-sessions", "6", "--max-msg-bytes", "65536",
+	                      "--lease-ms", "5000", NULL};
+	setenv("KVPOOL_TOKEN", "", 1);
+	daemon_pid = daemon_start(args);
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	/* The daemon checks its invariants on the way out: exit 0 means they held. */
+	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+}
+
+static struct kvp_client *
+open_on(const char *url, const char *pool, uint32_t lease_ms)
+{
+	struct kvp_client_options o = {.url = url, .pool = pool, .lease_ms = lease_ms,
+	                               .timeout_ms = 2000, .retries = 3};
+	struct kvp_client *c = NULL;
+	int rv = KVP_EBUSY;
+	/* The daemon may still be starting: nng redials in the background. */
+	for (int i = 0; i < 50 && rv == KVP_EBUSY; i++)
+		rv = kvp_client_open(&o, &c);
+	if (rv != KVP_OK)
+		fail_msg("open %s/%s: %s", url, pool, kvp_status_name(rv));
+	return c;
+}
+
+static void
+test_service_hello_describes_pool(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "default", 0);
+	const struct kvp_client_info *i = kvp_client_info(c);
+	struct kvp_hasher *h;
+	uint8_t fp[32];
+
+	(void)state;
+	assert_true(i->session_id != 0);
+	assert_int_equal(i->num_blocks, 10);
+	assert_int_equal(i->hash_block_size, 4);
+	assert_int_equal(i->block_size, 4);
+	assert_string_equal(i->hash_algorithm, "sha256_cbor");
+	assert_string_equal(i->medium, "CPU");
+	assert_int_equal(i->lease_ms, 5000);
+	assert_int_equal(i->max_ids_per_call, 64);
+	/* seed "0": the fingerprint is sha256(NONE_HASH)[0:8] of vLLM's PYTHONHASHSEED=0 */
+	assert_ok(kvp_hasher_create("0", &h));
+	assert_ok(kvp_hash_raw(h, kvp_hasher_none_hash(h), 32, fp));
+	assert_memory_equal(i->none_hash_fingerprint, fp, 8);
+	kvp_hasher_destroy(h);
+	kvp_client_close(c);
+}
+
+/* Scenario B2 and C1 over the wire: same ids, same queue behaviour. */
+static void
+test_service_block_calls_match_engine_scenarios(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "default", 0);
+	struct kvp_client_stats st;
+	int32_t ids[16], hits[16];
+	int64_t tok[12];
+	uint32_t n = 0, stored = 0, hit_tokens = 0, evicted = 0;
+
+	(void)state;
+	for (int i = 0; i < 12; i++)
+		tok[i] = i;
+	assert_ok(kvp_client_allocate(c, 3, ids));
+	assert_ids(ids, 3, 1, 2, 3);
+	struct kvp_client_cache ca = {.block_ids = ids, .num_block_ids = 3, .num_full_blocks = 3,
+	                              .tokens = tok, .num_tokens = 12};
+	assert_ok(kvp_client_cache(c, &ca, &stored));
+	assert_int_equal(stored, 3);
+	int32_t rev[3] = {3, 2, 1};
+	assert_ok(kvp_client_free(c, rev, 3));
+	struct kvp_client_lookup q = {.tokens = tok, .num_tokens = 12};
+	assert_ok(kvp_client_lookup(c, &q, hits, 16, &n, &hit_tokens));
+	assert_int_equal(n, 3);
+	assert_int_equal(hit_tokens, 12);
+	assert_ids(hits, 3, 1, 2, 3);
+	assert_ok(kvp_client_touch(c, hits, 2));
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 7);
+	assert_int_equal(st.num_cached_blocks, 3);
+	assert_true(st.events_emitted >= 1);
+	/* Reset refuses while blocks are in use. */
+	assert_status(kvp_client_reset(c), KVP_ESTATE);
+	assert_non_null(strstr(kvp_client_last_detail(c), "in use"));
+	assert_ok(kvp_client_free(c, (int32_t[]){2, 1}, 2));
+	assert_ok(kvp_client_evict(c, (int32_t[]){3}, 1, &evicted));
+	assert_int_equal(evicted, 1);
+	assert_ok(kvp_client_lookup(c, &q, hits, 16, &n, &hit_tokens));
+	assert_int_equal(n, 2);
+	assert_ok(kvp_client_reset(c));
+	assert_ok(kvp_client_lookup(c, &q, hits, 16, &n, &hit_tokens));
+	assert_int_equal(n, 0);
+	/* Over-allocation: KVP_ENOSPACE, nothing taken. */
+	assert_status(kvp_client_allocate(c, 10, ids), KVP_ENOSPACE);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 9);
+	kvp_client_close(c);
+}
+
+static void
+test_service_ownership_is_per_session(void **state)
+{
+	struct kvp_client *a = open_on(ipc_url, "default", 0);
+	struct kvp_client *b = open_on(tcp_url, "default", 0);
+	struct kvp_client_stats st;
+	int32_t ids[2];
+
+	(void)state;
+	assert_ok(kvp_client_allocate(a, 2, ids));
+	assert_status(kvp_client_free(b, ids, 1), KVP_ENOTOWNER);
+	assert_ok(kvp_client_touch(b, ids, 1));
+	assert_ok(kvp_client_free(b, ids, 1));
+	assert_status(kvp_client_free(b, ids, 1), KVP_ENOTOWNER);
+	/* Goodbye releases what the session still holds. */
+	kvp_client_close(a);
+	assert_ok(kvp_client_stats(b, &st));
+	assert_int_equal(st.num_free, 9);
+	kvp_client_close(b);
+}
+
+static void
+test_service_bad_calls_get_clear_statuses(void **state)
+{
+	struct kvp_client *c = open_on(tcp_url, "default", 0);
+	struct kvp_client_options o = {.url = ipc_url, .pool = "nope", .timeout_ms = 2000};
+	struct kvp_client *x = NULL;
+	int32_t ids[128] = {0};
+
+	(void)state;
+	assert_status(kvp_client_open(&o, &x), KVP_EUNKNOWNPOOL);
+	assert_status(kvp_client_touch(c, (int32_t[]){10}, 1), KVP_ERANGE);
+	assert_status(kvp_client_free(c, (int32_t[]){-1}, 1), KVP_ERANGE);
+	assert_status(kvp_client_touch(c, ids, 65), KVP_EINVAL); /* over --max-ids */
+	assert_status(kvp_client_free(c, (int32_t[]){4}, 1), KVP_ENOTOWNER);
+	struct kvp_client_cache ca = {.block_ids = (int32_t[]){1}, .num_block_ids = 1,
+	                              .num_full_blocks = 1, .hashes = (uint8_t[32]){0},
+	                              .num_hashes = 1};
+	assert_status(kvp_client_cache(c, &ca, NULL), KVP_ENOTOWNER);
+	/* A session that never said Hello. */
+	o.pool = "default";
+	o.session_id = 12345;
+	assert_ok(kvp_client_open(&o, &x));
+	assert_status(kvp_client_heartbeat(x), KVP_EUNAUTH);
+	kvp_client_detach(x);
+	kvp_client_close(c);
+}
+
+/* Speaks the wire directly: garbage, truncations, versions, retries. */
+static nng_socket raw_sock;
+
+static void
+raw_open(void)
+{
+	assert_int_equal(nng_req0_open(&raw_sock), 0);
+	assert_int_equal(nng_socket_set_ms(raw_sock, NNG_OPT_RECVTIMEO, 3000), 0);
+	assert_int_equal(nng_dial(raw_sock, ipc_url, NULL, 0), 0);
+}
+
+static Kvpool__V1__Reply *
+raw_call(const void *buf, size_t len)
+{
+	void *rb = NULL;
+	size_t rl = 0;
+	assert_int_equal(nng_send(raw_sock, (void *)buf, len, 0), 0);
+	assert_int_equal(nng_recv(raw_sock, &rb, &rl, NNG_FLAG_ALLOC), 0);
+	Kvpool__V1__Reply *r = kvpool__v1__reply__unpack(NULL, rl, rb);
+	nng_free(rb, rl);
+	assert_non_null(r);
+	return r;
+}
+
+static size_t
+pack_req(Kvpool__V1__Request *rq, uint8_t *buf)
+{
+	return kvpool__v1__request__pack(rq, buf);
+}
+
+static void
+test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
+{
+	uint8_t buf[4096];
+	Kvpool__V1__Reply *r;
+	uint64_t seed = (uint64_t)time(NULL);
+
+	(void)state;
+	printf("hostile: seed %llu\n", (unsigned long long)seed);
+	srand((unsigned)seed);
+	raw_open();
+	/* Random bytes. */
+	for (int i = 0; i < 200; i++) {
+		size_t n = (size_t)(rand() % 300);
+		for (size_t k = 0; k < n; k++)
+			buf[k] = (uint8_t)rand();
+		r = raw_call(buf, n);
+		/* Random bytes rarely decode; when they do they name no pool or session. */
+		assert_int_not_equal(r->status, KVPOOL__V1__STATUS__STATUS_OK);
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	}
+	/* A valid Hello, then every truncation of it. */
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	h.client_name = "raw";
+	rq.pool = "default";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	size_t n = pack_req(&rq, buf);
+	for (size_t cut = 1; cut < n; cut++) {
+		r = raw_call(buf, cut);
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	}
+	/* Wrong protocol version. */
+	h.protocol_version = 2;
+	n = pack_req(&rq, buf);
+	r = raw_call(buf, n);
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_UNSUPPORTED_VERSION);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	/* A message over --max-msg-bytes (within the transport's slack). */
+	static uint8_t big[70000];
+	memset(big, 0x08, sizeof(big));
+	r = raw_call(big, sizeof(big));
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_MESSAGE_TOO_LARGE);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	/* No call at all. */
+	Kvpool__V1__Request empty = KVPOOL__V1__REQUEST__INIT;
+	empty.pool = "default";
+	h.protocol_version = 1;
+	n = pack_req(&rq, buf);
+	r = raw_call(buf, n);
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_OK);
+	empty.session_id = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	n = pack_req(&empty, buf);
+	r = raw_call(buf, n);
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_INVALID_ARGUMENT);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	/* The request-level calls are not served yet: a clear NOT_SUPPORTED. */
+	Kvpool__V1__GetComputedBlocksRequest g = KVPOOL__V1__GET_COMPUTED_BLOCKS_REQUEST__INIT;
+	empty.call_case = KVPOOL__V1__REQUEST__CALL_GET_COMPUTED_BLOCKS;
+	empty.get_computed_blocks = &g;
+	n = pack_req(&empty, buf);
+	r = raw_call(buf, n);
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_NOT_SUPPORTED);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	nng_close(raw_sock);
+
+	/* Still serving, invariants intact. */
+	struct kvp_client *c = open_on(ipc_url, "default", 0);
+	int32_t ids[2];
+	assert_ok(kvp_client_allocate(c, 2, ids));
+	kvp_client_close(c);
+}
+
+static void
+test_service_retried_call_id_is_applied_once(void **state)
+{
+	uint8_t buf[512];
+	Kvpool__V1__Reply *r, *r2;
+	struct kvp_client *c = open_on(ipc_url, "tiny", 0);
+	struct kvp_client_stats st;
+
+	(void)state;
+	raw_open();
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	rq.pool = "tiny";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	r = raw_call(buf, pack_req(&rq, buf));
+	assert_int_equal(r->status, 0);
+	uint64_t sid = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+
+	Kvpool__V1__Request a = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__AllocateRequest am = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
+	am.num_blocks = 3;
+	a.pool = "tiny";
+	a.session_id = sid;
+	a.call_id = 777;
+	a.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE;
+	a.allocate = &am;
+	size_t n = pack_req(&a, buf);
+	r = raw_call(buf, n);
+	r2 = raw_call(buf, n); /* the "retry" */
+	assert_int_equal(r->status, 0);
+	assert_int_equal(r2->status, 0);
+	assert_int_equal(r2->call_id, 777);
+	assert_int_equal(r2->allocate->n_block_ids, 3);
+	assert_memory_equal(r->allocate->block_ids, r2->allocate->block_ids, 3 * sizeof(int32_t));
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	kvpool__v1__reply__free_unpacked(r2, NULL);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 7 - 3); /* applied once */
+	/* A new call id allocates again. */
+	a.call_id = 778;
+	r = raw_call(buf, pack_req(&a, buf));
+	assert_int_equal(r->status, 0);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 1);
+	/* Goodbye over the raw socket releases all six. */
+	Kvpool__V1__GoodbyeRequest gb = KVPOOL__V1__GOODBYE_REQUEST__INIT;
+	a.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
+	a.goodbye = &gb;
+	a.call_id = 779;
+	r = raw_call(buf, pack_req(&a, buf));
+	assert_int_equal(r->goodbye->references_released, 6);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 7);
+	nng_close(raw_sock);
+	kvp_client_close(c);
+}
+
+static void
+test_service_batch_runs_in_order_and_stops_at_failure(void **state)
+{
+	uint8_t buf[1024];
+	Kvpool__V1__Reply *r;
+	struct kvp_client *c = open_on(ipc_url, "tiny", 0);
+
+	(void)state;
+	raw_open();
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	rq.pool = "tiny";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	r = raw_call(buf, pack_req(&rq, buf));
+	uint64_t sid = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+
+	Kvpool__V1__AllocateRequest al = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
+	Kvpool__V1__StatsRequest stq = KVPOOL__V1__STATS_REQUEST__INIT;
+	Kvpool__V1__FreeRequest fr = KVPOOL__V1__FREE_REQUEST__INIT;
+	Kvpool__V1__BatchCall c0 = KVPOOL__V1__BATCH_CALL__INIT, c1 = KVPOOL__V1__BATCH_CALL__INIT,
+			      c2 = KVPOOL__V1__BATCH_CALL__INIT, c3 = KVPOOL__V1__BATCH_CALL__INIT;
+	al.num_blocks = 2;
+	c0.call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE;
+	c0.allocate = &al;
+	c1.call_case = KVPOOL__V1__BATCH_CALL__CALL_STATS;
+	c1.stats = &stq;
+	fr.block_ids = (int32_t[]){5};
+	fr.n_block_ids = 1;
+	c2.call_case = KVPOOL__V1__BATCH_CALL__CALL_FREE; /* block 5 is not ours */
+	c2.free = &fr;
+	c3.call_case = KVPOOL__V1__BATCH_CALL__CALL_STATS;
+	c3.stats = &stq;
+	Kvpool__V1__BatchCall *calls[] = {&c0, &c1, &c2, &c3};
+	Kvpool__V1__BatchRequest b = KVPOOL__V1__BATCH_REQUEST__INIT;
+	b.calls = calls;
+	b.n_calls = 4;
+	Kvpool__V1__Request br = KVPOOL__V1__REQUEST__INIT;
+	br.pool = "tiny";
+	br.session_id = sid;
+	br.call_id = 5;
+	br.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
+	br.batch = &b;
+	r = raw_call(buf, pack_req(&br, buf));
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_NOT_OWNER);
+	assert_int_equal(r->result_case, KVPOOL__V1__REPLY__RESULT_BATCH);
+	assert_int_equal(r->batch->n_replies, 3);
+	assert_int_equal(r->batch->replies[0]->allocate->n_block_ids, 2);
+	assert_int_equal(r->batch->replies[1]->stats->num_free, 5);
+	assert_int_equal(r->batch->replies[2]->status, KVPOOL__V1__STATUS__STATUS_NOT_OWNER);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	nng_close(raw_sock); /* no Goodbye: the lease (5 s) would clean up; the teardown does */
+	kvp_client_close(c);
+}
+
+/* A client that vanishes has its blocks released when its lease runs out. */
+static void
+test_service_lease_expiry_releases_blocks(void **state)
+{
+	struct kvp_client *gone = open_on(ipc_url, "secure", 300);
+	struct kvp_client *watcher = open_on(ipc_url, "secure", 0);
+	struct kvp_client_stats st;
+	int32_t ids[8];
+
+	(void)state;
+	assert_ok(kvp_client_allocate(gone, 8, ids));
+	kvp_client_detach(gone); /* crashed: no Goodbye */
+	assert_ok(kvp_client_stats(watcher, &st));
+	assert_int_equal(st.num_free, 31 - 8);
+	for (int i = 0; i < 100 && st.num_free != 31; i++) {
+		sleep_ms(50);
+		assert_ok(kvp_client_stats(watcher, &st));
+	}
+	assert_int_equal(st.num_free, 31);
+	assert_true(st.leases_expired >= 1);
+	kvp_client_close(watcher);
+}
+
+static void
+test_service_session_limit_is_busy(void **state)
+{
+	struct kvp_client *c[7] = {0};
+	struct kvp_client_options o = {.url = ipc_url, .pool = "secure", .timeout_ms = 2000};
+	int busy = 0;
+
+	(void)state;
+	for (int i = 0; i < 7; i++) {
+		int rv = kvp_client_open(&o, &c[i]);
+		if (rv == KVP_EBUSY)
+			busy++;
+		else
+			assert_ok(rv);
+	}
+	assert_int_equal(busy, 1);
+	for (int i = 0; i < 7; i++)
+		kvp_client_close(c[i]);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_service_hello_describes_pool),
+		cmocka_unit_test(test_service_block_calls_match_engine_scenarios),
+		cmocka_unit_test(test_service_ownership_is_per_session),
+		cmocka_unit_test(test_service_bad_calls_get_clear_statuses),
+		cmocka_unit_test(test_service_hostile_bytes_are_answered_and_serving_continues),
+		cmocka_unit_test(test_service_retried_call_id_is_applied_once),
+		cmocka_unit_test(test_service_batch_runs_in_order_and_stops_at_failure),
+		cmocka_unit_test(test_service_lease_expiry_releases_blocks),
+		cmocka_unit_test(test_service_session_limit_is_busy),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
