@@ -37,6 +37,7 @@ struct kvpd_pool {
 	size_t num_sessions, cap_sessions;
 	uint8_t none_fp[8];
 	uint64_t event_seq;             /* batches taken so far */
+	uint64_t next_mgr_id;           /* pool-wide ids for the manager's requests */
 	struct kvpd_pool_counters counters;
 };
 

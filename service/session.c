@@ -30,6 +30,7 @@ kvpd_session_destroy(struct kvpd_session *s)
 	free(s->ids);
 	free(s->counts);
 	free(s->log);
+	free(s->reqs);
 	for (int i = 0; i < KVPD_REPLY_CACHE; i++)
 		free(s->cache[i].bytes);
 	free(s);
@@ -230,4 +231,42 @@ kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *r
 	c->len = len;
 	s->cache_bytes += len;
 	s->cache_next = (s->cache_next + 1) % KVPD_REPLY_CACHE;
+}
+
+uint64_t
+kvpd_session_request(const struct kvpd_session *s, uint64_t client_id)
+{
+	for (size_t i = 0; i < s->num_reqs; i++)
+		if (s->reqs[i].client_id == client_id)
+			return s->reqs[i].mgr_id;
+	return 0;
+}
+
+int
+kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_t mgr_id)
+{
+	if (s->num_reqs == s->cap_reqs) {
+		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 8;
+		struct kvpd_request_ref *r = realloc(s->reqs, cap * sizeof(*r));
+		if (r == NULL)
+			return KVP_ENOMEM;
+		s->reqs = r;
+		s->cap_reqs = cap;
+	}
+	s->reqs[s->num_reqs].client_id = client_id;
+	s->reqs[s->num_reqs].mgr_id = mgr_id;
+	s->num_reqs++;
+	return KVP_OK;
+}
+
+void
+kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id)
+{
+	for (size_t i = 0; i < s->num_reqs; i++)
+		if (s->reqs[i].client_id == client_id) {
+			/* Keep creation order: release walks it newest first. */
+			memmove(&s->reqs[i], &s->reqs[i + 1], (s->num_reqs - i - 1) * sizeof(*s->reqs));
+			s->num_reqs--;
+			return;
+		}
 }

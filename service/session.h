@@ -34,6 +34,11 @@ struct kvpd_session {
 	uint64_t held;        /* references in total */
 	int32_t *log;         /* acquisition order; may hold released entries */
 	size_t log_len, log_cap;
+	/* requests this session created: its ids -> the manager's (pool-wide) ids */
+	struct kvpd_request_ref {
+		uint64_t client_id, mgr_id;
+	} *reqs;
+	size_t num_reqs, cap_reqs;
 	struct kvpd_cached_reply cache[KVPD_REPLY_CACHE];
 	unsigned cache_next;
 	size_t cache_bytes;
@@ -60,6 +65,13 @@ void kvpd_session_remove(struct kvpd_session *s, int32_t id);
  * array; *n gets the count. Returns NULL only when n == 0 or on ENOMEM.
  */
 int32_t *kvpd_session_all_newest_first(const struct kvpd_session *s, size_t *n);
+
+/* The manager id of this session's request client_id, or 0 if none. */
+uint64_t kvpd_session_request(const struct kvpd_session *s, uint64_t client_id);
+/* Records a new request mapping. KVP_OK or KVP_ENOMEM. */
+int kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_t mgr_id);
+/* Forgets a request mapping (no-op if absent). */
+void kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id);
 
 /* A stored reply for call_id, or NULL. */
 const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,

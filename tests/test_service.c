@@ -268,13 +268,13 @@ test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
 	r = raw_call(buf, n);
 	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_INVALID_ARGUMENT);
 	kvpool__v1__reply__free_unpacked(r, NULL);
-	/* The request-level calls are not served yet: a clear NOT_SUPPORTED. */
+	/* A request id this session never created. */
 	Kvpool__V1__GetComputedBlocksRequest g = KVPOOL__V1__GET_COMPUTED_BLOCKS_REQUEST__INIT;
 	empty.call_case = KVPOOL__V1__REQUEST__CALL_GET_COMPUTED_BLOCKS;
 	empty.get_computed_blocks = &g;
 	n = pack_req(&empty, buf);
 	r = raw_call(buf, n);
-	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_NOT_SUPPORTED);
+	assert_int_equal(r->status, KVPOOL__V1__STATUS__STATUS_NOT_FOUND);
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	nng_close(raw_sock);
 
@@ -447,6 +447,67 @@ test_service_session_limit_is_busy(void **state)
 		kvp_client_close(c[i]);
 }
 
+/* vLLM's manager over the wire: prefix sharing, the last-token cap, decode, preemption. */
+static void
+test_service_request_level_calls_share_prefixes(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "secure", 0);
+	struct kvp_client *other = open_on(ipc_url, "secure", 0);
+	struct kvp_client_slots_result res;
+	struct kvp_client_stats st;
+	int32_t fresh[16], hits[16];
+	int64_t prompt[13];
+	size_t n;
+	uint32_t hit;
+
+	(void)state;
+	for (int i = 0; i < 13; i++)
+		prompt[i] = 500 + i;
+	struct kvp_client_slots a = {.request_id = 1, .prompt = prompt, .num_prompt = 12,
+	                             .use_prefix_cache = true};
+	assert_ok(kvp_client_allocate_slots(c, &a, fresh, 16, &res));
+	assert_int_equal(res.hit_tokens, 0);
+	assert_int_equal(res.num_scheduled_tokens, 12);
+	assert_int_equal(res.num_new_blocks, 3);
+	assert_int_equal(res.num_computed_tokens, 12);
+	/* Decode one token: a fourth block. */
+	int64_t t = 900;
+	struct kvp_client_slots d = {.request_id = 1, .new_tokens = &t, .num_new_token_ids = 1,
+	                             .num_new_tokens = 1};
+	assert_ok(kvp_client_allocate_slots(c, &d, fresh + 3, 13, &res));
+	assert_int_equal(res.num_new_blocks, 1);
+	/* Another session's request with the same 13-token prompt hits all 3 full blocks. */
+	struct kvp_client_slots b = {.request_id = 1, .prompt = prompt, .num_prompt = 13,
+	                             .use_prefix_cache = true};
+	assert_status(kvp_client_get_computed_blocks(other, 1, hits, 16, &n, &hit), KVP_ENOTFOUND);
+	assert_ok(kvp_client_allocate_slots(other, &b, hits, 16, &res));
+	assert_int_equal(res.hit_tokens, 12);
+	assert_int_equal(res.num_scheduled_tokens, 1);
+	assert_int_equal(res.num_new_blocks, 1);
+	assert_ok(kvp_client_get_computed_blocks(other, 1, hits, 16, &n, &hit));
+	assert_int_equal(hit, 12);
+	assert_int_equal(n, 3);
+	assert_ids(hits, 3, fresh[0], fresh[1], fresh[2]);
+	/* Request ids are per session: the other session cannot free ours. */
+	assert_ok(kvp_client_free_request(other, 1, false));
+	assert_status(kvp_client_free_request(other, 1, false), KVP_ENOTFOUND);
+	assert_ok(kvp_client_free_request(c, 1, true)); /* preempt: kept */
+	struct kvp_client_slots again = {.request_id = 1, .num_new_tokens = 0, .token_budget = 4,
+	                                 .use_prefix_cache = true};
+	assert_ok(kvp_client_allocate_slots(c, &again, fresh, 16, &res));
+	assert_int_equal(res.hit_tokens, 12); /* 13 tokens, 3 blocks cached */
+	assert_int_equal(res.num_scheduled_tokens, 1);
+	/* Prompt on an existing request: refused. */
+	assert_status(kvp_client_allocate_slots(c, &a, fresh, 16, &res), KVP_ESTATE);
+	kvp_client_close(c);
+	kvp_client_close(other);
+	struct kvp_client *w = open_on(ipc_url, "secure", 0);
+	assert_ok(kvp_client_stats(w, &st));
+	assert_int_equal(st.num_free, 31);
+	assert_int_equal(st.active_requests, 0);
+	kvp_client_close(w);
+}
+
 int
 main(void)
 {
@@ -460,6 +521,7 @@ main(void)
 		cmocka_unit_test(test_service_batch_runs_in_order_and_stops_at_failure),
 		cmocka_unit_test(test_service_lease_expiry_releases_blocks),
 		cmocka_unit_test(test_service_session_limit_is_busy),
+		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -60,6 +60,7 @@ struct kvp_client_stats {
 	uint64_t prefix_requests, prefix_queries, prefix_hits;
 	uint32_t sessions;
 	uint64_t leases_expired, events_emitted;
+	uint32_t active_requests;
 };
 
 struct kvp_client;
@@ -124,6 +125,42 @@ int kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_
 int kvp_client_reset(struct kvp_client *c);
 int kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out);
 int kvp_client_heartbeat(struct kvp_client *c);
+
+/*
+ * The request-level calls (vLLM's KVCacheManager, group 0). A request id is
+ * the caller's, scoped to this session. The first AllocateSlots of a request
+ * carries its prompt (and keys); later ones carry the tokens generated since.
+ */
+struct kvp_client_slots {
+	uint64_t request_id;
+	const int64_t *prompt;          /* first call only */
+	size_t num_prompt;
+	const struct kvp_request_keys *keys; /* first call only */
+	bool has_lora_id;
+	int64_t lora_id;
+	const int64_t *new_tokens;      /* generated since the last call */
+	size_t num_new_token_ids;
+	uint32_t num_new_tokens;        /* to compute now; 0: all remaining (capped by token_budget) */
+	uint32_t token_budget;
+	uint32_t num_lookahead_tokens;
+	bool use_prefix_cache;          /* a request holding no blocks takes its prefix hit */
+	bool delay_cache_blocks;
+};
+struct kvp_client_slots_result {
+	uint32_t hit_tokens;
+	uint32_t num_scheduled_tokens;
+	uint32_t num_computed_tokens;
+	size_t num_new_blocks;
+};
+/* KVP_ENOSPACE: not enough free blocks; nothing was allocated (preempt or wait). */
+int kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a,
+                              int32_t *new_blocks, size_t cap,
+                              struct kvp_client_slots_result *res);
+/* Frees a request's blocks (tail first); preempt keeps the request for later. */
+int kvp_client_free_request(struct kvp_client *c, uint64_t request_id, bool preempt);
+/* The request's current prefix hit (no references taken). */
+int kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, int32_t *ids,
+                                   size_t cap, size_t *num_ids, uint32_t *hit_tokens);
 
 /*
  * Sends one pre-encoded kvpool.v1.Request and returns the raw reply bytes
