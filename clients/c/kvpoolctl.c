@@ -1,0 +1,426 @@
+/*
+ * kvpoolctl: a command-line client for kvpoold. See `kvpoolctl --help`.
+ *
+ * Each invocation is one session unless --session resumes a kept one:
+ * `kvpoolctl session` opens a session and prints its id without ending it,
+ * so later commands can hold blocks across invocations until `end` (or the
+ * lease) releases them. --json prints one JSON object per command.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <cjson/cJSON.h>
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpool.h"
+
+static void
+usage(FILE *out)
+{
+	fprintf(out,
+	        "usage: kvpoolctl [options] COMMAND [args]\n\n"
+	        "commands:\n"
+	        "  info                      the pool's description (Hello)\n"
+	        "  stats                     the pool's counters\n"
+	        "  session                   open a session, print its id, keep it (see --session)\n"
+	        "  end                       end the --session (its blocks are released)\n"
+	        "  alloc N                   allocate N blocks\n"
+	        "  free ID...                free blocks, first evicted first\n"
+	        "  touch ID...               take one more reference on each block\n"
+	        "  evict ID...               drop the blocks' cached hashes\n"
+	        "  reset                     clear the prefix cache (fails while blocks are in use)\n"
+	        "  cache --blocks IDS --tokens TOKENS [--num-cached N]\n"
+	        "                            cache the full blocks of TOKENS in IDS (hashed by the daemon)\n"
+	        "  lookup --tokens TOKENS    the longest cached prefix of TOKENS\n\n"
+	        "options (environment in brackets):\n"
+	        "  --url URL          daemon endpoint [KVPOOL_URL] (default ipc:///tmp/kvpool.ipc)\n"
+	        "  --pool NAME        pool [KVPOOLCTL_POOL] (default \"default\")\n"
+	        "  --token TOKEN, --token-file PATH   auth token [KVPOOL_TOKEN]\n"
+	        "  --session ID       resume a session from `kvpoolctl session`\n"
+	        "  --lease-ms MS      lease for a new session\n"
+	        "  --timeout-ms MS    per attempt (default 5000)\n"
+	        "  --tls-ca PATH, --tls-cert PATH, --tls-key PATH, --tls-server-name NAME\n"
+	        "  --lora NAME, --salt SALT   extra keys for cache and lookup\n"
+	        "  --json             print JSON\n"
+	        "IDS and TOKENS are comma-separated integers; a-b ranges are allowed.\n");
+}
+
+static int
+parse_i64_list(const char *s, int64_t **out, size_t *n)
+{
+	size_t cap = 16;
+	int64_t *v = malloc(cap * sizeof(*v));
+	char *end;
+
+	*n = 0;
+	if (v == NULL)
+		return -1;
+	while (*s) {
+		errno = 0;
+		long long a = strtoll(s, &end, 10), b;
+		if (end == s || errno)
+			goto bad;
+		b = a;
+		s = end;
+		if (*s == '-' && isdigit((unsigned char)s[1])) {
+			b = strtoll(s + 1, &end, 10);
+			s = end;
+			if (b < a || b - a > 10000000)
+				goto bad;
+		}
+		for (long long x = a; x <= b; x++) {
+			if (*n == cap) {
+				cap *= 2;
+				int64_t *nv = realloc(v, cap * sizeof(*v));
+				if (nv == NULL)
+					goto bad;
+				v = nv;
+			}
+			v[(*n)++] = x;
+		}
+		if (*s == ',')
+			s++;
+		else if (*s)
+			goto bad;
+	}
+	*out = v;
+	return 0;
+bad:
+	free(v);
+	return -1;
+}
+
+static int32_t *
+to_ids(const int64_t *v, size_t n)
+{
+	int32_t *ids = malloc((n ? n : 1) * sizeof(*ids));
+	for (size_t i = 0; ids && i < n; i++)
+		ids[i] = v[i] < INT32_MIN || v[i] > INT32_MAX ? -1 : (int32_t)v[i];
+	return ids;
+}
+
+static cJSON *
+ids_json(const int32_t *ids, size_t n)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (size_t i = 0; i < n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+	return a;
+}
+
+static void
+print_ids(const char *label, const int32_t *ids, size_t n)
+{
+	printf("%s", label);
+	for (size_t i = 0; i < n; i++)
+		printf("%s%d", i ? " " : "", ids[i]);
+	printf("\n");
+}
+
+static char *
+read_token_file(const char *path)
+{
+	static char buf[512];
+	FILE *f = fopen(path, "r");
+	size_t n;
+	if (f == NULL)
+		return NULL;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	while (n > 0 && isspace((unsigned char)buf[n - 1]))
+		buf[--n] = '\0';
+	return buf;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct kvp_client_options o = {0};
+	struct kvp_client *c = NULL;
+	const char *blocks_arg = NULL, *tokens_arg = NULL, *lora = NULL, *salt = NULL;
+	uint32_t num_cached = 0;
+	bool json = false, keep = false;
+	int i, rv;
+
+	o.url = getenv("KVPOOL_URL") ? getenv("KVPOOL_URL") : "ipc:///tmp/kvpool.ipc";
+	o.pool = getenv("KVPOOLCTL_POOL") ? getenv("KVPOOLCTL_POOL") : "default";
+	o.token = getenv("KVPOOL_TOKEN");
+	o.client_name = "kvpoolctl";
+	for (i = 1; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+		const char *a = argv[i];
+#define ARG(name) (strcmp(a, name) == 0 && i + 1 < argc)
+		if (strcmp(a, "--help") == 0) {
+			usage(stdout);
+			return 0;
+		} else if (strcmp(a, "--json") == 0) {
+			json = true;
+		} else if (ARG("--url")) {
+			o.url = argv[++i];
+		} else if (ARG("--pool")) {
+			o.pool = argv[++i];
+		} else if (ARG("--token")) {
+			o.token = argv[++i];
+		} else if (ARG("--token-file")) {
+			if ((o.token = read_token_file(argv[++i])) == NULL) {
+				fprintf(stderr, "kvpoolctl: cannot read %s\n", argv[i]);
+				return 2;
+			}
+		} else if (ARG("--session")) {
+			o.session_id = strtoull(argv[++i], NULL, 10);
+		} else if (ARG("--lease-ms")) {
+			o.lease_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
+		} else if (ARG("--timeout-ms")) {
+			o.timeout_ms = (uint32_t)strtoul(argv[++i], NULL, 10);
+		} else if (ARG("--tls-ca")) {
+			o.tls_ca_file = argv[++i];
+		} else if (ARG("--tls-cert")) {
+			o.tls_cert_file = argv[++i];
+		} else if (ARG("--tls-key")) {
+			o.tls_key_file = argv[++i];
+		} else if (ARG("--tls-server-name")) {
+			o.tls_server_name = argv[++i];
+		} else if (ARG("--lora")) {
+			lora = argv[++i];
+		} else if (ARG("--salt")) {
+			salt = argv[++i];
+		} else {
+			fprintf(stderr, "kvpoolctl: unknown or incomplete option %s\n", a);
+			usage(stderr);
+			return 2;
+		}
+#undef ARG
+	}
+	if (i >= argc) {
+		usage(stderr);
+		return 2;
+	}
+	const char *cmd = argv[i++];
+	/* Command options after the command name. */
+	int first_arg = i;
+	for (int k = i; k < argc; k++) {
+		if (strcmp(argv[k], "--blocks") == 0 && k + 1 < argc)
+			blocks_arg = argv[++k];
+		else if (strcmp(argv[k], "--tokens") == 0 && k + 1 < argc)
+			tokens_arg = argv[++k];
+		else if (strcmp(argv[k], "--num-cached") == 0 && k + 1 < argc)
+			num_cached = (uint32_t)strtoul(argv[++k], NULL, 10);
+	}
+	/* Ids: the remaining words, joined. */
+	int64_t *vals = NULL;
+	size_t nvals = 0;
+	if (strcmp(cmd, "free") == 0 || strcmp(cmd, "touch") == 0 || strcmp(cmd, "evict") == 0) {
+		char joined[65536] = "";
+		for (int k = first_arg; k < argc; k++) {
+			strncat(joined, argv[k], sizeof(joined) - strlen(joined) - 2);
+			if (k + 1 < argc)
+				strcat(joined, ",");
+		}
+		if (first_arg >= argc || parse_i64_list(joined, &vals, &nvals) != 0) {
+			fprintf(stderr, "kvpoolctl: %s needs block ids\n", cmd);
+			return 2;
+		}
+	}
+	if (strcmp(cmd, "session") == 0)
+		keep = true;
+	if (strcmp(cmd, "end") == 0 && o.session_id == 0) {
+		fprintf(stderr, "kvpoolctl: end needs --session ID\n");
+		return 2;
+	}
+
+	if ((rv = kvp_client_open(&o, &c)) != KVP_OK) {
+		fprintf(stderr, "kvpoolctl: %s on %s pool %s: %s%s%s\n", kvp_status_name(rv), o.url,
+		        o.pool, kvp_strerror(rv), c ? ": " : "", c ? kvp_client_last_detail(c) : "");
+		return 1;
+	}
+	keep = keep || o.session_id != 0;
+	cJSON *j = cJSON_CreateObject();
+	cJSON_AddStringToObject(j, "command", cmd);
+	rv = KVP_OK;
+	struct kvp_request_keys keys = {.lora_name = lora, .cache_salt = salt};
+	const struct kvp_request_keys *kp = lora || salt ? &keys : NULL;
+
+	if (strcmp(cmd, "info") == 0 || strcmp(cmd, "session") == 0) {
+		const struct kvp_client_info *in = kvp_client_info(c);
+		char fp[17];
+		for (int k = 0; k < 8; k++)
+			snprintf(fp + 2 * k, 3, "%02x", in->none_hash_fingerprint[k]);
+		cJSON_AddStringToObject(j, "pool", in->pool);
+		char sid[24];
+		snprintf(sid, sizeof(sid), "%" PRIu64, in->session_id);
+		cJSON_AddStringToObject(j, "session_id", sid); /* 64 bits: not a JSON double */
+		cJSON_AddNumberToObject(j, "lease_ms", in->lease_ms);
+		cJSON_AddNumberToObject(j, "num_blocks", in->num_blocks);
+		cJSON_AddNumberToObject(j, "block_size", in->block_size);
+		cJSON_AddNumberToObject(j, "hash_block_size", in->hash_block_size);
+		cJSON_AddStringToObject(j, "hash_algorithm", in->hash_algorithm);
+		cJSON_AddStringToObject(j, "none_hash_fingerprint", fp);
+		cJSON_AddStringToObject(j, "medium", in->medium);
+		cJSON_AddNumberToObject(j, "max_model_len", in->max_model_len);
+		cJSON_AddNumberToObject(j, "max_ids_per_call", in->max_ids_per_call);
+		if (!json) {
+			if (strcmp(cmd, "session") == 0)
+				printf("%" PRIu64 "\n", in->session_id);
+			else
+				printf("pool %s: %u blocks of %u tokens, %s (NONE_HASH fingerprint %s), "
+				       "medium %s, max_model_len %u, %u ids per call\n",
+				       in->pool, in->num_blocks, in->block_size, in->hash_algorithm, fp,
+				       in->medium, in->max_model_len, in->max_ids_per_call);
+		}
+	} else if (strcmp(cmd, "stats") == 0) {
+		struct kvp_client_stats s;
+		if ((rv = kvp_client_stats(c, &s)) == KVP_OK) {
+			cJSON_AddNumberToObject(j, "num_blocks", s.num_blocks);
+			cJSON_AddNumberToObject(j, "num_free", s.num_free);
+			cJSON_AddNumberToObject(j, "num_cached_blocks", s.num_cached_blocks);
+			cJSON_AddNumberToObject(j, "num_cached_keys", s.num_cached_keys);
+			cJSON_AddNumberToObject(j, "usage", s.usage);
+			cJSON_AddNumberToObject(j, "blocks_allocated", (double)s.blocks_allocated);
+			cJSON_AddNumberToObject(j, "blocks_evicted", (double)s.blocks_evicted);
+			cJSON_AddNumberToObject(j, "alloc_failures", (double)s.alloc_failures);
+			cJSON_AddNumberToObject(j, "prefix_queries", (double)s.prefix_queries);
+			cJSON_AddNumberToObject(j, "prefix_hits", (double)s.prefix_hits);
+			cJSON_AddNumberToObject(j, "sessions", s.sessions);
+			cJSON_AddNumberToObject(j, "leases_expired", (double)s.leases_expired);
+			cJSON_AddNumberToObject(j, "events_emitted", (double)s.events_emitted);
+			cJSON_AddNumberToObject(j, "active_requests", s.active_requests);
+			if (!json)
+				printf("blocks %u, free %u, cached %u (%u keys), usage %.1f%%\n"
+				       "allocated %" PRIu64 ", evicted %" PRIu64 ", failed allocations %" PRIu64
+				       "\nprefix cache: %" PRIu64 " of %" PRIu64 " tokens hit\n"
+				       "sessions %u, leases expired %" PRIu64 ", events %" PRIu64
+				       ", requests %u\n",
+				       s.num_blocks, s.num_free, s.num_cached_blocks, s.num_cached_keys,
+				       s.usage * 100.0, s.blocks_allocated, s.blocks_evicted, s.alloc_failures,
+				       s.prefix_hits, s.prefix_queries, s.sessions, s.leases_expired,
+				       s.events_emitted, s.active_requests);
+		}
+	} else if (strcmp(cmd, "end") == 0) {
+		kvp_client_close(c); /* Goodbye */
+		c = NULL;
+		if (!json)
+			printf("session %" PRIu64 " ended\n", o.session_id);
+	} else if (strcmp(cmd, "alloc") == 0) {
+		uint32_t n = first_arg < argc ? (uint32_t)strtoul(argv[first_arg], NULL, 10) : 0;
+		int32_t *ids = malloc((n ? n : 1) * sizeof(*ids));
+		if (ids == NULL || n == 0) {
+			fprintf(stderr, "kvpoolctl: alloc needs a count\n");
+			rv = KVP_EINVAL;
+		} else if ((rv = kvp_client_allocate(c, n, ids)) == KVP_OK) {
+			cJSON_AddItemToObject(j, "block_ids", ids_json(ids, n));
+			if (!json)
+				print_ids("", ids, n);
+			if (!keep)
+				fprintf(stderr, "kvpoolctl: note: these blocks are released when this "
+				                "session ends; use `kvpoolctl session` and --session to keep them\n");
+		}
+		free(ids);
+	} else if (strcmp(cmd, "free") == 0 || strcmp(cmd, "touch") == 0 ||
+	           strcmp(cmd, "evict") == 0) {
+		int32_t *ids = to_ids(vals, nvals);
+		uint32_t evicted = 0;
+		if (cmd[0] == 'f')
+			rv = kvp_client_free(c, ids, nvals);
+		else if (cmd[0] == 't')
+			rv = kvp_client_touch(c, ids, nvals);
+		else
+			rv = kvp_client_evict(c, ids, nvals, &evicted);
+		if (rv == KVP_OK) {
+			cJSON_AddItemToObject(j, "block_ids", ids_json(ids, nvals));
+			if (cmd[0] == 'e')
+				cJSON_AddNumberToObject(j, "num_evicted", evicted);
+			if (!json)
+				printf("ok%s\n", cmd[0] == 'e' ? "" : "");
+		}
+		free(ids);
+	} else if (strcmp(cmd, "reset") == 0) {
+		if ((rv = kvp_client_reset(c)) == KVP_OK && !json)
+			printf("prefix cache cleared\n");
+	} else if (strcmp(cmd, "cache") == 0 || strcmp(cmd, "lookup") == 0) {
+		int64_t *tok = NULL, *bl = NULL;
+		size_t ntok = 0, nbl = 0;
+		if (tokens_arg == NULL || parse_i64_list(tokens_arg, &tok, &ntok) != 0 ||
+		    (cmd[0] == 'c' && (blocks_arg == NULL || parse_i64_list(blocks_arg, &bl, &nbl) != 0))) {
+			fprintf(stderr, "kvpoolctl: %s needs --tokens%s\n", cmd,
+			        cmd[0] == 'c' ? " and --blocks" : "");
+			rv = KVP_EINVAL;
+		} else if (cmd[0] == 'c') {
+			int32_t *ids = to_ids(bl, nbl);
+			uint32_t bs = kvp_client_info(c)->block_size;
+			if (bs == 0) {
+				/* A resumed session skipped Hello: ask a short-lived one. */
+				struct kvp_client_options oo = o;
+				struct kvp_client *tmp = NULL;
+				oo.session_id = 0;
+				if (kvp_client_open(&oo, &tmp) == KVP_OK)
+					bs = kvp_client_info(tmp)->block_size;
+				kvp_client_close(tmp);
+			}
+			if (bs == 0)
+				bs = 1;
+			uint32_t full = (uint32_t)(ntok / bs);
+			if (full > nbl)
+				full = (uint32_t)nbl;
+			uint32_t stored = 0;
+			struct kvp_client_cache a = {.block_ids = ids, .num_block_ids = nbl,
+			                             .num_cached_blocks = num_cached, .num_full_blocks = full,
+			                             .tokens = tok, .num_tokens = ntok, .keys = kp};
+			if ((rv = kvp_client_cache(c, &a, &stored)) == KVP_OK) {
+				cJSON_AddNumberToObject(j, "num_stored", stored);
+				if (!json)
+					printf("%u block(s) cached\n", stored);
+			}
+			free(ids);
+		} else {
+			size_t cap = ntok + 1;
+			int32_t *hits = malloc(cap * sizeof(*hits));
+			uint32_t nh = 0, ht = 0;
+			struct kvp_client_lookup q = {.tokens = tok, .num_tokens = ntok, .keys = kp};
+			if ((rv = kvp_client_lookup(c, &q, hits, cap, &nh, &ht)) == KVP_OK) {
+				cJSON_AddItemToObject(j, "block_ids", ids_json(hits, nh));
+				cJSON_AddNumberToObject(j, "hit_tokens", ht);
+				if (!json) {
+					printf("hit %u tokens in %u block(s): ", ht, nh);
+					print_ids("", hits, nh);
+				}
+			}
+			free(hits);
+		}
+		free(tok);
+		free(bl);
+	} else {
+		fprintf(stderr, "kvpoolctl: unknown command %s\n", cmd);
+		usage(stderr);
+		cJSON_Delete(j);
+		free(vals);
+		kvp_client_detach(c);
+		return 2;
+	}
+	cJSON_AddStringToObject(j, "status", kvp_status_name(rv));
+	if (rv != KVP_OK) {
+		const char *d = c ? kvp_client_last_detail(c) : "";
+		cJSON_AddStringToObject(j, "detail", d);
+		if (!json)
+			fprintf(stderr, "kvpoolctl: %s: %s%s%s\n", kvp_status_name(rv), kvp_strerror(rv),
+			        d[0] ? ": " : "", d);
+	}
+	if (json) {
+		char *s = cJSON_PrintUnformatted(j);
+		if (s)
+			printf("%s\n", s);
+		free(s);
+	}
+	cJSON_Delete(j);
+	free(vals);
+	if (c) {
+		if (keep)
+			kvp_client_detach(c);
+		else
+			kvp_client_close(c);
+	}
+	return rv == KVP_OK ? 0 : 1;
+}
