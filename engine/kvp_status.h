@@ -12,26 +12,26 @@
 #ifndef KVP_STATUS_H
 #define KVP_STATUS_H
 
-/* X(name, number, text) */
-#define KVP_STATUS_TABLE(X)                                                    \
-	X(KVP_OK, 0, "ok")                                                     \
-	X(KVP_EINVAL, 1, "invalid argument")                                   \
-	X(KVP_ENOSPACE, 2, "not enough free blocks (caller must preempt)")     \
-	X(KVP_ENOTFOUND, 3, "not found")                                       \
-	X(KVP_ESTATE, 4, "wrong state")                                        \
-	X(KVP_ENOTOWNER, 5, "not owner")                                       \
-	X(KVP_EUNKNOWNPOOL, 6, "unknown pool")                                 \
-	X(KVP_EVERSION, 7, "unsupported protocol version")                    \
-	X(KVP_ETOOLARGE, 8, "message too large")                               \
-	X(KVP_EUNAUTH, 9, "unauthenticated")                                   \
-	X(KVP_EBUSY, 10, "busy")                                               \
-	X(KVP_EINTERNAL, 11, "internal error")                                 \
-	X(KVP_ERANGE, 12, "block id out of range")                             \
-	X(KVP_ENOMEM, 13, "out of memory")                                     \
-	X(KVP_ENOTSUP, 14, "not supported")
+/* X(name, number, wire name (kvpool.proto's STATUS_<wire name>), text) */
+#define KVP_STATUS_TABLE(X)                                                            \
+	X(KVP_OK, 0, "OK", "ok")                                                       \
+	X(KVP_EINVAL, 1, "INVALID_ARGUMENT", "invalid argument")                       \
+	X(KVP_ENOSPACE, 2, "NO_SPACE", "not enough free blocks (caller must preempt)") \
+	X(KVP_ENOTFOUND, 3, "NOT_FOUND", "not found")                                  \
+	X(KVP_ESTATE, 4, "WRONG_STATE", "wrong state")                                 \
+	X(KVP_ENOTOWNER, 5, "NOT_OWNER", "not owner")                                  \
+	X(KVP_EUNKNOWNPOOL, 6, "UNKNOWN_POOL", "unknown pool")                         \
+	X(KVP_EVERSION, 7, "UNSUPPORTED_VERSION", "unsupported protocol version")      \
+	X(KVP_ETOOLARGE, 8, "MESSAGE_TOO_LARGE", "message too large")                  \
+	X(KVP_EUNAUTH, 9, "UNAUTHENTICATED", "unauthenticated")                        \
+	X(KVP_EBUSY, 10, "BUSY", "busy")                                               \
+	X(KVP_EINTERNAL, 11, "INTERNAL", "internal error")                             \
+	X(KVP_ERANGE, 12, "OUT_OF_RANGE", "block id out of range")                     \
+	X(KVP_ENOMEM, 13, "NO_MEMORY", "out of memory")                                \
+	X(KVP_ENOTSUP, 14, "NOT_SUPPORTED", "not supported")
 
 enum kvp_status {
-#define KVP_STATUS_ENUM_(name, num, text) name = num,
+#define KVP_STATUS_ENUM_(name, num, wire, text) name = num,
 	KVP_STATUS_TABLE(KVP_STATUS_ENUM_)
 #undef KVP_STATUS_ENUM_
 };
@@ -44,5 +44,8 @@ const char *kvp_strerror(int status);
 
 /* Returns the enum name, e.g. "KVP_EINVAL" ("KVP_UNKNOWN" for any other int). */
 const char *kvp_status_name(int status);
+
+/* Returns the wire name, e.g. "INVALID_ARGUMENT" ("UNKNOWN" for any other int). */
+const char *kvp_status_wire_name(int status);
 
 #endif /* KVP_STATUS_H */

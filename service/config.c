@@ -22,6 +22,8 @@ static const struct setting {
 	                 "key=value pairs: name, blocks, block_size (16), max_model_len (8192), "
 	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU). "
 	                 "Default " DEFAULT_POOL},
+	{"admin", "URL", "HTTP admin endpoint for /healthz, /readyz and /metrics, or 'none'. "
+	                 "Default http://127.0.0.1:9471"},
 	{"token-file", "PATH", "auth token for pools without their own (file content, trimmed)"},
 	{"token", "TOKEN", "auth token for pools without their own (prefer token-file)"},
 	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "
@@ -53,7 +55,7 @@ kvpd_config_usage(FILE *out)
 		         settings[i].arg ? settings[i].arg : "");
 		fprintf(out, "  %-24s %s\n", lhs, settings[i].help);
 	}
-	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
+	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_ADMIN, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
 	             "KVPOOL_LEASE_MS, KVPOOL_CONTEXTS,\n  KVPOOL_MAX_MSG_BYTES, KVPOOL_MAX_IDS, "
 	             "KVPOOL_MAX_SESSIONS, KVPOOL_DRAIN_MS, KVPOOL_TLS_CERT,\n  KVPOOL_TLS_KEY, "
 	             "KVPOOL_TLS_CA, KVPOOL_CONFIG, KVPOOL_QUIET\n");
@@ -203,6 +205,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 			rv = copy_str(c->rpc[c->num_rpc++], KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "pool") == 0) {
 		return parse_pool(c, v, st);
+	} else if (strcmp(name, "admin") == 0) {
+		rv = copy_str(c->admin, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "token-file") == 0) {
 		rv = read_token(v, st->global_token, err);
 		st->has_global_token = rv == 0;
@@ -317,6 +321,7 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	st.err = err;
 	snprintf(c->rpc[0], KVPD_PATH_MAX, "%s", DEFAULT_RPC);
 	c->num_rpc = 1;
+	snprintf(c->admin, KVPD_PATH_MAX, "http://127.0.0.1:9471");
 	c->lease_ms = 30000;
 	c->contexts = 8;
 	c->max_msg_bytes = 8u << 20;
@@ -423,6 +428,7 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        p->name, p->num_blocks, p->block_size, p->max_model_len, p->medium,
 		        p->has_seed ? p->seed : "(random)", p->token[0] ? "(set)" : "(none)");
 	}
+	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");
 	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
 	             "max-sessions = %u\ndrain-ms = %u\n",
 	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms);

@@ -35,6 +35,7 @@ struct kvpd_pool_config {
 struct kvpd_config {
 	char rpc[KVPD_MAX_URLS][KVPD_PATH_MAX];
 	size_t num_rpc;
+	char admin[KVPD_PATH_MAX];  /* http://host:port, or empty: no admin endpoint */
 	struct kvpd_pool_config pools[KVPD_MAX_POOLS];
 	size_t num_pools;
 	uint32_t lease_ms;         /* session lease without a call */

@@ -938,6 +938,9 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	}
 	if (c.oom && rv == KVP_OK)
 		rv = fail(&c, KVP_ENOMEM, "out of memory");
+	if ((int)rq->call_case > 0 && (int)rq->call_case < KVPD_NUM_CALLS && rv >= 0 &&
+	    rv < KVPD_NUM_STATUS)
+		p->counters.by_call[rq->call_case][rv]++;
 	if (rv != KVP_OK) {
 		p->counters.call_errors++;
 		/* An error reply carries no result, except a batch's partial list. */

@@ -15,12 +15,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admin.h"
 #include "config.h"
 #include "kvp_status.h"
 #include "server.h"
 #include "transport.h"
 
 static atomic_bool stopping;
+static atomic_bool ready;
 
 struct reaper {
 	struct kvpd_server *srv;
@@ -47,6 +49,7 @@ main(int argc, char **argv, char **envp)
 	struct kvpd_config cfg;
 	struct kvpd_server *srv = NULL;
 	struct kvpd_transport *tr = NULL;
+	struct kvpd_admin *admin = NULL;
 	nng_thread *reaper_thr = NULL;
 	char err[512] = "";
 	sigset_t sigs;
@@ -75,18 +78,29 @@ main(int argc, char **argv, char **envp)
 		kvpd_server_destroy(srv);
 		return 1;
 	}
+	if (cfg.admin[0] != '\0' &&
+	    kvpd_admin_open(srv, cfg.admin, &ready, &admin, err, sizeof(err)) != KVP_OK) {
+		fprintf(stderr, "kvpoold: %s\n", err);
+		kvpd_transport_close(tr, 0);
+		kvpd_server_destroy(srv);
+		return 1;
+	}
 	struct reaper r = {.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
 	if (r.period_ms > 1000)
 		r.period_ms = 1000;
 	if (nng_thread_create(&reaper_thr, reaper_main, &r) != 0) {
 		fprintf(stderr, "kvpoold: cannot start the lease reaper\n");
+		kvpd_admin_close(admin);
 		kvpd_transport_close(tr, 0);
 		kvpd_server_destroy(srv);
 		return 1;
 	}
+	atomic_store(&ready, true);
 	printf("kvpoold: ready: %zu pool(s) on", cfg.num_pools);
 	for (size_t i = 0; i < cfg.num_rpc; i++)
 		printf(" %s", cfg.rpc[i]);
+	if (admin)
+		printf(", admin %s", cfg.admin);
 	printf("\n");
 	fflush(stdout);
 
@@ -94,7 +108,9 @@ main(int argc, char **argv, char **envp)
 	printf("kvpoold: %s: draining (up to %u ms)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
 	       cfg.drain_ms);
 	fflush(stdout);
+	atomic_store(&ready, false); /* /readyz turns 503 while draining */
 	kvpd_transport_close(tr, cfg.drain_ms);
+	kvpd_admin_close(admin);
 	atomic_store(&stopping, true);
 	nng_thread_destroy(reaper_thr);
 	char detail[256] = "";

@@ -1,3 +1,5 @@
+#define _POSIX_C_SOURCE 200809L
+
 #include "server.h"
 
 #include <nng/nng.h>
@@ -5,12 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dispatch.h"
 #include "manager.h"
 #include "pool.h"
 #include "session.h"
 #include "wire.h"
+
+const double kvpd_latency_bounds[KVPD_LATENCY_BUCKETS - 1] = {
+	10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+};
 
 /* ---- lifecycle ---- */
 
@@ -172,8 +179,17 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 		kvpool__v1__request__free_unpacked(rq, NULL);
 		return rv;
 	}
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	nng_mtx_lock(p->lock);
 	rv = kvpd_dispatch(p, rq, now_ms, reply, reply_len);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	int b = 0;
+	while (b < KVPD_LATENCY_BUCKETS - 1 && secs > kvpd_latency_bounds[b])
+		b++;
+	p->counters.latency[b]++;
+	p->counters.latency_sum += secs;
 	nng_mtx_unlock(p->lock);
 	kvpool__v1__request__free_unpacked(rq, NULL);
 	if (rv != KVP_OK)
@@ -228,5 +244,36 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 		return;
 	nng_mtx_lock(s->pools[i].lock);
 	*out = s->pools[i].counters;
+	out->sessions = (uint32_t)s->pools[i].num_sessions;
 	nng_mtx_unlock(s->pools[i].lock);
+}
+
+void
+kvpd_server_pool_gauges(struct kvpd_server *s, size_t i, struct kvpd_pool_gauges *out)
+{
+	struct kvp_pool_stats ps;
+	struct kvp_mgr_stats ms;
+
+	memset(out, 0, sizeof(*out));
+	if (i >= s->num_pools)
+		return;
+	struct kvpd_pool *p = &s->pools[i];
+	nng_mtx_lock(p->lock);
+	out->num_blocks = kvp_pool_num_blocks(p->pool);
+	out->num_free = kvp_pool_num_free(p->pool);
+	out->num_cached_blocks = kvp_pool_num_cached_blocks(p->pool);
+	out->num_cached_keys = kvp_pool_num_cached_keys(p->pool);
+	out->usage = kvp_pool_usage(p->pool);
+	kvp_pool_get_stats(p->pool, &ps);
+	kvp_mgr_get_stats(p->mgr, &ms);
+	nng_mtx_unlock(p->lock);
+	out->blocks_allocated = ps.blocks_allocated;
+	out->blocks_evicted = ps.blocks_evicted;
+	out->alloc_failures = ps.alloc_failures + ms.alloc_failures;
+	out->blocks_stored = ps.blocks_stored;
+	out->resets = ps.resets;
+	out->prefix_requests = ms.requests;
+	out->prefix_queries = ms.queries;
+	out->prefix_hits = ms.hits;
+	out->active_requests = ms.active_requests;
 }

@@ -25,12 +25,38 @@
 
 struct kvpd_server;
 
+#define KVPD_NUM_CALLS 25     /* Request oneof numbers are below this */
+#define KVPD_NUM_STATUS 15
+#define KVPD_LATENCY_BUCKETS 14
+
+/* Upper bounds (seconds) of the call latency histogram's buckets; the last is +Inf. */
+extern const double kvpd_latency_bounds[KVPD_LATENCY_BUCKETS - 1];
+
 /* Per-pool counters for /metrics and Stats. */
 struct kvpd_pool_counters {
 	uint64_t sessions_opened, leases_expired, goodbyes;
 	uint64_t events_emitted;
 	uint64_t calls, call_errors;
+	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call oneof number][status] */
+	uint64_t latency[KVPD_LATENCY_BUCKETS];            /* handling time, not the network */
+	double latency_sum;
+	uint32_t sessions;                                 /* open now */
 };
+
+/* A snapshot of a pool's engine gauges and counters, for /metrics. */
+struct kvpd_pool_gauges {
+	uint32_t num_blocks, num_free, num_cached_blocks, num_cached_keys;
+	double usage;
+	uint64_t blocks_allocated, blocks_evicted, alloc_failures, blocks_stored, resets;
+	uint64_t prefix_requests, prefix_queries, prefix_hits, active_requests;
+};
+void kvpd_server_pool_gauges(struct kvpd_server *s, size_t i, struct kvpd_pool_gauges *out);
+
+/* The name of a Request oneof number ("allocate", ...), or NULL. */
+const char *kvpd_call_name(int call);
+
+/* Renders every pool's metrics in Prometheus text format into a new string. */
+char *kvpd_metrics_render(struct kvpd_server *s);
 
 /*
  * Creates the server and its pools from a loaded configuration. Returns 0,

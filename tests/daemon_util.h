@@ -12,7 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -56,12 +59,53 @@ daemon_stop(pid_t pid)
 	return -1;
 }
 
-/* A unique ipc:// URL and tcp port for this test process. */
+/* A unique ipc:// URL, tcp port and admin port for this test process. */
 static inline void
 daemon_urls(char *ipc, size_t ipc_len, char *tcp, size_t tcp_len)
 {
 	snprintf(ipc, ipc_len, "ipc:///tmp/kvpool-test-%d.ipc", (int)getpid());
 	snprintf(tcp, tcp_len, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+}
+
+static inline int
+daemon_admin_port(void)
+{
+	return 40000 + (int)(getpid() % 20000);
+}
+
+/*
+ * GET path from 127.0.0.1:port over a plain socket. Returns the HTTP status
+ * (or -1) and the body in buf (NUL-terminated, truncated to cap).
+ */
+static inline int
+http_get(int port, const char *path, char *buf, size_t cap)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
+	size_t n = 0;
+	char req[256];
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	int len = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+	if (write(fd, req, (size_t)len) != len) {
+		close(fd);
+		return -1;
+	}
+	for (ssize_t r; n < cap - 1 && (r = read(fd, buf + n, cap - 1 - n)) > 0;)
+		n += (size_t)r;
+	buf[n] = '\0';
+	close(fd);
+	if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1)
+		return -1;
+	char *body = strstr(buf, "\r\n\r\n");
+	if (body)
+		memmove(buf, body + 4, strlen(body + 4) + 1);
+	return status;
 }
 
 static inline void

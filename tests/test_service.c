@@ -15,7 +15,7 @@
 #include "kvpool.pb-c.h"
 #include "wire.h"
 
-static char ipc_url[256], tcp_url[256];
+static char ipc_url[256], tcp_url[256], admin_url[64];
 static pid_t daemon_pid;
 
 static int
@@ -23,7 +23,8 @@ setup(void **state)
 {
 	(void)state;
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
-	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url,
+	snprintf(admin_url, sizeof(admin_url), "http://127.0.0.1:%d", daemon_admin_port());
+	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", admin_url,
 	                      "--pool", "name=default,blocks=10,block_size=4,seed=0",
 	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",
 	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
@@ -508,6 +509,32 @@ test_service_request_level_calls_share_prefixes(void **state)
 	kvp_client_close(w);
 }
 
+static void
+test_service_admin_endpoints_serve_health_and_metrics(void **state)
+{
+	static char body[1 << 16];
+	struct kvp_client *c = open_on(ipc_url, "default", 0);
+	int32_t ids[2];
+
+	(void)state;
+	assert_ok(kvp_client_allocate(c, 2, ids));
+	int32_t other = 1;
+	while (other == ids[0] || other == ids[1])
+		other++;
+	assert_status(kvp_client_free(c, &other, 1), KVP_ENOTOWNER);
+	assert_int_equal(http_get(daemon_admin_port(), "/healthz", body, sizeof(body)), 200);
+	assert_int_equal(http_get(daemon_admin_port(), "/readyz", body, sizeof(body)), 200);
+	assert_int_equal(http_get(daemon_admin_port(), "/nope", body, sizeof(body)), 404);
+	assert_int_equal(http_get(daemon_admin_port(), "/metrics", body, sizeof(body)), 200);
+	assert_non_null(strstr(body, "kvpool_blocks_in_use{pool=\"default\"} 2\n"));
+	assert_non_null(strstr(body, "kvpool_blocks{pool=\"tiny\"} 8\n"));
+	assert_non_null(strstr(body, "kvpool_rpc_calls_total{pool=\"default\",call=\"free\",status=\"NOT_OWNER\"} "));
+	assert_non_null(strstr(body, "kvpool_rpc_calls_total{pool=\"default\",call=\"allocate\",status=\"OK\"}"));
+	assert_non_null(strstr(body, "kvpool_rpc_latency_seconds_bucket{pool=\"default\",le=\"+Inf\"}"));
+	assert_non_null(strstr(body, "kvpool_sessions{pool=\"default\"} "));
+	kvp_client_close(c);
+}
+
 int
 main(void)
 {
@@ -522,6 +549,7 @@ main(void)
 		cmocka_unit_test(test_service_lease_expiry_releases_blocks),
 		cmocka_unit_test(test_service_session_limit_is_busy),
 		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
+		cmocka_unit_test(test_service_admin_endpoints_serve_health_and_metrics),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -33,6 +33,8 @@ test_status_every_code_has_name_and_text(void **state)
 		assert_string_not_equal(kvp_status_name(s), "KVP_UNKNOWN");
 	}
 	assert_string_equal(kvp_status_name(KVP_ENOSPACE), "KVP_ENOSPACE");
+	assert_string_equal(kvp_status_wire_name(KVP_ENOTOWNER), "NOT_OWNER");
+	assert_string_equal(kvp_status_wire_name(99), "UNKNOWN");
 }
 
 static void

@@ -1,0 +1,158 @@
+/* /metrics: every pool's gauges and counters in Prometheus text format. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvp_status.h"
+#include "server.h"
+
+static const char *const call_names[KVPD_NUM_CALLS] = {
+	[10] = "hello", [11] = "allocate", [12] = "touch", [13] = "free", [14] = "cache",
+	[15] = "lookup", [16] = "evict", [17] = "reset", [18] = "stats",
+	[19] = "allocate_slots", [20] = "free_request", [21] = "get_computed_blocks",
+	[22] = "batch", [23] = "heartbeat", [24] = "goodbye",
+};
+
+const char *
+kvpd_call_name(int call)
+{
+	return call >= 0 && call < KVPD_NUM_CALLS ? call_names[call] : NULL;
+}
+
+struct out {
+	char *buf;
+	size_t len, cap;
+	int failed;
+};
+
+static void
+put(struct out *o, const char *fmt, ...)
+{
+	va_list ap;
+	for (;;) {
+		size_t room = o->cap - o->len;
+		va_start(ap, fmt);
+		int n = vsnprintf(o->buf + o->len, room, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			o->failed = 1;
+			return;
+		}
+		if ((size_t)n < room) {
+			o->len += (size_t)n;
+			return;
+		}
+		size_t cap = o->cap * 2 + (size_t)n;
+		char *nb = realloc(o->buf, cap);
+		if (nb == NULL) {
+			o->failed = 1;
+			return;
+		}
+		o->buf = nb;
+		o->cap = cap;
+	}
+}
+
+static void
+help(struct out *o, const char *name, const char *type, const char *text)
+{
+	put(o, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+char *
+kvpd_metrics_render(struct kvpd_server *s)
+{
+	size_t np = kvpd_server_num_pools(s);
+	struct out o = {.buf = malloc(16384), .cap = 16384};
+	struct kvpd_pool_gauges *g = calloc(np ? np : 1, sizeof(*g));
+	struct kvpd_pool_counters *c = calloc(np ? np : 1, sizeof(*c));
+
+	if (o.buf == NULL || g == NULL || c == NULL) {
+		free(o.buf);
+		free(g);
+		free(c);
+		return NULL;
+	}
+	for (size_t i = 0; i < np; i++) {
+		kvpd_server_pool_gauges(s, i, &g[i]);
+		kvpd_server_pool_counters(s, i, &c[i]);
+	}
+#define GAUGE(name, text, expr)                                                          \
+	do {                                                                             \
+		help(&o, "kvpool_" name, "gauge", text);                                 \
+		for (size_t i = 0; i < np; i++)                                          \
+			put(&o, "kvpool_" name "{pool=\"%s\"} %.17g\n",                  \
+			    kvpd_server_pool_name(s, i), (double)(expr));                \
+	} while (0)
+#define COUNTER(name, text, expr)                                                        \
+	do {                                                                             \
+		help(&o, "kvpool_" name, "counter", text);                               \
+		for (size_t i = 0; i < np; i++)                                          \
+			put(&o, "kvpool_" name "{pool=\"%s\"} %llu\n",                   \
+			    kvpd_server_pool_name(s, i), (unsigned long long)(expr));    \
+	} while (0)
+	GAUGE("blocks", "Blocks in the pool, the null block included.", g[i].num_blocks);
+	GAUGE("blocks_free", "Free blocks, evictable cached blocks included.", g[i].num_free);
+	GAUGE("blocks_cached", "Blocks holding a cached hash.", g[i].num_cached_blocks);
+	GAUGE("blocks_in_use", "Blocks with a reference (not the null block).",
+	      g[i].num_blocks - 1 - g[i].num_free);
+	GAUGE("cached_keys", "Distinct (hash, group) keys in the prefix cache.", g[i].num_cached_keys);
+	GAUGE("usage_ratio", "1 - free / (blocks - 1).", g[i].usage);
+	GAUGE("sessions", "Open sessions.", c[i].sessions);
+	GAUGE("requests_active", "Requests held by the request-level manager.", g[i].active_requests);
+	COUNTER("prefix_cache_requests_total", "Prefix-cache lookups of requests.", g[i].prefix_requests);
+	COUNTER("prefix_cache_queries_tokens_total", "Prompt tokens looked up.", g[i].prefix_queries);
+	COUNTER("prefix_cache_hits_tokens_total", "Prompt tokens found cached.", g[i].prefix_hits);
+	COUNTER("blocks_allocated_total", "Blocks handed out.", g[i].blocks_allocated);
+	COUNTER("allocation_failures_total", "Allocations refused for lack of free blocks.",
+	        g[i].alloc_failures);
+	COUNTER("blocks_evicted_total", "Cached hashes dropped (each a BlockRemoved).",
+	        g[i].blocks_evicted);
+	COUNTER("blocks_stored_total", "Blocks cached (BlockStored hashes).", g[i].blocks_stored);
+	COUNTER("resets_total", "Successful prefix-cache resets.", g[i].resets);
+	COUNTER("events_emitted_total", "KV cache events emitted by the pool.", c[i].events_emitted);
+	COUNTER("events_published_total", "Event batches published (the event stream: issue #4).",
+	        (uint64_t)0);
+	COUNTER("replays_served_total", "Replay requests served (issue #4).", (uint64_t)0);
+	COUNTER("replays_refused_total", "Replay requests refused (issue #4).", (uint64_t)0);
+	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
+	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
+	        c[i].leases_expired);
+
+	help(&o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
+	for (size_t i = 0; i < np; i++)
+		for (int call = 0; call < KVPD_NUM_CALLS; call++)
+			for (int st = 0; st < KVPD_NUM_STATUS; st++)
+				if (c[i].by_call[call][st] > 0 && kvpd_call_name(call))
+					put(&o, "kvpool_rpc_calls_total{pool=\"%s\",call=\"%s\",status=\"%s\"} %llu\n",
+					    kvpd_server_pool_name(s, i), kvpd_call_name(call),
+					    kvp_status_wire_name(st), (unsigned long long)c[i].by_call[call][st]);
+	help(&o, "kvpool_rpc_latency_seconds", "histogram",
+	     "Time to handle an RPC, lock wait included, network excluded.");
+	for (size_t i = 0; i < np; i++) {
+		uint64_t cum = 0;
+		for (int b = 0; b < KVPD_LATENCY_BUCKETS; b++) {
+			cum += c[i].latency[b];
+			if (b < KVPD_LATENCY_BUCKETS - 1)
+				put(&o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",le=\"%g\"} %llu\n",
+				    kvpd_server_pool_name(s, i), kvpd_latency_bounds[b], (unsigned long long)cum);
+			else
+				put(&o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",le=\"+Inf\"} %llu\n",
+				    kvpd_server_pool_name(s, i), (unsigned long long)cum);
+		}
+		put(&o, "kvpool_rpc_latency_seconds_sum{pool=\"%s\"} %.9f\n", kvpd_server_pool_name(s, i),
+		    c[i].latency_sum);
+		put(&o, "kvpool_rpc_latency_seconds_count{pool=\"%s\"} %llu\n",
+		    kvpd_server_pool_name(s, i), (unsigned long long)cum);
+	}
+#undef GAUGE
+#undef COUNTER
+	free(g);
+	free(c);
+	if (o.failed) {
+		free(o.buf);
+		return NULL;
+	}
+	return o.buf;
+}
