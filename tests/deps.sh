@@ -8,4 +8,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
 	build-essential cmake pkg-config ca-certificates \
-	libssl-dev libcmocka-dev libnng-dev libprotobuf-c-dev protobuf-c-compiler libcjson-dev
+	libssl-dev libcmocka-dev libnng-dev libprotobuf-c-dev protobuf-c-compiler libcjson-dev openssl

@@ -5,6 +5,8 @@
  */
 #include "daemon_util.h"
 
+#include <pthread.h>
+
 #include "kvp_test.h"
 
 #include <nng/nng.h>
@@ -28,7 +30,7 @@ setup(void **state)
 	                      "--pool", "name=default,blocks=10,block_size=4,seed=0",
 	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",
 	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
-	                      "--max-ids", "64", "--max-sessions", "6", "--max-msg-bytes", "65536",
+	                      "--max-ids", "64", "--max-sessions", "12", "--max-msg-bytes", "65536",
 	                      "--lease-ms", "5000", NULL};
 	setenv("KVPOOL_TOKEN", "", 1);
 	daemon_pid = daemon_start(args);
@@ -431,12 +433,12 @@ test_service_lease_expiry_releases_blocks(void **state)
 static void
 test_service_session_limit_is_busy(void **state)
 {
-	struct kvp_client *c[7] = {0};
+	struct kvp_client *c[13] = {0};
 	struct kvp_client_options o = {.url = ipc_url, .pool = "secure", .timeout_ms = 2000};
 	int busy = 0;
 
 	(void)state;
-	for (int i = 0; i < 7; i++) {
+	for (int i = 0; i < 13; i++) {
 		int rv = kvp_client_open(&o, &c[i]);
 		if (rv == KVP_EBUSY)
 			busy++;
@@ -444,7 +446,7 @@ test_service_session_limit_is_busy(void **state)
 			assert_ok(rv);
 	}
 	assert_int_equal(busy, 1);
-	for (int i = 0; i < 7; i++)
+	for (int i = 0; i < 13; i++)
 		kvp_client_close(c[i]);
 }
 
@@ -535,6 +537,149 @@ test_service_admin_endpoints_serve_health_and_metrics(void **state)
 	kvp_client_close(c);
 }
 
+/* Eight clients at once, random valid and invalid calls; the pool stays consistent. */
+struct worker_arg {
+	int index;
+	unsigned seed;
+	int calls, errors, bad_status;
+	char first_bad[256];
+};
+
+#define BAD(w, op, rv)                                                                       \
+	do {                                                                                 \
+		if ((w)->bad_status++ == 0)                                                  \
+			snprintf((w)->first_bad, sizeof((w)->first_bad), "%s: %s: %s", (op),   \
+			         kvp_status_name(rv), kvp_client_last_detail(c));            \
+	} while (0)
+
+static void *
+worker(void *arg)
+{
+	struct worker_arg *w = arg;
+	struct kvp_client_options o = {.url = w->index % 2 ? tcp_url : ipc_url, .pool = "secure",
+	                               .timeout_ms = 5000, .retries = 3};
+	struct kvp_client *c = NULL;
+	int32_t held[64], ids[8];
+	int nheld = 0;
+	unsigned seed = w->seed;
+
+	int orv = kvp_client_open(&o, &c);
+	if (orv != KVP_OK) {
+		snprintf(w->first_bad, sizeof(w->first_bad), "open: %s", kvp_status_name(orv));
+		w->bad_status++;
+		return NULL;
+	}
+	for (int i = 0; i < 300; i++) {
+		int rv, op = rand_r(&seed) % 5;
+		if (op == 0 && nheld < 56) {
+			uint32_t n = 1 + (uint32_t)(rand_r(&seed) % 3);
+			rv = kvp_client_allocate(c, n, ids);
+			if (rv == KVP_OK)
+				for (uint32_t k = 0; k < n; k++)
+					held[nheld++] = ids[k];
+			else if (rv != KVP_ENOSPACE)
+				BAD(w, "allocate", rv);
+		} else if (op == 1 && nheld > 0) {
+			int k = rand_r(&seed) % nheld;
+			rv = kvp_client_free(c, &held[k], 1);
+			if (rv != KVP_OK)
+				BAD(w, "free", rv);
+			held[k] = held[--nheld];
+		} else if (op == 2) {
+			int64_t tok[8];
+			for (int t = 0; t < 8; t++)
+				tok[t] = rand_r(&seed) % 4; /* few distinct prefixes: real sharing */
+			uint32_t nh = 0, ht = 0;
+			struct kvp_client_lookup q = {.tokens = tok, .num_tokens = 8};
+			rv = kvp_client_lookup(c, &q, ids, 8, &nh, &ht);
+			if (rv == KVP_OK && nh > 0 && nheld + (int)nh <= 64) {
+				/* Another client may free and reuse a hit block meanwhile:
+				 * touching it is still valid, its contents may just differ. */
+				if (kvp_client_touch(c, ids, nh) == KVP_OK)
+					for (uint32_t k = 0; k < nh; k++)
+						held[nheld++] = ids[k];
+			} else if (rv != KVP_OK) {
+				BAD(w, "lookup", rv);
+			}
+		} else if (op == 3 && nheld >= 2) {
+			int64_t tok[8];
+			for (int t = 0; t < 8; t++)
+				tok[t] = rand_r(&seed) % 4;
+			struct kvp_client_cache ca = {.block_ids = held + nheld - 2, .num_block_ids = 2,
+			                              .num_full_blocks = 2, .tokens = tok, .num_tokens = 8};
+			rv = kvp_client_cache(c, &ca, NULL);
+			if (rv != KVP_OK && rv != KVP_ESTATE) /* ESTATE: already cached */
+				BAD(w, "cache", rv);
+		} else {
+			rv = kvp_client_free(c, (int32_t[]){40}, 1); /* out of range */
+			if (rv != KVP_ERANGE)
+				BAD(w, "free out of range", rv);
+			w->errors++;
+		}
+		w->calls++;
+	}
+	kvp_client_close(c); /* releases what is still held */
+	return NULL;
+}
+
+static void
+test_service_eight_concurrent_clients_keep_invariants(void **state)
+{
+	pthread_t th[8];
+	struct worker_arg args[8];
+	unsigned seed = (unsigned)time(NULL);
+
+	(void)state;
+	printf("concurrent: seed %u\n", seed);
+	for (int i = 0; i < 8; i++) {
+		args[i] = (struct worker_arg){.index = i, .seed = seed + (unsigned)i};
+		assert_int_equal(pthread_create(&th[i], NULL, worker, &args[i]), 0);
+	}
+	int calls = 0;
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		if (args[i].bad_status != 0)
+			fail_msg("worker %d: %d unexpected statuses, first: %s", i, args[i].bad_status,
+			         args[i].first_bad);
+		calls += args[i].calls;
+	}
+	assert_int_equal(calls, 8 * 300);
+	struct kvp_client *c = open_on(ipc_url, "secure", 0);
+	struct kvp_client_stats st;
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 31); /* every session released everything */
+	kvp_client_close(c);
+}
+
+/* A client process that dies without Goodbye: its blocks come back after its lease. */
+static void
+test_service_dead_client_process_blocks_released_after_lease(void **state)
+{
+	char cmd[512], sid[64] = "";
+	FILE *f;
+	struct kvp_client *w = open_on(ipc_url, "secure", 0);
+	struct kvp_client_stats st;
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "%s --url %s --pool secure --lease-ms 400 session", KVPOOLCTL_PATH,
+	         ipc_url);
+	assert_non_null(f = popen(cmd, "r"));
+	assert_non_null(fgets(sid, sizeof(sid), f));
+	assert_int_equal(pclose(f), 0);
+	sid[strcspn(sid, "\n")] = '\0';
+	snprintf(cmd, sizeof(cmd), "%s --url %s --pool secure --session %s alloc 6 >/dev/null",
+	         KVPOOLCTL_PATH, ipc_url, sid);
+	assert_int_equal(system(cmd), 0);
+	assert_ok(kvp_client_stats(w, &st));
+	assert_int_equal(st.num_free, 31 - 6);
+	for (int i = 0; i < 100 && st.num_free != 31; i++) {
+		sleep_ms(50);
+		assert_ok(kvp_client_stats(w, &st));
+	}
+	assert_int_equal(st.num_free, 31);
+	kvp_client_close(w);
+}
+
 int
 main(void)
 {
@@ -550,6 +695,8 @@ main(void)
 		cmocka_unit_test(test_service_session_limit_is_busy),
 		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
 		cmocka_unit_test(test_service_admin_endpoints_serve_health_and_metrics),
+		cmocka_unit_test(test_service_eight_concurrent_clients_keep_invariants),
+		cmocka_unit_test(test_service_dead_client_process_blocks_released_after_lease),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,119 @@
+/*
+ * kvpoold over tls+tcp:// with mutual TLS: a CA, a server certificate and a
+ * client certificate are made at test time with the openssl command; a
+ * client with the CA and its certificate is served, one without a
+ * certificate is not. Skipped (stated) if the openssl command is missing.
+ */
+#include "daemon_util.h"
+
+#include "kvp_test.h"
+
+#include "kvpool.h"
+
+static char dir[128], url[64], ca[192], srv_cert[192], srv_key[192], cli_cert[192], cli_key[192];
+static pid_t daemon_pid;
+static int have_openssl;
+
+static int
+sh(const char *cmd)
+{
+	int rv = system(cmd);
+	return WIFEXITED(rv) ? WEXITSTATUS(rv) : -1;
+}
+
+static int
+setup(void **state)
+{
+	char cmd[2048];
+
+	(void)state;
+	have_openssl = sh("openssl version >/dev/null 2>&1") == 0;
+	if (!have_openssl)
+		return 0;
+	snprintf(dir, sizeof(dir), "/tmp/kvpool-tls-%d", (int)getpid());
+	snprintf(ca, sizeof(ca), "%s/ca.pem", dir);
+	snprintf(srv_cert, sizeof(srv_cert), "%s/server.pem", dir);
+	snprintf(srv_key, sizeof(srv_key), "%s/server.key", dir);
+	snprintf(cli_cert, sizeof(cli_cert), "%s/client.pem", dir);
+	snprintf(cli_key, sizeof(cli_key), "%s/client.key", dir);
+	snprintf(cmd, sizeof(cmd),
+	         "set -e; mkdir -p %s; cd %s; "
+	         "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=kvpool-test-ca "
+	         "  -keyout ca.key -out ca.pem 2>/dev/null; "
+	         "for who in server client; do "
+	         "  openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout $who.key "
+	         "    -out $who.csr 2>/dev/null; "
+	         "  printf 'subjectAltName=DNS:localhost\\n' > $who.ext; "
+	         "  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+	         "    -extfile $who.ext -out $who.pem 2>/dev/null; "
+	         "done",
+	         dir, dir);
+	if (sh(cmd) != 0)
+		return -1;
+	snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 10000));
+	char admin[64];
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	const char *args[] = {"--rpc", url, "--admin", admin, "--tls-cert", srv_cert,
+	                      "--tls-key", srv_key, "--tls-ca", ca,
+	                      "--pool", "name=default,blocks=16,block_size=4", NULL};
+	daemon_pid = daemon_start(args);
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	char cmd[256];
+	(void)state;
+	if (!have_openssl)
+		return 0;
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	(void)sh(cmd);
+	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+}
+
+static void
+test_service_tls_mutual_client_is_served(void **state)
+{
+	struct kvp_client_options o = {.url = url, .tls_ca_file = ca, .tls_cert_file = cli_cert,
+	                               .tls_key_file = cli_key, .tls_server_name = "localhost",
+	                               .timeout_ms = 3000, .retries = 3};
+	struct kvp_client *c = NULL;
+	int32_t ids[3];
+	int rv = KVP_EBUSY;
+
+	(void)state;
+	if (!have_openssl)
+		skip(); /* stated: no openssl command to make certificates */
+	for (int i = 0; i < 10 && rv == KVP_EBUSY; i++)
+		rv = kvp_client_open(&o, &c);
+	assert_ok(rv);
+	assert_ok(kvp_client_allocate(c, 3, ids));
+	assert_ids(ids, 3, 1, 2, 3);
+	kvp_client_close(c);
+}
+
+static void
+test_service_tls_client_without_certificate_is_refused(void **state)
+{
+	struct kvp_client_options o = {.url = url, .tls_ca_file = ca, .tls_server_name = "localhost",
+	                               .timeout_ms = 300, .retries = 1};
+	struct kvp_client *c = NULL;
+
+	(void)state;
+	if (!have_openssl)
+		skip();
+	int rv = kvp_client_open(&o, &c);
+	assert_int_not_equal(rv, KVP_OK);
+	assert_null(c);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_service_tls_mutual_client_is_served),
+		cmocka_unit_test(test_service_tls_client_without_certificate_is_refused),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
