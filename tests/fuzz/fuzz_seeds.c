@@ -1,0 +1,156 @@
+/*
+ * Writes a seed corpus for fuzz_dispatch into DIR: a few sequences of valid
+ * requests (every call at least once), framed as fuzz_dispatch reads them.
+ * Made at build/CI time, never committed.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvpool.pb-c.h"
+
+static uint8_t out[1 << 16];
+static size_t out_len;
+
+static void
+frame(Kvpool__V1__Request *rq)
+{
+	size_t n = kvpool__v1__request__get_packed_size(rq);
+	out[out_len++] = (uint8_t)n;
+	out[out_len++] = (uint8_t)(n >> 8);
+	kvpool__v1__request__pack(rq, out + out_len);
+	out_len += n;
+}
+
+static void
+save(const char *dir, const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "wb");
+	if (f == NULL || fwrite(out, 1, out_len, f) != out_len) {
+		perror(path);
+		exit(1);
+	}
+	fclose(f);
+	out_len = 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	int32_t ids[] = {1, 2, 3};
+	int64_t tok[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: fuzz_seeds DIR\n");
+		return 2;
+	}
+	rq.pool = "fuzz";
+	rq.session_id = 1;
+
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	frame(&rq);
+	save(argv[1], "hello");
+
+	Kvpool__V1__AllocateRequest al = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
+	al.num_blocks = 3;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE;
+	rq.allocate = &al;
+	rq.call_id = 1;
+	frame(&rq);
+	Kvpool__V1__CacheRequest ca = KVPOOL__V1__CACHE_REQUEST__INIT;
+	ca.block_ids = ids;
+	ca.n_block_ids = 3;
+	ca.num_full_blocks = 3;
+	ca.token_ids = tok;
+	ca.n_token_ids = 12;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_CACHE;
+	rq.cache = &ca;
+	rq.call_id = 2;
+	frame(&rq);
+	Kvpool__V1__FreeRequest fr = KVPOOL__V1__FREE_REQUEST__INIT;
+	fr.block_ids = ids;
+	fr.n_block_ids = 3;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_FREE;
+	rq.free = &fr;
+	rq.call_id = 3;
+	frame(&rq);
+	Kvpool__V1__LookupRequest lk = KVPOOL__V1__LOOKUP_REQUEST__INIT;
+	lk.token_ids = tok;
+	lk.n_token_ids = 12;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_LOOKUP;
+	rq.lookup = &lk;
+	frame(&rq);
+	Kvpool__V1__TouchRequest tc = KVPOOL__V1__TOUCH_REQUEST__INIT;
+	tc.block_ids = ids;
+	tc.n_block_ids = 2;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_TOUCH;
+	rq.touch = &tc;
+	rq.call_id = 4;
+	frame(&rq);
+	Kvpool__V1__EvictRequest ev = KVPOOL__V1__EVICT_REQUEST__INIT;
+	ev.block_ids = ids;
+	ev.n_block_ids = 3;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_EVICT;
+	rq.evict = &ev;
+	rq.call_id = 5;
+	frame(&rq);
+	save(argv[1], "blocks");
+
+	Kvpool__V1__AllocateSlotsRequest as = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+	as.request_id = 7;
+	as.prompt_token_ids = tok;
+	as.n_prompt_token_ids = 12;
+	as.use_prefix_cache = 1;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE_SLOTS;
+	rq.allocate_slots = &as;
+	rq.call_id = 6;
+	frame(&rq);
+	Kvpool__V1__GetComputedBlocksRequest gc = KVPOOL__V1__GET_COMPUTED_BLOCKS_REQUEST__INIT;
+	gc.request_id = 7;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_GET_COMPUTED_BLOCKS;
+	rq.get_computed_blocks = &gc;
+	frame(&rq);
+	Kvpool__V1__FreeRequestRequest fq = KVPOOL__V1__FREE_REQUEST_REQUEST__INIT;
+	fq.request_id = 7;
+	fq.preempt = 1;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_FREE_REQUEST;
+	rq.free_request = &fq;
+	rq.call_id = 7;
+	frame(&rq);
+	save(argv[1], "requests");
+
+	Kvpool__V1__BatchCall b0 = KVPOOL__V1__BATCH_CALL__INIT, b1 = KVPOOL__V1__BATCH_CALL__INIT;
+	Kvpool__V1__StatsRequest st = KVPOOL__V1__STATS_REQUEST__INIT;
+	b0.call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE;
+	b0.allocate = &al;
+	b1.call_case = KVPOOL__V1__BATCH_CALL__CALL_STATS;
+	b1.stats = &st;
+	Kvpool__V1__BatchCall *calls[] = {&b0, &b1};
+	Kvpool__V1__BatchRequest br = KVPOOL__V1__BATCH_REQUEST__INIT;
+	br.calls = calls;
+	br.n_calls = 2;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
+	rq.batch = &br;
+	rq.call_id = 8;
+	frame(&rq);
+	Kvpool__V1__ResetRequest rs = KVPOOL__V1__RESET_REQUEST__INIT;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_RESET;
+	rq.reset = &rs;
+	frame(&rq);
+	Kvpool__V1__HeartbeatRequest hb = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HEARTBEAT;
+	rq.heartbeat = &hb;
+	frame(&rq);
+	Kvpool__V1__GoodbyeRequest gb = KVPOOL__V1__GOODBYE_REQUEST__INIT;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
+	rq.goodbye = &gb;
+	frame(&rq);
+	save(argv[1], "batch");
+	return 0;
+}
