@@ -1,8 +1,8 @@
-#!/bin/sh
+#!/bin/bash
 # Builds the fuzzer with clang (ASan + UBSan + libFuzzer) in build-fuzz/ and
 # runs it for a bounded number of inputs from a fresh seed corpus.
 #   bash tests/fuzz/run.sh [RUNS]     (default 200000)
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-200000}
 CC=${CC:-clang-14} cmake -S . -B build-fuzz -DKVP_FUZZ=ON -DKVP_SANITIZE=ON \
