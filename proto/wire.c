@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The wire enum and the engine's enum are one table: check every number. */
@@ -81,4 +83,26 @@ kvp_wire_keys_to_proto(const struct kvp_request_keys *k, bool has_lora_id, int64
 	}
 	out->mm = k->num_mm ? mm_ptrs : NULL;
 	out->n_mm = k->num_mm;
+}
+
+char *
+kvp_wire_read_file(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	long n;
+
+	if (f == NULL)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n <= (1 << 20) &&
+	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
+		if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+			buf[n] = '\0';
+		} else {
+			free(buf);
+			buf = NULL;
+		}
+	}
+	fclose(f);
+	return buf;
 }

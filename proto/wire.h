@@ -44,4 +44,11 @@ void kvp_wire_keys_to_proto(const struct kvp_request_keys *k, bool has_lora_id,
                             int64_t lora_id, Kvpool__V1__RequestKeys *out,
                             Kvpool__V1__MmFeature *mm_msgs, Kvpool__V1__MmFeature **mm_ptrs);
 
+/*
+ * Reads a small file (TLS certificates and keys: at most 1 MiB) into a new
+ * NUL-terminated string, or returns NULL. Both ends load their TLS material
+ * with it.
+ */
+char *kvp_wire_read_file(const char *path);
+
 #endif /* KVP_WIRE_H */

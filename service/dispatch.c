@@ -205,6 +205,26 @@ h_free(struct call *c, const Kvpool__V1__FreeRequest *m, Kvpool__V1__Reply *out)
 	return KVP_OK;
 }
 
+/* A call's extra-key sources, decoded from the wire. */
+struct call_keys {
+	struct kvp_mm_feature mm[MAX_MM_FEATURES];
+	struct kvp_request_keys keys;
+	const struct kvp_request_keys *ptr; /* NULL when the call has none */
+	bool has_lora_id;
+	int64_t lora_id;
+};
+
+static int
+parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_keys *out)
+{
+	if (kvp_wire_keys_from_proto(k, &out->keys, out->mm, MAX_MM_FEATURES, &out->has_lora_id,
+	                             &out->lora_id) != KVP_OK)
+		return fail(c, KVP_EINVAL, "bad request keys (mm features unsorted, or over %d)",
+		            MAX_MM_FEATURES);
+	out->ptr = k ? &out->keys : NULL;
+	return KVP_OK;
+}
+
 /*
  * The fine hashes of a call: given (a multiple of 32 bytes) or computed
  * from the request's tokens (from position 0) and keys.
@@ -244,10 +264,8 @@ static int
 h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__CacheReply *r = NEW(c, Kvpool__V1__CacheReply, kvpool__v1__cache_reply__descriptor);
-	struct kvp_mm_feature mm[MAX_MM_FEATURES];
-	struct kvp_request_keys keys;
-	bool has_lora_id, computed;
-	int64_t lora_id;
+	struct call_keys ck;
+	bool computed;
 	const uint8_t *hashes = NULL;
 	size_t nh = 0;
 	bool *mask = NULL;
@@ -259,8 +277,8 @@ h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *ou
 		return rv;
 	if (m->n_token_ids > c->p->limits.max_ids)
 		return fail(c, KVP_EINVAL, "too many tokens in one call");
-	if (kvp_wire_keys_from_proto(m->keys, &keys, mm, MAX_MM_FEATURES, &has_lora_id, &lora_id))
-		return fail(c, KVP_EINVAL, "bad request keys (mm features unsorted, or too many)");
+	if ((rv = parse_keys(c, m->keys, &ck)))
+		return rv;
 	uint32_t nc = m->num_cached_blocks, nf = m->num_full_blocks;
 	if (nf > m->n_block_ids)
 		return fail(c, KVP_EINVAL, "num_full_blocks %u > %zu block ids", nf, m->n_block_ids);
@@ -278,13 +296,13 @@ h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *ou
 		    kvpd_session_held(c->sess, id) == 0)
 			return fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d", id);
 	}
-	if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids,
-	                      m->keys ? &keys : NULL, &hashes, &nh, &computed)))
+	if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
+	                      &nh, &computed)))
 		return rv;
 	struct kvp_cache_args a = {
 		.block_hashes = hashes, .num_block_hashes = nh,
 		.token_ids = m->token_ids, .num_tokens = m->n_token_ids,
-		.keys = m->keys ? &keys : NULL, .has_lora_id = has_lora_id, .lora_id = lora_id,
+		.keys = ck.ptr, .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id,
 		.num_cached_blocks = nc, .num_full_blocks = nf,
 		.block_size = m->block_size ? m->block_size : kvp_pool_hash_block_size(c->p->pool),
 		.group_id = m->group_id, .block_mask = mask,
@@ -308,10 +326,8 @@ static int
 h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__LookupReply *r = NEW(c, Kvpool__V1__LookupReply, kvpool__v1__lookup_reply__descriptor);
-	struct kvp_mm_feature mm[MAX_MM_FEATURES];
-	struct kvp_request_keys keys;
-	bool has_lora_id, computed;
-	int64_t lora_id;
+	struct call_keys ck;
+	bool computed;
 	const uint8_t *hashes = NULL;
 	size_t nh = 0;
 	const uint32_t g0 = 0;
@@ -328,10 +344,9 @@ h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Reply *
 		            MAX_GROUPS_PER_LOOKUP);
 	if (bs % hbs != 0 || (size_t)(bs / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(c->p->pool))
 		return fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
-	if (kvp_wire_keys_from_proto(m->keys, &keys, mm, MAX_MM_FEATURES, &has_lora_id, &lora_id))
-		return fail(c, KVP_EINVAL, "bad request keys (mm features unsorted, or too many)");
-	if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids,
-	                      m->keys ? &keys : NULL, &hashes, &nh, &computed)))
+	if ((rv = parse_keys(c, m->keys, &ck)) ||
+	    (rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
+	                      &nh, &computed)))
 		return rv;
 	uint32_t k = bs / hbs;
 	size_t ncoarse = nh / k, hit = 0;
@@ -473,19 +488,15 @@ h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, Kvpo
 		return fail(c, KVP_EINVAL, "too many tokens in one call; the limit is %u",
 		            c->p->limits.max_ids);
 	if (mid == 0) {
-		struct kvp_mm_feature mm[MAX_MM_FEATURES];
-		struct kvp_request_keys keys;
-		bool has_lora_id;
-		int64_t lora_id;
+		struct call_keys ck;
 		if (m->n_prompt_token_ids == 0)
 			return fail(c, KVP_ENOTFOUND, "no request %llu in this session (send its prompt "
 			                              "to add it)", (unsigned long long)m->request_id);
-		if (kvp_wire_keys_from_proto(m->keys, &keys, mm, MAX_MM_FEATURES, &has_lora_id, &lora_id))
-			return fail(c, KVP_EINVAL, "bad request keys (mm features unsorted, or too many)");
+		if ((rv = parse_keys(c, m->keys, &ck)))
+			return rv;
 		struct kvp_request_desc d = {.prompt = m->prompt_token_ids,
-		                             .num_prompt = m->n_prompt_token_ids,
-		                             .keys = m->keys ? &keys : NULL,
-		                             .has_lora_id = has_lora_id, .lora_id = lora_id};
+		                             .num_prompt = m->n_prompt_token_ids, .keys = ck.ptr,
+		                             .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id};
 		mid = ++c->p->next_mgr_id;
 		if ((rv = mgr_status(c, kvp_mgr_add_request(c->p->mgr, mid, &d), "add request")))
 			return rv;
@@ -863,8 +874,8 @@ run_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Reply *
 	return KVP_OK;
 }
 
-static int
-pack(Kvpool__V1__Reply *r, uint8_t **out, size_t *len)
+int
+kvpd_pack_reply(const Kvpool__V1__Reply *r, uint8_t **out, size_t *len)
 {
 	size_t n = kvpool__v1__reply__get_packed_size(r);
 	uint8_t *buf = malloc(n ? n : 1);
@@ -950,7 +961,7 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	out.call_id = rq->call_id;
 	out.status = (Kvpool__V1__Status)rv;
 	out.detail = rv == KVP_OK ? "" : c.detail;
-	rv = pack(&out, reply, reply_len);
+	rv = kvpd_pack_reply(&out, reply, reply_len);
 	if (rv == KVP_OK && c.sess != NULL && mutating(rq->call_case))
 		kvpd_session_remember(c.sess, rq->call_id, *reply, *reply_len);
 	scratch_free(&c);

@@ -47,6 +47,9 @@ struct kvpd_server {
 	size_t num_pools;
 };
 
+/* Encodes a reply into a new buffer (malloc'd). KVP_OK or KVP_ENOMEM. */
+int kvpd_pack_reply(const Kvpool__V1__Reply *r, uint8_t **out, size_t *len);
+
 /* Runs one decoded request on pool p and encodes the reply (malloc'd). */
 int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
                   uint8_t **reply, size_t *reply_len);

@@ -122,19 +122,6 @@ kvpd_server_destroy(struct kvpd_server *s)
 
 /* ---- requests ---- */
 
-static int
-pack_reply(Kvpool__V1__Reply *r, uint8_t **out, size_t *len)
-{
-	size_t n = kvpool__v1__reply__get_packed_size(r);
-	uint8_t *buf = malloc(n ? n : 1);
-
-	if (buf == NULL)
-		return KVP_ENOMEM;
-	*len = kvpool__v1__reply__pack(r, buf);
-	*out = buf;
-	return KVP_OK;
-}
-
 /* A reply with only a status (decode failures, unknown pools). */
 static int
 error_reply(uint64_t call_id, int status, const char *detail, uint8_t **out, size_t *len)
@@ -143,7 +130,7 @@ error_reply(uint64_t call_id, int status, const char *detail, uint8_t **out, siz
 	r.call_id = call_id;
 	r.status = (Kvpool__V1__Status)status;
 	r.detail = (char *)detail;
-	return pack_reply(&r, out, len);
+	return kvpd_pack_reply(&r, out, len);
 }
 
 static struct kvpd_pool *

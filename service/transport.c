@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kvp_status.h"
+#include "wire.h"
 
 enum { RECV, SEND };
 
@@ -82,34 +83,10 @@ worker_cb(void *arg)
 	}
 }
 
-static char *
-read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf;
-	long n;
-
-	if (f == NULL)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || n > (1 << 20) ||
-	    fseek(f, 0, SEEK_SET) != 0 || (buf = malloc((size_t)n + 1)) == NULL) {
-		fclose(f);
-		return NULL;
-	}
-	if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-		free(buf);
-		fclose(f);
-		return NULL;
-	}
-	buf[n] = '\0';
-	fclose(f);
-	return buf;
-}
-
 static int
 tls_setup(struct kvpd_transport *t, const struct kvpd_config *cfg, char *err, size_t len)
 {
-	char *cert = read_file(cfg->tls_cert), *key = read_file(cfg->tls_key);
+	char *cert = kvp_wire_read_file(cfg->tls_cert), *key = kvp_wire_read_file(cfg->tls_key);
 	int rv = -1;
 
 	if (cert == NULL || key == NULL) {

@@ -119,28 +119,6 @@ call(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
 	return KVP_OK;
 }
 
-static char *
-read_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	char *buf = NULL;
-	long n;
-
-	if (f == NULL)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && n < (1 << 20) &&
-	    fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) != NULL) {
-		if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-			buf[n] = '\0';
-		} else {
-			free(buf);
-			buf = NULL;
-		}
-	}
-	fclose(f);
-	return buf;
-}
-
 static int
 tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
 {
@@ -157,8 +135,8 @@ tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
 	if (o->tls_server_name && (rv = nng_tls_config_server_name(c->tls, o->tls_server_name)) != 0)
 		return set_detail(c, KVP_EINTERNAL, "TLS server name: %s", nng_strerror(rv));
 	if (o->tls_cert_file) {
-		char *cert = read_file(o->tls_cert_file);
-		char *key = o->tls_key_file ? read_file(o->tls_key_file) : NULL;
+		char *cert = kvp_wire_read_file(o->tls_cert_file);
+		char *key = o->tls_key_file ? kvp_wire_read_file(o->tls_key_file) : NULL;
 		rv = cert && key ? nng_tls_config_own_cert(c->tls, cert, key, NULL) : NNG_ENOENT;
 		free(cert);
 		free(key);
