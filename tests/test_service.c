@@ -17,7 +17,7 @@
 #include "kvpool.pb-c.h"
 #include "wire.h"
 
-static char ipc_url[256], tcp_url[256], admin_url[64];
+static char ipc_url[256], tcp_url[256], admin_url[64], token_pool[256], token_path[96];
 static pid_t daemon_pid;
 
 static int
@@ -26,7 +26,14 @@ setup(void **state)
 	(void)state;
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
 	snprintf(admin_url, sizeof(admin_url), "http://127.0.0.1:%d", daemon_admin_port());
+	snprintf(token_path, sizeof(token_path), "/tmp/kvpool-test-%d.token", (int)getpid());
+	FILE *f = fopen(token_path, "w");
+	if (f == NULL || fputs("s3cret\n", f) < 0 || fclose(f) != 0)
+		return -1;
+	snprintf(token_pool, sizeof(token_pool), "name=locked,blocks=8,block_size=4,token_file=%s",
+	         token_path);
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", admin_url,
+	                      "--pool", "name=fresh,blocks=10,block_size=4,seed=0", "--pool", token_pool,
 	                      "--pool", "name=default,blocks=10,block_size=4,seed=0",
 	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",
 	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
@@ -41,6 +48,7 @@ static int
 teardown(void **state)
 {
 	(void)state;
+	unlink(token_path);
 	/* The daemon checks its invariants on the way out: exit 0 means they held. */
 	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
 }
@@ -87,15 +95,14 @@ test_service_hello_describes_pool(void **state)
 
 /* Scenario B2 and C1 over the wire: same ids, same queue behaviour. */
 static void
-test_service_block_calls_match_engine_scenarios(void **state)
+block_calls_on(const char *url, const char *pool)
 {
-	struct kvp_client *c = open_on(ipc_url, "default", 0);
+	struct kvp_client *c = open_on(url, pool, 0);
 	struct kvp_client_stats st;
 	int32_t ids[16], hits[16];
 	int64_t tok[12];
 	uint32_t n = 0, stored = 0, hit_tokens = 0, evicted = 0;
 
-	(void)state;
 	for (int i = 0; i < 12; i++)
 		tok[i] = i;
 	assert_ok(kvp_client_allocate(c, 3, ids));
@@ -131,6 +138,86 @@ test_service_block_calls_match_engine_scenarios(void **state)
 	assert_status(kvp_client_allocate(c, 10, ids), KVP_ENOSPACE);
 	assert_ok(kvp_client_stats(c, &st));
 	assert_int_equal(st.num_free, 9);
+	kvp_client_close(c);
+}
+
+static void
+test_service_block_calls_match_engine_scenarios_ipc(void **state)
+{
+	(void)state;
+	block_calls_on(ipc_url, "default");
+}
+
+static void
+test_service_block_calls_match_engine_scenarios_tcp(void **state)
+{
+	(void)state;
+	block_calls_on(tcp_url, "fresh");
+}
+
+static void
+test_service_token_is_checked_per_pool(void **state)
+{
+	struct kvp_client_options o = {.url = tcp_url, .pool = "locked", .timeout_ms = 2000};
+	struct kvp_client *c = NULL;
+
+	(void)state;
+	assert_status(kvp_client_open(&o, &c), KVP_EUNAUTH);
+	o.token = "s3cre";
+	assert_status(kvp_client_open(&o, &c), KVP_EUNAUTH);
+	o.token = "s3cret";
+	assert_ok(kvp_client_open(&o, &c));
+	kvp_client_close(c);
+	/* Client-side failures are statuses too: TLS material that does not exist. */
+	struct kvp_client_options t = {.url = "tls+tcp://127.0.0.1:1", .tls_ca_file = "/nonexistent"};
+	assert_status(kvp_client_open(&t, &c), KVP_EINTERNAL);
+	struct kvp_client_options bad = {.url = "bogus://x"};
+	assert_status(kvp_client_open(&bad, &c), KVP_EINVAL);
+	assert_status(kvp_client_open(NULL, &c), KVP_EINVAL);
+}
+
+static void
+test_service_batch_builder_runs_a_scheduler_step(void **state)
+{
+	struct kvp_client *c = open_on(tcp_url, "secure", 0);
+	struct kvp_batch *b = NULL;
+	const int32_t *ids;
+	size_t n, run;
+	int64_t prompt[9];
+
+	(void)state;
+	for (int i = 0; i < 9; i++)
+		prompt[i] = 77 + i;
+	assert_ok(kvp_batch_create(&b));
+	assert_ok(kvp_batch_allocate(b, 2));
+	struct kvp_client_slots a = {.request_id = 5, .prompt = prompt, .num_prompt = 9,
+	                             .use_prefix_cache = true};
+	assert_ok(kvp_batch_allocate_slots(b, &a));
+	struct kvp_client_lookup q = {.tokens = prompt, .num_tokens = 9};
+	assert_ok(kvp_batch_lookup(b, &q));
+	assert_ok(kvp_batch_free_request(b, 5, false));
+	assert_int_equal(kvp_batch_count(b), 4);
+	assert_ok(kvp_client_batch(c, b, &run));
+	assert_int_equal(run, 4);
+	assert_ok(kvp_batch_block_ids(b, 0, &ids, &n));
+	assert_int_equal(n, 2);
+	int32_t mine[2] = {ids[0], ids[1]};
+	assert_ok(kvp_batch_block_ids(b, 1, &ids, &n));
+	assert_int_equal(n, 3); /* 9 tokens, block size 4 */
+	assert_ok(kvp_batch_block_ids(b, 2, &ids, &n));
+	assert_int_equal(n, 2); /* the request cached its 2 full blocks */
+	/* A failing call stops the batch; what ran is reported. */
+	kvp_batch_clear(b);
+	assert_ok(kvp_batch_free(b, mine, 1));
+	assert_ok(kvp_batch_free(b, mine, 1)); /* not held any more */
+	assert_ok(kvp_batch_free(b, mine + 1, 1));
+	assert_status(kvp_client_batch(c, b, &run), KVP_ENOTOWNER);
+	assert_int_equal(run, 2);
+	assert_ok(kvp_batch_status(b, 0));
+	assert_status(kvp_batch_status(b, 1), KVP_ENOTOWNER);
+	assert_status(kvp_batch_status(b, 2), KVP_ENOTFOUND);
+	assert_non_null(strstr(kvp_client_last_detail(c), "no reference"));
+	kvp_batch_destroy(b);
 	kvp_client_close(c);
 }
 
@@ -685,7 +772,10 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_hello_describes_pool),
-		cmocka_unit_test(test_service_block_calls_match_engine_scenarios),
+		cmocka_unit_test(test_service_block_calls_match_engine_scenarios_ipc),
+		cmocka_unit_test(test_service_block_calls_match_engine_scenarios_tcp),
+		cmocka_unit_test(test_service_token_is_checked_per_pool),
+		cmocka_unit_test(test_service_batch_builder_runs_a_scheduler_step),
 		cmocka_unit_test(test_service_ownership_is_per_session),
 		cmocka_unit_test(test_service_bad_calls_get_clear_statuses),
 		cmocka_unit_test(test_service_hostile_bytes_are_answered_and_serving_continues),

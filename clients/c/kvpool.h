@@ -163,6 +163,42 @@ int kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, in
                                    size_t cap, size_t *num_ids, uint32_t *hit_tokens);
 
 /*
+ * A batch: several calls sent as one Batch, executed in order under the
+ * pool's lock, stopping at the first failure (a scheduler step in one round
+ * trip). The builder copies every argument, so the caller's buffers may be
+ * reused at once. After kvp_client_batch(), each executed call's status and
+ * results stay readable until the batch is cleared, sent again or destroyed.
+ */
+struct kvp_batch;
+int kvp_batch_create(struct kvp_batch **out);
+void kvp_batch_destroy(struct kvp_batch *b);
+/* Drops every call and result, keeping the batch for reuse. */
+void kvp_batch_clear(struct kvp_batch *b);
+size_t kvp_batch_count(const struct kvp_batch *b);
+/* Each adder returns KVP_OK, KVP_EINVAL (bad arguments) or KVP_ENOMEM. */
+int kvp_batch_allocate(struct kvp_batch *b, uint32_t n);
+int kvp_batch_touch(struct kvp_batch *b, const int32_t *ids, size_t n);
+int kvp_batch_free(struct kvp_batch *b, const int32_t *ids, size_t n);
+int kvp_batch_evict(struct kvp_batch *b, const int32_t *ids, size_t n);
+int kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a);
+int kvp_batch_lookup(struct kvp_batch *b, const struct kvp_client_lookup *q);
+int kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a);
+int kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preempt);
+/*
+ * Sends the batch. Returns KVP_OK if every call succeeded, else the status of
+ * the call that stopped it (transport errors as for any call); *num_run gets
+ * how many calls ran (the failing one included).
+ */
+int kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run);
+/* Call i's status after a send (KVP_ENOTFOUND if it did not run). */
+int kvp_batch_status(const struct kvp_batch *b, size_t i);
+/*
+ * Call i's block ids: an allocate's new blocks, a lookup's hits (group after
+ * group), an allocate_slots' new blocks. Valid until the batch changes.
+ */
+int kvp_batch_block_ids(const struct kvp_batch *b, size_t i, const int32_t **ids, size_t *n);
+
+/*
  * Sends one pre-encoded kvpool.v1.Request and returns the raw reply bytes
  * (malloc'd): for tools and tests that speak the wire directly.
  */
