@@ -362,38 +362,36 @@ kvp_extra_keys_encode(const struct kvp_request_keys *k, int64_t start, int64_t e
 }
 
 int
-kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,
-                 const int64_t *tokens, size_t num_tokens, uint32_t block_size,
-                 const uint8_t *prev, size_t num_prev, uint8_t *out, size_t cap,
-                 size_t *num_out)
+kvp_hash_chain(struct kvp_hasher *h, const struct kvp_request_keys *k, const int64_t *tokens,
+               size_t num_tokens, uint32_t block_size, size_t first_block,
+               const uint8_t *parent, uint8_t *out, size_t cap, size_t *num_out)
 {
 	uint8_t ebuf_small[512], *ebuf = ebuf_small;
 	size_t ecap = sizeof(ebuf_small), full, count = 0;
 	int64_t mm_idx;
-	const uint8_t *parent;
 	int rv = KVP_OK;
 
 	if (h == NULL || block_size == 0 || (tokens == NULL && num_tokens > 0) ||
-	    (prev == NULL && num_prev > 0) || num_out == NULL ||
-	    kvp_request_keys_validate(k) != KVP_OK)
+	    num_out == NULL || (first_block > 0 && parent == NULL) ||
+	    first_block > (size_t)INT64_MAX / block_size || kvp_request_keys_validate(k) != KVP_OK)
 		return KVP_EINVAL;
 	full = num_tokens / block_size;
-	if (full > num_prev && (out == NULL || cap < full - num_prev))
+	if (full > 0 && (out == NULL || cap < full))
 		return KVP_EINVAL;
 	if (kvp_extra_keys_max_len(k) > ecap) {
 		ecap = kvp_extra_keys_max_len(k);
 		if ((ebuf = malloc(ecap)) == NULL)
 			return KVP_ENOMEM;
 	}
-	mm_idx = num_prev > 0 ? -1 : 0;
-	parent = num_prev > 0 ? prev + (num_prev - 1) * KVP_HASH_LEN : NULL;
-	for (size_t b = num_prev; b < full && rv == KVP_OK; b++, count++) {
-		int64_t start = (int64_t)b * block_size;
+	/* vLLM starts the multimodal walk at the last feature for a later block. */
+	mm_idx = first_block > 0 ? -1 : 0;
+	for (size_t b = 0; b < full && rv == KVP_OK; b++, count++) {
+		int64_t start = (int64_t)(first_block + b) * block_size;
 		size_t elen = 0;
 		uint8_t *dst = out + count * KVP_HASH_LEN;
 		rv = kvp_extra_keys_encode(k, start, start + block_size, &mm_idx, ebuf, ecap, &elen);
 		if (rv == KVP_OK)
-			rv = kvp_hash_block(h, parent, tokens + start, block_size, ebuf, elen, dst);
+			rv = kvp_hash_block(h, parent, tokens + b * block_size, block_size, ebuf, elen, dst);
 		parent = dst;
 	}
 	if (ebuf != ebuf_small)
@@ -402,6 +400,27 @@ kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,
 		return rv;
 	*num_out = count;
 	return KVP_OK;
+}
+
+int
+kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,
+                 const int64_t *tokens, size_t num_tokens, uint32_t block_size,
+                 const uint8_t *prev, size_t num_prev, uint8_t *out, size_t cap,
+                 size_t *num_out)
+{
+	if (h == NULL || block_size == 0 || (tokens == NULL && num_tokens > 0) ||
+	    (prev == NULL && num_prev > 0) || num_out == NULL)
+		return KVP_EINVAL;
+	if (num_tokens / block_size <= num_prev) {
+		if (kvp_request_keys_validate(k) != KVP_OK)
+			return KVP_EINVAL;
+		*num_out = 0;
+		return KVP_OK;
+	}
+	size_t start = num_prev * block_size;
+	return kvp_hash_chain(h, k, tokens + start, num_tokens - start, block_size, num_prev,
+	                      num_prev > 0 ? prev + (num_prev - 1) * KVP_HASH_LEN : NULL, out, cap,
+	                      num_out);
 }
 
 uint64_t

@@ -109,6 +109,18 @@ int kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,
                      size_t *num_out);
 
 /*
+ * The chain from a given point: tokens[0] is the first token of block
+ * first_block (position first_block x block_size, which the extra keys'
+ * multimodal offsets are relative to), parent is the hash of block
+ * first_block - 1 (NULL only when first_block is 0). Hashes the full blocks
+ * of tokens into out (cap hashes of room), *num_out gets how many. This is
+ * kvp_hash_request for a caller that keeps only the last hash.
+ */
+int kvp_hash_chain(struct kvp_hasher *h, const struct kvp_request_keys *k, const int64_t *tokens,
+                   size_t num_tokens, uint32_t block_size, size_t first_block,
+                   const uint8_t *parent, uint8_t *out, size_t cap, size_t *num_out);
+
+/*
  * vLLM's default event form of a hash (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1):
  * int.from_bytes(hash, "big") & (2**64-1), i.e. the last 8 bytes big-endian.
  */

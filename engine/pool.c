@@ -332,8 +332,12 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	}
 	if (p->events_on) {
 		size_t per = kvp_extra_keys_max_len(a->keys);
+		/* all_token_ids[nc*bs : nf*bs], Python slice clamping, over a window of
+		 * the request's tokens that starts at first_token. */
 		size_t t0 = (size_t)nc * a->block_size, t1 = (size_t)nf * a->block_size;
-		t0 = t0 < a->num_tokens ? t0 : a->num_tokens; /* Python slice clamping */
+		t0 = t0 > a->first_token ? t0 - a->first_token : 0;
+		t1 = t1 > a->first_token ? t1 - a->first_token : 0;
+		t0 = t0 < a->num_tokens ? t0 : a->num_tokens;
 		t1 = t1 < a->num_tokens ? t1 : a->num_tokens;
 		if (per > p->extra_cap) {
 			uint8_t *nb = realloc(p->extra_buf, per);

@@ -120,6 +120,7 @@ struct kvp_cache_args {
 	size_t num_block_hashes;
 	const int64_t *token_ids;      /* request.all_token_ids (event only) */
 	size_t num_tokens;
+	size_t first_token;            /* position of token_ids[0] (0: the whole request) */
 	const struct kvp_request_keys *keys; /* extra-key sources (event only); NULL: none */
 	bool has_lora_id;              /* lora_request.adapter_id (event only) */
 	int64_t lora_id;

@@ -296,12 +296,39 @@ h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *ou
 		    kvpd_session_held(c->sess, id) == 0)
 			return fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d", id);
 	}
-	if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
-	                      &nh, &computed)))
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	size_t first_token = 0;
+	if (m->parent_hash.len > 0) {
+		/* Only the new tokens, chained from the caller's last hash. */
+		uint8_t *all;
+		size_t n = 0;
+		if (m->parent_hash.len != KVP_HASH_LEN || nc == 0 || nf < nc ||
+		    (m->block_size && m->block_size != hbs) || m->block_hashes.len > 0)
+			return fail(c, KVP_EINVAL, "parent_hash needs 32 bytes, num_cached_blocks >= 1, "
+			                           "token_ids (not block_hashes) and the pool's block size");
+		if ((all = scratch(c, (size_t)nf * KVP_HASH_LEN)) == NULL)
+			return fail(c, KVP_ENOMEM, "out of memory");
+		memcpy(all + (size_t)(nc - 1) * KVP_HASH_LEN, m->parent_hash.data, KVP_HASH_LEN);
+		/* Hash only the blocks to cache; later tokens (a partial block) wait. */
+		size_t want = (size_t)(nf - nc) * hbs;
+		rv = kvp_hash_chain(c->p->hasher, ck.ptr, m->token_ids,
+		                    m->n_token_ids < want ? m->n_token_ids : want, hbs, nc,
+		                    m->parent_hash.data, all + (size_t)nc * KVP_HASH_LEN, nf - nc, &n);
+		if (rv != KVP_OK)
+			return fail(c, rv, "hashing tokens: %s", kvp_strerror(rv));
+		if (n < nf - nc)
+			return fail(c, KVP_EINVAL, "%zu token(s) fill %zu of the %u blocks to cache",
+			            m->n_token_ids, n, nf - nc);
+		hashes = all;
+		nh = nf;
+		first_token = (size_t)nc * hbs;
+	} else if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr,
+	                             &hashes, &nh, &computed))) {
 		return rv;
+	}
 	struct kvp_cache_args a = {
 		.block_hashes = hashes, .num_block_hashes = nh,
-		.token_ids = m->token_ids, .num_tokens = m->n_token_ids,
+		.token_ids = m->token_ids, .num_tokens = m->n_token_ids, .first_token = first_token,
 		.keys = ck.ptr, .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id,
 		.num_cached_blocks = nc, .num_full_blocks = nf,
 		.block_size = m->block_size ? m->block_size : kvp_pool_hash_block_size(c->p->pool),

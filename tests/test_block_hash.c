@@ -164,6 +164,12 @@ test_block_hash_h5_request_chain_with_lora_mm_salt(void **state)
 	assert_int_equal(n, 2);
 	assert_hex(out, 32, "2e22a72f505692bd4873ca3d4e0b019404e5cbaa6a9cb18cafba1662ecb8b859");
 	assert_hex(out + 32, 32, "ae38ae0968b51d793c445e0331a86d8f5671fb01c02f0db4d90a0c83fd9c2fe9");
+	/* From a midpoint: only block 1's tokens, chained from block 0's hash. */
+	uint8_t mid[32];
+	assert_ok(kvp_hash_chain(h, &k, tok + 4, 4, 4, 1, out, mid, 1, &n));
+	assert_int_equal(n, 1);
+	assert_memory_equal(mid, out + 32, 32);
+	assert_status(kvp_hash_chain(h, &k, tok + 4, 4, 4, 1, NULL, mid, 1, &n), KVP_EINVAL);
 	/* Incrementally (block 1 hashed after block 0, mm index -1): same. */
 	uint8_t inc[2 * 32];
 	assert_ok(kvp_hash_request(h, &k, tok, 4, 4, NULL, 0, inc, 1, &n));

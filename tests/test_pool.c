@@ -478,8 +478,25 @@ test_pool_cache_chunked_parent_mask_and_null_skip(void **state)
 	assert_memory_equal(ev.parent, synth('B'), 32);
 	assert_int_equal(ev.num_tokens, 6);
 	assert_int_equal(ev.token_ids[0], 8);
-	assert_int_equal(kvp_pool_num_cached_blocks(p), 2);
-	assert_null(kvp_pool_block_key(p, a[2], &(size_t){0}));
+	/* A window of the tokens that starts at first_token gives the same range. */
+	assert_ok(kvp_pool_free_blocks(p, &a[2], 1));
+	assert_ok(kvp_pool_touch(p, &a[2], 1));
+	struct kvp_cache_args win = ca;
+	win.token_ids = r.tokens + 12;
+	win.num_tokens = 4;
+	win.first_token = 12;
+	win.num_cached_blocks = 3;
+	win.block_mask = NULL;
+	assert_ok(kvp_pool_cache_full_blocks(p, blocks, 4, &win));
+	assert_ok(kvp_pool_take_events(p, &b));
+	assert_int_equal(kvp_event_batch_count(&b), 1);
+	assert_ok(kvp_event_batch_get(&b, 0, &ev));
+	assert_int_equal(ev.num_hashes, 1);
+	assert_int_equal(ev.num_tokens, 4);
+	assert_int_equal(ev.token_ids[0], 12);
+	assert_memory_equal(ev.parent, synth('C'), 32);
+	assert_int_equal(kvp_pool_num_cached_blocks(p), 3);
+	assert_non_null(kvp_pool_block_key(p, a[2], &(size_t){0}));
 
 	/* All blocks skipped: still exactly one (empty) Stored event. */
 	assert_ok(cache(p, &r, (int32_t[]){0, 0}, 2, 0, 2, 4, 0));

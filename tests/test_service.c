@@ -155,6 +155,47 @@ test_service_block_calls_match_engine_scenarios_tcp(void **state)
 	block_calls_on(tcp_url, "fresh");
 }
 
+/* Cache with a parent hash: only the new tokens travel; hashes match the full chain. */
+static void
+test_service_cache_from_parent_hash_matches_full_chain(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "secure", 0);
+	struct kvp_hasher *h;
+	int32_t ids[3], hits[8];
+	int64_t tok[12];
+	uint8_t chain[3 * 32];
+	size_t n = 0;
+	uint32_t nh = 0, stored = 0;
+
+	(void)state;
+	for (int i = 0; i < 12; i++)
+		tok[i] = 3000 + i;
+	assert_ok(kvp_hasher_create("0", &h)); /* pool secure: seed=0 */
+	assert_ok(kvp_hash_request(h, NULL, tok, 12, 4, NULL, 0, chain, 3, &n));
+	assert_ok(kvp_client_allocate(c, 3, ids));
+	struct kvp_client_cache first = {.block_ids = ids, .num_block_ids = 3, .num_full_blocks = 1,
+	                                 .tokens = tok, .num_tokens = 4};
+	assert_ok(kvp_client_cache(c, &first, &stored));
+	struct kvp_client_cache rest = {.block_ids = ids, .num_block_ids = 3,
+	                                .num_cached_blocks = 1, .num_full_blocks = 3,
+	                                .tokens = tok + 4, .num_tokens = 9, /* one spare token */
+	                                .parent_hash = chain};
+	assert_ok(kvp_client_cache(c, &rest, &stored));
+	assert_int_equal(stored, 2);
+	struct kvp_client_lookup q = {.hashes = chain, .num_hashes = 3};
+	assert_ok(kvp_client_lookup(c, &q, hits, 8, &nh, NULL));
+	assert_int_equal(nh, 3);
+	assert_ids(hits, 3, ids[0], ids[1], ids[2]);
+	/* Misuse: a parent without num_cached, or too few tokens. */
+	rest.num_cached_blocks = 0;
+	assert_status(kvp_client_cache(c, &rest, NULL), KVP_EINVAL);
+	rest.num_cached_blocks = 1;
+	rest.num_tokens = 5;
+	assert_status(kvp_client_cache(c, &rest, NULL), KVP_EINVAL);
+	kvp_hasher_destroy(h);
+	kvp_client_close(c);
+}
+
 static void
 test_service_token_is_checked_per_pool(void **state)
 {
@@ -775,6 +816,7 @@ main(void)
 		cmocka_unit_test(test_service_block_calls_match_engine_scenarios_ipc),
 		cmocka_unit_test(test_service_block_calls_match_engine_scenarios_tcp),
 		cmocka_unit_test(test_service_token_is_checked_per_pool),
+		cmocka_unit_test(test_service_cache_from_parent_hash_matches_full_chain),
 		cmocka_unit_test(test_service_batch_builder_runs_a_scheduler_step),
 		cmocka_unit_test(test_service_ownership_is_per_session),
 		cmocka_unit_test(test_service_bad_calls_get_clear_statuses),

@@ -383,6 +383,8 @@ kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_
 	m.block_hashes.len = a->hashes ? a->num_hashes * KVP_HASH_LEN : 0;
 	m.token_ids = (int64_t *)a->tokens;
 	m.n_token_ids = a->num_tokens;
+	m.parent_hash.data = (uint8_t *)a->parent_hash;
+	m.parent_hash.len = a->parent_hash ? KVP_HASH_LEN : 0;
 	if (a->keys || a->has_lora_id) {
 		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
 		m.keys = &keys;
@@ -805,6 +807,11 @@ kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 	if (a->tokens) {
 		m->token_ids = own(b, a->tokens, a->num_tokens * sizeof(int64_t));
 		m->n_token_ids = a->num_tokens;
+	}
+	if (a->parent_hash) {
+		if ((m->parent_hash.data = own(b, a->parent_hash, KVP_HASH_LEN)) == NULL)
+			return KVP_ENOMEM;
+		m->parent_hash.len = KVP_HASH_LEN;
 	}
 	if ((a->keys || a->has_lora_id) &&
 	    (m->keys = own_keys(b, a->keys, a->has_lora_id, a->lora_id)) == NULL)

@@ -95,8 +95,9 @@ struct kvp_client_cache {
 	uint32_t block_size;        /* 0: the pool's */
 	const uint8_t *hashes;      /* NULL: hash tokens */
 	size_t num_hashes;
-	const int64_t *tokens;      /* the request's tokens from position 0 */
+	const int64_t *tokens;      /* the request's tokens from position 0, or... */
 	size_t num_tokens;
+	const uint8_t *parent_hash; /* ...with this (block num_cached-1's hash), from block num_cached */
 	const struct kvp_request_keys *keys;
 	bool has_lora_id;
 	int64_t lora_id;

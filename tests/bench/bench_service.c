@@ -3,7 +3,8 @@
  * REQ/REP round trips of a small message measured in the same run (an
  * in-process REP echo on the same transport), so the ratio is our overhead.
  *
- * usage: kvp-bench-service [--quick] [PATH_TO_KVPOOLD]
+ * usage: kvp-bench-service [--quick | --only-batch] [PATH_TO_KVPOOLD]
+ *   --only-batch  the batched cycle alone over ipc://, 3 s, for a profiler
  * Starts its own kvpoold (fork+exec before touching nng) on ipc:// and
  * tcp://127.0.0.1, with a 100,000-block pool of block size 16.
  */
@@ -414,9 +415,12 @@ int
 main(int argc, char **argv)
 {
 	const char *daemon = KVPOOLD_PATH;
+	int only_batch = 0;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--quick") == 0)
 			seconds = 0.2;
+		else if (strcmp(argv[i], "--only-batch") == 0)
+			only_batch = 1, seconds = 3.0; /* one row, for a profiler */
 		else
 			daemon = argv[i];
 	}
@@ -450,7 +454,12 @@ main(int argc, char **argv)
 	                       "request cycle, Batches of 64 cycles"};
 	const char *units[] = {"round trips/s", "calls/s", "calls/s", "cycles/s", "cycles/s"};
 	int failed = 0;
-	for (int t = 0; t < 2; t++) {
+	if (only_batch) {
+		struct result r = measure(CYCLE_BATCH, ipc_url, 1);
+		printf("ipc, 1 client, batches: %.0f cycles/s, p50 %.0f us\n", r.units_per_s, r.p50_us);
+		failed = r.failed;
+	}
+	for (int t = 0; t < 2 && !only_batch; t++) {
 		const char *url = t ? tcp_url : ipc_url, *eurl = t ? echo_tcp : echo_ipc;
 		for (int clients = 1; clients <= 8; clients += 7) {
 			struct result raw = measure(RAW, eurl, clients);
