@@ -389,9 +389,13 @@ kvp_hash_chain(struct kvp_hasher *h, const struct kvp_request_keys *k, const int
 		int64_t start = (int64_t)(first_block + b) * block_size;
 		size_t elen = 0;
 		uint8_t *dst = out + count * KVP_HASH_LEN;
-		rv = kvp_extra_keys_encode(k, start, start + block_size, &mm_idx, ebuf, ecap, &elen);
+		/* A request with no extra-key sources hashes None: skip the encoder. */
+		if (k != NULL)
+			rv = kvp_extra_keys_encode(k, start, start + block_size, &mm_idx, ebuf, ecap,
+			                           &elen);
 		if (rv == KVP_OK)
-			rv = kvp_hash_block(h, parent, tokens + b * block_size, block_size, ebuf, elen, dst);
+			rv = kvp_hash_block(h, parent, tokens + b * block_size, block_size,
+			                    k ? ebuf : NULL, k ? elen : 0, dst);
 		parent = dst;
 	}
 	if (ebuf != ebuf_small)

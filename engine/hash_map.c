@@ -38,6 +38,18 @@ kvp_map_hash(const uint8_t *k, size_t len)
 	uint64_t a = 0x9e3779b97f4a7c15ull ^ len, b = 0xbf58476d1ce4e5b9ull;
 	size_t n = len;
 
+	if (len == 36) {
+		/* The common key, a 32-byte hash and a group id, in straight-line code. */
+		uint32_t g;
+		memcpy(&g, k + 32, 4);
+		a ^= (load64(k) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
+		b ^= (load64(k + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+		a += (load64(k + 16) ^ 0xc4ceb9fe1a85ec53ull) * 0x9e3779b97f4a7c15ull;
+		b += (load64(k + 24) ^ 0xbf58476d1ce4e5b9ull) * 0x94d049bb133111ebull;
+		b ^= ((uint64_t)g + 1) * 0xc4ceb9fe1a85ec53ull;
+		return (uint32_t)fmix64(a ^ ((b << 31) | (b >> 33)));
+	}
+
 	while (n >= 16) {
 		a += (load64(k) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
 		b += (load64(k + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;

@@ -166,6 +166,17 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 	assert(rv == KVP_OK);
 	/* With no hash cached and no metrics, eviction has nothing to do. */
 	bool evict = p->caching && (p->num_hashed > 0 || p->metrics != NULL);
+	if (evict && p->num_hashed > 0) {
+		/*
+		 * The popped blocks' map entries and buckets are cold and independent:
+		 * ask for all of them first so the misses overlap, then evict.
+		 */
+		for (uint32_t i = 0; i < n; i++)
+			kvp_map_prefetch_id(&p->map, ids[i]);
+		for (uint32_t i = 0; i < n; i++)
+			if (kvp_map_has_id(&p->map, ids[i]))
+				kvp_map_prefetch_hash(&p->map, p->map.ent[ids[i]].hash);
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (evict)
@@ -204,7 +215,10 @@ kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t 
 	if (p == NULL || hash == NULL || hash_len == 0 || hash_len > p->max_hash_len ||
 	    (ngroups > 0 && (groups == NULL || ids == NULL)))
 		return KVP_EINVAL;
-	memcpy(key, hash, hash_len);
+	if (hash_len == KVP_HASH_LEN)
+		memcpy(key, hash, KVP_HASH_LEN); /* a constant size compiles to moves */
+	else
+		memcpy(key, hash, hash_len);
 	if (ngroups == 1) {
 		int32_t id = lookup_group(p, key, hash_len, groups[0]);
 		if (id < 0)
@@ -368,15 +382,32 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		};
 		kvp_event_stored_begin(&p->events, &d);
 	}
+	/*
+	 * Hash the keys a chunk at a time and prefetch their buckets before
+	 * inserting, so the buckets' cache misses overlap.
+	 */
+	enum { CHUNK = 32 };
+	uint32_t khash[CHUNK];
 	int64_t mm_idx = 0;
 	for (uint32_t i = nc; i < nf; i++) {
 		int32_t id = blocks[i];
 		const uint8_t *h = a->block_hashes + (size_t)i * hlen;
+		if ((i - nc) % CHUNK == 0) {
+			for (uint32_t j = i; j < nf && j < i + CHUNK; j++) {
+				if (hlen == KVP_HASH_LEN)
+					memcpy(key, a->block_hashes + (size_t)j * KVP_HASH_LEN, KVP_HASH_LEN);
+				else
+					memcpy(key, a->block_hashes + (size_t)j * hlen, hlen);
+				put_group(key + hlen, a->group_id);
+				khash[j - i] = kvp_map_hash(key, hlen + GROUP_LEN);
+				kvp_map_prefetch_hash(&p->map, khash[j - i]);
+			}
+		}
 		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
 			continue;
 		memcpy(key, h, hlen);
 		put_group(key + hlen, a->group_id);
-		rv = kvp_map_insert(&p->map, key, hlen + GROUP_LEN, id);
+		rv = kvp_map_insert_hashed(&p->map, key, hlen + GROUP_LEN, khash[(i - nc) % CHUNK], id);
 		assert(rv == KVP_OK);
 		p->num_hashed++;
 		if (p->events_on) {

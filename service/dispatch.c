@@ -12,14 +12,12 @@
 #define MAX_GROUPS_PER_LOOKUP 64
 #define MAX_MM_FEATURES 256
 
-/* One call in progress: its status, detail, and what to free after packing. */
+/* One call in progress: its status, detail, and its pool's scratch arena. */
 struct call {
 	struct kvpd_pool *p;
 	struct kvpd_session *sess;
 	int status;
 	char detail[256];
-	void **scratch;
-	size_t nscratch, capscratch;
 	bool oom;
 };
 
@@ -34,37 +32,76 @@ fail(struct call *c, int status, const char *fmt, ...)
 	return status;
 }
 
-/* malloc that frees itself when the call's reply has been packed. */
+/*
+ * Zeroed memory that lives until the call's reply is packed. It comes from
+ * the pool's arena (the pool's lock is held): a batch builds hundreds of
+ * reply messages, and a heap allocation each cost more than the calls.
+ */
 static void *
 scratch(struct call *c, size_t n)
 {
-	void *p;
-	if (c->nscratch == c->capscratch) {
-		size_t cap = c->capscratch ? c->capscratch * 2 : 16;
-		void **np = realloc(c->scratch, cap * sizeof(*np));
-		if (np == NULL) {
-			c->oom = true;
-			return NULL;
+	struct kvpd_arena *a = &c->p->arena;
+	size_t need = (n + 15) & ~(size_t)15;
+
+	if (need == 0)
+		need = 16;
+	if (a->cur == NULL || a->cur->used + need > a->cur->cap) {
+		/* The next kept chunk if it fits, else a new one. */
+		struct kvpd_chunk *next = a->cur ? a->cur->next : a->head;
+		if (next == NULL || next->cap < need) {
+			size_t cap = need > KVPD_CHUNK ? need : KVPD_CHUNK;
+			struct kvpd_chunk *ch = calloc(1, sizeof(*ch) + cap);
+			if (ch == NULL) {
+				c->oom = true;
+				return NULL;
+			}
+			ch->cap = cap;
+			ch->next = next;
+			if (a->cur)
+				a->cur->next = ch;
+			else
+				a->head = ch;
+			next = ch;
 		}
-		c->scratch = np;
-		c->capscratch = cap;
+		a->cur = next;
 	}
-	if ((p = calloc(1, n ? n : 1)) == NULL) {
-		c->oom = true;
-		return NULL;
-	}
-	c->scratch[c->nscratch++] = p;
+	void *p = a->cur->data + a->cur->used;
+	a->cur->used += need;
 	return p;
 }
 
+/* Zeroes what the call used and keeps the chunks (freeing oversized ones). */
 static void
-scratch_free(struct call *c)
+scratch_reset(struct kvpd_pool *p)
 {
-	for (size_t i = 0; i < c->nscratch; i++)
-		free(c->scratch[i]);
-	free(c->scratch);
-	c->scratch = NULL;
-	c->nscratch = c->capscratch = 0;
+	struct kvpd_arena *a = &p->arena;
+	struct kvpd_chunk **link = &a->head;
+	size_t kept = 0;
+
+	while (*link) {
+		struct kvpd_chunk *ch = *link;
+		memset(ch->data, 0, ch->used);
+		ch->used = 0;
+		if (kept + ch->cap > KVPD_ARENA_KEEP) {
+			*link = ch->next;
+			free(ch);
+			continue;
+		}
+		kept += ch->cap;
+		link = &ch->next;
+	}
+	a->cur = NULL;
+}
+
+void
+kvpd_arena_fini(struct kvpd_arena *a)
+{
+	while (a->head) {
+		struct kvpd_chunk *ch = a->head;
+		a->head = ch->next;
+		free(ch);
+	}
+	a->cur = NULL;
 }
 
 /* A zeroed, initialised protobuf-c message that frees itself with the call. */
@@ -991,7 +1028,7 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	rv = kvpd_pack_reply(&out, reply, reply_len);
 	if (rv == KVP_OK && c.sess != NULL && mutating(rq->call_case))
 		kvpd_session_remember(c.sess, rq->call_id, *reply, *reply_len);
-	scratch_free(&c);
+	scratch_reset(p);
 	/* Events wait here for the publisher (issue #4); count what each call emitted. */
 	if (kvp_pool_take_events(p->pool, &p->events) == KVP_OK &&
 	    kvp_event_batch_count(&p->events) > 0) {

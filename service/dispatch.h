@@ -23,6 +23,19 @@ struct kvp_pool;
 struct kvp_hasher;
 struct kvp_mgr;
 
+/* A bump allocator for one call's reply messages, reset after each call. */
+#define KVPD_CHUNK (64u << 10)
+#define KVPD_ARENA_KEEP (1u << 20)
+struct kvpd_chunk {
+	struct kvpd_chunk *next;
+	size_t used, cap;
+	_Alignas(16) unsigned char data[];
+};
+struct kvpd_arena {
+	struct kvpd_chunk *head, *cur;
+};
+void kvpd_arena_fini(struct kvpd_arena *a);
+
 struct kvpd_pool {
 	struct kvpd_pool_config cfg;
 	struct {
@@ -39,6 +52,7 @@ struct kvpd_pool {
 	uint64_t event_seq;             /* batches taken so far */
 	uint64_t next_mgr_id;           /* pool-wide ids for the manager's requests */
 	struct kvpd_pool_counters counters;
+	struct kvpd_arena arena;
 };
 
 struct kvpd_server {

@@ -3,6 +3,7 @@
 #include "server.h"
 
 #include <nng/nng.h>
+#include <pthread.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@ pool_fini(struct kvpd_pool *p)
 	kvp_pool_destroy(p->pool);
 	kvp_hasher_destroy(p->hasher);
 	kvp_event_batch_fini(&p->events);
+	kvpd_arena_fini(&p->arena);
 	if (p->lock)
 		nng_mtx_free(p->lock);
 	memset(p, 0, sizeof(*p));
@@ -122,6 +124,109 @@ kvpd_server_destroy(struct kvpd_server *s)
 
 /* ---- requests ---- */
 
+/*
+ * protobuf-c allocates every field of a decoded request separately; a
+ * batch decodes into hundreds of allocations. Each handler thread decodes
+ * into its own bump arena instead (POSIX thread-specific data, so the
+ * arena is freed when the thread ends), reset after every request.
+ */
+struct decode_arena {
+	uint8_t *buf;
+	size_t used, cap;
+	void **spill;        /* allocations that did not fit, freed at reset */
+	size_t nspill, capspill;
+};
+
+static pthread_key_t arena_key;
+static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
+
+static void
+arena_destroy(void *p)
+{
+	struct decode_arena *a = p;
+	for (size_t i = 0; i < a->nspill; i++)
+		free(a->spill[i]);
+	free(a->spill);
+	free(a->buf);
+	free(a);
+}
+
+static void
+arena_key_make(void)
+{
+	(void)pthread_key_create(&arena_key, arena_destroy);
+}
+
+static void *
+arena_alloc(void *data, size_t size)
+{
+	struct decode_arena *a = data;
+	size_t need = (size + 15) & ~(size_t)15;
+	if (a->used + need <= a->cap) {
+		void *p = a->buf + a->used;
+		a->used += need;
+		return p;
+	}
+	/* Too big for what is left: a plain allocation, freed at reset. */
+	if (a->nspill == a->capspill) {
+		size_t cap = a->capspill ? a->capspill * 2 : 16;
+		void **np = realloc(a->spill, cap * sizeof(*np));
+		if (np == NULL)
+			return NULL;
+		a->spill = np;
+		a->capspill = cap;
+	}
+	void *p = malloc(size ? size : 1);
+	if (p != NULL)
+		a->spill[a->nspill++] = p;
+	return p;
+}
+
+static void
+arena_free(void *data, void *p)
+{
+	(void)data; /* everything goes at reset */
+	(void)p;
+}
+
+static struct decode_arena *
+arena_get(void)
+{
+	struct decode_arena *a;
+	(void)pthread_once(&arena_once, arena_key_make);
+	if ((a = pthread_getspecific(arena_key)) != NULL)
+		return a;
+	if ((a = calloc(1, sizeof(*a))) == NULL)
+		return NULL;
+	a->cap = 256u << 10;
+	if ((a->buf = malloc(a->cap)) == NULL || pthread_setspecific(arena_key, a) != 0) {
+		free(a->buf);
+		free(a);
+		return NULL;
+	}
+	return a;
+}
+
+static void
+arena_reset(struct decode_arena *a)
+{
+	size_t spilled = 0;
+	for (size_t i = 0; i < a->nspill; i++)
+		free(a->spill[i]);
+	spilled = a->nspill;
+	a->nspill = 0;
+	a->used = 0;
+	/* A request that spilled wants a bigger arena next time (up to 8 MiB). */
+	if (spilled > 0 && a->cap < (8u << 20)) {
+		uint8_t *nb = malloc(a->cap * 2);
+		if (nb != NULL) {
+			free(a->buf);
+			a->buf = nb;
+			a->cap *= 2;
+		}
+	}
+}
+
 /* A reply with only a status (decode failures, unknown pools). */
 static int
 error_reply(uint64_t call_id, int status, const char *detail, uint8_t **out, size_t *len)
@@ -155,15 +260,23 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 	if (len > s->cfg.max_msg_bytes)
 		return error_reply(0, KVP_ETOOLARGE, "request larger than max-msg-bytes", reply,
 		                   reply_len);
-	rq = kvpool__v1__request__unpack(NULL, len, req);
-	if (rq == NULL)
+	struct decode_arena *arena = arena_get();
+	ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = arena};
+	ProtobufCAllocator *al = arena ? &alloc : NULL;
+	rq = kvpool__v1__request__unpack(al, len, req);
+	if (rq == NULL) {
+		if (arena)
+			arena_reset(arena);
 		return error_reply(0, KVP_EINVAL, "malformed request (not a kvpool.v1.Request)",
 		                   reply, reply_len);
+	}
 	if ((p = find_pool(s, rq->pool)) == NULL) {
 		char detail[KVP_WIRE_MAX_NAME + 32];
 		snprintf(detail, sizeof(detail), "no pool named '%.128s'", rq->pool);
 		rv = error_reply(rq->call_id, KVP_EUNKNOWNPOOL, detail, reply, reply_len);
-		kvpool__v1__request__free_unpacked(rq, NULL);
+		kvpool__v1__request__free_unpacked(rq, al);
+		if (arena)
+			arena_reset(arena);
 		return rv;
 	}
 	struct timespec t0, t1;
@@ -178,7 +291,9 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 	p->counters.latency[b]++;
 	p->counters.latency_sum += secs;
 	nng_mtx_unlock(p->lock);
-	kvpool__v1__request__free_unpacked(rq, NULL);
+	kvpool__v1__request__free_unpacked(rq, al);
+	if (arena)
+		arena_reset(arena);
 	if (rv != KVP_OK)
 		return error_reply(0, rv, "out of memory", reply, reply_len);
 	return KVP_OK;
