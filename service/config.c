@@ -24,6 +24,9 @@ static const struct setting {
 	                 "Default " DEFAULT_POOL},
 	{"admin", "URL", "HTTP admin endpoint for /healthz, /readyz and /metrics, or 'none'. "
 	                 "Default http://127.0.0.1:9471"},
+	{"events", "URL", "PUB endpoint for the pools' event batches (ipc://, tcp://, tls+tcp://), "
+	                  "or 'none'. Default ipc:///tmp/kvpool-events.ipc"},
+	{"replay-batches", "N", "event batches each pool keeps for Replay. Default 10000"},
 	{"token-file", "PATH", "auth token for pools without their own (file content, trimmed)"},
 	{"token", "TOKEN", "auth token for pools without their own (prefer token-file)"},
 	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "
@@ -55,7 +58,8 @@ kvpd_config_usage(FILE *out)
 		         settings[i].arg ? settings[i].arg : "");
 		fprintf(out, "  %-24s %s\n", lhs, settings[i].help);
 	}
-	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_ADMIN, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
+	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_ADMIN, KVPOOL_EVENTS, "
+	             "KVPOOL_REPLAY_BATCHES, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
 	             "KVPOOL_LEASE_MS, KVPOOL_CONTEXTS,\n  KVPOOL_MAX_MSG_BYTES, KVPOOL_MAX_IDS, "
 	             "KVPOOL_MAX_SESSIONS, KVPOOL_DRAIN_MS, KVPOOL_TLS_CERT,\n  KVPOOL_TLS_KEY, "
 	             "KVPOOL_TLS_CA, KVPOOL_CONFIG, KVPOOL_QUIET\n");
@@ -207,6 +211,10 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		return parse_pool(c, v, st);
 	} else if (strcmp(name, "admin") == 0) {
 		rv = copy_str(c->admin, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+	} else if (strcmp(name, "events") == 0) {
+		rv = copy_str(c->events, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+	} else if (strcmp(name, "replay-batches") == 0) {
+		rv = parse_u32(v, 1, 1u << 24, &c->replay_batches);
 	} else if (strcmp(name, "token-file") == 0) {
 		rv = read_token(v, st->global_token, err);
 		st->has_global_token = rv == 0;
@@ -322,6 +330,8 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	snprintf(c->rpc[0], KVPD_PATH_MAX, "%s", DEFAULT_RPC);
 	c->num_rpc = 1;
 	snprintf(c->admin, KVPD_PATH_MAX, "http://127.0.0.1:9471");
+	snprintf(c->events, KVPD_PATH_MAX, "ipc:///tmp/kvpool-events.ipc");
+	c->replay_batches = 10000;
 	c->lease_ms = 30000;
 	c->contexts = 8;
 	c->max_msg_bytes = 8u << 20;
@@ -409,6 +419,10 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		fprintf(err, "kvpoold: tls-cert and tls-key go together\n");
 		return -1;
 	}
+	if (strncmp(c->events, "tls+", 4) == 0 && c->tls_cert[0] == '\0') {
+		fprintf(err, "kvpoold: %s needs tls-cert and tls-key\n", c->events);
+		return -1;
+	}
 	for (size_t i = 0; i < c->num_rpc; i++)
 		if (strncmp(c->rpc[i], "tls+", 4) == 0 && c->tls_cert[0] == '\0') {
 			fprintf(err, "kvpoold: %s needs tls-cert and tls-key\n", c->rpc[i]);
@@ -429,6 +443,8 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        p->has_seed ? p->seed : "(random)", p->token[0] ? "(set)" : "(none)");
 	}
 	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");
+	fprintf(out, "events = %s\nreplay-batches = %u\n", c->events[0] ? c->events : "none",
+	        c->replay_batches);
 	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
 	             "max-sessions = %u\ndrain-ms = %u\n",
 	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms);

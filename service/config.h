@@ -36,6 +36,8 @@ struct kvpd_config {
 	char rpc[KVPD_MAX_URLS][KVPD_PATH_MAX];
 	size_t num_rpc;
 	char admin[KVPD_PATH_MAX];  /* http://host:port, or empty: no admin endpoint */
+	char events[KVPD_PATH_MAX]; /* PUB endpoint for event batches, or empty: none */
+	uint32_t replay_batches;    /* batches each pool keeps for Replay */
 	struct kvpd_pool_config pools[KVPD_MAX_POOLS];
 	size_t num_pools;
 	uint32_t lease_ms;         /* session lease without a call */

@@ -1,9 +1,12 @@
+#define _POSIX_C_SOURCE 200809L
+
 #include "dispatch.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "manager.h"
 #include "pool.h"
@@ -691,6 +694,114 @@ h_get_computed_blocks(struct call *c, const Kvpool__V1__GetComputedBlocksRequest
 	return KVP_OK;
 }
 
+/* ---- the event stream's repair ---- */
+
+static int
+h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__ReplayReply *r = NEW(c, Kvpool__V1__ReplayReply, kvpool__v1__replay_reply__descriptor);
+	struct kvpd_stream *st = &c->p->stream;
+
+	if (r == NULL)
+		return fail(c, KVP_ENOMEM, "out of memory");
+	r->epoch = st->epoch;
+	r->next_seq = st->next_seq;
+	r->oldest_seq = kvpd_stream_oldest(st);
+	r->available = m->epoch == st->epoch && m->from_seq <= st->next_seq;
+	for (uint64_t q = m->from_seq; r->available && q < st->next_seq; q++)
+		if (kvpd_stream_get(st, q) == NULL)
+			r->available = 0; /* the ring no longer holds it: take a Snapshot */
+	if (r->available) {
+		/* As many as fit in half a message, so the reply always goes out. */
+		size_t max = m->max_batches ? m->max_batches : SIZE_MAX, bytes = 0;
+		size_t n = (size_t)(st->next_seq - m->from_seq);
+		if (n > max)
+			n = max;
+		ProtobufCBinaryData *b = scratch(c, (n ? n : 1) * sizeof(*b));
+		if (b == NULL)
+			return fail(c, KVP_ENOMEM, "out of memory");
+		size_t k = 0;
+		for (; k < n; k++) {
+			const struct kvpd_ring_slot *slot = kvpd_stream_get(st, m->from_seq + k);
+			if (k > 0 && bytes + slot->len > c->p->limits.max_reply_bytes / 2)
+				break;
+			b[k].data = slot->bytes;
+			b[k].len = slot->len;
+			bytes += slot->len;
+		}
+		r->batches = b;
+		r->n_batches = k;
+		c->p->counters.replays_served++;
+	} else {
+		c->p->counters.replays_refused++;
+	}
+	out->result_case = KVPOOL__V1__REPLY__RESULT_REPLAY;
+	out->replay = r;
+	return KVP_OK;
+}
+
+static int
+key_cmp(const void *x, const void *y)
+{
+	const struct kvpd_key {
+		const uint8_t *k;
+		size_t len;
+	} *a = x, *b = y;
+	if (a->len != b->len)
+		return a->len < b->len ? -1 : 1;
+	return memcmp(a->k, b->k, a->len);
+}
+
+static int
+h_snapshot(struct call *c, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__SnapshotReply *r =
+		NEW(c, Kvpool__V1__SnapshotReply, kvpool__v1__snapshot_reply__descriptor);
+	struct kvp_pool *pool = c->p->pool;
+	struct kvpd_key {
+		const uint8_t *k;
+		size_t len;
+	} *keys;
+	uint32_t nb = kvp_pool_num_blocks(pool), nk = 0;
+
+	if (r == NULL || (keys = scratch(c, (size_t)nb * sizeof(*keys))) == NULL)
+		return fail(c, KVP_ENOMEM, "out of memory");
+	for (uint32_t id = 1; id < nb; id++)
+		if ((keys[nk].k = kvp_pool_block_key(pool, (int32_t)id, &keys[nk].len)) != NULL)
+			nk++;
+	/* One entry per distinct (hash, group), with how many blocks hold it. */
+	qsort(keys, nk, sizeof(*keys), key_cmp);
+	Kvpool__V1__SnapshotEntry *e = scratch(c, (nk ? nk : 1) * sizeof(*e));
+	Kvpool__V1__SnapshotEntry **ep = scratch(c, (nk ? nk : 1) * sizeof(*ep));
+	if (e == NULL || ep == NULL)
+		return fail(c, KVP_ENOMEM, "out of memory");
+	size_t ne = 0;
+	for (uint32_t i = 0; i < nk; i++) {
+		if (ne > 0 && key_cmp(&keys[i], &keys[i - 1]) == 0) {
+			e[ne - 1].num_blocks++;
+			continue;
+		}
+		const uint8_t *k = keys[i].k;
+		size_t hl = keys[i].len - 4;
+		kvpool__v1__snapshot_entry__init(&e[ne]);
+		e[ne].hash.data = (uint8_t *)k;
+		e[ne].hash.len = hl;
+		e[ne].group_idx = (uint32_t)k[hl] << 24 | (uint32_t)k[hl + 1] << 16 |
+		                  (uint32_t)k[hl + 2] << 8 | k[hl + 3];
+		e[ne].num_blocks = 1;
+		ep[ne] = &e[ne];
+		ne++;
+	}
+	r->epoch = c->p->stream.epoch;
+	r->next_seq = c->p->stream.next_seq;
+	r->entries = ep;
+	r->n_entries = ne;
+	c->p->counters.snapshots++;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_SNAPSHOT;
+	out->snapshot = r;
+	return KVP_OK;
+}
+
 /* ---- sessions ---- */
 
 static struct kvpd_session *
@@ -778,8 +889,8 @@ h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, uint64_t now_ms,
 	info->groups = gl;
 	info->n_groups = 1;
 	info->medium = p->cfg.medium;
-	info->event_epoch = 0;
-	info->event_seq = p->event_seq;
+	info->event_epoch = p->stream.epoch;
+	info->event_seq = p->stream.next_seq;
 	info->max_model_len = p->cfg.max_model_len;
 	info->max_ids_per_call = p->limits.max_ids;
 	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
@@ -839,7 +950,7 @@ kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms)
 		}
 	}
 	if (n > 0)
-		(void)kvp_pool_take_events(p->pool, &p->events);
+		kvpd_pool_publish(p);
 	return n;
 }
 
@@ -889,6 +1000,10 @@ run_one(struct call *c, int cc, void *msg, Kvpool__V1__Reply *out)
 		return h_stats(c, out);
 	case KVPOOL__V1__REQUEST__CALL_BATCH:
 		return run_batch(c, msg, out);
+	case KVPOOL__V1__REQUEST__CALL_REPLAY:
+		return h_replay(c, msg, out);
+	case KVPOOL__V1__REQUEST__CALL_SNAPSHOT:
+		return h_snapshot(c, out);
 	case KVPOOL__V1__REQUEST__CALL_ALLOCATE_SLOTS:
 		return h_allocate_slots(c, msg, out);
 	case KVPOOL__V1__REQUEST__CALL_FREE_REQUEST:
@@ -1029,13 +1144,23 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	if (rv == KVP_OK && c.sess != NULL && mutating(rq->call_case))
 		kvpd_session_remember(c.sess, rq->call_id, *reply, *reply_len);
 	scratch_reset(p);
-	/* Events wait here for the publisher (issue #4); count what each call emitted. */
-	if (kvp_pool_take_events(p->pool, &p->events) == KVP_OK &&
-	    kvp_event_batch_count(&p->events) > 0) {
-		p->counters.events_emitted += kvp_event_batch_count(&p->events);
-		p->event_seq++;
-	}
+	kvpd_pool_publish(p); /* one batch per call that produced events */
 	return rv;
+}
+
+void
+kvpd_pool_publish(struct kvpd_pool *p)
+{
+	struct timespec ts;
+
+	/* The manager's take also names each BlockStored's spec kind. */
+	if (kvp_mgr_take_events(p->mgr, &p->events) != KVP_OK ||
+	    kvp_event_batch_count(&p->events) == 0)
+		return;
+	p->counters.events_emitted += kvp_event_batch_count(&p->events);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	(void)kvpd_stream_emit(&p->stream, p->cfg.name, &p->events,
+	                       (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
 }
 
 int

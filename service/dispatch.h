@@ -18,6 +18,7 @@
 #include "kvpool.pb-c.h"
 #include "server.h"
 #include "session.h"
+#include "stream.h"
 
 struct kvp_pool;
 struct kvp_hasher;
@@ -40,6 +41,7 @@ struct kvpd_pool {
 	struct kvpd_pool_config cfg;
 	struct {
 		uint32_t max_ids, lease_ms, max_sessions;
+		size_t max_reply_bytes;
 	} limits;
 	nng_mtx *lock;
 	struct kvp_pool *pool;
@@ -49,7 +51,7 @@ struct kvpd_pool {
 	struct kvpd_session **sessions;
 	size_t num_sessions, cap_sessions;
 	uint8_t none_fp[8];
-	uint64_t event_seq;             /* batches taken so far */
+	struct kvpd_stream stream;      /* epoch, seq, replay ring, publisher */
 	uint64_t next_mgr_id;           /* pool-wide ids for the manager's requests */
 	struct kvpd_pool_counters counters;
 	struct kvpd_arena arena;
@@ -70,6 +72,9 @@ int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t n
 
 /* Releases every reference a session holds, newest first. Returns how many. */
 size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);
+
+/* Publishes the events the last calls produced as one batch (if any). */
+void kvpd_pool_publish(struct kvpd_pool *p);
 
 /* Ends the pool's sessions whose lease ran out. Returns how many. */
 size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms);

@@ -29,17 +29,23 @@ struct reaper {
 	uint32_t period_ms;
 };
 
-/* Ends expired sessions a few times per lease. */
+/* Ends expired sessions a few times per lease; publishes the streams' ticks. */
 static void
 reaper_main(void *arg)
 {
 	struct reaper *r = arg;
+	nng_time last_tick = nng_clock();
 	while (!atomic_load(&stopping)) {
 		for (uint32_t t = 0; t < r->period_ms && !atomic_load(&stopping); t += 20)
 			nng_msleep(20);
 		size_t n = kvpd_server_expire(r->srv, nng_clock());
 		if (n > 0)
 			fprintf(stderr, "kvpoold: %zu session(s) expired; their blocks were released\n", n);
+		/* Idle streams still tell subscribers their epoch and next seq. */
+		if (nng_clock() - last_tick >= 1000) {
+			kvpd_server_tick(r->srv);
+			last_tick = nng_clock();
+		}
 	}
 }
 
@@ -86,8 +92,8 @@ main(int argc, char **argv, char **envp)
 		return 1;
 	}
 	struct reaper r = {.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
-	if (r.period_ms > 1000)
-		r.period_ms = 1000;
+	if (r.period_ms > 250)
+		r.period_ms = 250; /* also the tick's resolution */
 	if (nng_thread_create(&reaper_thr, reaper_main, &r) != 0) {
 		fprintf(stderr, "kvpoold: cannot start the lease reaper\n");
 		kvpd_admin_close(admin);

@@ -11,7 +11,7 @@ static const char *const call_names[KVPD_NUM_CALLS] = {
 	[10] = "hello", [11] = "allocate", [12] = "touch", [13] = "free", [14] = "cache",
 	[15] = "lookup", [16] = "evict", [17] = "reset", [18] = "stats",
 	[19] = "allocate_slots", [20] = "free_request", [21] = "get_computed_blocks",
-	[22] = "batch", [23] = "heartbeat", [24] = "goodbye",
+	[22] = "batch", [23] = "heartbeat", [24] = "goodbye", [25] = "replay", [26] = "snapshot",
 };
 
 const char *
@@ -112,10 +112,13 @@ kvpd_metrics_render(struct kvpd_server *s)
 	COUNTER("blocks_stored_total", "Blocks cached (BlockStored hashes).", g[i].blocks_stored);
 	COUNTER("resets_total", "Successful prefix-cache resets.", g[i].resets);
 	COUNTER("events_emitted_total", "KV cache events emitted by the pool.", c[i].events_emitted);
-	COUNTER("events_published_total", "Event batches published (the event stream: issue #4).",
-	        (uint64_t)0);
-	COUNTER("replays_served_total", "Replay requests served (issue #4).", (uint64_t)0);
-	COUNTER("replays_refused_total", "Replay requests refused (issue #4).", (uint64_t)0);
+	COUNTER("events_published_total", "Event batches published on the stream.",
+	        c[i].event_batches);
+	COUNTER("replays_served_total", "Replay requests answered with their batches.",
+	        c[i].replays_served);
+	COUNTER("replays_refused_total", "Replay requests whose batches were gone (or epoch stale).",
+	        c[i].replays_refused);
+	COUNTER("snapshots_total", "Snapshot requests served.", c[i].snapshots);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

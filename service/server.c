@@ -37,6 +37,7 @@ pool_fini(struct kvpd_pool *p)
 	kvp_hasher_destroy(p->hasher);
 	kvp_event_batch_fini(&p->events);
 	kvpd_arena_fini(&p->arena);
+	kvpd_stream_fini(&p->stream);
 	if (p->lock)
 		nng_mtx_free(p->lock);
 	memset(p, 0, sizeof(*p));
@@ -60,7 +61,12 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
 	p->limits.max_sessions = cfg->max_sessions;
+	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;
 	kvp_event_batch_init(&p->events);
+	if (kvpd_stream_init(&p->stream, cfg->replay_batches) != KVP_OK) {
+		snprintf(err, err_len, "pool %s: cannot allocate the replay ring", pc->name);
+		return KVP_ENOMEM;
+	}
 	if (nng_mtx_alloc(&p->lock) != 0) {
 		snprintf(err, err_len, "pool %s: cannot allocate a mutex", pc->name);
 		return KVP_ENOMEM;
@@ -326,6 +332,30 @@ kvpd_server_check(struct kvpd_server *s, char *detail, size_t len)
 	return rv;
 }
 
+void
+kvpd_server_tick(struct kvpd_server *s)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	for (size_t i = 0; i < s->num_pools; i++) {
+		nng_mtx_lock(s->pools[i].lock);
+		kvpd_stream_tick(&s->pools[i].stream, s->pools[i].cfg.name,
+		                 (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+		nng_mtx_unlock(s->pools[i].lock);
+	}
+}
+
+void
+kvpd_server_set_publisher(struct kvpd_server *s, kvpd_publish_fn fn, void *ctx)
+{
+	for (size_t i = 0; i < s->num_pools; i++) {
+		nng_mtx_lock(s->pools[i].lock);
+		s->pools[i].stream.publish = fn;
+		s->pools[i].stream.publish_ctx = ctx;
+		nng_mtx_unlock(s->pools[i].lock);
+	}
+}
+
 size_t
 kvpd_server_num_pools(const struct kvpd_server *s)
 {
@@ -347,6 +377,7 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	nng_mtx_lock(s->pools[i].lock);
 	*out = s->pools[i].counters;
 	out->sessions = (uint32_t)s->pools[i].num_sessions;
+	out->event_batches = s->pools[i].stream.batches;
 	nng_mtx_unlock(s->pools[i].lock);
 }
 

@@ -25,7 +25,7 @@
 
 struct kvpd_server;
 
-#define KVPD_NUM_CALLS 25     /* Request oneof numbers are below this */
+#define KVPD_NUM_CALLS 27     /* Request oneof numbers are below this */
 #define KVPD_NUM_STATUS 15
 #define KVPD_LATENCY_BUCKETS 14
 
@@ -37,6 +37,7 @@ struct kvpd_pool_counters {
 	uint64_t sessions_opened, leases_expired, goodbyes;
 	uint64_t events_emitted;
 	uint64_t calls, call_errors;
+	uint64_t event_batches, replays_served, replays_refused, snapshots;
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call oneof number][status] */
 	uint64_t latency[KVPD_LATENCY_BUCKETS];            /* handling time, not the network */
 	double latency_sum;
@@ -77,6 +78,16 @@ int kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, ui
 
 /* Ends sessions whose lease ran out by now_ms, releasing their blocks. Returns how many. */
 size_t kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms);
+
+/*
+ * Sets the function that sends each pool's event batches (nng PUB in
+ * kvpoold; tests may capture them). Call before serving requests.
+ */
+#include "stream.h"
+void kvpd_server_set_publisher(struct kvpd_server *s, kvpd_publish_fn fn, void *ctx);
+
+/* Publishes a tick on every pool's stream (the reaper calls it about once a second). */
+void kvpd_server_tick(struct kvpd_server *s);
 
 /* Checks every pool's invariants; KVP_OK or KVP_EINTERNAL with a reason. */
 int kvpd_server_check(struct kvpd_server *s, char *detail, size_t len);

@@ -1,6 +1,7 @@
 #include "transport.h"
 
 #include <nng/nng.h>
+#include <nng/protocol/pubsub0/pub.h>
 #include <nng/protocol/reqrep0/rep.h>
 #include <nng/supplemental/tls/tls.h>
 #include <nng/supplemental/util/platform.h>
@@ -27,6 +28,8 @@ struct kvpd_transport {
 	nng_listener listeners[KVPD_MAX_URLS];
 	size_t num_listeners;
 	nng_tls_config *tls;
+	nng_socket pub;
+	bool has_pub;
 	struct worker *workers;
 	size_t num_workers;
 	atomic_int in_flight;
@@ -168,6 +171,25 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 			goto fail;
 		}
 	}
+	if (cfg->events[0] != '\0') {
+		nng_listener l;
+		if ((rv = nng_pub0_open(&t->pub)) != 0) {
+			snprintf(err, len, "cannot open a PUB socket: %s", nng_strerror(rv));
+			goto fail;
+		}
+		t->has_pub = true;
+		/* PUB drops silently when a subscriber's queue is full: deep queues,
+		 * and sequence numbers for the rest. */
+		(void)nng_socket_set_int(t->pub, NNG_OPT_SENDBUF, 8192);
+		if ((rv = nng_listener_create(&l, t->pub, cfg->events)) != 0 ||
+		    (strncmp(cfg->events, "tls+", 4) == 0 &&
+		     (rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, t->tls)) != 0) ||
+		    (rv = nng_listener_start(l, 0)) != 0) {
+			snprintf(err, len, "cannot publish events on %s: %s", cfg->events, nng_strerror(rv));
+			goto fail;
+		}
+		kvpd_server_set_publisher(srv, kvpd_transport_publish, t);
+	}
 	for (size_t i = 0; i < t->num_workers; i++) {
 		t->workers[i].state = RECV;
 		nng_ctx_recv(t->workers[i].ctx, t->workers[i].aio);
@@ -193,12 +215,30 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 	for (size_t i = 0; i < t->num_workers; i++)
 		nng_aio_stop(t->workers[i].aio);
 	nng_close(t->sock);
+	if (t->has_pub) {
+		kvpd_server_set_publisher(t->srv, NULL, NULL);
+		nng_close(t->pub);
+	}
 	for (size_t i = 0; i < t->num_workers; i++)
 		nng_aio_free(t->workers[i].aio);
 	free(t->workers);
 	if (t->tls)
 		nng_tls_config_free(t->tls);
 	free(t);
+}
+
+void
+kvpd_transport_publish(void *ctx, const char *pool, const uint8_t *batch, size_t len)
+{
+	struct kvpd_transport *t = ctx;
+	nng_msg *msg;
+
+	/* Topic: the pool's name and a 0 byte, so SUB can filter by pool. */
+	if (nng_msg_alloc(&msg, 0) != 0)
+		return;
+	if (nng_msg_append(msg, pool, strlen(pool) + 1) != 0 ||
+	    nng_msg_append(msg, batch, len) != 0 || nng_sendmsg(t->pub, msg, NNG_FLAG_NONBLOCK) != 0)
+		nng_msg_free(msg); /* the subscriber repairs from the replay ring */
 }
 
 uint64_t

@@ -1,8 +1,9 @@
 /*
- * transport.h: kvpoold's RPC transport: one nng REP socket listening on
- * every configured endpoint (ipc://, tcp://, tls+tcp://), with several
- * contexts so that many clients are served at once. Each context receives
- * a request, hands it to kvpd_server_handle() and sends the reply.
+ * transport.h: kvpoold's sockets: one nng REP socket listening on every
+ * configured RPC endpoint (ipc://, tcp://, tls+tcp://), with several
+ * contexts so that many clients are served at once (each receives a request,
+ * hands it to kvpd_server_handle() and sends the reply), and the PUB socket
+ * the pools' event batches go out on.
  *
  * Owns threads (nng's) and sockets. Start and stop from one thread.
  */
@@ -26,6 +27,12 @@ int kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
  * finish, then closes everything. NULL: no-op.
  */
 void kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms);
+
+/*
+ * The publisher kvpd_transport_open installs when `events` is set: sends one
+ * batch on the PUB socket, never blocking (a full queue drops; seq shows it).
+ */
+void kvpd_transport_publish(void *ctx, const char *pool, const uint8_t *batch, size_t len);
 
 /* Calls served so far (replies sent). */
 uint64_t kvpd_transport_served(const struct kvpd_transport *t);

@@ -17,7 +17,8 @@
 #include "kvpool.pb-c.h"
 #include "wire.h"
 
-static char ipc_url[256], tcp_url[256], admin_url[64], token_pool[256], token_path[96];
+static char ipc_url[256], tcp_url[256], admin_url[64], token_pool[256], token_path[96],
+	events_url[96];
 static pid_t daemon_pid;
 
 static int
@@ -32,7 +33,9 @@ setup(void **state)
 		return -1;
 	snprintf(token_pool, sizeof(token_pool), "name=locked,blocks=8,block_size=4,token_file=%s",
 	         token_path);
+	snprintf(events_url, sizeof(events_url), "ipc:///tmp/kvpool-test-events-%d.ipc", (int)getpid());
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", admin_url,
+	                      "--events", events_url,
 	                      "--pool", "name=fresh,blocks=10,block_size=4,seed=0", "--pool", token_pool,
 	                      "--pool", "name=default,blocks=10,block_size=4,seed=0",
 	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",

@@ -53,7 +53,7 @@ setup(void **state)
 	snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 10000));
 	char admin[64];
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
-	const char *args[] = {"--rpc", url, "--admin", admin, "--tls-cert", srv_cert,
+	const char *args[] = {"--rpc", url, "--admin", admin, "--events", "none", "--tls-cert", srv_cert,
 	                      "--tls-key", srv_key, "--tls-ca", ca,
 	                      "--pool", "name=default,blocks=16,block_size=4", NULL};
 	daemon_pid = daemon_start(args);

@@ -199,6 +199,34 @@ int kvp_batch_status(const struct kvp_batch *b, size_t i);
  */
 int kvp_batch_block_ids(const struct kvp_batch *b, size_t i, const int32_t **ids, size_t *n);
 
+/* ---- the event stream's repair (see subscriber.h for the subscriber) ---- */
+
+struct kvp_snapshot_entry {
+	const uint8_t *hash;        /* full width, group id stripped */
+	size_t hash_len;
+	uint32_t group_idx;
+	uint32_t num_blocks;        /* blocks caching this (hash, group) */
+};
+struct kvp_snapshot {
+	uint64_t epoch, next_seq;   /* apply batches from next_seq on */
+	struct kvp_snapshot_entry *entries;
+	size_t num_entries;
+	void *storage;
+};
+/* Every cached (hash, group) now. Free with kvp_snapshot_free. */
+int kvp_client_snapshot(struct kvp_client *c, struct kvp_snapshot **out);
+void kvp_snapshot_free(struct kvp_snapshot *s);
+
+/*
+ * The pool's encoded EventBatch messages from from_seq on (epoch must be
+ * current): calls each(ctx, bytes, len) per batch in order. *available is
+ * false when they are gone (or the epoch changed): take a snapshot.
+ * *next_seq gets the seq the pool will publish next.
+ */
+int kvp_client_replay(struct kvp_client *c, uint64_t epoch, uint64_t from_seq, bool *available,
+                      uint64_t *next_seq,
+                      void (*each)(void *ctx, const uint8_t *batch, size_t len), void *ctx);
+
 /*
  * Sends one pre-encoded kvpool.v1.Request and returns the raw reply bytes
  * (malloc'd): for tools and tests that speak the wire directly.

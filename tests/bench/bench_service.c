@@ -434,6 +434,7 @@ main(int argc, char **argv)
 	pid_t child = fork();
 	if (child == 0) {
 		execl(daemon, daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none",
+		      "--events", "none",
 		      "--pool", "name=bench,blocks=100000,block_size=16", "--contexts", "8",
 		      "--lease-ms", "60000", (char *)NULL);
 		_exit(127);

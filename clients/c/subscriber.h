@@ -1,0 +1,87 @@
+/*
+ * subscriber.h: follow a pool's event stream and never silently diverge.
+ *
+ * A subscriber receives the pool's EventBatch messages from the daemon's PUB
+ * socket and hands them to the caller in seq order, exactly once each. It
+ * detects what PUB/SUB cannot report: a gap in seq (a dropped message) is
+ * filled with Replay; when the batches are gone from the replay ring, or the
+ * epoch changes (the daemon restarted), it takes a Snapshot and reports a
+ * reset, after which batches continue from the snapshot's seq. The caller's
+ * view is therefore always the pool's state as of the last batch delivered.
+ *
+ * Not thread-safe: one thread polls a subscriber. Never prints.
+ */
+#ifndef KVPOOL_SUBSCRIBER_H
+#define KVPOOL_SUBSCRIBER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "events.h"
+#include "kvpool.h"
+
+struct kvp_sub_options {
+	const char *events_url;     /* the daemon's --events endpoint */
+	const char *rpc_url;        /* its RPC endpoint, for Replay and Snapshot */
+	const char *pool;           /* NULL: "default" */
+	const char *token;
+	uint32_t timeout_ms;        /* RPC, per attempt; 0: 5000 */
+	int recv_buffer;            /* SUB queue in messages; 0: 8192 */
+	const char *tls_ca_file, *tls_cert_file, *tls_key_file, *tls_server_name;
+};
+
+struct kvp_sub_handler {
+	void *ctx;
+	/*
+	 * Start over from an exact state: every cached (hash, group) and how
+	 * many blocks hold it. Called at open, after an epoch change, and when a
+	 * gap could not be replayed. Batches from next_seq on follow.
+	 */
+	void (*reset)(void *ctx, uint64_t epoch, uint64_t next_seq,
+	              const struct kvp_snapshot_entry *entries, size_t n);
+	/* One batch, in seq order, none missing, none twice. */
+	void (*batch)(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts_unix_ns,
+	              const struct kvp_event_batch *events);
+};
+
+struct kvp_sub_stats {
+	uint64_t epoch;
+	uint64_t next_seq;          /* the next batch the caller will see */
+	uint64_t batches;           /* delivered */
+	uint64_t gaps;              /* gaps seen in seq */
+	uint64_t replayed;          /* batches delivered from Replay */
+	uint64_t resets;            /* snapshots taken (the first one included) */
+	uint64_t lag;               /* newest seq seen on the stream - next_seq + 1, 0 if caught up */
+};
+
+struct kvp_sub;
+
+/*
+ * Subscribes, then takes a Snapshot and calls reset. KVP_EINVAL, KVP_EINTERNAL
+ * (transport), or any status of the RPC client's open and Snapshot.
+ */
+int kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *h,
+                 struct kvp_sub **out);
+
+/*
+ * Waits up to timeout_ms for the stream, then delivers everything queued,
+ * repairing gaps as it goes. KVP_OK (something or nothing delivered), or
+ * the status of a repair that failed (the subscriber stays usable: the next
+ * poll tries again).
+ */
+int kvp_sub_poll(struct kvp_sub *s, uint32_t timeout_ms);
+
+void kvp_sub_get_stats(const struct kvp_sub *s, struct kvp_sub_stats *out);
+const char *kvp_sub_last_detail(const struct kvp_sub *s);
+/* NULL: no-op. */
+void kvp_sub_close(struct kvp_sub *s);
+
+/*
+ * Decodes one encoded EventBatch into out (its previous events dropped).
+ * KVP_EINVAL if the bytes are not a batch.
+ */
+int kvp_event_batch_decode(const uint8_t *bytes, size_t len, uint64_t *epoch, uint64_t *seq,
+                           uint64_t *ts_unix_ns, struct kvp_event_batch *out);
+
+#endif /* KVPOOL_SUBSCRIBER_H */

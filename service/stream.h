@@ -1,0 +1,57 @@
+/*
+ * stream.h: a pool's event stream: it turns the engine's events after each
+ * call into one EventBatch (epoch, consecutive seq, timestamp), keeps the
+ * last N encoded batches for Replay, and hands each to the publisher.
+ *
+ * Internal to the daemon; every function runs under the pool's lock. The
+ * publisher callback is the only I/O, and is set by main (nng PUB).
+ */
+#ifndef KVPD_STREAM_H
+#define KVPD_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "events.h"
+
+/* Sends one message: the pool's name, a 0 byte, then an encoded EventBatch. */
+typedef void (*kvpd_publish_fn)(void *ctx, const char *pool, const uint8_t *batch, size_t len);
+
+struct kvpd_ring_slot {
+	uint64_t seq;
+	uint8_t *bytes;           /* encoded EventBatch; NULL: empty */
+	size_t len;
+};
+
+struct kvpd_stream {
+	uint64_t epoch;           /* random, non-zero, chosen at pool start */
+	uint64_t next_seq;        /* the seq of the next batch */
+	struct kvpd_ring_slot *ring;
+	uint32_t ring_cap;
+	uint64_t batches, events, publish_failures;
+	kvpd_publish_fn publish;
+	void *publish_ctx;
+};
+
+/* KVP_OK or KVP_ENOMEM / KVP_EINVAL (ring_cap 0). */
+int kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap);
+void kvpd_stream_fini(struct kvpd_stream *s);
+
+/*
+ * Encodes the events in b (if any) as the next batch of pool `name`, keeps
+ * it in the ring and publishes it. Returns KVP_OK, or KVP_ENOMEM (the batch
+ * is then lost to replay but its seq is still used, so subscribers see the
+ * gap and take a Snapshot).
+ */
+int kvpd_stream_emit(struct kvpd_stream *s, const char *name, const struct kvp_event_batch *b,
+                     uint64_t ts_unix_ns);
+
+/* Publishes a tick (no events, seq = next_seq, not stored). */
+void kvpd_stream_tick(struct kvpd_stream *s, const char *name, uint64_t ts_unix_ns);
+
+/* The ring's slot for seq, or NULL if it no longer (or never) held it. */
+const struct kvpd_ring_slot *kvpd_stream_get(const struct kvpd_stream *s, uint64_t seq);
+/* The oldest seq the ring still holds (== next_seq when it is empty). */
+uint64_t kvpd_stream_oldest(const struct kvpd_stream *s);
+
+#endif /* KVPD_STREAM_H */

@@ -1,0 +1,395 @@
+/*
+ * The event stream end to end: a real kvpoold publishing on nng PUB, the
+ * subscriber library repairing gaps by Replay and Snapshot, and a reference
+ * index that must equal the pool's cached set (by Snapshot) after each step.
+ */
+#include "daemon_util.h"
+
+#include "kvp_test.h"
+
+#include "block_hash.h"
+#include "kvindex.h"
+#include "kvpool.h"
+#include "subscriber.h"
+
+static char rpc_url[128], ev_url[128], admin[64];
+static pid_t daemon_pid;
+
+static pid_t
+start(void)
+{
+	const char *args[] = {"--rpc", rpc_url, "--events", ev_url, "--admin", admin,
+	                      "--replay-batches", "64", "--lease-ms", "60000",
+	                      "--pool", "name=ev,blocks=64,block_size=4,seed=0",
+	                      "--pool", "name=other,blocks=16,block_size=4", NULL};
+	return daemon_start(args);
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	snprintf(rpc_url, sizeof(rpc_url), "ipc:///tmp/kvpool-evtest-%d.ipc", (int)getpid());
+	snprintf(ev_url, sizeof(ev_url), "ipc:///tmp/kvpool-evtest-pub-%d.ipc", (int)getpid());
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	daemon_pid = start();
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+}
+
+/* What a test's subscriber saw. */
+struct seen {
+	struct kvp_index *ix;
+	int resets, batches, stored, removed, cleared, index_errors;
+	/* the first BlockStored's fields */
+	int got_stored;
+	uint32_t st_hashes, st_tokens, st_block_size, st_group;
+	uint64_t st_hash0_id;
+	int64_t st_token0, st_lora_id;
+	bool st_has_parent, st_has_lora_id;
+	char st_lora[16], st_medium[8], st_kind[32];
+	uint8_t st_extra0[64];
+	size_t st_extra0_len;
+};
+
+static void
+on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot_entry *e,
+         size_t n)
+{
+	struct seen *s = ctx;
+	(void)epoch;
+	(void)next_seq;
+	s->resets++;
+	assert_ok(kvp_index_reset(s->ix, e, n));
+}
+
+static void
+on_batch(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+{
+	struct seen *s = ctx;
+	(void)epoch;
+	(void)seq;
+	assert_true(ts > 0);
+	s->batches++;
+	for (size_t i = 0; i < kvp_event_batch_count(b); i++) {
+		struct kvp_event ev;
+		assert_ok(kvp_event_batch_get(b, i, &ev));
+		if (ev.type == KVP_EVENT_BLOCK_STORED) {
+			s->stored++;
+			if (!s->got_stored) {
+				s->got_stored = 1;
+				s->st_hashes = ev.num_hashes;
+				s->st_tokens = ev.num_tokens;
+				s->st_block_size = ev.block_size;
+				s->st_group = ev.group_idx;
+				s->st_hash0_id = kvp_hash_event_id(ev.hashes, ev.hash_len);
+				s->st_token0 = ev.num_tokens ? ev.token_ids[0] : -1;
+				s->st_has_parent = ev.parent != NULL;
+				s->st_has_lora_id = ev.has_lora_id;
+				s->st_lora_id = ev.lora_id;
+				snprintf(s->st_lora, sizeof(s->st_lora), "%s", ev.lora_name ? ev.lora_name : "");
+				snprintf(s->st_medium, sizeof(s->st_medium), "%s", ev.medium ? ev.medium : "");
+				snprintf(s->st_kind, sizeof(s->st_kind), "%s", ev.spec_kind ? ev.spec_kind : "");
+				s->st_extra0_len = ev.extra_key_offsets[1] - ev.extra_key_offsets[0];
+				if (s->st_extra0_len <= sizeof(s->st_extra0))
+					memcpy(s->st_extra0, ev.extra_keys, s->st_extra0_len);
+			}
+		} else if (ev.type == KVP_EVENT_BLOCK_REMOVED) {
+			s->removed++;
+		} else {
+			s->cleared++;
+		}
+	}
+	if (kvp_index_apply(s->ix, b) != KVP_OK)
+		s->index_errors++;
+}
+
+static struct kvp_sub *
+subscribe(struct seen *s, const char *pool, int recv_buffer)
+{
+	struct kvp_sub_options o = {.events_url = ev_url, .rpc_url = rpc_url, .pool = pool,
+	                            .timeout_ms = 2000, .recv_buffer = recv_buffer};
+	struct kvp_sub_handler h = {.ctx = s, .reset = on_reset, .batch = on_batch};
+	struct kvp_sub *sub = NULL;
+	int rv = KVP_EBUSY;
+
+	memset(s, 0, sizeof(*s));
+	assert_ok(kvp_index_create(&s->ix));
+	for (int i = 0; i < 50 && rv != KVP_OK; i++) {
+		rv = kvp_sub_open(&o, &h, &sub);
+		if (rv != KVP_OK)
+			sleep_ms(50);
+	}
+	assert_ok(rv);
+	sleep_ms(100); /* let the SUB connection come up before events flow */
+	return sub;
+}
+
+static struct kvp_client *
+client(const char *pool)
+{
+	struct kvp_client_options o = {.url = rpc_url, .pool = pool, .timeout_ms = 2000, .retries = 3};
+	struct kvp_client *c = NULL;
+	int rv = KVP_EBUSY;
+	for (int i = 0; i < 50 && rv != KVP_OK; i++)
+		if ((rv = kvp_client_open(&o, &c)) != KVP_OK)
+			sleep_ms(50);
+	assert_ok(rv);
+	return c;
+}
+
+/* Polls until the subscriber has every batch the pool published, then compares. */
+static void
+assert_index_matches_pool(struct kvp_sub *sub, struct seen *s, struct kvp_client *c)
+{
+	struct kvp_snapshot *snap = NULL;
+	struct kvp_sub_stats st;
+
+	assert_ok(kvp_client_snapshot(c, &snap));
+	for (int i = 0; i < 200; i++) {
+		kvp_sub_get_stats(sub, &st);
+		if (st.epoch == snap->epoch && st.next_seq >= snap->next_seq)
+			break;
+		int rv = kvp_sub_poll(sub, 20);
+		if (rv != KVP_OK)
+			fail_msg("poll: %s: %s", kvp_status_name(rv), kvp_sub_last_detail(sub));
+	}
+	kvp_sub_get_stats(sub, &st);
+	assert_int_equal(st.epoch, snap->epoch);
+	assert_int_equal(st.next_seq, snap->next_seq);
+	assert_int_equal(s->index_errors, 0);
+	if (!kvp_index_equals(s->ix, snap->entries, snap->num_entries))
+		fail_msg("index (%zu entries) differs from the pool's snapshot (%zu entries)",
+		         kvp_index_size(s->ix), snap->num_entries);
+	kvp_snapshot_free(snap);
+}
+
+static void
+test_events_carry_every_field(void **state)
+{
+	struct seen s;
+	struct kvp_sub *sub = subscribe(&s, "ev", 0);
+	struct kvp_client *c = client("ev");
+	const struct kvp_mm_feature mm[] = {{"img", 2, 3}};
+	const struct kvp_request_keys keys = {.lora_name = "L", .mm = mm, .num_mm = 1,
+	                                      .cache_salt = "S"};
+	int64_t tok[8];
+	int32_t ids[64];
+
+	(void)state;
+	assert_int_equal(s.resets, 1);
+	for (int i = 0; i < 8; i++)
+		tok[i] = i;
+	assert_ok(kvp_client_allocate(c, 2, ids));
+	struct kvp_client_cache ca = {.block_ids = ids, .num_block_ids = 2, .num_full_blocks = 2,
+	                              .tokens = tok, .num_tokens = 8, .keys = &keys,
+	                              .has_lora_id = true, .lora_id = 7};
+	assert_ok(kvp_client_cache(c, &ca, NULL));
+	assert_index_matches_pool(sub, &s, c);
+	assert_true(s.got_stored);
+	assert_int_equal(s.st_hashes, 2);
+	assert_int_equal(s.st_tokens, 8);
+	assert_int_equal(s.st_token0, 0);
+	assert_int_equal(s.st_block_size, 4);
+	assert_int_equal(s.st_group, 0);
+	assert_false(s.st_has_parent);
+	assert_true(s.st_has_lora_id);
+	assert_int_equal(s.st_lora_id, 7);
+	assert_string_equal(s.st_lora, "L");
+	assert_string_equal(s.st_medium, "CPU");
+	assert_string_equal(s.st_kind, "full_attention");
+	/* H5: the first block's hash with LoRA L, image at 2, salt S (seed "0"). */
+	uint8_t h5[32];
+	kvp_test_unhex("2e22a72f505692bd4873ca3d4e0b019404e5cbaa6a9cb18cafba1662ecb8b859", h5, 32);
+	assert_int_equal(s.st_hash0_id, kvp_hash_event_id(h5, 32));
+	uint8_t x0[32];
+	size_t xl = kvp_test_unhex("83614c8263696d67026153", x0, sizeof(x0));
+	assert_int_equal(s.st_extra0_len, xl);
+	assert_memory_equal(s.st_extra0, x0, xl);
+
+	/* Evictions: free, then allocate every block. */
+	assert_ok(kvp_client_free(c, (int32_t[]){ids[1], ids[0]}, 2));
+	assert_ok(kvp_client_allocate(c, 63, ids));
+	assert_index_matches_pool(sub, &s, c);
+	assert_int_equal(s.removed, 2);
+	assert_int_equal(kvp_index_size(s.ix), 0);
+	assert_ok(kvp_client_free(c, ids, 63));
+	assert_ok(kvp_client_reset(c));
+	assert_index_matches_pool(sub, &s, c);
+	assert_int_equal(s.cleared, 1);
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+	kvp_index_destroy(s.ix);
+}
+
+/* Cache n fresh blocks, one call (one batch) each, and free them. */
+static void
+churn(struct kvp_client *c, int n, int64_t base)
+{
+	for (int i = 0; i < n; i++) {
+		int32_t id;
+		int64_t tok[4] = {base + i * 4, base + i * 4 + 1, base + i * 4 + 2, base + i * 4 + 3};
+		assert_ok(kvp_client_allocate(c, 1, &id));
+		struct kvp_client_cache ca = {.block_ids = &id, .num_block_ids = 1, .num_full_blocks = 1,
+		                              .tokens = tok, .num_tokens = 4};
+		assert_ok(kvp_client_cache(c, &ca, NULL));
+		assert_ok(kvp_client_free(c, &id, 1));
+	}
+}
+
+static void
+test_events_gap_within_ring_is_replayed(void **state)
+{
+	struct seen s;
+	struct kvp_sub *sub = subscribe(&s, "ev", 2); /* a tiny queue: it will overflow */
+	struct kvp_client *c = client("ev");
+	struct kvp_sub_stats st;
+
+	(void)state;
+	churn(c, 40, 100000); /* 40 batches (each Cache, plus evictions) while stalled */
+	assert_index_matches_pool(sub, &s, c);
+	kvp_sub_get_stats(sub, &st);
+	assert_true(st.gaps >= 1);
+	assert_true(st.replayed >= 1);
+	assert_int_equal(st.resets, 1); /* only the initial snapshot */
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+	kvp_index_destroy(s.ix);
+}
+
+static void
+test_events_gap_beyond_ring_takes_snapshot(void **state)
+{
+	struct seen s;
+	struct kvp_sub *sub = subscribe(&s, "ev", 2);
+	struct kvp_client *c = client("ev");
+	struct kvp_sub_stats st;
+
+	(void)state;
+	churn(c, 150, 200000); /* over the 64-batch ring */
+	assert_index_matches_pool(sub, &s, c);
+	kvp_sub_get_stats(sub, &st);
+	assert_true(st.resets >= 2);
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+	kvp_index_destroy(s.ix);
+}
+
+static void
+test_events_filter_by_pool_and_several_subscribers(void **state)
+{
+	struct seen a, b, o;
+	struct kvp_sub *sa = subscribe(&a, "ev", 0), *sb = subscribe(&b, "ev", 0);
+	struct kvp_sub *so = subscribe(&o, "other", 0);
+	struct kvp_client *c = client("ev"), *co = client("other");
+
+	(void)state;
+	churn(c, 10, 300000);
+	churn(co, 3, 400000);
+	assert_index_matches_pool(sa, &a, c);
+	assert_index_matches_pool(sb, &b, c);
+	assert_index_matches_pool(so, &o, co);
+	assert_int_equal(a.batches, b.batches);
+	assert_true(o.batches >= 3 && o.batches < a.batches);
+	kvp_client_close(c);
+	kvp_client_close(co);
+	kvp_sub_close(sa);
+	kvp_sub_close(sb);
+	kvp_sub_close(so);
+	kvp_index_destroy(a.ix);
+	kvp_index_destroy(b.ix);
+	kvp_index_destroy(o.ix);
+}
+
+/* Random operations, bounded, with the index compared to the pool after each. */
+static void
+test_events_random_run_index_stays_exact(void **state)
+{
+	struct seen s;
+	struct kvp_sub *sub = subscribe(&s, "ev", 0);
+	struct kvp_client *c = client("ev");
+	int32_t held[64];
+	int nheld = 0;
+	unsigned seed = (unsigned)time(NULL);
+
+	(void)state;
+	printf("events random run: seed %u\n", seed);
+	for (int step = 0; step < 150; step++) {
+		int op = rand_r(&seed) % 5;
+		if (op == 0 && nheld < 60) {
+			uint32_t n = 1 + (uint32_t)(rand_r(&seed) % 4);
+			int32_t ids[4];
+			if (kvp_client_allocate(c, n, ids) == KVP_OK)
+				for (uint32_t k = 0; k < n; k++)
+					held[nheld++] = ids[k];
+		} else if (op == 1 && nheld >= 2) {
+			int64_t tok[8];
+			for (int t = 0; t < 8; t++)
+				tok[t] = rand_r(&seed) % 3; /* few prefixes: duplicates across blocks */
+			struct kvp_client_cache ca = {.block_ids = held + nheld - 2, .num_block_ids = 2,
+			                              .num_full_blocks = 2, .tokens = tok, .num_tokens = 8};
+			int rv = kvp_client_cache(c, &ca, NULL);
+			assert_true(rv == KVP_OK || rv == KVP_ESTATE);
+		} else if (op == 2 && nheld > 0) {
+			int k = rand_r(&seed) % nheld;
+			assert_ok(kvp_client_free(c, &held[k], 1));
+			held[k] = held[--nheld];
+		} else if (op == 3) {
+			int32_t id = 1 + rand_r(&seed) % 63;
+			assert_ok(kvp_client_evict(c, &id, 1, NULL));
+		} else if (nheld == 0 && rand_r(&seed) % 8 == 0) {
+			assert_ok(kvp_client_reset(c));
+		}
+		assert_index_matches_pool(sub, &s, c);
+	}
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+	kvp_index_destroy(s.ix);
+}
+
+/* A restarted daemon has a new epoch: the subscriber starts over from a snapshot. */
+static void
+test_events_daemon_restart_is_an_epoch_reset(void **state)
+{
+	struct seen s;
+	struct kvp_sub *sub = subscribe(&s, "ev", 0);
+	struct kvp_client *c = client("ev");
+	struct kvp_sub_stats before, after;
+
+	(void)state;
+	churn(c, 5, 500000);
+	assert_index_matches_pool(sub, &s, c);
+	kvp_sub_get_stats(sub, &before);
+	kvp_client_detach(c);
+	assert_int_equal(daemon_stop(daemon_pid), 0);
+	daemon_pid = start();
+	c = client("ev");
+	churn(c, 3, 600000);
+	assert_index_matches_pool(sub, &s, c);
+	kvp_sub_get_stats(sub, &after);
+	assert_int_not_equal(after.epoch, before.epoch);
+	assert_true(after.resets > before.resets);
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+	kvp_index_destroy(s.ix);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_events_carry_every_field),
+		cmocka_unit_test(test_events_gap_within_ring_is_replayed),
+		cmocka_unit_test(test_events_gap_beyond_ring_takes_snapshot),
+		cmocka_unit_test(test_events_filter_by_pool_and_several_subscribers),
+		cmocka_unit_test(test_events_random_run_index_stays_exact),
+		cmocka_unit_test(test_events_daemon_restart_is_an_epoch_reset),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
