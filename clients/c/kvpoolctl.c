@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kvpool.h"
+#include "subscriber.h"
 
 static void
 usage(FILE *out)
@@ -35,9 +36,14 @@ usage(FILE *out)
 	        "  reset                     clear the prefix cache (fails while blocks are in use)\n"
 	        "  cache --blocks IDS --tokens TOKENS [--num-cached N]\n"
 	        "                            cache the full blocks of TOKENS in IDS (hashed by the daemon)\n"
-	        "  lookup --tokens TOKENS    the longest cached prefix of TOKENS\n\n"
+	        "  lookup --tokens TOKENS    the longest cached prefix of TOKENS\n"
+	        "  snapshot                  every cached (hash, group) and its block count\n"
+	        "  events [--follow] [--events-url URL] [--count N]\n"
+	        "                            print events as one JSON object per line (with\n"
+	        "                            pool, epoch, seq); --follow keeps going (Ctrl-C stops)\n\n"
 	        "options (environment in brackets):\n"
 	        "  --url URL          daemon endpoint [KVPOOL_URL] (default ipc:///tmp/kvpool.ipc)\n"
+	        "  --events-url URL   its event stream [KVPOOL_EVENTS_URL] (default ipc:///tmp/kvpool-events.ipc)\n"
 	        "  --pool NAME        pool [KVPOOLCTL_POOL] (default \"default\")\n"
 	        "  --token TOKEN, --token-file PATH   auth token [KVPOOL_TOKEN]\n"
 	        "  --session ID       resume a session from `kvpoolctl session`\n"
@@ -137,6 +143,143 @@ read_token_file(const char *path)
 	return buf;
 }
 
+/* ---- events ---- */
+
+struct follow {
+	const char *pool;
+	unsigned long printed, max;
+};
+
+static void
+hex_into(char *dst, const uint8_t *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		snprintf(dst + 2 * i, 3, "%02x", b[i]);
+	dst[2 * n] = '\0';
+}
+
+static void
+print_event(struct follow *f, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event *ev)
+{
+	cJSON *o = cJSON_CreateObject(), *hashes = cJSON_CreateArray(), *ids = cJSON_CreateArray();
+	char buf[2 * 1024 + 1], num[24];
+	static const char *const names[] = {"", "BlockStored", "BlockRemoved", "AllBlocksCleared"};
+
+	cJSON_AddStringToObject(o, "pool", f->pool);
+	snprintf(num, sizeof(num), "%" PRIu64, epoch);
+	cJSON_AddStringToObject(o, "epoch", num);
+	cJSON_AddNumberToObject(o, "seq", (double)seq);
+	cJSON_AddNumberToObject(o, "ts", (double)ts / 1e9);
+	cJSON_AddStringToObject(o, "type", names[ev->type]);
+	for (uint32_t h = 0; h < ev->num_hashes && ev->hash_len <= 1024; h++) {
+		const uint8_t *p = ev->hashes + (size_t)h * ev->hash_len;
+		hex_into(buf, p, ev->hash_len);
+		cJSON_AddItemToArray(hashes, cJSON_CreateString(buf));
+		snprintf(num, sizeof(num), "%" PRIu64, kvp_hash_event_id(p, ev->hash_len));
+		cJSON_AddItemToArray(ids, cJSON_CreateString(num)); /* u64: strings, not doubles */
+	}
+	if (ev->type != KVP_EVENT_ALL_CLEARED) {
+		cJSON_AddItemToObject(o, "block_hashes", hashes);
+		cJSON_AddItemToObject(o, "block_hash_ids", ids);
+		cJSON_AddStringToObject(o, "medium", ev->medium ? ev->medium : "");
+		cJSON_AddNumberToObject(o, "group_idx", ev->group_idx);
+	} else {
+		cJSON_Delete(hashes);
+		cJSON_Delete(ids);
+	}
+	if (ev->type == KVP_EVENT_BLOCK_STORED) {
+		if (ev->parent && ev->hash_len <= 1024) {
+			hex_into(buf, ev->parent, ev->hash_len);
+			cJSON_AddStringToObject(o, "parent_block_hash", buf);
+		} else {
+			cJSON_AddNullToObject(o, "parent_block_hash");
+		}
+		cJSON *toks = cJSON_CreateArray(), *extra = cJSON_CreateArray();
+		for (uint32_t t = 0; t < ev->num_tokens; t++)
+			cJSON_AddItemToArray(toks, cJSON_CreateNumber((double)ev->token_ids[t]));
+		cJSON_AddItemToObject(o, "token_ids", toks);
+		cJSON_AddNumberToObject(o, "block_size", ev->block_size);
+		if (ev->has_lora_id)
+			cJSON_AddNumberToObject(o, "lora_id", (double)ev->lora_id);
+		else
+			cJSON_AddNullToObject(o, "lora_id");
+		if (ev->lora_name)
+			cJSON_AddStringToObject(o, "lora_name", ev->lora_name);
+		else
+			cJSON_AddNullToObject(o, "lora_name");
+		for (uint32_t h = 0; h < ev->num_hashes; h++) {
+			uint32_t a = ev->extra_key_offsets[h], b = ev->extra_key_offsets[h + 1];
+			if (b - a <= 1024) {
+				hex_into(buf, ev->extra_keys + a, b - a);
+				cJSON_AddItemToArray(extra, cJSON_CreateString(buf)); /* canonical CBOR */
+			}
+		}
+		cJSON_AddItemToObject(o, "extra_keys_cbor", extra);
+		cJSON_AddStringToObject(o, "kv_cache_spec_kind", ev->spec_kind ? ev->spec_kind : "");
+	}
+	char *s = cJSON_PrintUnformatted(o);
+	if (s) {
+		printf("%s\n", s);
+		fflush(stdout);
+	}
+	free(s);
+	cJSON_Delete(o);
+	f->printed++;
+}
+
+static void
+on_events(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+{
+	struct follow *f = ctx;
+	for (size_t i = 0; i < kvp_event_batch_count(b) && (f->max == 0 || f->printed < f->max); i++) {
+		struct kvp_event ev;
+		(void)kvp_event_batch_get(b, i, &ev);
+		print_event(f, epoch, seq, ts, &ev);
+	}
+}
+
+static void
+on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot_entry *e, size_t n)
+{
+	struct follow *f = ctx;
+	char ep[24];
+	(void)e;
+	snprintf(ep, sizeof(ep), "%" PRIu64, epoch);
+	printf("{\"pool\":\"%s\",\"epoch\":\"%s\",\"next_seq\":%" PRIu64
+	       ",\"type\":\"Reset\",\"cached_entries\":%zu}\n", f->pool, ep, next_seq, n);
+	fflush(stdout);
+}
+
+static int
+follow_events(const struct kvp_client_options *o, const char *events_url, bool follow,
+              unsigned long max)
+{
+	struct follow f = {.pool = o->pool, .max = max};
+	struct kvp_sub_options so = {.events_url = events_url, .rpc_url = o->url, .pool = o->pool,
+	                             .token = o->token, .timeout_ms = o->timeout_ms,
+	                             .tls_ca_file = o->tls_ca_file, .tls_cert_file = o->tls_cert_file,
+	                             .tls_key_file = o->tls_key_file,
+	                             .tls_server_name = o->tls_server_name};
+	struct kvp_sub_handler h = {.ctx = &f, .reset = on_reset, .batch = on_events};
+	struct kvp_sub *sub = NULL;
+	int rv = kvp_sub_open(&so, &h, &sub);
+
+	if (rv != KVP_OK) {
+		fprintf(stderr, "kvpoolctl: cannot follow %s (pool %s): %s\n", events_url, o->pool,
+		        kvp_strerror(rv));
+		return 1;
+	}
+	/* Without --follow: what arrives within a second. */
+	for (int rounds = 0; follow || rounds < 10; rounds++) {
+		if ((rv = kvp_sub_poll(sub, 100)) != KVP_OK)
+			fprintf(stderr, "kvpoolctl: %s: %s\n", kvp_strerror(rv), kvp_sub_last_detail(sub));
+		if (max && f.printed >= max)
+			break;
+	}
+	kvp_sub_close(sub);
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -144,7 +287,10 @@ main(int argc, char **argv)
 	struct kvp_client *c = NULL;
 	const char *blocks_arg = NULL, *tokens_arg = NULL, *lora = NULL, *salt = NULL;
 	uint32_t num_cached = 0;
-	bool json = false, keep = false;
+	bool json = false, keep = false, follow = false;
+	const char *events_url = getenv("KVPOOL_EVENTS_URL") ? getenv("KVPOOL_EVENTS_URL")
+	                                                     : "ipc:///tmp/kvpool-events.ipc";
+	unsigned long max_events = 0;
 	int i, rv;
 
 	o.url = getenv("KVPOOL_URL") ? getenv("KVPOOL_URL") : "ipc:///tmp/kvpool.ipc";
@@ -209,6 +355,16 @@ main(int argc, char **argv)
 			tokens_arg = argv[++k];
 		else if (strcmp(argv[k], "--num-cached") == 0 && k + 1 < argc)
 			num_cached = (uint32_t)strtoul(argv[++k], NULL, 10);
+		else if (strcmp(argv[k], "--events-url") == 0 && k + 1 < argc)
+			events_url = argv[++k];
+		else if (strcmp(argv[k], "--count") == 0 && k + 1 < argc)
+			max_events = strtoul(argv[++k], NULL, 10);
+		else if (strcmp(argv[k], "--follow") == 0)
+			follow = true;
+		else if (strcmp(argv[k], "--lora") == 0 && k + 1 < argc)
+			lora = argv[++k];
+		else if (strcmp(argv[k], "--salt") == 0 && k + 1 < argc)
+			salt = argv[++k];
 	}
 	/* Ids: the remaining words, joined. */
 	int64_t *vals = NULL;
@@ -231,6 +387,9 @@ main(int argc, char **argv)
 		fprintf(stderr, "kvpoolctl: end needs --session ID\n");
 		return 2;
 	}
+
+	if (strcmp(cmd, "events") == 0)
+		return follow_events(&o, events_url, follow, max_events);
 
 	if ((rv = kvp_client_open(&o, &c)) != KVP_OK) {
 		fprintf(stderr, "kvpoolctl: %s on %s pool %s: %s%s%s\n", kvp_status_name(rv), o.url,
@@ -337,6 +496,34 @@ main(int argc, char **argv)
 				printf("ok%s\n", cmd[0] == 'e' ? "" : "");
 		}
 		free(ids);
+	} else if (strcmp(cmd, "snapshot") == 0) {
+		struct kvp_snapshot *snap = NULL;
+		if ((rv = kvp_client_snapshot(c, &snap)) == KVP_OK) {
+			cJSON *arr = cJSON_CreateArray();
+			char ep[24];
+			snprintf(ep, sizeof(ep), "%" PRIu64, snap->epoch);
+			cJSON_AddStringToObject(j, "epoch", ep);
+			cJSON_AddNumberToObject(j, "next_seq", (double)snap->next_seq);
+			for (size_t k = 0; k < snap->num_entries; k++) {
+				const struct kvp_snapshot_entry *e = &snap->entries[k];
+				cJSON *x = cJSON_CreateObject();
+				char hex[2 * 1024 + 1];
+				for (size_t b = 0; b < e->hash_len && b < 1024; b++)
+					snprintf(hex + 2 * b, 3, "%02x", e->hash[b]);
+				hex[2 * (e->hash_len < 1024 ? e->hash_len : 1024)] = '\0';
+				cJSON_AddStringToObject(x, "hash", hex);
+				cJSON_AddNumberToObject(x, "group", e->group_idx);
+				cJSON_AddNumberToObject(x, "blocks", e->num_blocks);
+				cJSON_AddItemToArray(arr, x);
+				if (!json)
+					printf("%s group %u blocks %u\n", hex, e->group_idx, e->num_blocks);
+			}
+			cJSON_AddItemToObject(j, "entries", arr);
+			if (!json)
+				printf("%zu cached (hash, group) entries; epoch %" PRIu64 ", next seq %" PRIu64
+				       "\n", snap->num_entries, snap->epoch, snap->next_seq);
+			kvp_snapshot_free(snap);
+		}
 	} else if (strcmp(cmd, "reset") == 0) {
 		if ((rv = kvp_client_reset(c)) == KVP_OK && !json)
 			printf("prefix cache cleared\n");
