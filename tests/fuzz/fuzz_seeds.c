@@ -147,6 +147,15 @@ main(int argc, char **argv)
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_HEARTBEAT;
 	rq.heartbeat = &hb;
 	frame(&rq);
+	Kvpool__V1__ReplayRequest rp = KVPOOL__V1__REPLAY_REQUEST__INIT;
+	rp.from_seq = 0;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_REPLAY;
+	rq.replay = &rp;
+	frame(&rq);
+	Kvpool__V1__SnapshotRequest sn = KVPOOL__V1__SNAPSHOT_REQUEST__INIT;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_SNAPSHOT;
+	rq.snapshot = &sn;
+	frame(&rq);
 	Kvpool__V1__GoodbyeRequest gb = KVPOOL__V1__GOODBYE_REQUEST__INIT;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
 	rq.goodbye = &gb;
