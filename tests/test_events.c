@@ -56,6 +56,10 @@ struct seen {
 	char st_lora[16], st_medium[8], st_kind[32];
 	uint8_t st_extra0[64];
 	size_t st_extra0_len;
+	/* the latest BlockStored's parent and first hash */
+	bool last_has_parent;
+	uint64_t last_parent_id, last_hash0_id;
+	int64_t last_token0;
 };
 
 static void
@@ -82,6 +86,10 @@ on_batch(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_
 		assert_ok(kvp_event_batch_get(b, i, &ev));
 		if (ev.type == KVP_EVENT_BLOCK_STORED) {
 			s->stored++;
+			s->last_has_parent = ev.parent != NULL;
+			s->last_parent_id = ev.parent ? kvp_hash_event_id(ev.parent, ev.hash_len) : 0;
+			s->last_hash0_id = ev.num_hashes ? kvp_hash_event_id(ev.hashes, ev.hash_len) : 0;
+			s->last_token0 = ev.num_tokens ? ev.token_ids[0] : -1;
 			if (!s->got_stored) {
 				s->got_stored = 1;
 				s->st_hashes = ev.num_hashes;
@@ -213,11 +221,36 @@ test_events_carry_every_field(void **state)
 	assert_int_equal(s.st_extra0_len, xl);
 	assert_memory_equal(s.st_extra0, x0, xl);
 
+	/* Chunked caching: a third block, from the parent hash; the event's parent
+	 * is the second block's hash and its tokens start at position 8. */
+	int32_t three[3] = {ids[0], ids[1], 0};
+	int64_t more[4] = {8, 9, 10, 11};
+	uint8_t chain[3 * 32];
+	size_t nchain = 0;
+	struct kvp_hasher *hs;
+	int64_t all[12];
+	for (int i = 0; i < 12; i++)
+		all[i] = i;
+	assert_ok(kvp_hasher_create("0", &hs));
+	assert_ok(kvp_hash_request(hs, &keys, all, 12, 4, NULL, 0, chain, 3, &nchain));
+	kvp_hasher_destroy(hs);
+	assert_ok(kvp_client_allocate(c, 1, &three[2]));
+	struct kvp_client_cache ch = {.block_ids = three, .num_block_ids = 3,
+	                              .num_cached_blocks = 2, .num_full_blocks = 3, .tokens = more,
+	                              .num_tokens = 4, .parent_hash = chain + 32, .keys = &keys};
+	assert_ok(kvp_client_cache(c, &ch, NULL));
+	assert_index_matches_pool(sub, &s, c);
+	assert_true(s.last_has_parent);
+	assert_int_equal(s.last_parent_id, kvp_hash_event_id(chain + 32, 32));
+	assert_int_equal(s.last_hash0_id, kvp_hash_event_id(chain + 64, 32));
+	assert_int_equal(s.last_token0, 8);
+	assert_ok(kvp_client_free(c, &three[2], 1));
+
 	/* Evictions: free, then allocate every block. */
 	assert_ok(kvp_client_free(c, (int32_t[]){ids[1], ids[0]}, 2));
 	assert_ok(kvp_client_allocate(c, 63, ids));
 	assert_index_matches_pool(sub, &s, c);
-	assert_int_equal(s.removed, 2);
+	assert_int_equal(s.removed, 3);
 	assert_int_equal(kvp_index_size(s.ix), 0);
 	assert_ok(kvp_client_free(c, ids, 63));
 	assert_ok(kvp_client_reset(c));
