@@ -489,31 +489,28 @@ static int
 h_stats(struct call *c, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__StatsReply *r = NEW(c, Kvpool__V1__StatsReply, kvpool__v1__stats_reply__descriptor);
-	struct kvp_pool_stats ps;
-	struct kvp_mgr_stats ms;
-	struct kvp_pool *pool = c->p->pool;
 
 	if (r == NULL)
 		return fail(c, KVP_ENOMEM, "out of memory");
-	kvp_pool_get_stats(pool, &ps);
-	kvp_mgr_get_stats(c->p->mgr, &ms);
-	r->num_blocks = kvp_pool_num_blocks(pool);
-	r->num_free = kvp_pool_num_free(pool);
-	r->num_cached_blocks = kvp_pool_num_cached_blocks(pool);
-	r->num_cached_keys = kvp_pool_num_cached_keys(pool);
-	r->usage = kvp_pool_usage(pool);
-	r->blocks_allocated = ps.blocks_allocated;
-	r->blocks_evicted = ps.blocks_evicted;
-	r->alloc_failures = ps.alloc_failures + ms.alloc_failures;
-	r->blocks_stored = ps.blocks_stored;
-	r->resets = ps.resets;
-	r->prefix_requests = ms.requests;
-	r->prefix_queries = ms.queries;
-	r->prefix_hits = ms.hits;
+	struct kvpd_pool_gauges g;
+	kvpd_pool_gauges(c->p, &g);
+	r->num_blocks = g.num_blocks;
+	r->num_free = g.num_free;
+	r->num_cached_blocks = g.num_cached_blocks;
+	r->num_cached_keys = g.num_cached_keys;
+	r->usage = g.usage;
+	r->blocks_allocated = g.blocks_allocated;
+	r->blocks_evicted = g.blocks_evicted;
+	r->alloc_failures = g.alloc_failures;
+	r->blocks_stored = g.blocks_stored;
+	r->resets = g.resets;
+	r->prefix_requests = g.prefix_requests;
+	r->prefix_queries = g.prefix_queries;
+	r->prefix_hits = g.prefix_hits;
 	r->sessions = (uint32_t)c->p->num_sessions;
 	r->leases_expired = c->p->counters.leases_expired;
 	r->events_emitted = c->p->counters.events_emitted;
-	r->active_requests = (uint32_t)ms.active_requests;
+	r->active_requests = (uint32_t)g.active_requests;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_STATS;
 	out->stats = r;
 	return KVP_OK;
@@ -1161,6 +1158,31 @@ kvpd_pool_publish(struct kvpd_pool *p)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	(void)kvpd_stream_emit(&p->stream, p->cfg.name, &p->events,
 	                       (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+}
+
+void
+kvpd_pool_gauges(struct kvpd_pool *p, struct kvpd_pool_gauges *out)
+{
+	struct kvp_pool_stats ps;
+	struct kvp_mgr_stats ms;
+
+	memset(out, 0, sizeof(*out));
+	kvp_pool_get_stats(p->pool, &ps);
+	kvp_mgr_get_stats(p->mgr, &ms);
+	out->num_blocks = kvp_pool_num_blocks(p->pool);
+	out->num_free = kvp_pool_num_free(p->pool);
+	out->num_cached_blocks = kvp_pool_num_cached_blocks(p->pool);
+	out->num_cached_keys = kvp_pool_num_cached_keys(p->pool);
+	out->usage = kvp_pool_usage(p->pool);
+	out->blocks_allocated = ps.blocks_allocated;
+	out->blocks_evicted = ps.blocks_evicted;
+	out->alloc_failures = ps.alloc_failures + ms.alloc_failures;
+	out->blocks_stored = ps.blocks_stored;
+	out->resets = ps.resets;
+	out->prefix_requests = ms.requests;
+	out->prefix_queries = ms.queries;
+	out->prefix_hits = ms.hits;
+	out->active_requests = ms.active_requests;
 }
 
 int

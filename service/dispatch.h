@@ -79,6 +79,9 @@ void kvpd_pool_publish(struct kvpd_pool *p);
 /* Ends the pool's sessions whose lease ran out. Returns how many. */
 size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms);
 
+/* The pool's engine gauges and counters (for Stats and /metrics). */
+void kvpd_pool_gauges(struct kvpd_pool *p, struct kvpd_pool_gauges *out);
+
 /* The engine's invariants plus ownership: sessions hold no more than the ref counts. */
 int kvpd_pool_check(struct kvpd_pool *p, char *detail, size_t len);
 

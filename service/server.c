@@ -384,29 +384,10 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 void
 kvpd_server_pool_gauges(struct kvpd_server *s, size_t i, struct kvpd_pool_gauges *out)
 {
-	struct kvp_pool_stats ps;
-	struct kvp_mgr_stats ms;
-
 	memset(out, 0, sizeof(*out));
 	if (i >= s->num_pools)
 		return;
-	struct kvpd_pool *p = &s->pools[i];
-	nng_mtx_lock(p->lock);
-	out->num_blocks = kvp_pool_num_blocks(p->pool);
-	out->num_free = kvp_pool_num_free(p->pool);
-	out->num_cached_blocks = kvp_pool_num_cached_blocks(p->pool);
-	out->num_cached_keys = kvp_pool_num_cached_keys(p->pool);
-	out->usage = kvp_pool_usage(p->pool);
-	kvp_pool_get_stats(p->pool, &ps);
-	kvp_mgr_get_stats(p->mgr, &ms);
-	nng_mtx_unlock(p->lock);
-	out->blocks_allocated = ps.blocks_allocated;
-	out->blocks_evicted = ps.blocks_evicted;
-	out->alloc_failures = ps.alloc_failures + ms.alloc_failures;
-	out->blocks_stored = ps.blocks_stored;
-	out->resets = ps.resets;
-	out->prefix_requests = ms.requests;
-	out->prefix_queries = ms.queries;
-	out->prefix_hits = ms.hits;
-	out->active_requests = ms.active_requests;
+	nng_mtx_lock(s->pools[i].lock);
+	kvpd_pool_gauges(&s->pools[i], out);
+	nng_mtx_unlock(s->pools[i].lock);
 }

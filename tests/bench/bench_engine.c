@@ -15,6 +15,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
+
 #include "block_hash.h"
 #include "kvp_status.h"
 #include "pool.h"
@@ -26,28 +28,6 @@
 
 static int reps = 5;
 static double min_seconds = 0.3;
-
-static double
-now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-static double
-median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_d);
-	return v[n / 2];
-}
 
 static void
 check(int rv, const char *what)

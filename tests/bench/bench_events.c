@@ -22,6 +22,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+
+#include "bench_util.h"
 #include <unistd.h>
 
 #include "kvindex.h"
@@ -30,21 +32,6 @@
 
 static double seconds = 2.0;
 static char rpc_url[256], ev_url[256];
-
-static double
-now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
 
 static pid_t
 start_daemon(const char *daemon, const char *events)

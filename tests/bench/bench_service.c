@@ -20,6 +20,8 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+
+#include "bench_util.h"
 #include <unistd.h>
 
 #include "kvpool.h"
@@ -30,21 +32,6 @@
 
 static double seconds = 1.0;
 static char ipc_url[128], tcp_url[128], echo_ipc[128], echo_tcp[128];
-
-static double
-now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
 
 /* ---- one measurement: N threads each running an operation until time is up ---- */
 
