@@ -9,7 +9,9 @@
 #include "kvp_test.h"
 
 #include "kvpool.h"
+#include "subscriber.h"
 
+static char ev_url[64];
 static char dir[128], url[64], ca[192], srv_cert[192], srv_key[192], cli_cert[192], cli_key[192];
 static pid_t daemon_pid;
 static int have_openssl;
@@ -53,7 +55,8 @@ setup(void **state)
 	snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 10000));
 	char admin[64];
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
-	const char *args[] = {"--rpc", url, "--admin", admin, "--events", "none", "--tls-cert", srv_cert,
+	snprintf(ev_url, sizeof(ev_url), "tls+tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 10000) + 1);
+	const char *args[] = {"--rpc", url, "--admin", admin, "--events", ev_url, "--tls-cert", srv_cert,
 	                      "--tls-key", srv_key, "--tls-ca", ca,
 	                      "--pool", "name=default,blocks=16,block_size=4", NULL};
 	daemon_pid = daemon_start(args);
@@ -108,12 +111,58 @@ test_service_tls_client_without_certificate_is_refused(void **state)
 	assert_null(c);
 }
 
+static int batches_seen;
+
+static void
+on_batch(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+{
+	(void)ctx;
+	(void)epoch;
+	(void)seq;
+	(void)ts;
+	batches_seen += kvp_event_batch_count(b) > 0;
+}
+
+/* The event stream over tls+tcp:// with mutual TLS. */
+static void
+test_service_tls_events_reach_a_tls_subscriber(void **state)
+{
+	struct kvp_sub_options so = {.events_url = ev_url, .rpc_url = url, .tls_ca_file = ca,
+	                             .tls_cert_file = cli_cert, .tls_key_file = cli_key,
+	                             .tls_server_name = "localhost", .timeout_ms = 3000};
+	struct kvp_sub_handler h = {.batch = on_batch};
+	struct kvp_client_options o = {.url = url, .tls_ca_file = ca, .tls_cert_file = cli_cert,
+	                               .tls_key_file = cli_key, .tls_server_name = "localhost",
+	                               .timeout_ms = 3000, .retries = 3};
+	struct kvp_sub *sub = NULL;
+	struct kvp_client *c = NULL;
+	int32_t ids[2];
+	int64_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+	(void)state;
+	if (!have_openssl)
+		skip();
+	assert_ok(kvp_sub_open(&so, &h, &sub));
+	assert_ok(kvp_client_open(&o, &c));
+	sleep_ms(300); /* the SUB's TLS handshake */
+	assert_ok(kvp_client_allocate(c, 2, ids));
+	struct kvp_client_cache ca_ = {.block_ids = ids, .num_block_ids = 2, .num_full_blocks = 2,
+	                               .tokens = tok, .num_tokens = 8};
+	assert_ok(kvp_client_cache(c, &ca_, NULL));
+	for (int i = 0; i < 100 && batches_seen == 0; i++)
+		assert_ok(kvp_sub_poll(sub, 20));
+	assert_true(batches_seen >= 1);
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_tls_mutual_client_is_served),
 		cmocka_unit_test(test_service_tls_client_without_certificate_is_refused),
+		cmocka_unit_test(test_service_tls_events_reach_a_tls_subscriber),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
