@@ -160,9 +160,27 @@ struct row {
 	int exact, failed;
 };
 
-static struct row
-measure_stream(int nsubs)
+/* Extra producers: each drives the pool with its own session, for `seconds`. */
+struct producer {
+	pthread_t th;
+	struct load l;
+	double t0;
+	int failed;
+};
+
+static void *
+producer_main(void *arg)
 {
+	struct producer *p = arg;
+	while (now() - p->t0 < seconds && !p->failed)
+		p->failed |= load_step(&p->l) != 0;
+	return NULL;
+}
+
+static struct row
+measure_stream(int nsubs, int nprod)
+{
+	struct producer extra[3];
 	struct subscriber subs[4];
 	struct load l = {0};
 	struct kvp_client_options o = {.url = rpc_url, .pool = "bench", .timeout_ms = 30000,
@@ -194,9 +212,24 @@ measure_stream(int nsubs)
 	struct kvp_sub_stats st0;
 	kvp_sub_get_stats(subs[0].sub, &st0);
 	double t0 = now();
+	for (int i = 0; i < nprod - 1; i++) {
+		memset(&extra[i], 0, sizeof(extra[i]));
+		extra[i].t0 = t0;
+		if (kvp_client_open(&o, &extra[i].l.c) != KVP_OK ||
+		    kvp_batch_create(&extra[i].l.b) != KVP_OK)
+			r.failed = 1;
+		else
+			pthread_create(&extra[i].th, NULL, producer_main, &extra[i]);
+	}
 	while (now() - t0 < seconds && !r.failed) {
 		r.failed |= load_step(&l) != 0;
 		batches++;
+	}
+	for (int i = 0; i < nprod - 1; i++) {
+		pthread_join(extra[i].th, NULL);
+		r.failed |= extra[i].failed;
+		kvp_batch_destroy(extra[i].l.b);
+		kvp_client_close(extra[i].l.c);
 	}
 	/* Wait for the subscribers to catch up with the pool's last batch. */
 	struct kvp_snapshot *snap = NULL;
@@ -430,8 +463,8 @@ main(int argc, char **argv)
 
 	printf("kvp-bench-events: %.1f s per row; pool of 100,000 blocks, block size 16; each batch "
 	       "evicts 64 blocks and caches 64 (65 events, 128 hashes)\n\n", seconds);
-	printf("| transport | subscribers | events/s per subscriber | hashes/s | batches/s | raw nng PUB/SUB msgs/s (same size) | ratio | gaps (replayed batches) | snapshot fallbacks | index exact |\n");
-	printf("|---|---|---|---|---|---|---|---|---|---|\n");
+	printf("| transport | subscribers | producers | events/s per subscriber | hashes/s | batches/s | raw nng PUB/SUB msgs/s (same size) | ratio | gaps (replayed batches) | snapshot fallbacks | index exact |\n");
+	printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
 	int failed = 0;
 	double p50 = 0, p99 = 0, snap_ms = 0, replay_ms = 0;
 	size_t entries = 0;
@@ -439,13 +472,15 @@ main(int argc, char **argv)
 	for (int t = 0; t < 2; t++) {
 		snprintf(rpc_url, sizeof(rpc_url), "%s", rpc_urls[t]);
 		snprintf(ev_url, sizeof(ev_url), "%s", ev_urls[t]);
-		for (int n = 1; n <= 4; n += 3) {
-			struct row r = measure_stream(n);
+		const int shapes[3][2] = {{1, 1}, {4, 1}, {4, 4}}; /* subscribers, producers */
+		for (int k = 0; k < 3; k++) {
+			int n = shapes[k][0];
+			struct row r = measure_stream(n, shapes[k][1]);
 			/* An EventBatch here is about 64 x 50 B of removals plus a 64-hash store. */
 			double raw = measure_raw(raw_urls[t], n, 8000);
 			failed |= r.failed || !r.exact;
-			printf("| %s | %d | %.0f | %.0f | %.0f | %.0f | %.2f | %llu (%llu) | %llu | %s |\n",
-			       transports[t], n, r.events_per_s, r.hashes_per_s, r.msgs_per_s, raw,
+			printf("| %s | %d | %d | %.0f | %.0f | %.0f | %.0f | %.2f | %llu (%llu) | %llu | %s |\n",
+			       transports[t], n, shapes[k][1], r.events_per_s, r.hashes_per_s, r.msgs_per_s, raw,
 			       raw > 0 ? r.msgs_per_s / raw : 0, (unsigned long long)r.gaps,
 			       (unsigned long long)r.replayed, (unsigned long long)r.resets,
 			       r.exact ? "yes" : "NO");
