@@ -63,8 +63,8 @@ struct seen {
 };
 
 static void
-on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot_entry *e,
-         size_t n)
+on_reset(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
+         const struct kvp_snapshot_entry *e, size_t n)
 {
 	struct seen *s = ctx;
 	(void)epoch;
@@ -74,7 +74,8 @@ on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot
 }
 
 static void
-on_batch(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+on_batch(void *ctx, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
+         const struct kvp_event_batch *b)
 {
 	struct seen *s = ctx;
 	(void)epoch;
@@ -161,14 +162,14 @@ assert_index_matches_pool(struct kvp_sub *sub, struct seen *s, struct kvp_client
 
 	assert_ok(kvp_client_snapshot(c, &snap));
 	for (int i = 0; i < 200; i++) {
-		kvp_sub_get_stats(sub, &st);
+		kvp_sub_get_stats(sub, NULL, &st);
 		if (st.epoch == snap->epoch && st.next_seq >= snap->next_seq)
 			break;
 		int rv = kvp_sub_poll(sub, 20);
 		if (rv != KVP_OK)
 			fail_msg("poll: %s: %s", kvp_status_name(rv), kvp_sub_last_detail(sub));
 	}
-	kvp_sub_get_stats(sub, &st);
+	kvp_sub_get_stats(sub, NULL, &st);
 	assert_int_equal(st.epoch, snap->epoch);
 	assert_int_equal(st.next_seq, snap->next_seq);
 	assert_int_equal(s->index_errors, 0);
@@ -287,7 +288,7 @@ test_events_gap_within_ring_is_replayed(void **state)
 	(void)state;
 	churn(c, 40, 100000); /* 40 batches (each Cache, plus evictions) while stalled */
 	assert_index_matches_pool(sub, &s, c);
-	kvp_sub_get_stats(sub, &st);
+	kvp_sub_get_stats(sub, NULL, &st);
 	assert_true(st.gaps >= 1);
 	assert_true(st.replayed >= 1);
 	assert_int_equal(st.resets, 1); /* only the initial snapshot */
@@ -307,7 +308,7 @@ test_events_gap_beyond_ring_takes_snapshot(void **state)
 	(void)state;
 	churn(c, 150, 200000); /* over the 64-batch ring */
 	assert_index_matches_pool(sub, &s, c);
-	kvp_sub_get_stats(sub, &st);
+	kvp_sub_get_stats(sub, NULL, &st);
 	assert_true(st.resets >= 2);
 	kvp_client_close(c);
 	kvp_sub_close(sub);
@@ -338,6 +339,81 @@ test_events_filter_by_pool_and_several_subscribers(void **state)
 	kvp_index_destroy(a.ix);
 	kvp_index_destroy(b.ix);
 	kvp_index_destroy(o.ix);
+}
+
+/* One subscriber following two pools on one socket keeps each exact. */
+struct two {
+	struct kvp_index *ev, *other;
+	int ev_batches, other_batches, errors;
+};
+
+static void
+two_reset(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
+          const struct kvp_snapshot_entry *e, size_t n)
+{
+	struct two *t = ctx;
+	(void)epoch;
+	(void)next_seq;
+	assert_ok(kvp_index_reset(strcmp(pool, "ev") == 0 ? t->ev : t->other, e, n));
+}
+
+static void
+two_batch(void *ctx, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
+          const struct kvp_event_batch *b)
+{
+	struct two *t = ctx;
+	(void)epoch;
+	(void)seq;
+	(void)ts;
+	bool ev = strcmp(pool, "ev") == 0;
+	*(ev ? &t->ev_batches : &t->other_batches) += 1;
+	if (kvp_index_apply(ev ? t->ev : t->other, b) != KVP_OK)
+		t->errors++;
+}
+
+static void
+test_events_one_subscriber_follows_two_pools(void **state)
+{
+	struct two t = {0};
+	const char *pools[] = {"ev", "other"};
+	struct kvp_sub_options o = {.events_url = ev_url, .rpc_url = rpc_url, .pools = pools,
+	                            .num_pools = 2, .timeout_ms = 2000};
+	struct kvp_sub_handler h = {.ctx = &t, .reset = two_reset, .batch = two_batch};
+	struct kvp_sub *sub = NULL;
+	struct kvp_client *c = client("ev"), *co = client("other");
+	struct kvp_sub_stats a, b;
+
+	(void)state;
+	assert_ok(kvp_index_create(&t.ev));
+	assert_ok(kvp_index_create(&t.other));
+	assert_ok(kvp_sub_open(&o, &h, &sub));
+	sleep_ms(100);
+	churn(c, 6, 700000);
+	churn(co, 4, 800000);
+	struct kvp_snapshot *se = NULL, *so = NULL;
+	assert_ok(kvp_client_snapshot(c, &se));
+	assert_ok(kvp_client_snapshot(co, &so));
+	for (int i = 0; i < 200; i++) {
+		assert_ok(kvp_sub_get_stats(sub, "ev", &a));
+		assert_ok(kvp_sub_get_stats(sub, "other", &b));
+		if (a.next_seq >= se->next_seq && b.next_seq >= so->next_seq)
+			break;
+		assert_ok(kvp_sub_poll(sub, 20));
+	}
+	assert_int_equal(a.next_seq, se->next_seq);
+	assert_int_equal(b.next_seq, so->next_seq);
+	assert_int_not_equal(a.epoch, b.epoch); /* each pool has its own epoch */
+	assert_true(kvp_index_equals(t.ev, se->entries, se->num_entries));
+	assert_true(kvp_index_equals(t.other, so->entries, so->num_entries));
+	assert_int_equal(t.errors, 0);
+	assert_status(kvp_sub_get_stats(sub, "nope", &a), KVP_ENOTFOUND);
+	kvp_snapshot_free(se);
+	kvp_snapshot_free(so);
+	kvp_client_close(c);
+	kvp_client_close(co);
+	kvp_sub_close(sub);
+	kvp_index_destroy(t.ev);
+	kvp_index_destroy(t.other);
 }
 
 /* Random operations, bounded, with the index compared to the pool after each. */
@@ -398,14 +474,14 @@ test_events_daemon_restart_is_an_epoch_reset(void **state)
 	(void)state;
 	churn(c, 5, 500000);
 	assert_index_matches_pool(sub, &s, c);
-	kvp_sub_get_stats(sub, &before);
+	kvp_sub_get_stats(sub, NULL, &before);
 	kvp_client_detach(c);
 	assert_int_equal(daemon_stop(daemon_pid), 0);
 	daemon_pid = start();
 	c = client("ev");
 	churn(c, 3, 600000);
 	assert_index_matches_pool(sub, &s, c);
-	kvp_sub_get_stats(sub, &after);
+	kvp_sub_get_stats(sub, NULL, &after);
 	assert_int_not_equal(after.epoch, before.epoch);
 	assert_true(after.resets > before.resets);
 	kvp_client_close(c);
@@ -421,6 +497,7 @@ main(void)
 		cmocka_unit_test(test_events_gap_within_ring_is_replayed),
 		cmocka_unit_test(test_events_gap_beyond_ring_takes_snapshot),
 		cmocka_unit_test(test_events_filter_by_pool_and_several_subscribers),
+		cmocka_unit_test(test_events_one_subscriber_follows_two_pools),
 		cmocka_unit_test(test_events_random_run_index_stays_exact),
 		cmocka_unit_test(test_events_daemon_restart_is_an_epoch_reset),
 	};

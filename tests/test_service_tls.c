@@ -114,7 +114,8 @@ test_service_tls_client_without_certificate_is_refused(void **state)
 static int batches_seen;
 
 static void
-on_batch(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+on_batch(void *ctx, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
+         const struct kvp_event_batch *b)
 {
 	(void)ctx;
 	(void)epoch;

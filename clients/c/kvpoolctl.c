@@ -159,13 +159,14 @@ hex_into(char *dst, const uint8_t *b, size_t n)
 }
 
 static void
-print_event(struct follow *f, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event *ev)
+print_event(struct follow *f, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
+            const struct kvp_event *ev)
 {
 	cJSON *o = cJSON_CreateObject(), *hashes = cJSON_CreateArray(), *ids = cJSON_CreateArray();
 	char buf[2 * 1024 + 1], num[24];
 	static const char *const names[] = {"", "BlockStored", "BlockRemoved", "AllBlocksCleared"};
 
-	cJSON_AddStringToObject(o, "pool", f->pool);
+	cJSON_AddStringToObject(o, "pool", pool);
 	snprintf(num, sizeof(num), "%" PRIu64, epoch);
 	cJSON_AddStringToObject(o, "epoch", num);
 	cJSON_AddNumberToObject(o, "seq", (double)seq);
@@ -228,25 +229,27 @@ print_event(struct follow *f, uint64_t epoch, uint64_t seq, uint64_t ts, const s
 }
 
 static void
-on_events(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+on_events(void *ctx, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
+         const struct kvp_event_batch *b)
 {
 	struct follow *f = ctx;
 	for (size_t i = 0; i < kvp_event_batch_count(b) && (f->max == 0 || f->printed < f->max); i++) {
 		struct kvp_event ev;
 		(void)kvp_event_batch_get(b, i, &ev);
-		print_event(f, epoch, seq, ts, &ev);
+		print_event(f, pool, epoch, seq, ts, &ev);
 	}
 }
 
 static void
-on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot_entry *e, size_t n)
+on_reset(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
+         const struct kvp_snapshot_entry *e, size_t n)
 {
-	struct follow *f = ctx;
 	char ep[24];
+	(void)ctx;
 	(void)e;
 	snprintf(ep, sizeof(ep), "%" PRIu64, epoch);
 	printf("{\"pool\":\"%s\",\"epoch\":\"%s\",\"next_seq\":%" PRIu64
-	       ",\"type\":\"Reset\",\"cached_entries\":%zu}\n", f->pool, ep, next_seq, n);
+	       ",\"type\":\"Reset\",\"cached_entries\":%zu}\n", pool, ep, next_seq, n);
 	fflush(stdout);
 }
 

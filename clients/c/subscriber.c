@@ -9,40 +9,54 @@
 
 #include "wire.h"
 
+/* One followed pool: where its stream stands. */
+struct pool_state {
+	char name[KVP_WIRE_MAX_NAME];
+	char topic[KVP_WIRE_MAX_NAME + 1];  /* the name and its 0 byte */
+	size_t topic_len;
+	struct kvp_client *rpc;             /* its session, for Replay and Snapshot */
+	struct kvp_sub_stats st;
+	uint64_t newest_seen;               /* the highest seq seen on the stream, plus one */
+};
+
 struct kvp_sub {
 	struct kvp_sub_options o;
 	struct kvp_sub_handler h;
-	char pool[KVP_WIRE_MAX_NAME];
-	char topic[KVP_WIRE_MAX_NAME + 1];
-	size_t topic_len;
+	struct pool_state *pools;
+	size_t num_pools;
+	struct pool_state *cur;             /* the pool a replay is for */
 	nng_socket sock;
 	nng_tls_config *tls;
-	struct kvp_client *rpc;
 	struct kvp_event_batch events;
-	struct kvp_sub_stats st;
 	char detail[256];
-	int replay_failed;          /* a batch in a replay did not decode */
-	uint64_t newest_seen;       /* the highest seq seen on the stream, plus one */
+	int replay_failed;                  /* a replayed batch did not fit: resynchronise */
 };
 
-/* Reopens the RPC session if the daemon no longer knows it (restart). */
-static int
-rpc_again(struct kvp_sub *s, int rv)
+static struct kvp_client_options
+rpc_options(const struct kvp_sub *s, const struct pool_state *ps)
 {
-	if (rv != KVP_EUNAUTH)
-		return rv;
 	struct kvp_client_options co = {
-		.url = s->o.rpc_url, .pool = s->pool, .token = s->o.token,
+		.url = s->o.rpc_url, .pool = ps->name, .token = s->o.token,
 		.client_name = "kvp-subscriber", .timeout_ms = s->o.timeout_ms,
 		.lease_ms = 86400000u, /* it holds no blocks: a long lease costs nothing */
 		.tls_ca_file = s->o.tls_ca_file, .tls_cert_file = s->o.tls_cert_file,
 		.tls_key_file = s->o.tls_key_file, .tls_server_name = s->o.tls_server_name,
 	};
+	return co;
+}
+
+/* Reopens a pool's RPC session if the daemon no longer knows it (restart). */
+static int
+rpc_again(struct kvp_sub *s, struct pool_state *ps, int rv)
+{
+	if (rv != KVP_EUNAUTH)
+		return rv;
+	struct kvp_client_options co = rpc_options(s, ps);
 	struct kvp_client *c = NULL;
 	if ((rv = kvp_client_open(&co, &c)) != KVP_OK)
 		return rv;
-	kvp_client_detach(s->rpc);
-	s->rpc = c;
+	kvp_client_detach(ps->rpc);
+	ps->rpc = c;
 	return KVP_EBUSY; /* try the call again */
 }
 
@@ -166,118 +180,136 @@ kvp_event_batch_decode(const uint8_t *bytes, size_t len, uint64_t *epoch, uint64
 /* ---- the subscriber ---- */
 
 static int
-resync(struct kvp_sub *s)
+resync(struct kvp_sub *s, struct pool_state *ps)
 {
 	struct kvp_snapshot *snap = NULL;
-	int rv = kvp_client_snapshot(s->rpc, &snap);
-	if (rv != KVP_OK && rpc_again(s, rv) == KVP_EBUSY)
-		rv = kvp_client_snapshot(s->rpc, &snap);
+	int rv = kvp_client_snapshot(ps->rpc, &snap);
+	if (rv != KVP_OK && rpc_again(s, ps, rv) == KVP_EBUSY)
+		rv = kvp_client_snapshot(ps->rpc, &snap);
 	if (rv != KVP_OK) {
-		snprintf(s->detail, sizeof(s->detail), "snapshot: %s", kvp_client_last_detail(s->rpc));
+		snprintf(s->detail, sizeof(s->detail), "%s: snapshot: %s", ps->name,
+		         kvp_client_last_detail(ps->rpc));
 		return rv;
 	}
-	s->st.epoch = snap->epoch;
-	s->st.next_seq = snap->next_seq;
-	s->st.resets++;
+	ps->st.epoch = snap->epoch;
+	ps->st.next_seq = snap->next_seq;
+	ps->st.resets++;
 	if (s->h.reset)
-		s->h.reset(s->h.ctx, snap->epoch, snap->next_seq, snap->entries, snap->num_entries);
+		s->h.reset(s->h.ctx, ps->name, snap->epoch, snap->next_seq, snap->entries,
+		           snap->num_entries);
 	kvp_snapshot_free(snap);
 	return KVP_OK;
 }
 
 static void
-deliver(struct kvp_sub *s, uint64_t seq, uint64_t ts)
+deliver(struct kvp_sub *s, struct pool_state *ps, uint64_t seq, uint64_t ts)
 {
 	if (s->h.batch)
-		s->h.batch(s->h.ctx, s->st.epoch, seq, ts, &s->events);
-	s->st.next_seq = seq + 1;
-	s->st.batches++;
+		s->h.batch(s->h.ctx, ps->name, ps->st.epoch, seq, ts, &s->events);
+	ps->st.next_seq = seq + 1;
+	ps->st.batches++;
 }
 
 static void
 replayed(void *ctx, const uint8_t *bytes, size_t len)
 {
 	struct kvp_sub *s = ctx;
+	struct pool_state *ps = s->cur;
 	uint64_t epoch, seq, ts;
-
 	bool tick;
+
 	if (s->replay_failed)
 		return;
 	if (decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events) != KVP_OK || tick ||
-	    epoch != s->st.epoch || seq != s->st.next_seq) {
+	    epoch != ps->st.epoch || seq != ps->st.next_seq) {
 		s->replay_failed = 1; /* out of order or corrupt: fall back to a snapshot */
 		return;
 	}
-	deliver(s, seq, ts);
-	s->st.replayed++;
+	deliver(s, ps, seq, ts);
+	ps->st.replayed++;
 }
 
 /* Fills [next_seq, upto) by Replay, or resynchronises from a Snapshot. */
 static int
-repair(struct kvp_sub *s, uint64_t upto)
+repair(struct kvp_sub *s, struct pool_state *ps, uint64_t upto)
 {
 	bool available = false;
 	uint64_t next = 0;
 	int rv;
 
-	s->st.gaps++;
+	ps->st.gaps++;
 	s->replay_failed = 0;
-	rv = kvp_client_replay(s->rpc, s->st.epoch, s->st.next_seq, &available, &next, replayed, s);
-	if (rv != KVP_OK && rpc_again(s, rv) == KVP_EBUSY)
-		rv = kvp_client_replay(s->rpc, s->st.epoch, s->st.next_seq, &available, &next, replayed,
-		                       s);
+	s->cur = ps;
+	rv = kvp_client_replay(ps->rpc, ps->st.epoch, ps->st.next_seq, &available, &next, replayed, s);
+	if (rv != KVP_OK && rpc_again(s, ps, rv) == KVP_EBUSY)
+		rv = kvp_client_replay(ps->rpc, ps->st.epoch, ps->st.next_seq, &available, &next,
+		                       replayed, s);
 	if (rv != KVP_OK) {
-		snprintf(s->detail, sizeof(s->detail), "replay: %s", kvp_client_last_detail(s->rpc));
+		snprintf(s->detail, sizeof(s->detail), "%s: replay: %s", ps->name,
+		         kvp_client_last_detail(ps->rpc));
 		return rv;
 	}
-	if (!available || s->replay_failed || s->st.next_seq < upto)
-		return resync(s);
+	if (!available || s->replay_failed || ps->st.next_seq < upto)
+		return resync(s, ps);
 	return KVP_OK;
+}
+
+static struct pool_state *
+pool_of(struct kvp_sub *s, const uint8_t *body, size_t len)
+{
+	for (size_t i = 0; i < s->num_pools; i++) {
+		struct pool_state *ps = &s->pools[i];
+		if (len >= ps->topic_len && memcmp(body, ps->topic, ps->topic_len) == 0)
+			return ps;
+	}
+	return NULL;
 }
 
 static int
 handle(struct kvp_sub *s, const uint8_t *body, size_t len)
 {
+	struct pool_state *ps = pool_of(s, body, len);
 	const uint8_t *bytes;
 	uint64_t epoch, seq, ts;
 	bool tick;
 	int rv;
 
-	if (len < s->topic_len || memcmp(body, s->topic, s->topic_len) != 0)
-		return KVP_OK; /* another pool's */
-	bytes = body + s->topic_len;
-	len -= s->topic_len;
+	if (ps == NULL)
+		return KVP_OK; /* a pool we do not follow */
+	bytes = body + ps->topic_len;
+	len -= ps->topic_len;
 	if ((rv = decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events)) != KVP_OK) {
-		snprintf(s->detail, sizeof(s->detail), "a published batch did not decode");
+		snprintf(s->detail, sizeof(s->detail), "%s: a published batch did not decode",
+		         ps->name);
 		return rv;
 	}
 	/* A tick carries no events; its seq is the next batch's. */
 	uint64_t newest = tick ? seq : seq + 1;
-	if (newest > s->newest_seen)
-		s->newest_seen = newest;
-	if (epoch != s->st.epoch) {
+	if (newest > ps->newest_seen)
+		ps->newest_seen = newest;
+	if (epoch != ps->st.epoch) {
 		/* The daemon restarted (or we started before it): start over. */
-		if ((rv = resync(s)) != KVP_OK || tick || epoch != s->st.epoch)
+		if ((rv = resync(s, ps)) != KVP_OK || tick || epoch != ps->st.epoch)
 			return rv; /* a tick, or an old epoch's straggler */
 		if ((rv = decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events)) != KVP_OK)
 			return rv;
 	}
 	if (tick)
-		return seq > s->st.next_seq ? repair(s, seq) : KVP_OK;
-	if (seq < s->st.next_seq)
+		return seq > ps->st.next_seq ? repair(s, ps, seq) : KVP_OK;
+	if (seq < ps->st.next_seq)
 		return KVP_OK; /* already applied (replayed, or in the snapshot) */
-	if (seq > s->st.next_seq) {
-		if ((rv = repair(s, seq)) != KVP_OK)
+	if (seq > ps->st.next_seq) {
+		if ((rv = repair(s, ps, seq)) != KVP_OK)
 			return rv;
-		if (seq < s->st.next_seq || epoch != s->st.epoch)
+		if (seq < ps->st.next_seq || epoch != ps->st.epoch)
 			return KVP_OK;
-		if (seq > s->st.next_seq)
-			return resync(s);
+		if (seq > ps->st.next_seq)
+			return resync(s, ps);
 		/* The repair used s->events: decode this batch again. */
 		if ((rv = decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events)) != KVP_OK)
 			return rv;
 	}
-	deliver(s, seq, ts);
+	deliver(s, ps, seq, ts);
 	return KVP_OK;
 }
 
@@ -311,31 +343,45 @@ int
 kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *h,
              struct kvp_sub **out)
 {
+	static const char *const default_pool[] = {"default"};
+	const char *const *names;
+	size_t n;
 	struct kvp_sub *s;
 	int rv;
 
 	if (o == NULL || h == NULL || out == NULL || o->events_url == NULL || o->rpc_url == NULL ||
-	    (o->pool && strlen(o->pool) >= KVP_WIRE_MAX_NAME))
+	    (o->pools && o->num_pools == 0))
 		return KVP_EINVAL;
-	if ((s = calloc(1, sizeof(*s))) == NULL)
+	names = o->pools ? o->pools : (o->pool ? &o->pool : default_pool);
+	n = o->pools ? o->num_pools : 1;
+	for (size_t i = 0; i < n; i++)
+		if (names[i] == NULL || strlen(names[i]) >= KVP_WIRE_MAX_NAME)
+			return KVP_EINVAL;
+	if ((s = calloc(1, sizeof(*s))) == NULL || (s->pools = calloc(n, sizeof(*s->pools))) == NULL) {
+		free(s);
 		return KVP_ENOMEM;
+	}
 	s->o = *o;
 	s->h = *h;
-	snprintf(s->pool, sizeof(s->pool), "%s", o->pool ? o->pool : "default");
-	s->topic_len = strlen(s->pool) + 1;
-	memcpy(s->topic, s->pool, s->topic_len);
+	s->num_pools = n;
 	kvp_event_batch_init(&s->events);
 	if (nng_sub0_open(&s->sock) != 0) {
-		free(s);
+		kvp_sub_close(s);
 		return KVP_EINTERNAL;
 	}
 	(void)nng_socket_set_int(s->sock, NNG_OPT_RECVBUF, o->recv_buffer ? o->recv_buffer : 8192);
 	(void)nng_socket_set_size(s->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
 	(void)nng_socket_set_ms(s->sock, NNG_OPT_RECONNMINT, 10);
 	(void)nng_socket_set_ms(s->sock, NNG_OPT_RECONNMAXT, 1000);
-	if (nng_socket_set(s->sock, NNG_OPT_SUB_SUBSCRIBE, s->topic, s->topic_len) != 0) {
-		kvp_sub_close(s);
-		return KVP_EINTERNAL;
+	for (size_t i = 0; i < n; i++) {
+		struct pool_state *ps = &s->pools[i];
+		snprintf(ps->name, sizeof(ps->name), "%s", names[i]);
+		ps->topic_len = strlen(ps->name) + 1;
+		memcpy(ps->topic, ps->name, ps->topic_len);
+		if (nng_socket_set(s->sock, NNG_OPT_SUB_SUBSCRIBE, ps->topic, ps->topic_len) != 0) {
+			kvp_sub_close(s);
+			return KVP_EINTERNAL;
+		}
 	}
 	nng_dialer d;
 	if ((rv = nng_dialer_create(&d, s->sock, o->events_url)) != 0) {
@@ -368,25 +414,32 @@ kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *h,
 		kvp_sub_close(s);
 		return KVP_EINTERNAL;
 	}
-	struct kvp_client_options co = {
-		.url = o->rpc_url, .pool = s->pool, .token = o->token, .client_name = "kvp-subscriber",
-		.timeout_ms = o->timeout_ms, .lease_ms = 86400000u, .tls_ca_file = o->tls_ca_file,
-		.tls_cert_file = o->tls_cert_file, .tls_key_file = o->tls_key_file,
-		.tls_server_name = o->tls_server_name,
-	};
-	if ((rv = kvp_client_open(&co, &s->rpc)) != KVP_OK || (rv = resync(s)) != KVP_OK) {
-		kvp_sub_close(s);
-		return rv;
+	for (size_t i = 0; i < n; i++) {
+		struct pool_state *ps = &s->pools[i];
+		struct kvp_client_options co = rpc_options(s, ps);
+		if ((rv = kvp_client_open(&co, &ps->rpc)) != KVP_OK || (rv = resync(s, ps)) != KVP_OK) {
+			kvp_sub_close(s);
+			return rv;
+		}
 	}
 	*out = s;
 	return KVP_OK;
 }
 
-void
-kvp_sub_get_stats(const struct kvp_sub *s, struct kvp_sub_stats *out)
+int
+kvp_sub_get_stats(const struct kvp_sub *s, const char *pool, struct kvp_sub_stats *out)
 {
-	*out = s->st;
-	out->lag = s->newest_seen > s->st.next_seq ? s->newest_seen - s->st.next_seq : 0;
+	if (s == NULL || out == NULL)
+		return KVP_EINVAL;
+	for (size_t i = 0; i < s->num_pools; i++) {
+		const struct pool_state *ps = &s->pools[i];
+		if (pool != NULL && strcmp(pool, ps->name) != 0)
+			continue;
+		*out = ps->st;
+		out->lag = ps->newest_seen > ps->st.next_seq ? ps->newest_seen - ps->st.next_seq : 0;
+		return KVP_OK;
+	}
+	return KVP_ENOTFOUND;
 }
 
 const char *
@@ -403,7 +456,9 @@ kvp_sub_close(struct kvp_sub *s)
 	nng_close(s->sock);
 	if (s->tls)
 		nng_tls_config_free(s->tls);
-	kvp_client_close(s->rpc);
+	for (size_t i = 0; s->pools && i < s->num_pools; i++)
+		kvp_client_close(s->pools[i].rpc);
+	free(s->pools);
 	kvp_event_batch_fini(&s->events);
 	free(s);
 }

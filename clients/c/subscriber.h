@@ -1,8 +1,9 @@
 /*
  * subscriber.h: follow a pool's event stream and never silently diverge.
  *
- * A subscriber receives the pool's EventBatch messages from the daemon's PUB
- * socket and hands them to the caller in seq order, exactly once each. It
+ * A subscriber receives one or more pools' EventBatch messages from the
+ * daemon's PUB socket and hands each pool's to the caller in seq order,
+ * exactly once each. It
  * detects what PUB/SUB cannot report: a gap in seq (a dropped message) is
  * filled with Replay; when the batches are gone from the replay ring, or the
  * epoch changes (the daemon restarted), it takes a Snapshot and reports a
@@ -24,7 +25,9 @@
 struct kvp_sub_options {
 	const char *events_url;     /* the daemon's --events endpoint */
 	const char *rpc_url;        /* its RPC endpoint, for Replay and Snapshot */
-	const char *pool;           /* NULL: "default" */
+	const char *pool;           /* one pool (NULL: "default"), unless pools is set */
+	const char *const *pools;   /* several pools on one socket */
+	size_t num_pools;
 	const char *token;
 	uint32_t timeout_ms;        /* RPC, per attempt; 0: 5000 */
 	int recv_buffer;            /* SUB queue in messages; 0: 8192 */
@@ -38,11 +41,11 @@ struct kvp_sub_handler {
 	 * many blocks hold it. Called at open, after an epoch change, and when a
 	 * gap could not be replayed. Batches from next_seq on follow.
 	 */
-	void (*reset)(void *ctx, uint64_t epoch, uint64_t next_seq,
+	void (*reset)(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
 	              const struct kvp_snapshot_entry *entries, size_t n);
-	/* One batch, in seq order, none missing, none twice. */
-	void (*batch)(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts_unix_ns,
-	              const struct kvp_event_batch *events);
+	/* One batch of one pool, in that pool's seq order, none missing, none twice. */
+	void (*batch)(void *ctx, const char *pool, uint64_t epoch, uint64_t seq,
+	              uint64_t ts_unix_ns, const struct kvp_event_batch *events);
 };
 
 struct kvp_sub_stats {
@@ -58,8 +61,9 @@ struct kvp_sub_stats {
 struct kvp_sub;
 
 /*
- * Subscribes, then takes a Snapshot and calls reset. KVP_EINVAL, KVP_EINTERNAL
- * (transport), or any status of the RPC client's open and Snapshot.
+ * Subscribes to each pool, then takes each pool's Snapshot and calls reset.
+ * KVP_EINVAL, KVP_EINTERNAL (transport), or any status of the RPC client's
+ * open and Snapshot (a session per pool, for Replay and Snapshot).
  */
 int kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *h,
                  struct kvp_sub **out);
@@ -72,7 +76,8 @@ int kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *
  */
 int kvp_sub_poll(struct kvp_sub *s, uint32_t timeout_ms);
 
-void kvp_sub_get_stats(const struct kvp_sub *s, struct kvp_sub_stats *out);
+/* A pool's counters (pool NULL: the first pool). KVP_ENOTFOUND if not followed. */
+int kvp_sub_get_stats(const struct kvp_sub *s, const char *pool, struct kvp_sub_stats *out);
 const char *kvp_sub_last_detail(const struct kvp_sub *s);
 /* NULL: no-op. */
 void kvp_sub_close(struct kvp_sub *s);

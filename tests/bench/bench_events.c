@@ -58,7 +58,8 @@ struct subscriber {
 };
 
 static void
-on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot_entry *e, size_t n)
+on_reset(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
+         const struct kvp_snapshot_entry *e, size_t n)
 {
 	struct subscriber *s = ctx;
 	(void)epoch;
@@ -68,7 +69,8 @@ on_reset(void *ctx, uint64_t epoch, uint64_t next_seq, const struct kvp_snapshot
 }
 
 static void
-on_batch(void *ctx, uint64_t epoch, uint64_t seq, uint64_t ts, const struct kvp_event_batch *b)
+on_batch(void *ctx, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
+         const struct kvp_event_batch *b)
 {
 	struct subscriber *s = ctx;
 	(void)epoch;
@@ -202,7 +204,7 @@ measure_stream(int nsubs, int nprod)
 		/* Count from here. */
 		while (kvp_sub_poll(subs[i].sub, 50) == KVP_OK) {
 			struct kvp_sub_stats st;
-			kvp_sub_get_stats(subs[i].sub, &st);
+			kvp_sub_get_stats(subs[i].sub, NULL, &st);
 			if (st.lag == 0)
 				break;
 		}
@@ -210,7 +212,7 @@ measure_stream(int nsubs, int nprod)
 		pthread_create(&subs[i].th, NULL, sub_main, &subs[i]);
 	}
 	struct kvp_sub_stats st0;
-	kvp_sub_get_stats(subs[0].sub, &st0);
+	kvp_sub_get_stats(subs[0].sub, NULL, &st0);
 	double t0 = now();
 	for (int i = 0; i < nprod - 1; i++) {
 		memset(&extra[i], 0, sizeof(extra[i]));
@@ -239,7 +241,7 @@ measure_stream(int nsubs, int nprod)
 	for (int i = 0; i < nsubs && snap; i++) {
 		for (int k = 0; k < 3000; k++) {
 			struct kvp_sub_stats st;
-			kvp_sub_get_stats(subs[i].sub, &st);
+			kvp_sub_get_stats(subs[i].sub, NULL, &st);
 			if (st.next_seq >= snap->next_seq)
 				break;
 			nanosleep(&(struct timespec){0, 2000000}, NULL);
@@ -252,7 +254,7 @@ measure_stream(int nsubs, int nprod)
 		atomic_store(&subs[i].stop, true);
 		pthread_join(subs[i].th, NULL);
 		struct kvp_sub_stats st;
-		kvp_sub_get_stats(subs[i].sub, &st);
+		kvp_sub_get_stats(subs[i].sub, NULL, &st);
 		r.gaps += st.gaps;
 		r.replayed += st.replayed;
 		r.resets += st.resets - 1;
@@ -374,7 +376,7 @@ measure_latency(double *p50, double *p99)
 		return;
 	for (int i = 0; i < N; i++) {
 		struct kvp_sub_stats st;
-		kvp_sub_get_stats(s.sub, &st);
+		kvp_sub_get_stats(s.sub, NULL, &st);
 		uint64_t want = st.next_seq + 1;
 		double t0 = now();
 		if (load_step(&l) != 0)
@@ -382,7 +384,7 @@ measure_latency(double *p50, double *p99)
 		while (1) {
 			if (kvp_sub_poll(s.sub, 1) != KVP_OK)
 				break;
-			kvp_sub_get_stats(s.sub, &st);
+			kvp_sub_get_stats(s.sub, NULL, &st);
 			if (st.next_seq >= want || now() - t0 > 1.0)
 				break;
 		}
