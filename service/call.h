@@ -1,0 +1,74 @@
+/*
+ * call.h: one call in progress, shared by the dispatcher (dispatch.c) and
+ * the handlers of each family of calls (calls_blocks.c, calls_requests.c,
+ * calls_stream.c).
+ *
+ * Internal to the daemon; everything here runs under the pool's lock. A
+ * handler validates the whole call before the engine changes anything,
+ * records ownership only after the engine succeeded, builds its result from
+ * kvpd_scratch() memory (freed when the reply is packed), and reports
+ * failures with kvpd_fail(), which keeps the detail for the reply.
+ */
+#ifndef KVPD_CALL_H
+#define KVPD_CALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "block_hash.h"
+#include "dispatch.h"
+
+#define MAX_MM_FEATURES 256
+
+/* One call in progress: its status, detail, and its pool's scratch arena. */
+struct call {
+	struct kvpd_pool *p;
+	struct kvpd_session *sess;
+	int status;
+	char detail[256];
+	bool oom;
+};
+
+/* Sets the call's status and detail; returns the status. */
+int kvpd_fail(struct call *c, int status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Zeroed memory that lives until the call's reply is packed; NULL on ENOMEM. */
+void *kvpd_scratch(struct call *c, size_t n);
+/* A zeroed, initialised protobuf-c message from scratch memory. */
+void *kvpd_new_msg(struct call *c, const ProtobufCMessageDescriptor *d);
+#define NEW(c, type, desc) ((type *)kvpd_new_msg((c), &(desc)))
+
+/* A call's extra-key sources, decoded from the wire. */
+struct call_keys {
+	struct kvp_mm_feature mm[MAX_MM_FEATURES];
+	struct kvp_request_keys keys;
+	const struct kvp_request_keys *ptr; /* NULL when the call has none */
+	bool has_lora_id;
+	int64_t lora_id;
+};
+
+int kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_keys *out);
+
+/* Block-level calls (calls_blocks.c). */
+int kvpd_h_allocate(struct call *c, const Kvpool__V1__AllocateRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_free(struct call *c, const Kvpool__V1__FreeRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_evict(struct call *c, const Kvpool__V1__EvictRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_reset(struct call *c, Kvpool__V1__Reply *out);
+int kvpd_h_stats(struct call *c, Kvpool__V1__Reply *out);
+
+/* Request-level calls (calls_requests.c). */
+int kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
+                          Kvpool__V1__Reply *out);
+int kvpd_h_free_request(struct call *c, const Kvpool__V1__FreeRequestRequest *m,
+                        Kvpool__V1__Reply *out);
+int kvpd_h_get_computed_blocks(struct call *c, const Kvpool__V1__GetComputedBlocksRequest *m,
+                               Kvpool__V1__Reply *out);
+
+/* The event stream's repair (calls_stream.c). */
+int kvpd_h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_snapshot(struct call *c, Kvpool__V1__Reply *out);
+
+#endif /* KVPD_CALL_H */

@@ -1,0 +1,386 @@
+/* Block-level calls: vLLM's BlockPool primitives over the wire. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "call.h"
+#include "kvp_status.h"
+#include "manager.h"
+#include "pool.h"
+#include "wire.h"
+
+#define MAX_GROUPS_PER_LOOKUP 64
+
+static int
+check_ids(struct call *c, const int32_t *ids, size_t n)
+{
+	uint32_t nb = kvp_pool_num_blocks(c->p->pool);
+	if (n > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu ids in one call; the limit is %u", n,
+		            c->p->limits.max_ids);
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || (uint32_t)ids[i] >= nb)
+			return kvpd_fail(c, KVP_ERANGE, "block id %d is outside the pool (0..%u)", ids[i],
+			            nb - 1);
+	return KVP_OK;
+}
+
+/* The session must hold one reference per occurrence of each non-null id. */
+static int
+check_owned(struct call *c, const int32_t *ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (ids[i] == KVP_NULL_BLOCK)
+			continue;
+		/* Repeats need one reference each; in long lists the engine refuses them. */
+		uint32_t need = 1;
+		for (size_t j = 0; n <= 64 && j < i; j++)
+			need += ids[j] == ids[i];
+		if (kvpd_session_held(c->sess, ids[i]) < need)
+			return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d",
+			            ids[i]);
+	}
+	return KVP_OK;
+}
+
+static int
+engine(struct call *c, int rv, const char *what)
+{
+	if (rv != KVP_OK)
+		return kvpd_fail(c, rv, "%s: %s", what, kvp_strerror(rv));
+	return KVP_OK;
+}
+
+/* ---- block-level calls ---- */
+
+int
+kvpd_h_allocate(struct call *c, const Kvpool__V1__AllocateRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__AllocateReply *r;
+	int32_t *ids;
+	int rv;
+
+	if (m->num_blocks > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%u blocks in one call; the limit is %u", m->num_blocks,
+		            c->p->limits.max_ids);
+	if (m->num_blocks > kvp_pool_num_free(c->p->pool))
+		return kvpd_fail(c, KVP_ENOSPACE, "%u blocks asked, %u free", m->num_blocks,
+		            kvp_pool_num_free(c->p->pool));
+	r = NEW(c, Kvpool__V1__AllocateReply, kvpool__v1__allocate_reply__descriptor);
+	ids = kvpd_scratch(c, (size_t)m->num_blocks * sizeof(*ids));
+	if (r == NULL || ids == NULL || kvpd_session_reserve(c->sess, m->num_blocks) != KVP_OK)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if ((rv = engine(c, kvp_pool_get_new_blocks(c->p->pool, m->num_blocks, ids), "allocate")))
+		return rv;
+	for (uint32_t i = 0; i < m->num_blocks; i++)
+		kvpd_session_add(c->sess, ids[i]);
+	r->block_ids = ids;
+	r->n_block_ids = m->num_blocks;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE;
+	out->allocate = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__TouchReply *r = NEW(c, Kvpool__V1__TouchReply, kvpool__v1__touch_reply__descriptor);
+	int rv;
+
+	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)))
+		return rv;
+	if (r == NULL || kvpd_session_reserve(c->sess, m->n_block_ids) != KVP_OK)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if ((rv = engine(c, kvp_pool_touch(c->p->pool, m->block_ids, m->n_block_ids), "touch")))
+		return rv;
+	for (size_t i = 0; i < m->n_block_ids; i++)
+		if (m->block_ids[i] != KVP_NULL_BLOCK)
+			kvpd_session_add(c->sess, m->block_ids[i]);
+	out->result_case = KVPOOL__V1__REPLY__RESULT_TOUCH;
+	out->touch = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_free(struct call *c, const Kvpool__V1__FreeRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__FreeReply *r = NEW(c, Kvpool__V1__FreeReply, kvpool__v1__free_reply__descriptor);
+	int rv;
+
+	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)) ||
+	    (rv = check_owned(c, m->block_ids, m->n_block_ids)))
+		return rv;
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if ((rv = engine(c, kvp_pool_free_blocks(c->p->pool, m->block_ids, m->n_block_ids), "free")))
+		return rv;
+	for (size_t i = 0; i < m->n_block_ids; i++)
+		if (m->block_ids[i] != KVP_NULL_BLOCK)
+			kvpd_session_remove(c->sess, m->block_ids[i]);
+	out->result_case = KVPOOL__V1__REPLY__RESULT_FREE;
+	out->free = r;
+	return KVP_OK;
+}
+
+int
+kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_keys *out)
+{
+	if (kvp_wire_keys_from_proto(k, &out->keys, out->mm, MAX_MM_FEATURES, &out->has_lora_id,
+	                             &out->lora_id) != KVP_OK)
+		return kvpd_fail(c, KVP_EINVAL, "bad request keys (mm features unsorted, or over %d)",
+		            MAX_MM_FEATURES);
+	out->ptr = k ? &out->keys : NULL;
+	return KVP_OK;
+}
+
+/*
+ * The fine hashes of a call: given (a multiple of 32 bytes) or computed
+ * from the request's tokens (from position 0) and keys.
+ */
+static int
+fine_hashes(struct call *c, ProtobufCBinaryData given, const int64_t *tokens, size_t ntok,
+            const struct kvp_request_keys *keys, const uint8_t **out, size_t *n, bool *computed)
+{
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	*computed = false;
+	if (given.len > 0) {
+		if (given.len % KVP_HASH_LEN != 0)
+			return kvpd_fail(c, KVP_EINVAL, "block_hashes is %zu bytes, not a multiple of 32",
+			            given.len);
+		if (given.len / KVP_HASH_LEN > c->p->limits.max_ids)
+			return kvpd_fail(c, KVP_EINVAL, "too many hashes in one call");
+		*out = given.data;
+		*n = given.len / KVP_HASH_LEN;
+		return KVP_OK;
+	}
+	if (ntok > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu tokens in one call; the limit is %u", ntok,
+		            c->p->limits.max_ids);
+	size_t full = ntok / hbs;
+	uint8_t *buf = kvpd_scratch(c, full * KVP_HASH_LEN);
+	if (buf == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	int rv = kvp_hash_request(c->p->hasher, keys, tokens, ntok, hbs, NULL, 0, buf, full, n);
+	if (rv != KVP_OK)
+		return kvpd_fail(c, rv, "hashing tokens: %s", kvp_strerror(rv));
+	*out = buf;
+	*computed = true;
+	return KVP_OK;
+}
+
+int
+kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__CacheReply *r = NEW(c, Kvpool__V1__CacheReply, kvpool__v1__cache_reply__descriptor);
+	struct call_keys ck;
+	bool computed;
+	const uint8_t *hashes = NULL;
+	size_t nh = 0;
+	bool *mask = NULL;
+	int rv;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)))
+		return rv;
+	if (m->n_token_ids > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call");
+	if ((rv = kvpd_parse_keys(c, m->keys, &ck)))
+		return rv;
+	uint32_t nc = m->num_cached_blocks, nf = m->num_full_blocks;
+	if (nf > m->n_block_ids)
+		return kvpd_fail(c, KVP_EINVAL, "num_full_blocks %u > %zu block ids", nf, m->n_block_ids);
+	if (m->block_mask.len > 0) {
+		if (nf < nc || m->block_mask.len != (size_t)(nf - nc))
+			return kvpd_fail(c, KVP_EINVAL, "block_mask must have num_full - num_cached entries");
+		if ((mask = kvpd_scratch(c, m->block_mask.len * sizeof(*mask))) == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		for (size_t i = 0; i < m->block_mask.len; i++)
+			mask[i] = m->block_mask.data[i] != 0;
+	}
+	for (uint32_t i = nc; i < nf; i++) {
+		int32_t id = m->block_ids[i];
+		if (id != KVP_NULL_BLOCK && (mask == NULL || mask[i - nc]) &&
+		    kvpd_session_held(c->sess, id) == 0)
+			return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d", id);
+	}
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	size_t first_token = 0;
+	if (m->parent_hash.len > 0) {
+		/* Only the new tokens, chained from the caller's last hash. */
+		uint8_t *all;
+		size_t n = 0;
+		if (m->parent_hash.len != KVP_HASH_LEN || nc == 0 || nf < nc ||
+		    (m->block_size && m->block_size != hbs) || m->block_hashes.len > 0)
+			return kvpd_fail(c, KVP_EINVAL, "parent_hash needs 32 bytes, num_cached_blocks >= 1, "
+			                           "token_ids (not block_hashes) and the pool's block size");
+		if ((all = kvpd_scratch(c, (size_t)nf * KVP_HASH_LEN)) == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		memcpy(all + (size_t)(nc - 1) * KVP_HASH_LEN, m->parent_hash.data, KVP_HASH_LEN);
+		/* Hash only the blocks to cache; later tokens (a partial block) wait. */
+		size_t want = (size_t)(nf - nc) * hbs;
+		rv = kvp_hash_chain(c->p->hasher, ck.ptr, m->token_ids,
+		                    m->n_token_ids < want ? m->n_token_ids : want, hbs, nc,
+		                    m->parent_hash.data, all + (size_t)nc * KVP_HASH_LEN, nf - nc, &n);
+		if (rv != KVP_OK)
+			return kvpd_fail(c, rv, "hashing tokens: %s", kvp_strerror(rv));
+		if (n < nf - nc)
+			return kvpd_fail(c, KVP_EINVAL, "%zu token(s) fill %zu of the %u blocks to cache",
+			            m->n_token_ids, n, nf - nc);
+		hashes = all;
+		nh = nf;
+		first_token = (size_t)nc * hbs;
+	} else if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr,
+	                             &hashes, &nh, &computed))) {
+		return rv;
+	}
+	struct kvp_cache_args a = {
+		.block_hashes = hashes, .num_block_hashes = nh,
+		.token_ids = m->token_ids, .num_tokens = m->n_token_ids, .first_token = first_token,
+		.keys = ck.ptr, .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id,
+		.num_cached_blocks = nc, .num_full_blocks = nf,
+		.block_size = m->block_size ? m->block_size : kvp_pool_hash_block_size(c->p->pool),
+		.group_id = m->group_id, .block_mask = mask,
+	};
+	struct kvp_pool_stats before, after;
+	kvp_pool_get_stats(c->p->pool, &before);
+	rv = kvp_pool_cache_full_blocks(c->p->pool, m->block_ids, m->n_block_ids, &a);
+	if (rv == KVP_EINVAL)
+		return kvpd_fail(c, rv, "cache: bad range, block size, hash list or mask (num_cached %u, "
+		                   "num_full %u, %zu hashes, block_size %u)", nc, nf, nh, a.block_size);
+	if ((rv = engine(c, rv, "cache")))
+		return rv;
+	kvp_pool_get_stats(c->p->pool, &after);
+	r->num_stored = (uint32_t)(after.blocks_stored - before.blocks_stored);
+	out->result_case = KVPOOL__V1__REPLY__RESULT_CACHE;
+	out->cache = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__LookupReply *r = NEW(c, Kvpool__V1__LookupReply, kvpool__v1__lookup_reply__descriptor);
+	struct call_keys ck;
+	bool computed;
+	const uint8_t *hashes = NULL;
+	size_t nh = 0;
+	const uint32_t g0 = 0;
+	const uint32_t *groups = m->n_group_ids ? m->group_ids : &g0;
+	size_t ng = m->n_group_ids ? m->n_group_ids : 1;
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	uint32_t bs = m->block_size ? m->block_size : hbs;
+	int rv;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (ng > MAX_GROUPS_PER_LOOKUP)
+		return kvpd_fail(c, KVP_EINVAL, "%zu groups in one lookup; the limit is %d", ng,
+		            MAX_GROUPS_PER_LOOKUP);
+	if (bs % hbs != 0 || (size_t)(bs / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(c->p->pool))
+		return kvpd_fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
+	if ((rv = kvpd_parse_keys(c, m->keys, &ck)) ||
+	    (rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
+	                      &nh, &computed)))
+		return rv;
+	uint32_t k = bs / hbs;
+	size_t ncoarse = nh / k, hit = 0;
+	int32_t *ids = kvpd_scratch(c, ncoarse * ng * sizeof(*ids));
+	int32_t *row = kvpd_scratch(c, ng * sizeof(*row));
+	if (ids == NULL || row == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	/* Left to right, all groups per position, stopping at the first miss. */
+	while (hit < ncoarse &&
+	       kvp_pool_get_cached_block(c->p->pool, hashes + hit * k * KVP_HASH_LEN,
+	                                 (size_t)k * KVP_HASH_LEN, groups, ng, row) == KVP_OK) {
+		for (size_t g = 0; g < ng; g++)
+			ids[g * ncoarse + hit] = row[g];
+		hit++;
+	}
+	/* Compact to hit entries per group, group after group. */
+	for (size_t g = 1; g < ng; g++)
+		memmove(ids + g * hit, ids + g * ncoarse, hit * sizeof(*ids));
+	r->num_hit_blocks = (uint32_t)hit;
+	r->block_ids = ids;
+	r->n_block_ids = hit * ng;
+	r->hit_tokens = (uint32_t)(hit * bs);
+	if (computed) {
+		r->block_hashes.data = (uint8_t *)hashes;
+		r->block_hashes.len = nh * KVP_HASH_LEN;
+	}
+	out->result_case = KVPOOL__V1__REPLY__RESULT_LOOKUP;
+	out->lookup = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_evict(struct call *c, const Kvpool__V1__EvictRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__EvictReply *r = NEW(c, Kvpool__V1__EvictReply, kvpool__v1__evict_reply__descriptor);
+	struct kvp_pool_stats before, after;
+	int rv;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)))
+		return rv;
+	kvp_pool_get_stats(c->p->pool, &before);
+	if ((rv = engine(c, kvp_pool_evict_blocks(c->p->pool, m->block_ids, m->n_block_ids), "evict")))
+		return rv;
+	kvp_pool_get_stats(c->p->pool, &after);
+	r->num_evicted = (uint32_t)(after.blocks_evicted - before.blocks_evicted);
+	out->result_case = KVPOOL__V1__REPLY__RESULT_EVICT;
+	out->evict = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_reset(struct call *c, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__ResetReply *r = NEW(c, Kvpool__V1__ResetReply, kvpool__v1__reset_reply__descriptor);
+	int rv;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	rv = kvp_pool_reset_prefix_cache(c->p->pool);
+	if (rv == KVP_ESTATE)
+		return kvpd_fail(c, rv, "reset refused: %u blocks are in use",
+		            kvp_pool_num_blocks(c->p->pool) - 1 - kvp_pool_num_free(c->p->pool));
+	if ((rv = engine(c, rv, "reset")))
+		return rv;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_RESET;
+	out->reset = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_stats(struct call *c, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__StatsReply *r = NEW(c, Kvpool__V1__StatsReply, kvpool__v1__stats_reply__descriptor);
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	struct kvpd_pool_gauges g;
+	kvpd_pool_gauges(c->p, &g);
+	r->num_blocks = g.num_blocks;
+	r->num_free = g.num_free;
+	r->num_cached_blocks = g.num_cached_blocks;
+	r->num_cached_keys = g.num_cached_keys;
+	r->usage = g.usage;
+	r->blocks_allocated = g.blocks_allocated;
+	r->blocks_evicted = g.blocks_evicted;
+	r->alloc_failures = g.alloc_failures;
+	r->blocks_stored = g.blocks_stored;
+	r->resets = g.resets;
+	r->prefix_requests = g.prefix_requests;
+	r->prefix_queries = g.prefix_queries;
+	r->prefix_hits = g.prefix_hits;
+	r->sessions = (uint32_t)c->p->num_sessions;
+	r->leases_expired = c->p->counters.leases_expired;
+	r->events_emitted = c->p->counters.events_emitted;
+	r->active_requests = (uint32_t)g.active_requests;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_STATS;
+	out->stats = r;
+	return KVP_OK;
+}
+
