@@ -25,11 +25,12 @@ static struct kvp_pool *pool;
 static struct kvp_mgr *mgr;
 static struct kvp_event_batch events;
 
-static void
-die(const char *what, int rv)
+/* Reports a failed call and hands its status back for the caller to return. */
+static int
+fail(const char *what, int rv)
 {
 	fprintf(stderr, "demo: %s: %s (%s)\n", what, kvp_strerror(rv), kvp_status_name(rv));
-	exit(1);
+	return rv;
 }
 
 static void
@@ -42,12 +43,12 @@ print_ids(const char *label, const int32_t *ids, size_t n)
 }
 
 /* Prints what the pool emitted since the last call, vLLM's event fields. */
-static void
+static int
 print_events(void)
 {
 	int rv = kvp_mgr_take_events(mgr, &events);
 	if (rv != KVP_OK)
-		die("take events", rv);
+		return fail("take events", rv);
 	for (size_t i = 0; i < kvp_event_batch_count(&events); i++) {
 		struct kvp_event ev;
 		(void)kvp_event_batch_get(&events, i, &ev);
@@ -72,6 +73,7 @@ print_events(void)
 			break;
 		}
 	}
+	return KVP_OK;
 }
 
 static void
@@ -83,7 +85,7 @@ print_pool(void)
 }
 
 /* A request: the shared system prompt, then its own user tokens. */
-static void
+static int
 arrive(uint64_t id, int user_tokens)
 {
 	int64_t tok[64];
@@ -95,7 +97,7 @@ arrive(uint64_t id, int user_tokens)
 	struct kvp_request_desc d = {.prompt = tok, .num_prompt = (size_t)n};
 	int rv = kvp_mgr_add_request(mgr, id, &d);
 	if (rv != KVP_OK)
-		die("add request", rv);
+		return fail("add request", rv);
 
 	int32_t hits[16], fresh[16];
 	int32_t *const hit_out[] = {hits};
@@ -104,7 +106,7 @@ arrive(uint64_t id, int user_tokens)
 	uint32_t hit = 0;
 	size_t count = 0;
 	if ((rv = kvp_mgr_get_computed_blocks(mgr, id, hit_out, 16, &hit)) != KVP_OK)
-		die("lookup", rv);
+		return fail("lookup", rv);
 	printf("request %" PRIu64 " arrives: %d prompt tokens, prefix hit %u tokens ", id, n, hit);
 	print_ids("", hits, hit / BS);
 	printf("\n");
@@ -116,21 +118,23 @@ arrive(uint64_t id, int user_tokens)
 		printf("    no room: the scheduler must preempt or wait (nothing changed)\n");
 		kvp_mgr_free_request(mgr, id);
 		print_pool();
-		return;
+		return KVP_OK;
 	}
 	if (rv != KVP_OK)
-		die("allocate", rv);
+		return fail("allocate", rv);
 	const int32_t *all;
 	size_t nall;
 	(void)kvp_mgr_request_blocks(mgr, id, 0, &all, &nall);
 	print_ids("    allocated ", fresh, count);
 	print_ids(", block table ", all, nall);
 	printf("\n");
-	print_events();
+	if ((rv = print_events()) != KVP_OK)
+		return rv;
 	print_pool();
+	return KVP_OK;
 }
 
-static void
+static int
 decode(uint64_t id, int steps)
 {
 	for (int s = 0; s < steps; s++) {
@@ -143,27 +147,28 @@ decode(uint64_t id, int steps)
 		if (rv == KVP_OK)
 			rv = kvp_mgr_allocate_slots(mgr, id, &a, out, 4, &count);
 		if (rv != KVP_OK)
-			die("decode", rv);
+			return fail("decode", rv);
 	}
 	printf("request %" PRIu64 " decodes %d tokens\n", id, steps);
-	print_events();
+	return print_events();
 }
 
-static void
+static int
 finish(uint64_t id)
 {
 	int rv = kvp_mgr_free_request(mgr, id);
 	if (rv != KVP_OK)
-		die("free", rv);
+		return fail("free", rv);
 	printf("request %" PRIu64 " finishes: its blocks go back to the free queue, still cached\n",
 	       id);
 	print_pool();
+	return KVP_OK;
 }
 
 int
 main(void)
 {
-	struct kvp_hasher *hasher;
+	struct kvp_hasher *hasher = NULL;
 	struct kvp_pool_config pc = {.num_blocks = NUM_BLOCKS, .hash_block_size = BS,
 	                             .enable_caching = true, .enable_events = true,
 	                             .medium = "CPU"};
@@ -171,26 +176,20 @@ main(void)
 	struct kvp_mgr_config mc = {.num_groups = 1, .block_sizes = bs, .max_model_len = 64};
 	int rv;
 
-	if ((rv = kvp_hasher_create("0", &hasher)) != KVP_OK)
-		die("hasher", rv);
-	if ((rv = kvp_pool_create(&pc, &pool)) != KVP_OK)
-		die("pool", rv);
-	if ((rv = kvp_mgr_create(pool, hasher, &mc, &mgr)) != KVP_OK)
-		die("manager", rv);
 	kvp_event_batch_init(&events);
+	if ((rv = kvp_hasher_create("0", &hasher)) != KVP_OK ||
+	    (rv = kvp_pool_create(&pc, &pool)) != KVP_OK ||
+	    (rv = kvp_mgr_create(pool, hasher, &mc, &mgr)) != KVP_OK) {
+		fail("setup", rv);
+		goto out;
+	}
 
 	printf("kvpool engine demo: %d blocks of %d tokens (block 0 is the null block), "
 	       "sha256_cbor with seed \"0\"\n\n", NUM_BLOCKS, BS);
-	arrive(1, 6);
-	decode(1, 4);
-	arrive(2, 9);
-	finish(1);
-	arrive(3, 5);
-	arrive(4, 20);
-	finish(2);
-	finish(3);
-	arrive(5, 30);
-	arrive(6, 40);
+	if ((rv = arrive(1, 6)) || (rv = decode(1, 4)) || (rv = arrive(2, 9)) || (rv = finish(1)) ||
+	    (rv = arrive(3, 5)) || (rv = arrive(4, 20)) || (rv = finish(2)) || (rv = finish(3)) ||
+	    (rv = arrive(5, 30)) || (rv = arrive(6, 40)))
+		goto out;
 
 	struct kvp_mgr_stats st;
 	kvp_mgr_get_stats(mgr, &st);
@@ -201,7 +200,7 @@ main(void)
 	char detail[128];
 	rv = kvp_pool_check(pool, detail, sizeof(detail));
 	printf("invariants: %s\n", rv == KVP_OK ? "ok" : detail);
-
+out:
 	kvp_mgr_destroy(mgr);
 	kvp_pool_destroy(pool);
 	kvp_hasher_destroy(hasher);
