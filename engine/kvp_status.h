@@ -28,7 +28,8 @@
 	X(KVP_EINTERNAL, 11, "INTERNAL", "internal error")                             \
 	X(KVP_ERANGE, 12, "OUT_OF_RANGE", "block id out of range")                     \
 	X(KVP_ENOMEM, 13, "NO_MEMORY", "out of memory")                                \
-	X(KVP_ENOTSUP, 14, "NOT_SUPPORTED", "not supported")
+	X(KVP_ENOTSUP, 14, "NOT_SUPPORTED", "not supported")                           \
+	X(KVP_ENODEVICE, 15, "NO_DEVICE", "no usable accelerator device")
 
 enum kvp_status {
 #define KVP_STATUS_ENUM_(name, num, wire, text) name = num,
@@ -37,7 +38,7 @@ enum kvp_status {
 };
 
 /* Number of codes; valid codes are 0 .. KVP_STATUS_COUNT-1. */
-#define KVP_STATUS_COUNT 15
+#define KVP_STATUS_COUNT 16
 
 /* Returns the human text of a status ("unknown status" for any other int). */
 const char *kvp_strerror(int status);

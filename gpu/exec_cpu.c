@@ -1,0 +1,121 @@
+/*
+ * The cpu backend: KV memory in host memory (anonymous mappings, huge pages
+ * where offered, pages committed on first touch), moved with memcpy. It is
+ * the reference the CUDA backend is compared with, so it stays plain: every
+ * loop below is the kernel's loop with the thread indices spelled out.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "big_alloc.h"
+#include "exec_impl.h"
+#include "kvp_status.h"
+
+static unsigned char *
+mem(struct kvp_exec *e)
+{
+	return e->impl;
+}
+
+static int
+cpu_open(struct kvp_exec *e, int device)
+{
+	(void)device;
+	if (e->mem_bytes > SIZE_MAX || (e->impl = kvp_big_alloc((size_t)e->mem_bytes)) == NULL) {
+		snprintf(e->err, sizeof(e->err), "cannot map %llu bytes of KV memory",
+		         (unsigned long long)e->mem_bytes);
+		return KVP_ENOMEM;
+	}
+	return KVP_OK;
+}
+
+static void
+cpu_close(struct kvp_exec *e)
+{
+	kvp_big_free(e->impl, (size_t)e->mem_bytes);
+}
+
+/* Byte address of chunk (layer, kv, block) in the cache, and of a payload's chunk. */
+static unsigned char *
+chunk(struct kvp_exec *e, uint32_t layer, uint32_t kv, int32_t block)
+{
+	return mem(e) + kvp_chunk_offset(&e->st, layer, kv, (uint64_t)block) * e->st.elem_bytes;
+}
+
+static size_t
+payload_chunk(struct kvp_exec *e, size_t i, uint32_t layer, uint32_t kv)
+{
+	return kvp_payload_offset(&e->st, e->shape.num_layers, i, layer, kv) * e->st.elem_bytes;
+}
+
+static int
+cpu_read_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, void *dst)
+{
+	unsigned char *out = dst;
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t l = 0; l < e->shape.num_layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				memcpy(out + payload_chunk(e, i, l, kv), chunk(e, l, kv, ids[i]),
+				       e->chunk_bytes);
+	return KVP_OK;
+}
+
+static int
+cpu_write_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, const void *src)
+{
+	const unsigned char *in = src;
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t l = 0; l < e->shape.num_layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				memcpy(chunk(e, l, kv, ids[i]), in + payload_chunk(e, i, l, kv),
+				       e->chunk_bytes);
+	return KVP_OK;
+}
+
+static int
+cpu_copy_blocks(struct kvp_exec *e, const int32_t *src, const int32_t *dst, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		for (uint32_t l = 0; l < e->shape.num_layers; l++)
+			for (uint32_t kv = 0; kv < 2; kv++)
+				memcpy(chunk(e, l, kv, dst[i]), chunk(e, l, kv, src[i]), e->chunk_bytes);
+	return KVP_OK;
+}
+
+static int
+cpu_write_tokens(struct kvp_exec *e, uint32_t layer0, uint32_t nlayers, const int64_t *slots,
+                 size_t n, const void *k, const void *v)
+{
+	const struct kvp_kv_strides *st = &e->st;
+	const unsigned char *src[2] = {k, v};
+	size_t row = e->shape.head_size * st->elem_bytes;
+
+	for (uint32_t li = 0; li < nlayers; li++)
+		for (size_t t = 0; t < n; t++) {
+			if (slots[t] < 0)
+				continue;
+			uint64_t b = kvp_slot_block(slots[t], e->shape.block_size);
+			uint32_t o = kvp_slot_offset(slots[t], e->shape.block_size);
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				const unsigned char *in =
+					src[kv] + ((uint64_t)li * n + t) * st->token_elems * st->elem_bytes;
+				for (uint32_t h = 0; h < e->shape.num_heads; h++)
+					memcpy(mem(e) + kvp_elem_offset(st, layer0 + li, kv, b, o, h, 0) *
+					                    st->elem_bytes,
+					       in + h * row, row);
+			}
+		}
+	return KVP_OK;
+}
+
+const struct kvp_exec_ops kvp_exec_cpu_ops = {
+	.name = "cpu",
+	.medium = "CPU",
+	.open = cpu_open,
+	.close = cpu_close,
+	.read_blocks = cpu_read_blocks,
+	.write_blocks = cpu_write_blocks,
+	.copy_blocks = cpu_copy_blocks,
+	.write_tokens = cpu_write_tokens,
+	.bench = NULL,
+};

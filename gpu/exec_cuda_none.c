@@ -1,0 +1,16 @@
+/* Built when CUDA is not: the cuda backend is absent and says so. */
+#include "exec_impl.h"
+#include "kvp_status.h"
+
+const struct kvp_exec_ops *
+kvp_exec_cuda_ops(void)
+{
+	return NULL;
+}
+
+int
+kvp_cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+	(void)device, (void)free_bytes, (void)total_bytes;
+	return KVP_ENOTSUP;
+}
