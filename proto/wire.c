@@ -21,7 +21,8 @@ SAME(STATUS_INTERNAL, KVP_EINTERNAL);
 SAME(STATUS_OUT_OF_RANGE, KVP_ERANGE);
 SAME(STATUS_NO_MEMORY, KVP_ENOMEM);
 SAME(STATUS_NOT_SUPPORTED, KVP_ENOTSUP);
-_Static_assert(KVP_STATUS_COUNT == 15, "a status was added: add it to kvpool.proto and here");
+SAME(STATUS_NO_DEVICE, KVP_ENODEVICE);
+_Static_assert(KVP_STATUS_COUNT == 16, "a status was added: add it to kvpool.proto and here");
 #undef SAME
 
 int

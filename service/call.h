@@ -71,4 +71,14 @@ int kvpd_h_get_computed_blocks(struct call *c, const Kvpool__V1__GetComputedBloc
 int kvpd_h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_snapshot(struct call *c, Kvpool__V1__Reply *out);
 
+/* The data plane (calls_data.c). */
+int kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,
+                        Kvpool__V1__Reply *out);
+int kvpd_h_read_blocks(struct call *c, const Kvpool__V1__ReadBlocksRequest *m,
+                       Kvpool__V1__Reply *out);
+int kvpd_h_copy_blocks(struct call *c, const Kvpool__V1__CopyBlocksRequest *m,
+                       Kvpool__V1__Reply *out);
+int kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
+                        Kvpool__V1__Reply *out);
+
 #endif /* KVPD_CALL_H */

@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "config.h"
+#include "executor.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -20,7 +21,10 @@ static const struct setting {
 	               "Default " DEFAULT_RPC},
 	{"pool", "SPEC", "a pool to host; repeatable. SPEC is NAME:BLOCKS[:BLOCK_SIZE] or "
 	                 "key=value pairs: name, blocks, block_size (16), max_model_len (8192), "
-	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU). "
+	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU; events' "
+	                 "medium without an executor), and the executor's executor, device, layers, "
+	                 "heads, head_size, dtype, layout, memory (default: the global settings "
+	                 "below). blocks may be left out when a memory budget sizes the pool. "
 	                 "Default " DEFAULT_POOL},
 	{"admin", "URL", "HTTP admin endpoint for /healthz, /readyz and /metrics, or 'none'. "
 	                 "Default http://127.0.0.1:9471"},
@@ -36,6 +40,18 @@ static const struct setting {
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
 	{"max-sessions", "N", "most sessions per pool. Default 1024"},
 	{"drain-ms", "MS", "on SIGTERM, time allowed for in-flight calls. Default 5000"},
+	{"executor", "KIND", "each pool's KV memory: cpu (host memory), cuda, auto (cuda if a device "
+	                     "is usable, else cpu) or none (bookkeeping only). Default cpu"},
+	{"device", "N", "CUDA device ordinal for cuda and auto. Default 0"},
+	{"kv-layers", "N", "layers of KV per block. Default 2"},
+	{"kv-heads", "N", "KV heads. Default 2"},
+	{"kv-head-size", "N", "head size. Default 64"},
+	{"kv-dtype", "TYPE", "fp16, bf16 or fp32. Default fp16"},
+	{"kv-layout", "L", "nhd ([blocks, block_size, heads, head_size], vLLM's flash layout) or "
+	                   "hnd. Default nhd"},
+	{"kv-memory", "SIZE", "memory budget that sizes pools given without blocks: bytes (K, M, G, "
+	                      "T suffixes) or a fraction of free device (cuda) or physical (cpu) "
+	                      "memory such as 0.9"},
 	{"tls-cert", "PATH", "PEM certificate for tls+tcp:// endpoints"},
 	{"tls-key", "PATH", "PEM private key for tls+tcp:// endpoints"},
 	{"tls-ca", "PATH", "PEM CA bundle: when set, clients must present a certificate it signs"},
@@ -61,7 +77,9 @@ kvpd_config_usage(FILE *out)
 	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_ADMIN, KVPOOL_EVENTS, "
 	             "KVPOOL_REPLAY_BATCHES, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
 	             "KVPOOL_LEASE_MS, KVPOOL_CONTEXTS,\n  KVPOOL_MAX_MSG_BYTES, KVPOOL_MAX_IDS, "
-	             "KVPOOL_MAX_SESSIONS, KVPOOL_DRAIN_MS, KVPOOL_TLS_CERT,\n  KVPOOL_TLS_KEY, "
+	             "KVPOOL_MAX_SESSIONS, KVPOOL_DRAIN_MS, KVPOOL_EXECUTOR, KVPOOL_DEVICE,\n  "
+	             "KVPOOL_KV_LAYERS, KVPOOL_KV_HEADS, KVPOOL_KV_HEAD_SIZE, KVPOOL_KV_DTYPE, "
+	             "KVPOOL_KV_LAYOUT, KVPOOL_KV_MEMORY,\n  KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, "
 	             "KVPOOL_TLS_CA, KVPOOL_CONFIG, KVPOOL_QUIET\n");
 }
 
@@ -128,6 +146,7 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 	char buf[2048], *save = NULL, *tok;
 
 	memset(&p, 0, sizeof(p));
+	p.exec.device = -1;
 	p.block_size = 16;
 	p.max_model_len = 8192;
 	snprintf(p.medium, sizeof(p.medium), "CPU");
@@ -163,13 +182,29 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 				rv = read_token(v, p.token, st->err);
 			else if (strcmp(k, "medium") == 0)
 				rv = copy_str(p.medium, sizeof(p.medium), v);
+			else if (strcmp(k, "executor") == 0)
+				rv = copy_str(p.exec.backend, sizeof(p.exec.backend), v);
+			else if (strcmp(k, "device") == 0)
+				rv = parse_u32(v, 0, 1024, (uint32_t *)&p.exec.device);
+			else if (strcmp(k, "layers") == 0)
+				rv = parse_u32(v, 1, KVP_KV_MAX_LAYERS, &p.exec.layers);
+			else if (strcmp(k, "heads") == 0)
+				rv = parse_u32(v, 1, KVP_KV_MAX_HEADS, &p.exec.heads);
+			else if (strcmp(k, "head_size") == 0)
+				rv = parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &p.exec.head_size);
+			else if (strcmp(k, "dtype") == 0)
+				rv = copy_str(p.exec.dtype, sizeof(p.exec.dtype), v);
+			else if (strcmp(k, "layout") == 0)
+				rv = copy_str(p.exec.layout, sizeof(p.exec.layout), v);
+			else if (strcmp(k, "memory") == 0)
+				rv = copy_str(p.exec.memory, sizeof(p.exec.memory), v);
 			else
 				goto bad;
 			if (rv != 0)
 				goto bad;
 		}
 	}
-	if (p.name[0] == '\0' || p.num_blocks == 0)
+	if (p.name[0] == '\0')
 		goto bad;
 	for (const char *q = p.name; *q; q++)
 		if (!isalnum((unsigned char)*q) && *q != '-' && *q != '_' && *q != '.')
@@ -241,6 +276,22 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = copy_str(c->tls_key, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-ca") == 0) {
 		rv = copy_str(c->tls_ca, KVPD_PATH_MAX, v);
+	} else if (strcmp(name, "executor") == 0) {
+		rv = copy_str(c->exec.backend, sizeof(c->exec.backend), v);
+	} else if (strcmp(name, "device") == 0) {
+		rv = parse_u32(v, 0, 1024, (uint32_t *)&c->exec.device);
+	} else if (strcmp(name, "kv-layers") == 0) {
+		rv = parse_u32(v, 1, KVP_KV_MAX_LAYERS, &c->exec.layers);
+	} else if (strcmp(name, "kv-heads") == 0) {
+		rv = parse_u32(v, 1, KVP_KV_MAX_HEADS, &c->exec.heads);
+	} else if (strcmp(name, "kv-head-size") == 0) {
+		rv = parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &c->exec.head_size);
+	} else if (strcmp(name, "kv-dtype") == 0) {
+		rv = copy_str(c->exec.dtype, sizeof(c->exec.dtype), v);
+	} else if (strcmp(name, "kv-layout") == 0) {
+		rv = copy_str(c->exec.layout, sizeof(c->exec.layout), v);
+	} else if (strcmp(name, "kv-memory") == 0) {
+		rv = copy_str(c->exec.memory, sizeof(c->exec.memory), v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "quiet") == 0) {
 		c->quiet = v == NULL || strcmp(v, "0") != 0;
 		rv = 0;
@@ -319,6 +370,104 @@ env_get(char **envp, const char *name)
 }
 
 int
+kvpd_parse_memory(const char *s, uint64_t *bytes, double *fraction)
+{
+	char *end;
+	*bytes = 0;
+	*fraction = 0;
+	if (s == NULL || s[0] == '\0')
+		return 0;
+	if (!isdigit((unsigned char)s[0]))
+		return -1;
+	errno = 0;
+	if (strchr(s, '.') != NULL) {
+		double f = strtod(s, &end);
+		if (errno != 0 || *end != '\0' || !(f > 0 && f <= 1))
+			return -1;
+		*fraction = f;
+		return 0;
+	}
+	unsigned long long v = strtoull(s, &end, 10);
+	unsigned shift = 0;
+	if (errno != 0)
+		return -1;
+	switch (*end) {
+	case '\0':
+		break;
+	case 'K': case 'k':
+		shift = 10;
+		break;
+	case 'M': case 'm':
+		shift = 20;
+		break;
+	case 'G': case 'g':
+		shift = 30;
+		break;
+	case 'T': case 't':
+		shift = 40;
+		break;
+	default:
+		return -1;
+	}
+	if (*end != '\0' && (end[1] != '\0' && strcmp(end + 1, "i") != 0 && strcmp(end + 1, "iB") != 0 &&
+	                      strcmp(end + 1, "B") != 0))
+		return -1;
+	if (v == 0 || v > (UINT64_MAX >> shift))
+		return -1;
+	*bytes = (uint64_t)v << shift;
+	return 0;
+}
+
+/* A pool's executor settings: its own, else the global ones; then checked. */
+static int
+resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, FILE *err)
+{
+	struct kvpd_exec_settings *x = &p->exec;
+	const struct kvpd_exec_settings *g = &c->exec;
+	uint32_t v;
+	uint64_t bytes;
+	double frac;
+	enum kvp_exec_backend b;
+
+	if (x->backend[0] == '\0')
+		memcpy(x->backend, g->backend, sizeof(x->backend));
+	if (x->device < 0)
+		x->device = g->device;
+	if (x->layers == 0)
+		x->layers = g->layers;
+	if (x->heads == 0)
+		x->heads = g->heads;
+	if (x->head_size == 0)
+		x->head_size = g->head_size;
+	if (x->dtype[0] == '\0')
+		memcpy(x->dtype, g->dtype, sizeof(x->dtype));
+	if (x->layout[0] == '\0')
+		memcpy(x->layout, g->layout, sizeof(x->layout));
+	if (x->memory[0] == '\0')
+		memcpy(x->memory, g->memory, sizeof(x->memory));
+	if (strcmp(x->backend, "none") != 0 && kvp_exec_backend_parse(x->backend, &b) != 0) {
+		fprintf(err, "kvpoold: pool %s: executor '%s' is not none, cpu, cuda or auto\n",
+		        p->name, x->backend);
+		return -1;
+	}
+	if (kvp_dtype_parse(x->dtype, &v) != 0 || kvp_cache_layout_parse(x->layout, &v) != 0) {
+		fprintf(err, "kvpoold: pool %s: dtype '%s' / layout '%s' unknown (fp16, bf16, fp32; "
+		             "nhd, hnd)\n", p->name, x->dtype, x->layout);
+		return -1;
+	}
+	if (kvpd_parse_memory(x->memory, &bytes, &frac) != 0) {
+		fprintf(err, "kvpoold: pool %s: bad memory budget '%s'\n", p->name, x->memory);
+		return -1;
+	}
+	if (p->num_blocks == 0 && (x->memory[0] == '\0' || strcmp(x->backend, "none") == 0)) {
+		fprintf(err, "kvpoold: pool %s: give blocks, or an executor and a memory budget\n",
+		        p->name);
+		return -1;
+	}
+	return 0;
+}
+
+int
 kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
 {
 	struct state st;
@@ -338,6 +487,12 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	c->max_ids = 65536;
 	c->max_sessions = 1024;
 	c->drain_ms = 5000;
+	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
+	c->exec.layers = 2;
+	c->exec.heads = 2;
+	c->exec.head_size = 64;
+	snprintf(c->exec.dtype, sizeof(c->exec.dtype), "fp16");
+	snprintf(c->exec.layout, sizeof(c->exec.layout), "nhd");
 	(void)parse_pool(c, DEFAULT_POOL, &st);
 	st.pools_replaced = false;
 
@@ -415,6 +570,9 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		for (size_t i = 0; i < c->num_pools; i++)
 			if (c->pools[i].token[0] == '\0')
 				memcpy(c->pools[i].token, st.global_token, sizeof(st.global_token));
+	for (size_t i = 0; i < c->num_pools; i++)
+		if (resolve_exec(c, &c->pools[i], err) != 0)
+			return -1;
 	if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0')) {
 		fprintf(err, "kvpoold: tls-cert and tls-key go together\n");
 		return -1;
@@ -438,9 +596,16 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		fprintf(out, "rpc = %s\n", c->rpc[i]);
 	for (size_t i = 0; i < c->num_pools; i++) {
 		const struct kvpd_pool_config *p = &c->pools[i];
-		fprintf(out, "pool = name=%s,blocks=%u,block_size=%u,max_model_len=%u,medium=%s,seed=%s,token=%s\n",
-		        p->name, p->num_blocks, p->block_size, p->max_model_len, p->medium,
-		        p->has_seed ? p->seed : "(random)", p->token[0] ? "(set)" : "(none)");
+		const struct kvpd_exec_settings *x = &p->exec;
+		char blocks[32];
+		snprintf(blocks, sizeof(blocks), "%u", p->num_blocks);
+		fprintf(out, "pool = name=%s,blocks=%s,block_size=%u,max_model_len=%u,medium=%s,seed=%s,"
+		             "token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
+		             "layout=%s,memory=%s\n",
+		        p->name, p->num_blocks ? blocks : "(from memory)", p->block_size,
+		        p->max_model_len, p->medium, p->has_seed ? p->seed : "(random)",
+		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,
+		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)");
 	}
 	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");
 	fprintf(out, "events = %s\nreplay-batches = %u\n", c->events[0] ? c->events : "none",
@@ -448,6 +613,10 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
 	             "max-sessions = %u\ndrain-ms = %u\n",
 	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms);
+	fprintf(out, "executor = %s\ndevice = %d\nkv-layers = %u\nkv-heads = %u\nkv-head-size = %u\n"
+	             "kv-dtype = %s\nkv-layout = %s\nkv-memory = %s\n",
+	        c->exec.backend, c->exec.device, c->exec.layers, c->exec.heads, c->exec.head_size,
+	        c->exec.dtype, c->exec.layout, c->exec.memory[0] ? c->exec.memory : "none");
 	if (c->tls_cert[0])
 		fprintf(out, "tls-cert = %s\ntls-key = %s\ntls-ca = %s\n", c->tls_cert, c->tls_key,
 		        c->tls_ca[0] ? c->tls_ca : "(none: clients are not verified)");

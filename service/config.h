@@ -21,6 +21,27 @@
 #define KVPD_PATH_MAX 1024
 #define KVPD_TOKEN_MAX 256
 
+/*
+ * A pool's executor (its KV memory). In a pool spec, unset fields ("" or 0,
+ * device -1) take the global --executor / --device / --kv-* settings.
+ */
+struct kvpd_exec_settings {
+	char backend[8];     /* none, cpu, cuda, auto */
+	int32_t device;      /* CUDA device ordinal */
+	uint32_t layers, heads, head_size;
+	char dtype[8];       /* fp16, bf16, fp32 */
+	char layout[8];      /* nhd, hnd */
+	char memory[32];     /* budget: bytes (K/M/G/T suffixes) or a fraction like 0.9; "" none */
+};
+
+/*
+ * Parses a memory budget: "" (none: *bytes = 0, *fraction = 0), a byte
+ * count with an optional K, M, G or T suffix (powers of 1024), or a
+ * fraction in (0, 1] of free device memory (cuda) or physical memory (cpu),
+ * written with a '.'. 0 or -1.
+ */
+int kvpd_parse_memory(const char *s, uint64_t *bytes, double *fraction);
+
 struct kvpd_pool_config {
 	char name[KVPD_NAME_MAX];
 	uint32_t num_blocks;
@@ -29,7 +50,8 @@ struct kvpd_pool_config {
 	bool has_seed;
 	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: random */
 	char token[KVPD_TOKEN_MAX]; /* empty: no auth token needed */
-	char medium[16];
+	char medium[16];           /* events' medium without an executor */
+	struct kvpd_exec_settings exec;
 };
 
 struct kvpd_config {
@@ -47,6 +69,7 @@ struct kvpd_config {
 	uint32_t max_sessions;     /* per pool */
 	uint32_t drain_ms;         /* graceful shutdown budget */
 	char tls_cert[KVPD_PATH_MAX], tls_key[KVPD_PATH_MAX], tls_ca[KVPD_PATH_MAX];
+	struct kvpd_exec_settings exec; /* every pool's defaults */
 	bool quiet;
 };
 

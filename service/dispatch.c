@@ -3,6 +3,7 @@
 #include "dispatch.h"
 
 #include "call.h"
+#include "executor.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -216,6 +217,24 @@ h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, uint64_t now_ms,
 	info->max_model_len = p->cfg.max_model_len;
 	info->max_ids_per_call = p->limits.max_ids;
 	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
+	info->max_msg_bytes = (uint32_t)p->limits.max_reply_bytes;
+	if (p->exec != NULL) {
+		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);
+		Kvpool__V1__ExecutorInfo *x =
+			NEW(c, Kvpool__V1__ExecutorInfo, kvpool__v1__executor_info__descriptor);
+		if (x == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		x->backend = (char *)kvp_exec_backend_name(p->exec);
+		x->num_layers = sh->num_layers;
+		x->num_heads = sh->num_heads;
+		x->head_size = sh->head_size;
+		x->dtype = (char *)kvp_dtype_name(sh->dtype);
+		x->layout = (char *)kvp_cache_layout_name(sh->layout);
+		x->block_size = sh->block_size;
+		x->block_bytes = kvp_exec_block_bytes(p->exec);
+		x->memory_bytes = kvp_exec_memory_bytes(p->exec);
+		info->executor = x;
+	}
 	r->session_id = s->id;
 	r->lease_ms = lease;
 	r->pool = info;
@@ -332,6 +351,14 @@ run_one(struct call *c, int cc, void *msg, Kvpool__V1__Reply *out)
 		return kvpd_h_free_request(c, msg, out);
 	case KVPOOL__V1__REQUEST__CALL_GET_COMPUTED_BLOCKS:
 		return kvpd_h_get_computed_blocks(c, msg, out);
+	case KVPOOL__V1__REQUEST__CALL_WRITE_BLOCKS:
+		return kvpd_h_write_blocks(c, msg, out);
+	case KVPOOL__V1__REQUEST__CALL_READ_BLOCKS:
+		return kvpd_h_read_blocks(c, msg, out);
+	case KVPOOL__V1__REQUEST__CALL_COPY_BLOCKS:
+		return kvpd_h_copy_blocks(c, msg, out);
+	case KVPOOL__V1__REQUEST__CALL_WRITE_TOKENS:
+		return kvpd_h_write_tokens(c, msg, out);
 	default:
 		return kvpd_fail(c, KVP_EINVAL, "no call in the request, or one this daemon does not know");
 	}

@@ -23,6 +23,7 @@
 struct kvp_pool;
 struct kvp_hasher;
 struct kvp_mgr;
+struct kvp_exec;
 
 /* A bump allocator for one call's reply messages, reset after each call. */
 #define KVPD_CHUNK (64u << 10)
@@ -47,6 +48,8 @@ struct kvpd_pool {
 	struct kvp_pool *pool;
 	struct kvp_hasher *hasher;
 	struct kvp_mgr *mgr;
+	struct kvp_exec *exec;          /* the KV memory; NULL with executor=none */
+	char exec_note[512];            /* how the executor was chosen and sized, for the log */
 	struct kvp_event_batch events;  /* drained after every call (published by #4) */
 	struct kvpd_session **sessions;
 	size_t num_sessions, cap_sessions;

@@ -79,6 +79,9 @@ main(int argc, char **argv, char **envp)
 		fprintf(stderr, "kvpoold: %s\n", err);
 		return 1;
 	}
+	for (size_t i = 0; i < kvpd_server_num_pools(srv); i++)
+		printf("kvpoold: pool %s: %s\n", kvpd_server_pool_name(srv, i),
+		       kvpd_server_pool_note(srv, i));
 	if ((rv = kvpd_transport_open(srv, &cfg, &tr, err, sizeof(err))) != KVP_OK) {
 		fprintf(stderr, "kvpoold: %s\n", err);
 		kvpd_server_destroy(srv);

@@ -12,6 +12,7 @@ static const char *const call_names[KVPD_NUM_CALLS] = {
 	[15] = "lookup", [16] = "evict", [17] = "reset", [18] = "stats",
 	[19] = "allocate_slots", [20] = "free_request", [21] = "get_computed_blocks",
 	[22] = "batch", [23] = "heartbeat", [24] = "goodbye", [25] = "replay", [26] = "snapshot",
+	[27] = "write_blocks", [28] = "read_blocks", [29] = "copy_blocks", [30] = "write_tokens",
 };
 
 const char *
@@ -119,6 +120,10 @@ kvpd_metrics_render(struct kvpd_server *s)
 	COUNTER("replays_refused_total", "Replay requests whose batches were gone (or epoch stale).",
 	        c[i].replays_refused);
 	COUNTER("snapshots_total", "Snapshot requests served.", c[i].snapshots);
+	COUNTER("block_bytes_read_total", "Bytes of block contents read (ReadBlocks).",
+	        c[i].bytes_read);
+	COUNTER("block_bytes_written_total",
+	        "Bytes of block contents written (WriteBlocks, WriteTokens).", c[i].bytes_written);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dispatch.h"
+#include "executor.h"
 #include "manager.h"
 #include "pool.h"
 #include "session.h"
@@ -34,6 +36,7 @@ pool_fini(struct kvpd_pool *p)
 	}
 	kvp_mgr_destroy(p->mgr);
 	kvp_pool_destroy(p->pool);
+	kvp_exec_close(p->exec);
 	kvp_hasher_destroy(p->hasher);
 	kvp_event_batch_fini(&p->events);
 	kvpd_arena_fini(&p->arena);
@@ -43,21 +46,93 @@ pool_fini(struct kvpd_pool *p)
 	memset(p, 0, sizeof(*p));
 }
 
+/* Physical memory, for a cpu executor's fractional budget. */
+static uint64_t
+host_memory(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
+}
+
+/*
+ * Opens pool p's executor (none: nothing), sizing the pool from the memory
+ * budget when the spec gave no block count. Sets p->cfg.num_blocks and
+ * p->cfg.medium.
+ */
+static int
+exec_init(struct kvpd_pool *p, char *err, size_t err_len)
+{
+	struct kvpd_pool_config *pc = &p->cfg;
+	const struct kvpd_exec_settings *x = &pc->exec;
+	struct kvp_exec_config ec = {.device = x->device};
+	char why[256];
+	uint64_t budget, free_b = 0, total_b = 0;
+	double frac;
+	int rv;
+
+	if (strcmp(x->backend, "none") == 0) {
+		snprintf(p->exec_note, sizeof(p->exec_note), "no executor (bookkeeping only)");
+		return KVP_OK;
+	}
+	if (kvp_exec_backend_parse(x->backend, &ec.backend) != 0 ||
+	    kvp_dtype_parse(x->dtype, &ec.shape.dtype) != 0 ||
+	    kvp_cache_layout_parse(x->layout, &ec.shape.layout) != 0 ||
+	    kvpd_parse_memory(x->memory, &budget, &frac) != 0) {
+		snprintf(err, err_len, "pool %s: bad executor settings", pc->name);
+		return KVP_EINVAL;
+	}
+	ec.shape.block_size = pc->block_size;
+	ec.shape.num_layers = x->layers;
+	ec.shape.num_heads = x->heads;
+	ec.shape.head_size = x->head_size;
+	if (pc->num_blocks == 0) {
+		if (frac > 0) {
+			bool device = ec.backend != KVP_EXEC_CPU &&
+			              kvp_exec_device_memory(x->device, &free_b, &total_b) == KVP_OK;
+			uint64_t base = device ? free_b : host_memory();
+			budget = (uint64_t)(frac * (double)base);
+		}
+		if ((rv = kvp_kv_fit_blocks(&ec.shape, budget, &pc->num_blocks)) != KVP_OK) {
+			snprintf(err, err_len, "pool %s: a budget of %llu bytes holds no usable block of "
+			         "%llu bytes", pc->name, (unsigned long long)budget,
+			         (unsigned long long)kvp_kv_block_bytes(&ec.shape));
+			return KVP_EINVAL;
+		}
+	}
+	ec.shape.num_blocks = pc->num_blocks;
+	if ((rv = kvp_exec_open(&ec, &p->exec, why, sizeof(why))) != KVP_OK) {
+		snprintf(err, err_len, "pool %s: %s", pc->name, why);
+		return rv;
+	}
+	snprintf(pc->medium, sizeof(pc->medium), "%s", kvp_exec_medium(p->exec));
+	snprintf(p->exec_note, sizeof(p->exec_note),
+	         "executor %s%s%s, %u blocks x %llu B = %llu MiB (layers %u, heads %u, head size %u, "
+	         "%s, %s)",
+	         kvp_exec_backend_name(p->exec), why[0] ? ": " : "", why, pc->num_blocks,
+	         (unsigned long long)kvp_exec_block_bytes(p->exec),
+	         (unsigned long long)(kvp_exec_memory_bytes(p->exec) >> 20), x->layers, x->heads,
+	         x->head_size, x->dtype, x->layout);
+	return KVP_OK;
+}
+
 static int
 pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_pool_config *pc,
           char *err, size_t err_len)
 {
 	struct kvp_pool_config kc = {
-		.num_blocks = pc->num_blocks, .hash_block_size = pc->block_size,
-		.enable_caching = true, .enable_events = true, .medium = pc->medium,
+		.hash_block_size = pc->block_size, .enable_caching = true, .enable_events = true,
 	};
-	struct kvp_mgr_config mc = {.num_groups = 1, .block_sizes = &pc->block_size,
+	struct kvp_mgr_config mc = {.num_groups = 1, .block_sizes = &p->cfg.block_size,
 	                            .max_model_len = pc->max_model_len,
 	                            .max_requests = cfg->max_sessions * 64u};
 	int rv;
 
 	memset(p, 0, sizeof(*p));
 	p->cfg = *pc;
+	if ((rv = exec_init(p, err, err_len)) != KVP_OK)
+		return rv;
+	kc.num_blocks = p->cfg.num_blocks;
+	kc.medium = p->cfg.medium;
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
 	p->limits.max_sessions = cfg->max_sessions;
@@ -85,6 +160,12 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	}
 	memcpy(p->none_fp, fp, sizeof(p->none_fp));
 	return KVP_OK;
+}
+
+const char *
+kvpd_server_pool_note(const struct kvpd_server *s, size_t i)
+{
+	return s && i < s->num_pools ? s->pools[i].exec_note : "";
 }
 
 int

@@ -25,8 +25,8 @@
 
 struct kvpd_server;
 
-#define KVPD_NUM_CALLS 27     /* Request oneof numbers are below this */
-#define KVPD_NUM_STATUS 15
+#define KVPD_NUM_CALLS 31     /* Request oneof numbers are below this */
+#define KVPD_NUM_STATUS 16
 #define KVPD_LATENCY_BUCKETS 14
 
 /* Upper bounds (seconds) of the call latency histogram's buckets; the last is +Inf. */
@@ -38,6 +38,7 @@ struct kvpd_pool_counters {
 	uint64_t events_emitted;
 	uint64_t calls, call_errors;
 	uint64_t event_batches, replays_served, replays_refused, snapshots;
+	uint64_t bytes_read, bytes_written;                /* block contents moved by data calls */
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call oneof number][status] */
 	uint64_t latency[KVPD_LATENCY_BUCKETS];            /* handling time, not the network */
 	double latency_sum;
@@ -95,6 +96,8 @@ int kvpd_server_check(struct kvpd_server *s, char *detail, size_t len);
 /* Number of hosted pools, and a pool's name and counters (copied under its lock). */
 size_t kvpd_server_num_pools(const struct kvpd_server *s);
 const char *kvpd_server_pool_name(const struct kvpd_server *s, size_t i);
+/* How pool i's executor was chosen and sized (a line for the log). */
+const char *kvpd_server_pool_note(const struct kvpd_server *s, size_t i);
 void kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_counters *out);
 
 #endif /* KVPD_SERVER_H */

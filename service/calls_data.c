@@ -1,0 +1,232 @@
+/*
+ * Data-plane calls: block contents in the pool's executor.
+ *
+ * Rules (kvpool.proto says the same): writes go only to blocks this session
+ * holds; WriteBlocks and a copy's destinations also refuse cached blocks,
+ * whose content other requests share (copy first, then write the copy);
+ * reads and a copy's sources take any block that is held or cached. The
+ * executor then checks lengths, repeats and ranges before it writes.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "call.h"
+#include "executor.h"
+#include "kvp_status.h"
+#include "pool.h"
+
+/* Room for the reply's envelope and per-block checksums besides the payload. */
+#define REPLY_OVERHEAD 4096u
+
+static int
+no_exec(struct call *c)
+{
+	if (c->p->exec == NULL)
+		return kvpd_fail(c, KVP_ENOTSUP, "pool %s has no executor (executor=none)",
+		                 c->p->cfg.name);
+	return KVP_OK;
+}
+
+static int
+in_range(struct call *c, const int32_t *ids, size_t n)
+{
+	uint32_t nb = kvp_pool_num_blocks(c->p->pool);
+	if (n > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu blocks in one call; the limit is %u", n,
+		                 c->p->limits.max_ids);
+	for (size_t i = 0; i < n; i++)
+		if (ids[i] < 0 || (uint32_t)ids[i] >= nb)
+			return kvpd_fail(c, KVP_ERANGE, "block id %d is outside the pool (0..%u)", ids[i],
+			                 nb - 1);
+	return KVP_OK;
+}
+
+static bool
+cached(struct call *c, int32_t id)
+{
+	size_t len = 0;
+	return kvp_pool_block_key(c->p->pool, id, &len) != NULL && len > 0;
+}
+
+/* Every block held by this session; with exclusive, none of them cached. */
+static int
+writable(struct call *c, const int32_t *ids, size_t n, bool exclusive)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (kvpd_session_held(c->sess, ids[i]) == 0)
+			return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d",
+			                 ids[i]);
+		if (exclusive && cached(c, ids[i]))
+			return kvpd_fail(c, KVP_ESTATE,
+			                 "block %d is cached: its content is shared (copy it, then write)",
+			                 ids[i]);
+	}
+	return KVP_OK;
+}
+
+/* Every block held by some session or cached: its content means something. */
+static int
+readable(struct call *c, const int32_t *ids, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (kvp_pool_ref_cnt(c->p->pool, ids[i]) <= 0 && !cached(c, ids[i]))
+			return kvpd_fail(c, KVP_ESTATE, "block %d is free and not cached: nothing to read",
+			                 ids[i]);
+	return KVP_OK;
+}
+
+static int
+exec_fail(struct call *c, int rv, const char *what)
+{
+	return kvpd_fail(c, rv, "%s: %s", what,
+	                 kvp_exec_last_error(c->p->exec)[0] ? kvp_exec_last_error(c->p->exec)
+	                                                    : kvp_strerror(rv));
+}
+
+int
+kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,
+                    Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__WriteBlocksReply *r;
+	uint64_t bb;
+	int rv;
+
+	if ((rv = no_exec(c)) || (rv = in_range(c, m->block_ids, m->n_block_ids)) ||
+	    (rv = writable(c, m->block_ids, m->n_block_ids, true)))
+		return rv;
+	bb = kvp_exec_block_bytes(c->p->exec);
+	if (m->payload.len != m->n_block_ids * bb)
+		return kvpd_fail(c, KVP_EINVAL, "payload of %zu bytes for %zu blocks of %llu bytes",
+		                 m->payload.len, m->n_block_ids, (unsigned long long)bb);
+	if (m->n_crc32c != 0 && m->n_crc32c != m->n_block_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu checksums for %zu blocks", m->n_crc32c,
+		                 m->n_block_ids);
+	for (size_t i = 0; i < m->n_crc32c; i++) {
+		uint32_t crc = kvp_crc32c(0, m->payload.data + i * bb, bb);
+		if (crc != m->crc32c[i])
+			return kvpd_fail(c, KVP_EINVAL,
+			                 "checksum of block %d (index %zu): sent %08x, payload has %08x",
+			                 m->block_ids[i], i, m->crc32c[i], crc);
+	}
+	if ((r = NEW(c, Kvpool__V1__WriteBlocksReply, kvpool__v1__write_blocks_reply__descriptor)) ==
+	    NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	rv = kvp_exec_write_blocks(c->p->exec, m->block_ids, m->n_block_ids, m->payload.data,
+	                           m->payload.len);
+	if (rv != KVP_OK)
+		return exec_fail(c, rv, "write");
+	c->p->counters.bytes_written += m->payload.len;
+	r->num_written = (uint32_t)m->n_block_ids;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_WRITE_BLOCKS;
+	out->write_blocks = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_read_blocks(struct call *c, const Kvpool__V1__ReadBlocksRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__ReadBlocksReply *r;
+	uint64_t bb;
+	uint32_t *crcs;
+	uint8_t *buf;
+	int rv;
+
+	if ((rv = no_exec(c)) || (rv = in_range(c, m->block_ids, m->n_block_ids)) ||
+	    (rv = readable(c, m->block_ids, m->n_block_ids)))
+		return rv;
+	bb = kvp_exec_block_bytes(c->p->exec);
+	if (m->n_block_ids * (bb + 5) + REPLY_OVERHEAD > c->p->limits.max_reply_bytes)
+		return kvpd_fail(c, KVP_ETOOLARGE,
+		                 "%zu blocks of %llu bytes exceed max-msg-bytes %zu: read at most %llu "
+		                 "per call",
+		                 m->n_block_ids, (unsigned long long)bb, c->p->limits.max_reply_bytes,
+		                 (unsigned long long)((c->p->limits.max_reply_bytes - REPLY_OVERHEAD) /
+		                                      (bb + 5)));
+	r = NEW(c, Kvpool__V1__ReadBlocksReply, kvpool__v1__read_blocks_reply__descriptor);
+	buf = kvpd_scratch(c, m->n_block_ids * bb);
+	crcs = kvpd_scratch(c, m->n_block_ids * sizeof(*crcs));
+	if (r == NULL || buf == NULL || crcs == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	rv = kvp_exec_read_blocks(c->p->exec, m->block_ids, m->n_block_ids, buf, m->n_block_ids * bb);
+	if (rv != KVP_OK)
+		return exec_fail(c, rv, "read");
+	for (size_t i = 0; i < m->n_block_ids; i++)
+		crcs[i] = kvp_crc32c(0, buf + i * bb, bb);
+	c->p->counters.bytes_read += m->n_block_ids * bb;
+	r->payload.data = buf;
+	r->payload.len = m->n_block_ids * bb;
+	r->crc32c = crcs;
+	r->n_crc32c = m->n_block_ids;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_READ_BLOCKS;
+	out->read_blocks = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_copy_blocks(struct call *c, const Kvpool__V1__CopyBlocksRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__CopyBlocksReply *r;
+	int rv;
+
+	if ((rv = no_exec(c)))
+		return rv;
+	if (m->n_src_block_ids != m->n_dst_block_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu sources for %zu destinations", m->n_src_block_ids,
+		                 m->n_dst_block_ids);
+	if ((rv = in_range(c, m->src_block_ids, m->n_src_block_ids)) ||
+	    (rv = in_range(c, m->dst_block_ids, m->n_dst_block_ids)) ||
+	    (rv = readable(c, m->src_block_ids, m->n_src_block_ids)) ||
+	    (rv = writable(c, m->dst_block_ids, m->n_dst_block_ids, true)))
+		return rv;
+	if ((r = NEW(c, Kvpool__V1__CopyBlocksReply, kvpool__v1__copy_blocks_reply__descriptor)) ==
+	    NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	rv = kvp_exec_copy_blocks(c->p->exec, m->src_block_ids, m->dst_block_ids, m->n_dst_block_ids);
+	if (rv != KVP_OK)
+		return exec_fail(c, rv, "copy");
+	out->result_case = KVPOOL__V1__REPLY__RESULT_COPY_BLOCKS;
+	out->copy_blocks = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
+                    Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__WriteTokensReply *r;
+	uint32_t bs = c->p->cfg.block_size;
+	uint64_t max_slot = (uint64_t)kvp_pool_num_blocks(c->p->pool) * bs;
+	int rv;
+
+	if ((rv = no_exec(c)))
+		return rv;
+	if (m->n_slot_mapping > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu tokens in one call; the limit is %u",
+		                 m->n_slot_mapping, c->p->limits.max_ids);
+	if (m->key.len != m->value.len)
+		return kvpd_fail(c, KVP_EINVAL, "K has %zu bytes, V %zu", m->key.len, m->value.len);
+	/* The slot's block must be held by this session (cached or not: vLLM rewrites the
+	 * recomputed last token of a full prefix hit into its cached block). */
+	for (size_t i = 0; i < m->n_slot_mapping; i++) {
+		int64_t s = m->slot_mapping[i];
+		if (s < 0)
+			continue;
+		if ((uint64_t)s >= max_slot)
+			return kvpd_fail(c, KVP_ERANGE, "slot %lld is outside the pool (0..%llu)",
+			                 (long long)s, (unsigned long long)(max_slot - 1));
+		int32_t b = (int32_t)(s / bs);
+		if ((rv = writable(c, &b, 1, false)))
+			return rv;
+	}
+	if ((r = NEW(c, Kvpool__V1__WriteTokensReply, kvpool__v1__write_tokens_reply__descriptor)) ==
+	    NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	rv = kvp_exec_write_tokens(c->p->exec, m->all_layers, m->layer, m->slot_mapping,
+	                           m->n_slot_mapping, m->key.data, m->value.data, m->key.len);
+	if (rv != KVP_OK)
+		return exec_fail(c, rv, "write tokens");
+	c->p->counters.bytes_written += 2 * m->key.len;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_WRITE_TOKENS;
+	out->write_tokens = r;
+	return KVP_OK;
+}
