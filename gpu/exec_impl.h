@@ -43,9 +43,6 @@ struct kvp_exec {
 extern const struct kvp_exec_ops kvp_exec_cpu_ops;
 /* The CUDA backend, or NULL when it is not built in. */
 const struct kvp_exec_ops *kvp_exec_cuda_ops(void);
-/* kvp_crc32c without the CRC instruction (tests compare the two). */
-uint32_t kvp_crc32c_portable(uint32_t crc, const void *data, size_t n);
-
 int kvp_cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 
 #ifdef __cplusplus

@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "crc32c.h"
 #include "kv_layout.h"
 
 #ifdef __cplusplus
@@ -173,11 +174,6 @@ struct kvp_slot_args {
  * malformed arguments: KVP_EINVAL. Nothing is written on failure.
  */
 int kvp_compute_slot_mapping(const struct kvp_slot_args *a, int64_t *out, size_t out_len);
-
-/* ---- checksums ---- */
-
-/* CRC32C (Castagnoli) of n bytes, continuing from crc (0 to start). */
-uint32_t kvp_crc32c(uint32_t crc, const void *data, size_t n);
 
 #ifdef __cplusplus
 }

@@ -8,42 +8,40 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client_impl.h"
 #include "wire.h"
 
 #define MAX_MM 256
 
-struct kvp_client {
-	nng_socket sock;
-	nng_dialer dialer;
-	nng_tls_config *tls;
-	char pool[KVP_WIRE_MAX_NAME];
-	uint64_t session;
-	uint64_t next_call_id;
-	uint32_t timeout_ms, retries;
-	struct kvp_client_info info;
-	char detail[512];
-};
-
-static int
-set_detail(struct kvp_client *c, int status, const char *fmt, const char *arg)
+int
+kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const char *arg)
 {
 	snprintf(c->detail, sizeof(c->detail), fmt, arg ? arg : "");
 	return status;
 }
+#define set_detail kvp_client_fail_
 
-/* One round trip of raw bytes, resending the same bytes after a timeout. */
+/*
+ * One round trip: the request is rq packed straight into the message (or
+ * the raw bytes req when rq is NULL), sent again, same call id, after a
+ * timeout. On KVP_OK *reply is the daemon's message (the caller frees it).
+ */
 static int
-roundtrip(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply, size_t *rlen)
+roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *req, size_t len,
+          nng_msg **reply)
 {
 	int rv = NNG_ETIMEDOUT;
 
+	if (rq != NULL)
+		len = kvpool__v1__request__get_packed_size(rq);
 	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
 		nng_msg *msg;
-		if ((rv = nng_msg_alloc(&msg, 0)) != 0 || (rv = nng_msg_append(msg, req, len)) != 0) {
-			if (rv == 0)
-				nng_msg_free(msg);
+		if (nng_msg_alloc(&msg, len) != 0)
 			return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
-		}
+		if (rq != NULL)
+			kvpool__v1__request__pack(rq, nng_msg_body(msg));
+		else if (len > 0)
+			memcpy(nng_msg_body(msg), req, len);
 		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
 			nng_msg_free(msg);
 			if (rv == NNG_ETIMEDOUT)
@@ -54,13 +52,7 @@ roundtrip(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply,
 			continue;
 		if (rv != 0)
 			return set_detail(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
-		*rlen = nng_msg_len(msg);
-		if ((*reply = malloc(*rlen ? *rlen : 1)) == NULL) {
-			nng_msg_free(msg);
-			return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
-		}
-		memcpy(*reply, nng_msg_body(msg), *rlen);
-		nng_msg_free(msg);
+		*reply = msg;
 		return KVP_OK;
 	}
 	return set_detail(c, KVP_EBUSY, "no reply from the daemon after retries (%s)",
@@ -71,37 +63,36 @@ int
 kvp_client_raw(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply,
                size_t *reply_len)
 {
+	nng_msg *msg;
+	int rv;
 	if (c == NULL || req == NULL || reply == NULL || reply_len == NULL)
 		return KVP_EINVAL;
-	return roundtrip(c, req, len, reply, reply_len);
+	if ((rv = roundtrip(c, NULL, req, len, &msg)) != KVP_OK)
+		return rv;
+	*reply_len = nng_msg_len(msg);
+	if ((*reply = malloc(*reply_len ? *reply_len : 1)) == NULL) {
+		nng_msg_free(msg);
+		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+	}
+	memcpy(*reply, nng_msg_body(msg), *reply_len);
+	nng_msg_free(msg);
+	return KVP_OK;
 }
 
-/*
- * Sends rq (its envelope fields filled here) and unpacks the reply. On
- * KVP_OK the caller owns *out (free with kvpool__v1__reply__free_unpacked);
- * on an error status from the daemon, *out is freed and detail is set.
- */
-static int
-call(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
+int
+kvp_client_call_(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
 {
-	uint8_t *buf, *rbuf = NULL;
-	size_t len, rlen = 0;
+	nng_msg *msg = NULL;
 	Kvpool__V1__Reply *r;
 	int rv;
 
 	rq->call_id = c->next_call_id++;
 	rq->pool = c->pool;
 	rq->session_id = c->session;
-	len = kvpool__v1__request__get_packed_size(rq);
-	if ((buf = malloc(len ? len : 1)) == NULL)
-		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
-	kvpool__v1__request__pack(rq, buf);
-	rv = roundtrip(c, buf, len, &rbuf, &rlen);
-	free(buf);
-	if (rv != KVP_OK)
+	if ((rv = roundtrip(c, rq, NULL, 0, &msg)) != KVP_OK)
 		return rv;
-	r = kvpool__v1__reply__unpack(NULL, rlen, rbuf);
-	free(rbuf);
+	r = kvpool__v1__reply__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
+	nng_msg_free(msg);
 	if (r == NULL)
 		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
 	if (r->call_id != rq->call_id && r->call_id != 0) {
@@ -118,6 +109,7 @@ call(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
 	*out = r;
 	return KVP_OK;
 }
+#define call kvp_client_call_
 
 static int
 tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
@@ -169,6 +161,21 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 	i->max_model_len = p->max_model_len;
 	i->max_ids_per_call = p->max_ids_per_call;
 	i->max_hash_len = p->max_hash_len;
+	i->max_msg_bytes = p->max_msg_bytes;
+	memset(&i->executor, 0, sizeof(i->executor));
+	if (p->executor != NULL) {
+		const Kvpool__V1__ExecutorInfo *x = p->executor;
+		struct kvp_client_executor *e = &i->executor;
+		snprintf(e->backend, sizeof(e->backend), "%s", x->backend);
+		e->num_layers = x->num_layers;
+		e->num_heads = x->num_heads;
+		e->head_size = x->head_size;
+		snprintf(e->dtype, sizeof(e->dtype), "%s", x->dtype);
+		snprintf(e->layout, sizeof(e->layout), "%s", x->layout);
+		e->block_size = x->block_size;
+		e->block_bytes = x->block_bytes;
+		e->memory_bytes = x->memory_bytes;
+	}
 }
 
 int
@@ -914,8 +921,7 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 {
 	Kvpool__V1__BatchRequest m = KVPOOL__V1__BATCH_REQUEST__INIT;
 	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-	uint8_t *buf, *rbuf = NULL;
-	size_t len, rlen = 0;
+	nng_msg *msg = NULL;
 	int rv;
 
 	if (c == NULL || b == NULL || num_run == NULL)
@@ -931,16 +937,10 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 	rq.call_id = c->next_call_id++;
 	rq.pool = c->pool;
 	rq.session_id = c->session;
-	len = kvpool__v1__request__get_packed_size(&rq);
-	if ((buf = malloc(len ? len : 1)) == NULL)
-		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
-	kvpool__v1__request__pack(&rq, buf);
-	rv = roundtrip(c, buf, len, &rbuf, &rlen);
-	free(buf);
-	if (rv != KVP_OK)
+	if ((rv = roundtrip(c, &rq, NULL, 0, &msg)) != KVP_OK)
 		return rv;
-	b->reply = kvpool__v1__reply__unpack(NULL, rlen, rbuf);
-	free(rbuf);
+	b->reply = kvpool__v1__reply__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
+	nng_msg_free(msg);
 	if (b->reply == NULL)
 		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
 	rv = kvp_wire_status(b->reply->status);

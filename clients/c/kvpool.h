@@ -39,6 +39,16 @@ struct kvp_client_options {
 };
 
 /* What Hello said about the pool and the session. */
+/* The pool's KV memory, from Hello. backend[0] == '\0': the pool has none. */
+struct kvp_client_executor {
+	char backend[8];            /* "cpu" or "cuda" */
+	uint32_t num_layers, num_heads, head_size, block_size;
+	char dtype[8];              /* "fp16", "bf16", "fp32" */
+	char layout[8];             /* "nhd", "hnd" */
+	uint64_t block_bytes;       /* one block's payload */
+	uint64_t memory_bytes;
+};
+
 struct kvp_client_info {
 	uint64_t session_id;
 	uint32_t lease_ms;
@@ -51,6 +61,8 @@ struct kvp_client_info {
 	char medium[16];
 	uint64_t event_epoch, event_seq;
 	uint32_t max_model_len, max_ids_per_call, max_hash_len;
+	uint32_t max_msg_bytes;     /* the daemon's message limit; transfers are split below it */
+	struct kvp_client_executor executor;
 };
 
 struct kvp_client_stats {
@@ -170,6 +182,48 @@ int kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, in
  * reused at once. After kvp_client_batch(), each executed call's status and
  * results stay readable until the batch is cleared, sent again or destroyed.
  */
+/*
+ * The data plane: block contents in the pool's executor. A block's payload
+ * is its 2 x layers chunks back to back (layer 0 K, layer 0 V, layer 1 K,
+ * ...), each one block of one layer in the pool's cache layout; a list of
+ * blocks is their payloads back to back (kvp_client_info()->executor gives
+ * block_bytes and the layout). Transfers larger than the daemon's message
+ * limit are split into several calls transparently; a split transfer that
+ * fails part-way has moved the parts before the failing one, and the detail
+ * says which blocks failed. A pool without an executor answers
+ * KVP_ENOTSUP.
+ */
+
+/*
+ * Reads blocks ids[0..n) (held by any session, or cached) into buf, which
+ * must be exactly n x block_bytes. Every block's CRC32C is checked on
+ * arrival (a mismatch is KVP_EINTERNAL); crcs, if not NULL, receives them.
+ */
+int kvp_client_read_blocks(struct kvp_client *c, const int32_t *ids, size_t n, void *buf,
+                           size_t len, uint32_t *crcs);
+
+/*
+ * Writes buf (n x block_bytes) into blocks ids[0..n), which this session
+ * must hold and which must not be cached. Each block travels with its
+ * CRC32C, which the daemon checks before writing anything of that call.
+ */
+int kvp_client_write_blocks(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf,
+                            size_t len);
+
+/* Copies block src[i] to dst[i] (copy-on-write); dst held by this session, not cached. */
+int kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32_t *dst,
+                           size_t n);
+
+/*
+ * vLLM's reshape_and_cache_flash: K and V of n tokens placed by slot
+ * (-1: skipped). With all_layers, k and v are [layers][n][heads][head_size],
+ * otherwise [n][heads][head_size] for `layer`; kv_len is each one's bytes.
+ * Every slot's block must be held by this session.
+ */
+int kvp_client_write_tokens(struct kvp_client *c, bool all_layers, uint32_t layer,
+                            const int64_t *slots, size_t n, const void *k, const void *v,
+                            size_t kv_len);
+
 struct kvp_batch;
 int kvp_batch_create(struct kvp_batch **out);
 void kvp_batch_destroy(struct kvp_batch *b);

@@ -1,0 +1,38 @@
+/*
+ * client_impl.h: the client's state and its one call primitive, shared by
+ * the files of libkvpool (client.c: control calls and batches; data.c: the
+ * data plane). Internal: not installed, not for applications.
+ */
+#ifndef KVPOOL_CLIENT_IMPL_H
+#define KVPOOL_CLIENT_IMPL_H
+
+#include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
+
+#include "kvpool.h"
+#include "kvpool.pb-c.h"
+#include "wire.h"
+
+struct kvp_client {
+	nng_socket sock;
+	nng_dialer dialer;
+	nng_tls_config *tls;
+	char pool[KVP_WIRE_MAX_NAME];
+	uint64_t session;
+	uint64_t next_call_id;
+	uint32_t timeout_ms, retries;
+	struct kvp_client_info info;
+	char detail[512];
+};
+
+/* Sets the detail (fmt with one %s for arg) and returns status. */
+int kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const char *arg);
+
+/*
+ * Sends rq (call id, pool and session filled here) and unpacks the reply.
+ * On KVP_OK the caller owns *out (kvpool__v1__reply__free_unpacked); on an
+ * error status from the daemon, *out is freed and the detail is set.
+ */
+int kvp_client_call_(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out);
+
+#endif /* KVPOOL_CLIENT_IMPL_H */
