@@ -160,6 +160,52 @@ new_session_id(struct kvpd_pool *p)
 	return id;
 }
 
+/* Fills the pool's description (Hello; Heartbeat for a resumed session). */
+static int
+pool_info(struct call *c, Kvpool__V1__PoolInfo *info, Kvpool__V1__GroupInfo *g,
+          Kvpool__V1__GroupInfo **gl)
+{
+	struct kvpd_pool *p = c->p;
+
+	info->name = p->cfg.name;
+	info->num_blocks = kvp_pool_num_blocks(p->pool);
+	info->hash_block_size = kvp_pool_hash_block_size(p->pool);
+	info->hash_algorithm = "sha256_cbor";
+	info->none_hash_fingerprint.data = p->none_fp;
+	info->none_hash_fingerprint.len = sizeof(p->none_fp);
+	g->group_id = 0;
+	g->block_size = p->cfg.block_size;
+	g->kind = "full_attention";
+	gl[0] = g;
+	info->groups = gl;
+	info->n_groups = 1;
+	info->medium = p->cfg.medium;
+	info->event_epoch = p->stream.epoch;
+	info->event_seq = p->stream.next_seq;
+	info->max_model_len = p->cfg.max_model_len;
+	info->max_ids_per_call = p->limits.max_ids;
+	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
+	info->max_msg_bytes = (uint32_t)p->limits.max_reply_bytes;
+	if (p->exec != NULL) {
+		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);
+		Kvpool__V1__ExecutorInfo *x =
+			NEW(c, Kvpool__V1__ExecutorInfo, kvpool__v1__executor_info__descriptor);
+		if (x == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		x->backend = (char *)kvp_exec_backend_name(p->exec);
+		x->num_layers = sh->num_layers;
+		x->num_heads = sh->num_heads;
+		x->head_size = sh->head_size;
+		x->dtype = (char *)kvp_dtype_name(sh->dtype);
+		x->layout = (char *)kvp_cache_layout_name(sh->layout);
+		x->block_size = sh->block_size;
+		x->block_bytes = kvp_exec_block_bytes(p->exec);
+		x->memory_bytes = kvp_exec_memory_bytes(p->exec);
+		info->executor = x;
+	}
+	return KVP_OK;
+}
+
 static int
 h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, uint64_t now_ms,
         Kvpool__V1__Reply *out)
@@ -199,42 +245,8 @@ h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, uint64_t now_ms,
 	p->sessions[p->num_sessions++] = s;
 	p->counters.sessions_opened++;
 
-	info->name = p->cfg.name;
-	info->num_blocks = kvp_pool_num_blocks(p->pool);
-	info->hash_block_size = kvp_pool_hash_block_size(p->pool);
-	info->hash_algorithm = "sha256_cbor";
-	info->none_hash_fingerprint.data = p->none_fp;
-	info->none_hash_fingerprint.len = sizeof(p->none_fp);
-	g->group_id = 0;
-	g->block_size = p->cfg.block_size;
-	g->kind = "full_attention";
-	gl[0] = g;
-	info->groups = gl;
-	info->n_groups = 1;
-	info->medium = p->cfg.medium;
-	info->event_epoch = p->stream.epoch;
-	info->event_seq = p->stream.next_seq;
-	info->max_model_len = p->cfg.max_model_len;
-	info->max_ids_per_call = p->limits.max_ids;
-	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
-	info->max_msg_bytes = (uint32_t)p->limits.max_reply_bytes;
-	if (p->exec != NULL) {
-		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);
-		Kvpool__V1__ExecutorInfo *x =
-			NEW(c, Kvpool__V1__ExecutorInfo, kvpool__v1__executor_info__descriptor);
-		if (x == NULL)
-			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-		x->backend = (char *)kvp_exec_backend_name(p->exec);
-		x->num_layers = sh->num_layers;
-		x->num_heads = sh->num_heads;
-		x->head_size = sh->head_size;
-		x->dtype = (char *)kvp_dtype_name(sh->dtype);
-		x->layout = (char *)kvp_cache_layout_name(sh->layout);
-		x->block_size = sh->block_size;
-		x->block_bytes = kvp_exec_block_bytes(p->exec);
-		x->memory_bytes = kvp_exec_memory_bytes(p->exec);
-		info->executor = x;
-	}
+	if (pool_info(c, info, g, gl) != KVP_OK)
+		return c->status;
 	r->session_id = s->id;
 	r->lease_ms = lease;
 	r->pool = info;
@@ -450,6 +462,20 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 				break;
 			}
 			r->lease_ms = c.sess->lease_ms;
+			if (rq->heartbeat != NULL && rq->heartbeat->with_pool_info) {
+				Kvpool__V1__PoolInfo *info =
+					NEW(&c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
+				Kvpool__V1__GroupInfo *g =
+					NEW(&c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
+				Kvpool__V1__GroupInfo **gl = kvpd_scratch(&c, sizeof(*gl));
+				if (info == NULL || g == NULL || gl == NULL) {
+					rv = kvpd_fail(&c, KVP_ENOMEM, "out of memory");
+					break;
+				}
+				if ((rv = pool_info(&c, info, g, gl)) != KVP_OK)
+					break;
+				r->pool = info;
+			}
 			out.result_case = KVPOOL__V1__REPLY__RESULT_HEARTBEAT;
 			out.heartbeat = r;
 			rv = KVP_OK;

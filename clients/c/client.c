@@ -220,9 +220,27 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 		goto fail;
 	}
 	if (o->session_id != 0) {
+		/* Resume: a Heartbeat checks the session and brings the pool's description. */
+		Kvpool__V1__Request hq = KVPOOL__V1__REQUEST__INIT;
+		Kvpool__V1__HeartbeatRequest hb = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
+		Kvpool__V1__Reply *hr = NULL;
 		c->session = o->session_id;
+		hb.with_pool_info = true;
+		hq.call_case = KVPOOL__V1__REQUEST__CALL_HEARTBEAT;
+		hq.heartbeat = &hb;
+		if ((rv = call(c, &hq, &hr)) != KVP_OK)
+			goto fail;
+		if (hr->result_case == KVPOOL__V1__REPLY__RESULT_HEARTBEAT) {
+			Kvpool__V1__HelloReply h = KVPOOL__V1__HELLO_REPLY__INIT;
+			h.session_id = o->session_id;
+			h.lease_ms = hr->heartbeat->lease_ms;
+			h.pool = hr->heartbeat->pool;
+			copy_info(c, &h);
+		}
+		kvpool__v1__reply__free_unpacked(hr, NULL);
 		c->info.session_id = o->session_id;
-		snprintf(c->info.pool, sizeof(c->info.pool), "%s", c->pool);
+		if (c->info.pool[0] == '\0')
+			snprintf(c->info.pool, sizeof(c->info.pool), "%s", c->pool);
 		*out = c;
 		return KVP_OK;
 	}

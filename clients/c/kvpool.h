@@ -35,7 +35,9 @@ struct kvp_client_options {
 	const char *tls_cert_file;  /* tls+tcp:// with mutual TLS: our certificate... */
 	const char *tls_key_file;   /* ...and its key */
 	const char *tls_server_name; /* NULL: the URL's host */
-	uint64_t session_id;        /* non-zero: resume this session instead of Hello */
+	uint64_t session_id;        /* non-zero: resume this session instead of Hello (a
+	                             * Heartbeat checks it and fetches the pool's info;
+	                             * an unknown session: KVP_EUNAUTH) */
 };
 
 /* What Hello said about the pool and the session. */

@@ -38,6 +38,13 @@ usage(FILE *out)
 	        "                            cache the full blocks of TOKENS in IDS (hashed by the daemon)\n"
 	        "  lookup --tokens TOKENS    the longest cached prefix of TOKENS\n"
 	        "  snapshot                  every cached (hash, group) and its block count\n"
+	        "  read --blocks IDS --out FILE\n"
+	        "                            save the blocks' contents (held or cached) to FILE,\n"
+	        "                            checksums verified; `info` shows the payload format\n"
+	        "  write --blocks IDS --in FILE\n"
+	        "                            load FILE (blocks x block_bytes) into blocks this\n"
+	        "                            session holds (use --session)\n"
+	        "  copy --blocks SRC --to DST  copy block contents (copy-on-write)\n"
 	        "  events [--follow] [--events-url URL] [--count N]\n"
 	        "                            print events as one JSON object per line (with\n"
 	        "                            pool, epoch, seq); --follow keeps going (Ctrl-C stops)\n\n"
@@ -283,12 +290,122 @@ follow_events(const struct kvp_client_options *o, const char *events_url, bool f
 	return 0;
 }
 
+/* Reads a whole file into a new buffer. NULL (errno set) on failure. */
+static unsigned char *
+slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	unsigned char *buf = NULL;
+	long n;
+	if (f == NULL)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+	    (buf = malloc((size_t)n + 1)) != NULL && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+		*len = (size_t)n;
+	} else {
+		free(buf);
+		buf = NULL;
+	}
+	fclose(f);
+	return buf;
+}
+
+/* read / write / copy: block contents to and from files. */
+static int
+data_command(struct kvp_client *c, const char *cmd, const char *blocks_arg, const char *to_arg,
+             const char *in_path, const char *out_path, bool json, cJSON *j)
+{
+	uint64_t bb = kvp_client_info(c)->executor.block_bytes;
+	int64_t *vals = NULL, *dvals = NULL;
+	size_t n = 0, nd = 0, len = 0;
+	unsigned char *buf = NULL;
+	int32_t *ids = NULL, *dst = NULL;
+	uint32_t *crcs = NULL;
+	int rv = KVP_EINVAL;
+
+	if (blocks_arg == NULL || parse_i64_list(blocks_arg, &vals, &n) != 0 || n == 0) {
+		fprintf(stderr, "kvpoolctl: %s needs --blocks IDS\n", cmd);
+		return KVP_EINVAL;
+	}
+	ids = to_ids(vals, n);
+	if (bb == 0) {
+		fprintf(stderr, "kvpoolctl: pool %s has no executor: it keeps no block contents\n",
+		        kvp_client_info(c)->pool);
+		rv = KVP_ENOTSUP;
+		goto out;
+	}
+	if (strcmp(cmd, "copy") == 0) {
+		if (to_arg == NULL || parse_i64_list(to_arg, &dvals, &nd) != 0 || nd != n) {
+			fprintf(stderr, "kvpoolctl: copy needs --to with as many ids as --blocks\n");
+			goto out;
+		}
+		dst = to_ids(dvals, nd);
+		if ((rv = kvp_client_copy_blocks(c, ids, dst, n)) == KVP_OK && !json)
+			printf("copied %zu block(s)\n", n);
+	} else if (strcmp(cmd, "read") == 0) {
+		FILE *f;
+		if (out_path == NULL) {
+			fprintf(stderr, "kvpoolctl: read needs --out FILE\n");
+			goto out;
+		}
+		if ((buf = malloc(n * bb)) == NULL || (crcs = malloc(n * sizeof(*crcs))) == NULL) {
+			rv = KVP_ENOMEM;
+			goto out;
+		}
+		if ((rv = kvp_client_read_blocks(c, ids, n, buf, n * bb, crcs)) != KVP_OK)
+			goto out;
+		if ((f = fopen(out_path, "wb")) == NULL || fwrite(buf, 1, n * bb, f) != n * bb ||
+		    fclose(f) != 0) {
+			fprintf(stderr, "kvpoolctl: cannot write %s: %s\n", out_path, strerror(errno));
+			rv = KVP_EINTERNAL;
+			goto out;
+		}
+		cJSON *arr = cJSON_AddArrayToObject(j, "crc32c");
+		for (size_t i = 0; i < n; i++) {
+			char h[9];
+			snprintf(h, sizeof(h), "%08x", crcs[i]);
+			cJSON_AddItemToArray(arr, cJSON_CreateString(h));
+		}
+		cJSON_AddNumberToObject(j, "bytes", (double)(n * bb));
+		if (!json)
+			printf("read %zu block(s), %" PRIu64 " bytes, checksums verified, to %s\n", n,
+			       (uint64_t)(n * bb), out_path);
+	} else {
+		if (in_path == NULL) {
+			fprintf(stderr, "kvpoolctl: write needs --in FILE\n");
+			goto out;
+		}
+		if ((buf = slurp(in_path, &len)) == NULL) {
+			fprintf(stderr, "kvpoolctl: cannot read %s: %s\n", in_path, strerror(errno));
+			goto out;
+		}
+		if (len != n * bb) {
+			fprintf(stderr, "kvpoolctl: %s has %zu bytes; %zu block(s) take %" PRIu64 "\n",
+			        in_path, len, n, (uint64_t)(n * bb));
+			goto out;
+		}
+		if ((rv = kvp_client_write_blocks(c, ids, n, buf, len)) == KVP_OK && !json)
+			printf("wrote %zu block(s), %zu bytes\n", n, len);
+	}
+	if (rv == KVP_OK)
+		cJSON_AddItemToObject(j, "block_ids", ids_json(ids, n));
+out:
+	free(vals);
+	free(dvals);
+	free(ids);
+	free(dst);
+	free(buf);
+	free(crcs);
+	return rv;
+}
+
 int
 main(int argc, char **argv)
 {
 	struct kvp_client_options o = {0};
 	struct kvp_client *c = NULL;
 	const char *blocks_arg = NULL, *tokens_arg = NULL, *lora = NULL, *salt = NULL;
+	const char *in_path = NULL, *out_path = NULL, *to_arg = NULL;
 	uint32_t num_cached = 0;
 	bool json = false, keep = false, follow = false;
 	const char *events_url = getenv("KVPOOL_EVENTS_URL") ? getenv("KVPOOL_EVENTS_URL")
@@ -364,6 +481,12 @@ main(int argc, char **argv)
 			max_events = strtoul(argv[++k], NULL, 10);
 		else if (strcmp(argv[k], "--follow") == 0)
 			follow = true;
+		else if (strcmp(argv[k], "--in") == 0 && k + 1 < argc)
+			in_path = argv[++k];
+		else if (strcmp(argv[k], "--out") == 0 && k + 1 < argc)
+			out_path = argv[++k];
+		else if (strcmp(argv[k], "--to") == 0 && k + 1 < argc)
+			to_arg = argv[++k];
 		else if (strcmp(argv[k], "--lora") == 0 && k + 1 < argc)
 			lora = argv[++k];
 		else if (strcmp(argv[k], "--salt") == 0 && k + 1 < argc)
@@ -424,6 +547,26 @@ main(int argc, char **argv)
 		cJSON_AddStringToObject(j, "medium", in->medium);
 		cJSON_AddNumberToObject(j, "max_model_len", in->max_model_len);
 		cJSON_AddNumberToObject(j, "max_ids_per_call", in->max_ids_per_call);
+		cJSON_AddNumberToObject(j, "max_msg_bytes", in->max_msg_bytes);
+		const struct kvp_client_executor *x = &in->executor;
+		if (x->backend[0]) {
+			cJSON *e = cJSON_AddObjectToObject(j, "executor");
+			cJSON_AddStringToObject(e, "backend", x->backend);
+			cJSON_AddNumberToObject(e, "num_layers", x->num_layers);
+			cJSON_AddNumberToObject(e, "num_heads", x->num_heads);
+			cJSON_AddNumberToObject(e, "head_size", x->head_size);
+			cJSON_AddStringToObject(e, "dtype", x->dtype);
+			cJSON_AddStringToObject(e, "layout", x->layout);
+			cJSON_AddNumberToObject(e, "block_bytes", (double)x->block_bytes);
+			cJSON_AddNumberToObject(e, "memory_bytes", (double)x->memory_bytes);
+		}
+		if (!json && strcmp(cmd, "info") == 0 && x->backend[0])
+			printf("executor %s: %u layers x K,V x [%u tokens, %u heads, %u] %s (%s), "
+			       "%" PRIu64 " bytes a block, %" PRIu64 " MiB in all\n",
+			       x->backend, x->num_layers, x->block_size, x->num_heads, x->head_size,
+			       x->dtype, x->layout, x->block_bytes, x->memory_bytes >> 20);
+		else if (!json && strcmp(cmd, "info") == 0)
+			printf("executor: none (the pool keeps no block contents)\n");
 		if (!json) {
 			if (strcmp(cmd, "session") == 0)
 				printf("%" PRIu64 "\n", in->session_id);
@@ -499,6 +642,9 @@ main(int argc, char **argv)
 				printf("ok%s\n", cmd[0] == 'e' ? "" : "");
 		}
 		free(ids);
+	} else if (strcmp(cmd, "read") == 0 || strcmp(cmd, "write") == 0 ||
+	           strcmp(cmd, "copy") == 0) {
+		rv = data_command(c, cmd, blocks_arg, to_arg, in_path, out_path, json, j);
 	} else if (strcmp(cmd, "snapshot") == 0) {
 		struct kvp_snapshot *snap = NULL;
 		if ((rv = kvp_client_snapshot(c, &snap)) == KVP_OK) {
