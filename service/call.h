@@ -27,6 +27,10 @@ struct call {
 	int status;
 	char detail[256];
 	bool oom;
+	uint64_t call_id;
+	struct kvpd_sink *sink;  /* where the reply goes */
+	const Kvpool__V1__Reply *top; /* the top-level reply (not a batch's sub-reply) */
+	bool replied;            /* a handler wrote the whole reply into the sink itself */
 };
 
 /* Sets the call's status and detail; returns the status. */

@@ -415,26 +415,27 @@ run_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Reply *
 }
 
 int
-kvpd_pack_reply(const Kvpool__V1__Reply *r, uint8_t **out, size_t *len)
+kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
 {
 	size_t n = kvpool__v1__reply__get_packed_size(r);
-	uint8_t *buf = malloc(n ? n : 1);
+	uint8_t *buf = sink->alloc(sink->ctx, n);
 	if (buf == NULL)
 		return KVP_ENOMEM;
-	*len = kvpool__v1__reply__pack(r, buf);
-	*out = buf;
+	sink->buf = buf;
+	sink->len = kvpool__v1__reply__pack(r, buf);
 	return KVP_OK;
 }
 
 int
 kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
-              uint8_t **reply, size_t *reply_len)
+              struct kvpd_sink *sink)
 {
-	struct call c = {.p = p};
+	struct call c = {.p = p, .call_id = rq->call_id, .sink = sink};
 	Kvpool__V1__Reply out = KVPOOL__V1__REPLY__INIT;
 	size_t index = 0;
 	int rv;
 
+	c.top = &out;
 	p->counters.calls++;
 	if (rq->call_case == KVPOOL__V1__REQUEST__CALL_HELLO) {
 		rv = h_hello(&c, rq->hello, now_ms, &out);
@@ -447,10 +448,10 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 			mutating(rq->call_case) ? kvpd_session_cached(c.sess, rq->call_id) : NULL;
 		if (cached != NULL) {
 			/* A retry: answer what the first attempt answered, apply nothing. */
-			if ((*reply = malloc(cached->len ? cached->len : 1)) == NULL)
+			if ((sink->buf = sink->alloc(sink->ctx, cached->len)) == NULL)
 				return KVP_ENOMEM;
-			memcpy(*reply, cached->bytes, cached->len);
-			*reply_len = cached->len;
+			memcpy(sink->buf, cached->bytes, cached->len);
+			sink->len = cached->len;
 			return KVP_OK;
 		}
 		switch (rq->call_case) {
@@ -515,9 +516,12 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	out.call_id = rq->call_id;
 	out.status = (Kvpool__V1__Status)rv;
 	out.detail = rv == KVP_OK ? "" : c.detail;
-	rv = kvpd_pack_reply(&out, reply, reply_len);
+	if (rv == KVP_OK && c.replied)
+		rv = KVP_OK; /* the handler wrote the reply itself */
+	else
+		rv = kvpd_pack_reply(&out, sink);
 	if (rv == KVP_OK && c.sess != NULL && mutating(rq->call_case))
-		kvpd_session_remember(c.sess, rq->call_id, *reply, *reply_len);
+		kvpd_session_remember(c.sess, rq->call_id, sink->buf, sink->len);
 	scratch_reset(p);
 	kvpd_pool_publish(p); /* one batch per call that produced events */
 	return rv;

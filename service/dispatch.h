@@ -66,12 +66,12 @@ struct kvpd_server {
 	size_t num_pools;
 };
 
-/* Encodes a reply into a new buffer (malloc'd). KVP_OK or KVP_ENOMEM. */
-int kvpd_pack_reply(const Kvpool__V1__Reply *r, uint8_t **out, size_t *len);
+/* Encodes a reply into the sink. KVP_OK or KVP_ENOMEM. */
+int kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink);
 
-/* Runs one decoded request on pool p and encodes the reply (malloc'd). */
+/* Runs one decoded request on pool p and encodes the reply into the sink. */
 int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
-                  uint8_t **reply, size_t *reply_len);
+                  struct kvpd_sink *sink);
 
 /* Releases every reference a session holds, newest first. Returns how many. */
 size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);

@@ -316,13 +316,13 @@ arena_reset(struct decode_arena *a)
 
 /* A reply with only a status (decode failures, unknown pools). */
 static int
-error_reply(uint64_t call_id, int status, const char *detail, uint8_t **out, size_t *len)
+error_reply(uint64_t call_id, int status, const char *detail, struct kvpd_sink *sink)
 {
 	Kvpool__V1__Reply r = KVPOOL__V1__REPLY__INIT;
 	r.call_id = call_id;
 	r.status = (Kvpool__V1__Status)status;
 	r.detail = (char *)detail;
-	return kvpd_pack_reply(&r, out, len);
+	return kvpd_pack_reply(&r, sink);
 }
 
 static struct kvpd_pool *
@@ -334,19 +334,46 @@ find_pool(struct kvpd_server *s, const char *name)
 	return NULL;
 }
 
+/* The plain sink: one malloc'd buffer. */
+static void *
+malloc_sink(void *ctx, size_t len)
+{
+	uint8_t **buf = ctx;
+	free(*buf);
+	*buf = malloc(len ? len : 1);
+	return *buf;
+}
+
 int
 kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,
                    uint8_t **reply, size_t *reply_len)
+{
+	uint8_t *buf = NULL;
+	struct kvpd_sink sink = {.alloc = malloc_sink, .ctx = &buf};
+	int rv = kvpd_server_handle_to(s, req, len, now_ms, &sink);
+	if (rv != KVP_OK) {
+		free(buf);
+		*reply = NULL;
+		*reply_len = 0;
+		return rv;
+	}
+	*reply = sink.buf;
+	*reply_len = sink.len;
+	return KVP_OK;
+}
+
+int
+kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,
+                      struct kvpd_sink *sink)
 {
 	Kvpool__V1__Request *rq;
 	struct kvpd_pool *p;
 	int rv;
 
-	*reply = NULL;
-	*reply_len = 0;
+	sink->buf = NULL;
+	sink->len = 0;
 	if (len > s->cfg.max_msg_bytes)
-		return error_reply(0, KVP_ETOOLARGE, "request larger than max-msg-bytes", reply,
-		                   reply_len);
+		return error_reply(0, KVP_ETOOLARGE, "request larger than max-msg-bytes", sink);
 	struct decode_arena *arena = arena_get();
 	ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = arena};
 	ProtobufCAllocator *al = arena ? &alloc : NULL;
@@ -354,13 +381,12 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 	if (rq == NULL) {
 		if (arena)
 			arena_reset(arena);
-		return error_reply(0, KVP_EINVAL, "malformed request (not a kvpool.v1.Request)",
-		                   reply, reply_len);
+		return error_reply(0, KVP_EINVAL, "malformed request (not a kvpool.v1.Request)", sink);
 	}
 	if ((p = find_pool(s, rq->pool)) == NULL) {
 		char detail[KVP_WIRE_MAX_NAME + 32];
 		snprintf(detail, sizeof(detail), "no pool named '%.128s'", rq->pool);
-		rv = error_reply(rq->call_id, KVP_EUNKNOWNPOOL, detail, reply, reply_len);
+		rv = error_reply(rq->call_id, KVP_EUNKNOWNPOOL, detail, sink);
 		kvpool__v1__request__free_unpacked(rq, al);
 		if (arena)
 			arena_reset(arena);
@@ -369,7 +395,7 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	nng_mtx_lock(p->lock);
-	rv = kvpd_dispatch(p, rq, now_ms, reply, reply_len);
+	rv = kvpd_dispatch(p, rq, now_ms, sink);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	int b = 0;
@@ -382,7 +408,7 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 	if (arena)
 		arena_reset(arena);
 	if (rv != KVP_OK)
-		return error_reply(0, rv, "out of memory", reply, reply_len);
+		return error_reply(0, rv, "out of memory", sink);
 	return KVP_OK;
 }
 

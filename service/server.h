@@ -70,6 +70,23 @@ int kvpd_server_create(const struct kvpd_config *cfg, struct kvpd_server **out, 
 void kvpd_server_destroy(struct kvpd_server *s);
 
 /*
+ * Where a reply's bytes go: alloc(ctx, len) returns len writable bytes (or
+ * NULL), replacing any buffer an earlier alloc returned for the same reply.
+ * The reply is then buf[0..len). kvpoold's transport allocates an nng
+ * message, so a large reply (ReadBlocks) is written once, in place.
+ */
+struct kvpd_sink {
+	void *(*alloc)(void *ctx, size_t len);
+	void *ctx;
+	uint8_t *buf;
+	size_t len;
+};
+
+/* kvpd_server_handle with the reply written through sink. KVP_OK or KVP_ENOMEM. */
+int kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,
+                          struct kvpd_sink *sink);
+
+/*
  * Handles one request (len bytes) at time now_ms. On return *reply (malloc'd,
  * the caller frees it) holds the encoded Reply; returns KVP_OK, or KVP_ENOMEM
  * when not even an error reply could be built (*reply is then NULL).

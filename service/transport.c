@@ -37,6 +37,21 @@ struct kvpd_transport {
 	atomic_uint_fast64_t served;
 };
 
+/* The reply goes straight into a new nng message: large replies are written once. */
+static void *
+msg_sink(void *ctx, size_t len)
+{
+	nng_msg **m = ctx;
+	if (*m != NULL)
+		nng_msg_free(*m);
+	*m = NULL;
+	if (nng_msg_alloc(m, len) != 0) {
+		*m = NULL;
+		return NULL;
+	}
+	return nng_msg_body(*m);
+}
+
 static void
 worker_cb(void *arg)
 {
@@ -55,21 +70,21 @@ worker_cb(void *arg)
 		}
 		atomic_fetch_add(&t->in_flight, 1);
 		msg = nng_aio_get_msg(w->aio);
-		uint8_t *reply = NULL;
-		size_t len = 0;
-		rv = kvpd_server_handle(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
-		                        &reply, &len);
-		nng_msg_clear(msg);
-		if (rv != KVP_OK || nng_msg_append(msg, reply, len) != 0) {
+		nng_msg *reply = NULL;
+		struct kvpd_sink sink = {.alloc = msg_sink, .ctx = &reply};
+		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
+		                           &sink);
+		nng_msg_free(msg);
+		if (rv != KVP_OK || reply == NULL) {
 			/* Not even an error reply fits in memory: drop it; the client retries. */
-			free(reply);
-			nng_msg_free(msg);
+			if (reply)
+				nng_msg_free(reply);
 			atomic_fetch_sub(&t->in_flight, 1);
 			nng_ctx_recv(w->ctx, w->aio);
 			return;
 		}
-		free(reply);
-		nng_aio_set_msg(w->aio, msg);
+		nng_msg_chop(reply, nng_msg_len(reply) - sink.len);
+		nng_aio_set_msg(w->aio, reply);
 		w->state = SEND;
 		nng_ctx_send(w->ctx, w->aio);
 		return;
