@@ -80,22 +80,36 @@ kvp_client_raw(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **r
 }
 
 int
-kvp_client_call_(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
+kvp_client_send_(struct kvp_client *c, Kvpool__V1__Request *rq, nng_msg **reply)
 {
-	nng_msg *msg = NULL;
-	Kvpool__V1__Reply *r;
-	int rv;
-
 	rq->call_id = c->next_call_id++;
 	rq->pool = c->pool;
 	rq->session_id = c->session;
-	if ((rv = roundtrip(c, rq, NULL, 0, &msg)) != KVP_OK)
+	return roundtrip(c, rq, NULL, 0, reply);
+}
+
+int
+kvp_client_call_(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out)
+{
+	nng_msg *msg = NULL;
+	int rv;
+
+	if ((rv = kvp_client_send_(c, rq, &msg)) != KVP_OK)
 		return rv;
+	return kvp_client_decode_(c, rq->call_id, msg, out);
+}
+
+int
+kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg, Kvpool__V1__Reply **out)
+{
+	Kvpool__V1__Reply *r;
+	int rv;
+
 	r = kvpool__v1__reply__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
 	nng_msg_free(msg);
 	if (r == NULL)
 		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
-	if (r->call_id != rq->call_id && r->call_id != 0) {
+	if (r->call_id != call_id && r->call_id != 0) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
 		return set_detail(c, KVP_EINTERNAL, "reply to another call", NULL);
 	}

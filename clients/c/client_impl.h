@@ -35,4 +35,14 @@ int kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const ch
  */
 int kvp_client_call_(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__Reply **out);
 
+/*
+ * Sends rq (envelope filled here) and returns the daemon's reply message
+ * undecoded (the caller frees it), for replies parsed in place.
+ */
+int kvp_client_send_(struct kvp_client *c, Kvpool__V1__Request *rq, nng_msg **reply);
+
+/* Decodes a reply message as kvp_client_call_ does (and frees the message). */
+int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,
+                       Kvpool__V1__Reply **out);
+
 #endif /* KVPOOL_CLIENT_IMPL_H */

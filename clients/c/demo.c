@@ -5,11 +5,15 @@
  * request-level calls (AllocateSlots, FreeRequest): the first computes the
  * prompt, the others find it cached. Then a burst of long requests fills the
  * pool until the daemon answers NO_SPACE and the scheduler preempts, and
- * finished requests' blocks stay cached until allocation evicts them.
+ * finished requests' blocks stay cached until allocation evicts them. In
+ * between, when the pool has an executor, a prefill peer writes a prompt's
+ * KV into its blocks and a decode peer finds the prefix and reads the same
+ * bytes back, checksums verified.
  *
  * usage: kvpool-demo [URL] [POOL]   (defaults: ipc:///tmp/kvpool.ipc default)
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +119,81 @@ burst(const struct kvp_client_info *in)
 	return rv;
 }
 
+/* Prefill writes a prompt's K and V and caches it; a decode peer reads it back. */
+static int
+transfer(const struct kvp_client_options *o)
+{
+	const struct kvp_client_info *in = kvp_client_info(c);
+	const struct kvp_client_executor *x = &in->executor;
+	uint32_t bs = in->block_size, nb = 4, nt = nb * bs, nl = x->num_layers;
+	size_t tok = (size_t)x->num_heads * x->head_size * (strcmp(x->dtype, "fp32") ? 2 : 4);
+	size_t len = (size_t)nl * nt * tok;
+	int64_t *prompt = malloc(nt * sizeof(*prompt)), *slots = malloc(nt * sizeof(*slots));
+	unsigned char *k = malloc(len), *v = malloc(len), *got = malloc(nb * x->block_bytes);
+	int32_t ids[4], hit[4];
+	uint32_t stored, nhit, hit_tokens;
+	struct kvp_client *peer = NULL;
+	int rv = prompt && slots && k && v && got ? KVP_OK : KVP_ENOMEM;
+
+	if (x->backend[0] == '\0') {
+		printf("(pool %s has no executor: no block contents to move)\n", in->pool);
+		goto out;
+	}
+	for (uint32_t i = 0; i < nt && rv == KVP_OK; i++)
+		prompt[i] = 50000 + i;
+	for (size_t i = 0; i < len && rv == KVP_OK; i++) {
+		k[i] = (unsigned char)(i * 13 + 1);
+		v[i] = (unsigned char)(i * 7 + 5);
+	}
+	if (rv || (rv = check(kvp_client_allocate(c, nb, ids), "allocate")))
+		goto out;
+	/* The slot of token t: its block's id times the block size, plus its offset. */
+	for (uint32_t t = 0; t < nt; t++)
+		slots[t] = (int64_t)ids[t / bs] * bs + t % bs;
+	if ((rv = check(kvp_client_write_tokens(c, true, 0, slots, nt, k, v, len), "write_tokens")))
+		goto out;
+	struct kvp_client_cache ca = {.block_ids = ids, .num_block_ids = nb, .num_full_blocks = nb,
+	                              .tokens = prompt, .num_tokens = nt};
+	if ((rv = check(kvp_client_cache(c, &ca, &stored), "cache")) ||
+	    (rv = check(kvp_client_free(c, ids, nb), "free")))
+		goto out;
+	printf("prefill: wrote K and V of %u tokens x %u layers into blocks %d..%d (%s, %s %s), "
+	       "cached them, let them go\n", nt, nl, ids[0], ids[nb - 1], x->backend, x->dtype,
+	       x->layout);
+	if ((rv = check(kvp_client_open(o, &peer), "decode peer")))
+		goto out;
+	struct kvp_client_lookup q = {.tokens = prompt, .num_tokens = nt};
+	if ((rv = kvp_client_lookup(peer, &q, hit, nb, &nhit, &hit_tokens)) != KVP_OK ||
+	    (rv = kvp_client_touch(peer, hit, nhit)) != KVP_OK ||
+	    (rv = kvp_client_read_blocks(peer, hit, nhit, got, nhit * x->block_bytes, NULL))) {
+		fprintf(stderr, "kvpool-demo: decode peer: %s\n", kvp_client_last_detail(peer));
+		goto out;
+	}
+	/* Block b's payload is, per layer, K then V of its bs tokens: compare with the source. */
+	bool same = nhit == nb;
+	for (uint32_t b = 0; same && b < nb; b++)
+		for (uint32_t l = 0; l < nl; l++) {
+			const unsigned char *p = got + b * x->block_bytes + (size_t)l * 2 * bs * tok;
+			const unsigned char *src = k + ((size_t)l * nt + (size_t)b * bs) * tok;
+			same = same && memcmp(p, src, bs * tok) == 0 &&
+			       memcmp(p + bs * tok, v + ((size_t)l * nt + (size_t)b * bs) * tok, bs * tok) == 0;
+		}
+	printf("decode peer: prefix hit of %u tokens, read %u blocks (%" PRIu64 " KiB), checksums "
+	       "verified, bytes %s\n", hit_tokens, nhit, nhit * x->block_bytes >> 10,
+	       same ? "identical to what prefill wrote" : "DIFFERENT");
+	if (!same)
+		rv = KVP_EINTERNAL;
+	(void)kvp_client_free(peer, hit, nhit);
+out:
+	kvp_client_close(peer);
+	free(prompt);
+	free(slots);
+	free(k);
+	free(v);
+	free(got);
+	return rv;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -141,6 +220,10 @@ main(int argc, char **argv)
 	if ((rv = check(kvp_client_free_request(c, 1, false), "free")) ||
 	    (rv = check(kvp_client_free_request(c, 2, false), "free")) || (rv = show_stats()) ||
 	    (rv = chat(5, 20, 0)))
+		goto out;
+
+	printf("\n== a prefill peer hands a prompt's KV to a decode peer ==\n");
+	if ((rv = transfer(&o)))
 		goto out;
 
 	printf("\n== a burst of long prompts fills the pool ==\n");

@@ -53,12 +53,13 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	static char *args[] = {"fuzz", "--pool", "name=fuzz,blocks=64,block_size=4,seed=0",
 	                       "--pool", "name=f2,blocks=16,block_size=2", "--max-ids", "64",
-	                       "--max-sessions", "8", "--lease-ms", "2000", "--quiet", NULL};
+	                       "--max-sessions", "8", "--lease-ms", "2000", "--quiet",
+	                       "--kv-layers", "1", "--kv-heads", "1", "--kv-head-size", "2", NULL};
 	struct kvpd_config cfg;
 	char err[256];
 	(void)argc;
 	(void)argv;
-	if (kvpd_config_load(&cfg, 12, args, NULL, stdout, stderr) != 0 ||
+	if (kvpd_config_load(&cfg, 18, args, NULL, stdout, stderr) != 0 ||
 	    kvpd_server_create(&cfg, &srv, err, sizeof(err)) != KVP_OK) {
 		fprintf(stderr, "fuzz: cannot create the server: %s\n", err);
 		abort(); /* the harness itself is broken: not an input */

@@ -161,5 +161,51 @@ main(int argc, char **argv)
 	rq.goodbye = &gb;
 	frame(&rq);
 	save(argv[1], "batch");
+
+	/* The data plane: blocks of 32 bytes in pool fuzz (1 layer, 1 head of 2, bs 4, fp16). */
+	static uint8_t payload[96];
+	for (size_t i = 0; i < sizeof(payload); i++)
+		payload[i] = (uint8_t)i;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	frame(&rq);
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE;
+	rq.allocate = &al;
+	frame(&rq);
+	Kvpool__V1__WriteBlocksRequest wb = KVPOOL__V1__WRITE_BLOCKS_REQUEST__INIT;
+	wb.block_ids = ids;
+	wb.n_block_ids = 3;
+	wb.payload.data = payload;
+	wb.payload.len = sizeof(payload);
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_WRITE_BLOCKS;
+	rq.write_blocks = &wb;
+	frame(&rq);
+	Kvpool__V1__ReadBlocksRequest rb = KVPOOL__V1__READ_BLOCKS_REQUEST__INIT;
+	rb.block_ids = ids;
+	rb.n_block_ids = 3;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_READ_BLOCKS;
+	rq.read_blocks = &rb;
+	frame(&rq);
+	Kvpool__V1__CopyBlocksRequest cb = KVPOOL__V1__COPY_BLOCKS_REQUEST__INIT;
+	cb.src_block_ids = ids;
+	cb.n_src_block_ids = 1;
+	cb.dst_block_ids = ids + 1;
+	cb.n_dst_block_ids = 1;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_COPY_BLOCKS;
+	rq.copy_blocks = &cb;
+	frame(&rq);
+	Kvpool__V1__WriteTokensRequest wt = KVPOOL__V1__WRITE_TOKENS_REQUEST__INIT;
+	int64_t slots[2] = {4, -1};
+	wt.all_layers = 1;
+	wt.slot_mapping = slots;
+	wt.n_slot_mapping = 2;
+	wt.key.data = payload;
+	wt.key.len = 8;
+	wt.value.data = payload + 8;
+	wt.value.len = 8;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_WRITE_TOKENS;
+	rq.write_tokens = &wt;
+	frame(&rq);
+	save(argv[1], "data");
 	return 0;
 }

@@ -1,0 +1,409 @@
+/*
+ * kvp-bench-executor: the executor's speed, each number next to its
+ * baseline measured in the same run.
+ *
+ *   local  read_blocks / write_blocks / copy_blocks / write_tokens on the
+ *          cpu backend, in GB/s, against memcpy of the same bytes;
+ *   remote ReadBlocks through kvpoold over ipc:// and tcp://, against a raw
+ *          nng REQ/REP server answering with messages of the same size;
+ *   --gpu  the cuda backend's kernels on the device, against a device-to-
+ *          device cudaMemcpy of the same bytes (needs a GPU).
+ *
+ * usage: kvp-bench-executor [--quick] [--gpu] [path/to/kvpoold]
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "executor.h"
+#include "kvpool.h"
+
+/* vLLM-like: 16 tokens, 8 KV heads of 128, fp16, 4 layers: 32 KiB chunks, 256 KiB blocks. */
+#define LAYERS 4
+#define HEADS 8
+#define HEAD 128
+#define BS 16
+
+static double seconds = 1.0;
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t
+next(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+/* n distinct random ids in 1..nb-1. */
+static void
+pick(int32_t *ids, uint32_t n, uint32_t nb)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		bool dup;
+		do {
+			ids[i] = (int32_t)(1 + next() % (nb - 1));
+			dup = false;
+			for (uint32_t j = 0; j < i; j++)
+				dup |= ids[j] == ids[i];
+		} while (dup);
+	}
+}
+
+enum op { OP_MEMCPY, OP_READ, OP_WRITE, OP_COPY, OP_TOKENS };
+
+struct local {
+	struct kvp_exec *e;
+	uint32_t nb, n;
+	size_t bb, bytes;
+	unsigned char *buf, *src_region; /* buf: n blocks; src_region: nb blocks (memcpy's source) */
+	unsigned char *k, *v;
+	int64_t *slots;
+};
+
+/* Runs op for `seconds`; returns bytes per second (each byte counted once). */
+static double
+run_local(struct local *L, enum op op)
+{
+	int32_t ids[1024], dst[1024];
+	double t0 = now(), dt;
+	long iters = 0;
+	do {
+		int rv = KVP_OK;
+		pick(ids, op == OP_COPY ? 2 * L->n : L->n, L->nb);
+		switch (op) {
+		case OP_MEMCPY: {
+			/* The same bytes from a random place in a region as large as the cache. */
+			size_t off = (size_t)(next() % (L->nb - L->n)) * L->bb;
+			memcpy(L->buf, L->src_region + off, L->bytes);
+			break;
+		}
+		case OP_READ:
+			rv = kvp_exec_read_blocks(L->e, ids, L->n, L->buf, L->bytes);
+			break;
+		case OP_WRITE:
+			rv = kvp_exec_write_blocks(L->e, ids, L->n, L->buf, L->bytes);
+			break;
+		case OP_COPY:
+			memcpy(dst, ids + L->n, L->n * sizeof(*dst));
+			rv = kvp_exec_copy_blocks(L->e, ids, dst, L->n);
+			break;
+		case OP_TOKENS:
+			for (uint32_t b = 0; b < L->n; b++)
+				for (uint32_t o = 0; o < BS; o++)
+					L->slots[b * BS + o] = (int64_t)ids[b] * BS + o;
+			rv = kvp_exec_write_tokens(L->e, true, 0, L->slots, (size_t)L->n * BS, L->k, L->v,
+			                           L->bytes / 2);
+			break;
+		}
+		if (rv != KVP_OK) {
+			fprintf(stderr, "bench: local op %d: %s\n", (int)op, kvp_strerror(rv));
+			exit(1);
+		}
+		iters++;
+		dt = now() - t0;
+	} while (dt < seconds);
+	return (double)L->bytes * (double)iters / dt;
+}
+
+static int
+bench_local(bool quick)
+{
+	struct local L = {.nb = quick ? 256 : 1024, .n = 64};
+	struct kvp_exec_config cfg = {.backend = KVP_EXEC_CPU,
+	                              .shape = {L.nb, BS, LAYERS, HEADS, HEAD, KVP_DTYPE_FP16,
+	                                        KVP_LAYOUT_NHD}};
+	char why[256];
+	if (kvp_exec_open(&cfg, &L.e, why, sizeof(why)) != KVP_OK) {
+		fprintf(stderr, "bench: %s\n", why);
+		return 1;
+	}
+	L.bb = kvp_exec_block_bytes(L.e);
+	L.bytes = L.n * L.bb;
+	L.buf = malloc(L.bytes);
+	L.src_region = malloc(L.nb * L.bb);
+	L.k = malloc(L.bytes / 2);
+	L.v = malloc(L.bytes / 2);
+	L.slots = malloc((size_t)L.n * BS * sizeof(*L.slots));
+	memset(L.buf, 1, L.bytes);
+	memset(L.src_region, 2, L.nb * L.bb);
+	memset(L.k, 3, L.bytes / 2);
+	memset(L.v, 4, L.bytes / 2);
+	/* Touch all of the cache once so no row pays for first-touch page faults. */
+	for (uint32_t b = 1; b + L.n <= L.nb; b += L.n) {
+		int32_t ids[64];
+		for (uint32_t i = 0; i < L.n; i++)
+			ids[i] = (int32_t)(b + i);
+		kvp_exec_write_blocks(L.e, ids, L.n, L.buf, L.bytes);
+	}
+	printf("## local: cpu backend, %u blocks of %zu KiB (%d layers x K,V x [%d, %d, %d] fp16), "
+	       "%u random blocks (%zu MiB) per call\n\n",
+	       L.nb, L.bb >> 10, LAYERS, BS, HEADS, HEAD, L.n, L.bytes >> 20);
+	printf("| operation | GB/s | memcpy GB/s (same run) | ratio |\n|---|---|---|---|\n");
+	const char *names[] = {"memcpy (baseline)", "read_blocks (gather)", "write_blocks (scatter)",
+	                       "copy_blocks", "write_tokens (all layers, 256 B rows)"};
+	for (int op = OP_READ; op <= OP_TOKENS; op++) {
+		double base = run_local(&L, OP_MEMCPY), r = run_local(&L, (enum op)op);
+		printf("| %s | %.2f | %.2f | %.2f |\n", names[op], r / 1e9, base / 1e9, r / base);
+	}
+	printf("\n");
+	kvp_exec_close(L.e);
+	free(L.buf);
+	free(L.src_region);
+	free(L.k);
+	free(L.v);
+	free(L.slots);
+	return 0;
+}
+
+/* ---- remote ---- */
+
+static char ipc_url[128], tcp_url[128], raw_ipc[128], raw_tcp[128];
+static size_t raw_size;
+
+/* The raw server: every request is answered by a fresh message of raw_size bytes. */
+static void *
+raw_server(void *arg)
+{
+	nng_socket s = *(nng_socket *)arg;
+	for (;;) {
+		nng_msg *m;
+		if (nng_recvmsg(s, &m, 0) != 0)
+			return NULL;
+		nng_msg_free(m);
+		if (nng_msg_alloc(&m, raw_size) != 0)
+			return NULL;
+		if (nng_sendmsg(s, m, 0) != 0) {
+			nng_msg_free(m);
+			return NULL;
+		}
+	}
+}
+
+/* Bytes per second fetching `size`-byte replies from the raw server at url. */
+static double
+run_raw(const char *url, size_t size)
+{
+	nng_socket s;
+	double t0, dt = 1e-9;
+	long n = 0;
+	raw_size = size;
+	if (nng_req0_open(&s) != 0 || nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0) != 0 ||
+	    nng_dial(s, url, NULL, 0) != 0)
+		return 0;
+	t0 = now();
+	do {
+		nng_msg *m;
+		if (nng_msg_alloc(&m, 16) != 0 || nng_sendmsg(s, m, 0) != 0 || nng_recvmsg(s, &m, 0) != 0)
+			break;
+		nng_msg_free(m);
+		n++;
+		dt = now() - t0;
+	} while (dt < seconds);
+	nng_close(s);
+	return (double)size * (double)n / dt;
+}
+
+/* Bytes per second reading nblocks per kvp_client_read_blocks through the daemon. */
+static double
+run_remote(const char *url, uint32_t nblocks, int32_t *ids, size_t bb, int *failed)
+{
+	struct kvp_client_options o = {.url = url, .pool = "bench", .timeout_ms = 10000};
+	struct kvp_client *c;
+	unsigned char *buf = malloc(nblocks * bb);
+	double t0, dt = 1e-9;
+	long n = 0;
+	if (kvp_client_open(&o, &c) != KVP_OK) {
+		*failed = 1;
+		free(buf);
+		return 0;
+	}
+	t0 = now();
+	do {
+		if (kvp_client_read_blocks(c, ids, nblocks, buf, nblocks * bb, NULL) != KVP_OK) {
+			fprintf(stderr, "bench: read: %s\n", kvp_client_last_detail(c));
+			*failed = 1;
+			break;
+		}
+		n++;
+		dt = now() - t0;
+	} while (dt < seconds);
+	kvp_client_close(c);
+	free(buf);
+	return (double)nblocks * bb * (double)n / dt;
+}
+
+static int
+bench_remote(const char *daemon, bool quick)
+{
+	int pid = (int)getpid(), failed = 0;
+	nng_socket raw;
+	pthread_t th;
+	char blocks[64], layers[16], heads[16], head[16];
+
+	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-bench-x-%d.ipc", pid);
+	snprintf(tcp_url, sizeof(tcp_url), "tcp://127.0.0.1:%d", 22000 + pid % 20000);
+	snprintf(raw_ipc, sizeof(raw_ipc), "ipc:///tmp/kvpool-bench-xraw-%d.ipc", pid);
+	snprintf(raw_tcp, sizeof(raw_tcp), "tcp://127.0.0.1:%d", 42000 + pid % 20000);
+	snprintf(blocks, sizeof(blocks), "name=bench,blocks=%d,block_size=%d", quick ? 256 : 1024,
+	         BS);
+	snprintf(layers, sizeof(layers), "%d", LAYERS);
+	snprintf(heads, sizeof(heads), "%d", HEADS);
+	snprintf(head, sizeof(head), "%d", HEAD);
+	pid_t child = fork(); /* before the first nng call: nng is not fork-safe */
+	if (child == 0) {
+		execl(daemon, daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none",
+		      "--events", "none", "--pool", blocks, "--kv-layers", layers, "--kv-heads", heads,
+		      "--kv-head-size", head, "--lease-ms", "60000", (char *)NULL);
+		_exit(127);
+	}
+	if (nng_rep0_open(&raw) != 0 || nng_listen(raw, raw_ipc, NULL, 0) != 0 ||
+	    nng_listen(raw, raw_tcp, NULL, 0) != 0 ||
+	    pthread_create(&th, NULL, raw_server, &raw) != 0) {
+		fprintf(stderr, "bench: cannot start the raw server\n");
+		kill(child, SIGTERM);
+		return 1;
+	}
+	nanosleep(&(struct timespec){0, 300000000}, NULL);
+
+	/* Fill some blocks, cache them so any client may read them. */
+	struct kvp_client_options o = {.url = ipc_url, .pool = "bench", .timeout_ms = 10000};
+	struct kvp_client *c = NULL;
+	int rv = KVP_EBUSY;
+	for (int i = 0; i < 50 && rv != KVP_OK; i++)
+		if ((rv = kvp_client_open(&o, &c)) != KVP_OK)
+			nanosleep(&(struct timespec){0, 100000000}, NULL);
+	if (rv != KVP_OK) {
+		fprintf(stderr, "bench: cannot reach kvpoold\n");
+		kill(child, SIGTERM);
+		return 1;
+	}
+	enum { N = 64 };
+	int32_t ids[N];
+	size_t bb = kvp_client_info(c)->executor.block_bytes;
+	uint32_t per_msg = (uint32_t)((kvp_client_info(c)->max_msg_bytes - 4096) / (bb + 16));
+	unsigned char *buf = malloc(N * bb);
+	int64_t *tokens = malloc((size_t)N * BS * sizeof(*tokens));
+	uint32_t stored;
+	memset(buf, 7, N * bb);
+	for (int i = 0; i < N * BS; i++)
+		tokens[i] = i;
+	struct kvp_client_cache ca = {.block_ids = ids, .num_block_ids = N, .num_full_blocks = N,
+	                              .tokens = tokens, .num_tokens = (size_t)N * BS};
+	if (kvp_client_allocate(c, N, ids) != KVP_OK ||
+	    kvp_client_write_blocks(c, ids, N, buf, N * bb) != KVP_OK ||
+	    kvp_client_cache(c, &ca, &stored) != KVP_OK) {
+		fprintf(stderr, "bench: setup: %s\n", kvp_client_last_detail(c));
+		failed = 1;
+	}
+
+	printf("## remote: ReadBlocks through kvpoold (cpu backend, blocks of %zu KiB), "
+	       "checksums computed and verified, against a raw nng REQ/REP server replying with "
+	       "fresh messages of the same size\n\n",
+	       bb >> 10);
+	printf("| transport | per call | kvpool GB/s | raw nng GB/s (same run) | ratio |\n"
+	       "|---|---|---|---|---|\n");
+	struct {
+		uint32_t blocks;
+		const char *label;
+	} rows[] = {{4, "1 MiB (4 blocks)"}, {per_msg, "one full message"},
+	            {N, "64 blocks (16 MiB), split below the 8 MiB limit"}};
+	for (int t = 0; t < 2 && !failed; t++) {
+		const char *url = t ? tcp_url : ipc_url, *rurl = t ? raw_tcp : raw_ipc;
+		for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
+			uint32_t nb = rows[r].blocks;
+			/* The baseline's message: one call's payload, or one full message when split. */
+			size_t msg = (nb <= per_msg ? nb : per_msg) * bb;
+			double base = run_raw(rurl, msg);
+			double ours = run_remote(url, nb, ids, bb, &failed);
+			char label[64];
+			snprintf(label, sizeof(label), "%s", rows[r].label);
+			if (r == 1)
+				snprintf(label, sizeof(label), "%u blocks (%.1f MiB, one message)", nb,
+				         (double)(nb * bb) / (1 << 20));
+			printf("| %s | %s | %.2f | %.2f | %.2f |\n", t ? "tcp" : "ipc", label, ours / 1e9,
+			       base / 1e9, base > 0 ? ours / base : 0);
+		}
+	}
+	printf("\n");
+	(void)kvp_client_free(c, ids, N);
+	kvp_client_close(c);
+	free(buf);
+	free(tokens);
+	kill(child, SIGTERM);
+	int status = 0;
+	waitpid(child, &status, 0);
+	nng_close(raw);
+	pthread_join(th, NULL);
+	if (failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		fprintf(stderr, "bench: a call failed or the daemon did not stop cleanly\n");
+		return 1;
+	}
+	return 0;
+}
+
+static int
+bench_gpu(void)
+{
+	struct kvp_exec_config cfg = {.backend = KVP_EXEC_CUDA,
+	                              .shape = {4096, BS, LAYERS, HEADS, HEAD, KVP_DTYPE_FP16,
+	                                        KVP_LAYOUT_NHD}};
+	struct kvp_exec *e;
+	char why[256];
+	int rv = kvp_exec_open(&cfg, &e, why, sizeof(why));
+	printf("## gpu: cuda backend kernels, device memory to device memory\n\n");
+	if (rv != KVP_OK) {
+		printf("not run: %s (%s)\n\n", kvp_status_name(rv), why);
+		return rv == KVP_ENODEVICE || rv == KVP_ENOTSUP ? 0 : 1;
+	}
+	printf("| blocks per call | bytes | gather | scatter | copy | write_tokens | D2D cudaMemcpy "
+	       "| gather / D2D |\n|---|---|---|---|---|---|---|---|\n");
+	for (uint32_t n = 16; n <= 1024; n *= 4) {
+		struct kvp_exec_bench b;
+		if ((rv = kvp_exec_device_bench(e, n, 20, &b)) != KVP_OK) {
+			printf("bench failed: %s (%s)\n", kvp_status_name(rv), kvp_exec_last_error(e));
+			kvp_exec_close(e);
+			return 1;
+		}
+		printf("| %u | %.0f MiB | %.0f GB/s | %.0f GB/s | %.0f GB/s | %.0f GB/s | %.0f GB/s | "
+		       "%.2f |\n",
+		       n, (double)b.bytes / (1 << 20), b.gather_gbps, b.scatter_gbps, b.copy_gbps,
+		       b.write_tokens_gbps, b.d2d_gbps, b.gather_gbps / b.d2d_gbps);
+	}
+	printf("\n");
+	kvp_exec_close(e);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *daemon = KVPOOLD_PATH;
+	bool quick = false, gpu = false;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--quick") == 0)
+			quick = true, seconds = 0.15;
+		else if (strcmp(argv[i], "--gpu") == 0)
+			gpu = true;
+		else
+			daemon = argv[i];
+	}
+	printf("kvp-bench-executor: %.2f s per measurement%s\n\n", seconds, quick ? " (--quick)" : "");
+	if (gpu)
+		return bench_gpu();
+	if (bench_local(quick) != 0)
+		return 1;
+	return bench_remote(daemon, quick);
+}
