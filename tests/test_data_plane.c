@@ -358,6 +358,16 @@ refusals(void **state)
 	/* The library splits the same read and it succeeds, repeats included. */
 	assert_ok(kvp_client_read_blocks(c, five, 5, buf, 5 * BLOCK_BYTES, NULL));
 	assert_memory_equal(buf + 2 * BLOCK_BYTES, buf, BLOCK_BYTES);
+	/* A part that fails fails the transfer and names its range; the other part's reply,
+	 * in flight at the same time, is dropped cleanly (ASan checks for leaks). */
+	int32_t seven[7] = {ids[0], ids[1], ids[0], theirs, ids[0], ids[1], ids[0]};
+	assert_status(kvp_client_read_blocks(c, seven, 7, buf, 5 * BLOCK_BYTES, NULL), KVP_EINVAL);
+	unsigned char *big = malloc(7 * BLOCK_BYTES);
+	assert_status(kvp_client_read_blocks(c, seven, 7, big, 7 * BLOCK_BYTES, NULL), KVP_ESTATE);
+	assert_non_null(strstr(kvp_client_last_detail(c), "part [3, 6) of 7"));
+	free(big);
+	/* The client still works after it. */
+	assert_ok(kvp_client_read_blocks(c, five, 5, buf, 5 * BLOCK_BYTES, NULL));
 	/* Copy with mismatched lists. */
 	Kvpool__V1__CopyBlocksRequest cp = KVPOOL__V1__COPY_BLOCKS_REQUEST__INIT;
 	Kvpool__V1__Request rq3 = KVPOOL__V1__REQUEST__INIT;

@@ -145,130 +145,269 @@ parse_read_reply(const uint8_t *b, size_t len, uint64_t call_id, const uint8_t *
 	return found;
 }
 
+/*
+ * Runs `parts` calls with up to DEPTH in flight on REQ contexts of the
+ * client's socket, so the daemon prepares part i+1 while part i crosses the
+ * wire and is checked here. build(arg, i, rq) fills part i's call (its
+ * memory only needs to last until it is packed); done(arg, i, call_id, msg)
+ * takes part i's reply message (and frees it). Parts complete in order. A
+ * part that times out (timeout x (retries + 1)) fails the transfer with
+ * KVP_EBUSY; reads and writes of distinct blocks are idempotent, so the
+ * caller may simply retry.
+ */
+#define DEPTH 2
+
+typedef void (*build_fn)(void *arg, size_t part, Kvpool__V1__Request *rq);
+typedef int (*done_fn)(void *arg, size_t part, uint64_t call_id, nng_msg *msg);
+
+struct slot {
+	nng_ctx ctx;
+	nng_aio *aio;
+	uint64_t call_id;
+	bool open, pending;
+};
+
+static int
+issue(struct kvp_client *c, struct slot *sl, size_t part, build_fn build, void *arg)
+{
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	nng_msg *msg;
+	int rv;
+
+	build(arg, part, &rq);
+	rq.call_id = sl->call_id = c->next_call_id++;
+	rq.pool = c->pool;
+	rq.session_id = c->session;
+	size_t len = kvpool__v1__request__get_packed_size(&rq);
+	if (nng_msg_alloc(&msg, len) != 0)
+		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+	kvpool__v1__request__pack(&rq, nng_msg_body(msg));
+	nng_aio_set_msg(sl->aio, msg);
+	nng_ctx_send(sl->ctx, sl->aio);
+	nng_aio_wait(sl->aio);
+	if ((rv = nng_aio_result(sl->aio)) != 0) {
+		nng_msg_free(msg);
+		return set_detail(c, rv == NNG_ETIMEDOUT ? KVP_EBUSY : KVP_EINTERNAL, "send: %s",
+		                  nng_strerror(rv));
+	}
+	nng_ctx_recv(sl->ctx, sl->aio);
+	sl->pending = true;
+	return KVP_OK;
+}
+
+static int
+run_parts(struct kvp_client *c, size_t parts, build_fn build, done_fn done, void *arg)
+{
+	struct slot sl[DEPTH];
+	size_t next = 0, depth = parts < DEPTH ? parts : DEPTH;
+	nng_duration limit = (nng_duration)(c->timeout_ms * (c->retries + 1));
+	int rv = KVP_OK;
+
+	memset(sl, 0, sizeof(sl));
+	for (size_t i = 0; i < depth && rv == KVP_OK; i++) {
+		if (nng_aio_alloc(&sl[i].aio, NULL, NULL) != 0 || nng_ctx_open(&sl[i].ctx, c->sock) != 0) {
+			rv = set_detail(c, KVP_ENOMEM, "cannot open a request context", NULL);
+			break;
+		}
+		sl[i].open = true;
+		nng_aio_set_timeout(sl[i].aio, limit);
+	}
+	for (size_t i = 0; i < depth && rv == KVP_OK; i++)
+		rv = issue(c, &sl[i], next++, build, arg);
+	for (size_t part = 0; part < parts && rv == KVP_OK; part++) {
+		struct slot *s = &sl[part % depth];
+		nng_aio_wait(s->aio);
+		s->pending = false;
+		if ((rv = nng_aio_result(s->aio)) != 0) {
+			rv = set_detail(c, rv == NNG_ETIMEDOUT ? KVP_EBUSY : KVP_EINTERNAL,
+			                "no reply from the daemon (%s)", nng_strerror(rv));
+			break;
+		}
+		if ((rv = done(arg, part, s->call_id, nng_aio_get_msg(s->aio))) != KVP_OK)
+			break;
+		if (next < parts)
+			rv = issue(c, s, next++, build, arg);
+	}
+	for (size_t i = 0; i < depth; i++) {
+		if (sl[i].pending) {
+			/* A failure elsewhere: drop this part's reply, whatever it was. */
+			nng_aio_cancel(sl[i].aio);
+			nng_aio_wait(sl[i].aio);
+			if (nng_aio_result(sl[i].aio) == 0)
+				nng_msg_free(nng_aio_get_msg(sl[i].aio));
+		}
+		if (sl[i].open)
+			nng_ctx_close(sl[i].ctx);
+		nng_aio_free(sl[i].aio);
+	}
+	return rv;
+}
+
+/* A read in parts. */
+struct read_job {
+	struct kvp_client *c;
+	const int32_t *ids;
+	size_t n, step;
+	uint64_t bb;
+	unsigned char *buf;
+	uint32_t *crcs;
+	Kvpool__V1__ReadBlocksRequest m;
+};
+
+static void
+read_build(void *arg, size_t part, Kvpool__V1__Request *rq)
+{
+	struct read_job *j = arg;
+	size_t at = part * j->step;
+	Kvpool__V1__ReadBlocksRequest init = KVPOOL__V1__READ_BLOCKS_REQUEST__INIT;
+	j->m = init;
+	j->m.block_ids = (int32_t *)(j->ids + at);
+	j->m.n_block_ids = j->n - at < j->step ? j->n - at : j->step;
+	rq->call_case = KVPOOL__V1__REQUEST__CALL_READ_BLOCKS;
+	rq->read_blocks = &j->m;
+}
+
+/* Checks k blocks' checksums (little-endian fixed32s at crc) and copies them out. */
+static int
+take_blocks(struct read_job *j, size_t at, size_t k, const uint8_t *pl, const uint8_t *crc,
+            const uint32_t *crc_words)
+{
+	for (size_t i = 0; i < k; i++) {
+		uint32_t want = crc_words ? crc_words[i]
+		                          : (uint32_t)crc[4 * i] | (uint32_t)crc[4 * i + 1] << 8 |
+		                                    (uint32_t)crc[4 * i + 2] << 16 |
+		                                    (uint32_t)crc[4 * i + 3] << 24;
+		unsigned char *dst = j->buf + (at + i) * j->bb;
+		/* Copy first, then check the copy while it is still in cache. */
+		memcpy(dst, pl + i * j->bb, j->bb);
+		uint32_t got = kvp_crc32c(0, dst, j->bb);
+		if (got != want) {
+			char d[96];
+			snprintf(d, sizeof(d), "block %d arrived with a bad checksum", j->ids[at + i]);
+			return set_detail(j->c, KVP_EINTERNAL, "%s", d);
+		}
+		if (j->crcs)
+			j->crcs[at + i] = got;
+	}
+	return KVP_OK;
+}
+
+static int
+read_done(void *arg, size_t part, uint64_t call_id, nng_msg *msg)
+{
+	struct read_job *j = arg;
+	struct kvp_client *c = j->c;
+	size_t at = part * j->step, k = j->n - at < j->step ? j->n - at : j->step;
+	const uint8_t *pl, *cr;
+	uint64_t plen, clen;
+	Kvpool__V1__Reply *r = NULL;
+	int rv;
+
+	if (parse_read_reply(nng_msg_body(msg), nng_msg_len(msg), call_id, &pl, &plen, &cr, &clen)) {
+		/* The fast path: the payload is copied once, out of the message. */
+		rv = plen == k * j->bb && clen == 4 * k
+		             ? take_blocks(j, at, k, pl, cr, NULL)
+		             : set_detail(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
+		nng_msg_free(msg);
+		return part_failed(c, rv, at, at + k, j->n);
+	}
+	if ((rv = kvp_client_decode_(c, call_id, msg, &r)) != KVP_OK)
+		return part_failed(c, rv, at, at + k, j->n);
+	const Kvpool__V1__ReadBlocksReply *rb = r->read_blocks;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_READ_BLOCKS || rb->payload.len != k * j->bb ||
+	    rb->n_crc32c != k)
+		rv = set_detail(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
+	else
+		rv = take_blocks(j, at, k, rb->payload.data, NULL, rb->crc32c);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return part_failed(c, rv, at, at + k, j->n);
+}
+
 int
 kvp_client_read_blocks(struct kvp_client *c, const int32_t *ids, size_t n, void *buf, size_t len,
                        uint32_t *crcs)
 {
-	uint64_t bb;
-	size_t step;
+	struct read_job j = {.c = c, .ids = ids, .n = n, .buf = buf, .crcs = crcs};
 	int rv;
 
 	if (c == NULL || (n > 0 && (ids == NULL || buf == NULL)))
 		return KVP_EINVAL;
 	if ((rv = have_exec(c)) != KVP_OK)
 		return rv;
-	bb = c->info.executor.block_bytes;
-	if (n > SIZE_MAX / bb || len != n * bb)
+	j.bb = c->info.executor.block_bytes;
+	if (n > SIZE_MAX / j.bb || len != n * j.bb)
 		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
-	if ((step = per_call(c, bb + 16)) == 0)
-		return too_large(c, bb + 16);
-	for (size_t at = 0; at < n; at += step) {
-		size_t k = n - at < step ? n - at : step;
-		Kvpool__V1__ReadBlocksRequest m = KVPOOL__V1__READ_BLOCKS_REQUEST__INIT;
-		Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-		Kvpool__V1__Reply *r = NULL;
-		m.block_ids = (int32_t *)(ids + at);
-		m.n_block_ids = k;
-		rq.call_case = KVPOOL__V1__REQUEST__CALL_READ_BLOCKS;
-		rq.read_blocks = &m;
-		nng_msg *msg = NULL;
-		const uint8_t *pl, *cr;
-		uint64_t plen, clen;
-		if ((rv = kvp_client_send_(c, &rq, &msg)) != KVP_OK)
-			return part_failed(c, rv, at, at + k, n);
-		if (parse_read_reply(nng_msg_body(msg), nng_msg_len(msg), rq.call_id, &pl, &plen, &cr,
-		                     &clen)) {
-			/* The fast path: checksums verified, payload copied once. */
-			if (plen != k * bb || clen != 4 * k) {
-				nng_msg_free(msg);
-				return set_detail(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
-			}
-			for (size_t i = 0; i < k; i++) {
-				const uint8_t *q = cr + 4 * i;
-				uint32_t want = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
-				                (uint32_t)q[3] << 24;
-				uint32_t got = kvp_crc32c(0, pl + i * bb, bb);
-				if (got != want) {
-					char d[96];
-					snprintf(d, sizeof(d), "block %d arrived with a bad checksum", ids[at + i]);
-					nng_msg_free(msg);
-					return set_detail(c, KVP_EINTERNAL, "%s", d);
-				}
-				if (crcs)
-					crcs[at + i] = got;
-			}
-			memcpy((unsigned char *)buf + at * bb, pl, k * bb);
-			nng_msg_free(msg);
-			continue;
-		}
-		if ((rv = kvp_client_decode_(c, rq.call_id, msg, &r)) != KVP_OK)
-			return part_failed(c, rv, at, at + k, n);
-		const Kvpool__V1__ReadBlocksReply *rb = r->read_blocks;
-		if (r->result_case != KVPOOL__V1__REPLY__RESULT_READ_BLOCKS ||
-		    rb->payload.len != k * bb || rb->n_crc32c != k) {
-			kvpool__v1__reply__free_unpacked(r, NULL);
-			return set_detail(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
-		}
-		for (size_t i = 0; i < k; i++) {
-			uint32_t crc = kvp_crc32c(0, rb->payload.data + i * bb, bb);
-			if (crc != rb->crc32c[i]) {
-				char d[96];
-				snprintf(d, sizeof(d), "block %d arrived with a bad checksum", ids[at + i]);
-				kvpool__v1__reply__free_unpacked(r, NULL);
-				return set_detail(c, KVP_EINTERNAL, "%s", d);
-			}
-			if (crcs)
-				crcs[at + i] = crc;
-		}
-		memcpy((unsigned char *)buf + at * bb, rb->payload.data, k * bb);
+	if ((j.step = per_call(c, j.bb + 16)) == 0)
+		return too_large(c, j.bb + 16);
+	if (n == 0)
+		return KVP_OK;
+	return run_parts(c, (n + j.step - 1) / j.step, read_build, read_done, &j);
+}
+
+/* A write in parts. */
+struct write_job {
+	struct kvp_client *c;
+	const int32_t *ids;
+	size_t n, step;
+	uint64_t bb;
+	const unsigned char *buf;
+	uint32_t *crcs; /* every block's, computed once */
+	Kvpool__V1__WriteBlocksRequest m;
+};
+
+static void
+write_build(void *arg, size_t part, Kvpool__V1__Request *rq)
+{
+	struct write_job *j = arg;
+	size_t at = part * j->step, k = j->n - at < j->step ? j->n - at : j->step;
+	Kvpool__V1__WriteBlocksRequest init = KVPOOL__V1__WRITE_BLOCKS_REQUEST__INIT;
+	j->m = init;
+	j->m.block_ids = (int32_t *)(j->ids + at);
+	j->m.n_block_ids = k;
+	j->m.payload.data = (uint8_t *)(j->buf + at * j->bb);
+	j->m.payload.len = k * j->bb;
+	j->m.crc32c = j->crcs + at;
+	j->m.n_crc32c = k;
+	rq->call_case = KVPOOL__V1__REQUEST__CALL_WRITE_BLOCKS;
+	rq->write_blocks = &j->m;
+}
+
+static int
+write_done(void *arg, size_t part, uint64_t call_id, nng_msg *msg)
+{
+	struct write_job *j = arg;
+	size_t at = part * j->step, k = j->n - at < j->step ? j->n - at : j->step;
+	Kvpool__V1__Reply *r = NULL;
+	int rv = kvp_client_decode_(j->c, call_id, msg, &r);
+	if (rv == KVP_OK)
 		kvpool__v1__reply__free_unpacked(r, NULL);
-	}
-	return KVP_OK;
+	return part_failed(j->c, rv, at, at + k, j->n);
 }
 
 int
 kvp_client_write_blocks(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf,
                         size_t len)
 {
-	uint64_t bb;
-	size_t step;
-	uint32_t *crcs;
-	int rv = KVP_OK;
+	struct write_job j = {.c = c, .ids = ids, .n = n, .buf = buf};
+	int rv;
 
 	if (c == NULL || (n > 0 && (ids == NULL || buf == NULL)))
 		return KVP_EINVAL;
 	if ((rv = have_exec(c)) != KVP_OK)
 		return rv;
-	bb = c->info.executor.block_bytes;
-	if (n > SIZE_MAX / bb || len != n * bb)
+	j.bb = c->info.executor.block_bytes;
+	if (n > SIZE_MAX / j.bb || len != n * j.bb)
 		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
-	if ((step = per_call(c, bb + 16)) == 0)
-		return too_large(c, bb + 16);
-	if ((crcs = malloc((step < n ? step : n) * sizeof(*crcs) + 1)) == NULL)
+	if ((j.step = per_call(c, j.bb + 16)) == 0)
+		return too_large(c, j.bb + 16);
+	if (n == 0)
+		return KVP_OK;
+	if ((j.crcs = malloc(n * sizeof(*j.crcs))) == NULL)
 		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
-	for (size_t at = 0; at < n; at += step) {
-		size_t k = n - at < step ? n - at : step;
-		const unsigned char *p = (const unsigned char *)buf + at * bb;
-		Kvpool__V1__WriteBlocksRequest m = KVPOOL__V1__WRITE_BLOCKS_REQUEST__INIT;
-		Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-		Kvpool__V1__Reply *r = NULL;
-		for (size_t i = 0; i < k; i++)
-			crcs[i] = kvp_crc32c(0, p + i * bb, bb);
-		m.block_ids = (int32_t *)(ids + at);
-		m.n_block_ids = k;
-		m.payload.data = (uint8_t *)p;
-		m.payload.len = k * bb;
-		m.crc32c = crcs;
-		m.n_crc32c = k;
-		rq.call_case = KVPOOL__V1__REQUEST__CALL_WRITE_BLOCKS;
-		rq.write_blocks = &m;
-		if ((rv = call(c, &rq, &r)) != KVP_OK) {
-			rv = part_failed(c, rv, at, at + k, n);
-			break;
-		}
-		kvpool__v1__reply__free_unpacked(r, NULL);
-	}
-	free(crcs);
+	for (size_t i = 0; i < n; i++)
+		j.crcs[i] = kvp_crc32c(0, j.buf + i * j.bb, j.bb);
+	rv = run_parts(c, (n + j.step - 1) / j.step, write_build, write_done, &j);
+	free(j.crcs);
 	return rv;
 }
 
