@@ -51,6 +51,9 @@ struct call_keys {
 	int64_t lora_id;
 };
 
+/* At most max-ids ids, each inside the pool: KVP_OK, or the failure (detail set). */
+int kvpd_check_ids(struct call *c, const int32_t *ids, size_t n);
+
 int kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_keys *out);
 
 /* Block-level calls (calls_blocks.c). */

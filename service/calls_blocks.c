@@ -11,8 +11,8 @@
 
 #define MAX_GROUPS_PER_LOOKUP 64
 
-static int
-check_ids(struct call *c, const int32_t *ids, size_t n)
+int
+kvpd_check_ids(struct call *c, const int32_t *ids, size_t n)
 {
 	uint32_t nb = kvp_pool_num_blocks(c->p->pool);
 	if (n > c->p->limits.max_ids)
@@ -87,7 +87,7 @@ kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Repl
 	Kvpool__V1__TouchReply *r = NEW(c, Kvpool__V1__TouchReply, kvpool__v1__touch_reply__descriptor);
 	int rv;
 
-	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)))
+	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	if (r == NULL || kvpd_session_reserve(c->sess, m->n_block_ids) != KVP_OK)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
@@ -107,7 +107,7 @@ kvpd_h_free(struct call *c, const Kvpool__V1__FreeRequest *m, Kvpool__V1__Reply 
 	Kvpool__V1__FreeReply *r = NEW(c, Kvpool__V1__FreeReply, kvpool__v1__free_reply__descriptor);
 	int rv;
 
-	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)) ||
+	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
 	    (rv = check_owned(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	if (r == NULL)
@@ -181,7 +181,7 @@ kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Repl
 
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)))
+	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	if (m->n_token_ids > c->p->limits.max_ids)
 		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call");
@@ -322,7 +322,7 @@ kvpd_h_evict(struct call *c, const Kvpool__V1__EvictRequest *m, Kvpool__V1__Repl
 
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if ((rv = check_ids(c, m->block_ids, m->n_block_ids)))
+	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	kvp_pool_get_stats(c->p->pool, &before);
 	if ((rv = engine(c, kvp_pool_evict_blocks(c->p->pool, m->block_ids, m->n_block_ids), "evict")))

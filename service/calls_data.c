@@ -27,20 +27,6 @@ no_exec(struct call *c)
 	return KVP_OK;
 }
 
-static int
-in_range(struct call *c, const int32_t *ids, size_t n)
-{
-	uint32_t nb = kvp_pool_num_blocks(c->p->pool);
-	if (n > c->p->limits.max_ids)
-		return kvpd_fail(c, KVP_EINVAL, "%zu blocks in one call; the limit is %u", n,
-		                 c->p->limits.max_ids);
-	for (size_t i = 0; i < n; i++)
-		if (ids[i] < 0 || (uint32_t)ids[i] >= nb)
-			return kvpd_fail(c, KVP_ERANGE, "block id %d is outside the pool (0..%u)", ids[i],
-			                 nb - 1);
-	return KVP_OK;
-}
-
 static bool
 cached(struct call *c, int32_t id)
 {
@@ -91,7 +77,7 @@ kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,
 	uint64_t bb;
 	int rv;
 
-	if ((rv = no_exec(c)) || (rv = in_range(c, m->block_ids, m->n_block_ids)) ||
+	if ((rv = no_exec(c)) || (rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
 	    (rv = writable(c, m->block_ids, m->n_block_ids, true)))
 		return rv;
 	bb = kvp_exec_block_bytes(c->p->exec);
@@ -201,7 +187,7 @@ kvpd_h_read_blocks(struct call *c, const Kvpool__V1__ReadBlocksRequest *m, Kvpoo
 	uint8_t *buf;
 	int rv;
 
-	if ((rv = no_exec(c)) || (rv = in_range(c, m->block_ids, m->n_block_ids)) ||
+	if ((rv = no_exec(c)) || (rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
 	    (rv = readable(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	bb = kvp_exec_block_bytes(c->p->exec);
@@ -245,8 +231,8 @@ kvpd_h_copy_blocks(struct call *c, const Kvpool__V1__CopyBlocksRequest *m, Kvpoo
 	if (m->n_src_block_ids != m->n_dst_block_ids)
 		return kvpd_fail(c, KVP_EINVAL, "%zu sources for %zu destinations", m->n_src_block_ids,
 		                 m->n_dst_block_ids);
-	if ((rv = in_range(c, m->src_block_ids, m->n_src_block_ids)) ||
-	    (rv = in_range(c, m->dst_block_ids, m->n_dst_block_ids)) ||
+	if ((rv = kvpd_check_ids(c, m->src_block_ids, m->n_src_block_ids)) ||
+	    (rv = kvpd_check_ids(c, m->dst_block_ids, m->n_dst_block_ids)) ||
 	    (rv = readable(c, m->src_block_ids, m->n_src_block_ids)) ||
 	    (rv = writable(c, m->dst_block_ids, m->n_dst_block_ids, true)))
 		return rv;

@@ -243,6 +243,27 @@ run_parts(struct kvp_client *c, size_t parts, build_fn build, done_fn done, void
 	return rv;
 }
 
+/*
+ * Checks a block transfer's arguments against the pool's layout and works
+ * out its parts: *bb bytes a block, *step blocks a call.
+ */
+static int
+plan(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf, size_t len,
+     uint64_t *bb, size_t *step)
+{
+	int rv;
+	if (c == NULL || (n > 0 && (ids == NULL || buf == NULL)))
+		return KVP_EINVAL;
+	if ((rv = have_exec(c)) != KVP_OK)
+		return rv;
+	*bb = c->info.executor.block_bytes;
+	if (n > SIZE_MAX / *bb || len != n * *bb)
+		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
+	if ((*step = per_call(c, *bb + 16)) == 0)
+		return too_large(c, *bb + 16);
+	return KVP_OK;
+}
+
 /* A read in parts. */
 struct read_job {
 	struct kvp_client *c;
@@ -328,19 +349,10 @@ kvp_client_read_blocks(struct kvp_client *c, const int32_t *ids, size_t n, void 
                        uint32_t *crcs)
 {
 	struct read_job j = {.c = c, .ids = ids, .n = n, .buf = buf, .crcs = crcs};
-	int rv;
+	int rv = plan(c, ids, n, buf, len, &j.bb, &j.step);
 
-	if (c == NULL || (n > 0 && (ids == NULL || buf == NULL)))
-		return KVP_EINVAL;
-	if ((rv = have_exec(c)) != KVP_OK)
+	if (rv != KVP_OK || n == 0)
 		return rv;
-	j.bb = c->info.executor.block_bytes;
-	if (n > SIZE_MAX / j.bb || len != n * j.bb)
-		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
-	if ((j.step = per_call(c, j.bb + 16)) == 0)
-		return too_large(c, j.bb + 16);
-	if (n == 0)
-		return KVP_OK;
 	return run_parts(c, (n + j.step - 1) / j.step, read_build, read_done, &j);
 }
 
@@ -389,19 +401,10 @@ kvp_client_write_blocks(struct kvp_client *c, const int32_t *ids, size_t n, cons
                         size_t len)
 {
 	struct write_job j = {.c = c, .ids = ids, .n = n, .buf = buf};
-	int rv;
+	int rv = plan(c, ids, n, buf, len, &j.bb, &j.step);
 
-	if (c == NULL || (n > 0 && (ids == NULL || buf == NULL)))
-		return KVP_EINVAL;
-	if ((rv = have_exec(c)) != KVP_OK)
+	if (rv != KVP_OK || n == 0)
 		return rv;
-	j.bb = c->info.executor.block_bytes;
-	if (n > SIZE_MAX / j.bb || len != n * j.bb)
-		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
-	if ((j.step = per_call(c, j.bb + 16)) == 0)
-		return too_large(c, j.bb + 16);
-	if (n == 0)
-		return KVP_OK;
 	if ((j.crcs = malloc(n * sizeof(*j.crcs))) == NULL)
 		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
 	for (size_t i = 0; i < n; i++)
