@@ -280,21 +280,19 @@ check_unique(struct kvp_exec *e, const int64_t *vals, size_t n, const char *what
 	return rv;
 }
 
+/* KVP_OK if ids[0..n) are distinct. */
 static int
-check_unique_ids(struct kvp_exec *e, const int32_t *a, size_t na, const int32_t *b, size_t nb,
-                 const char *what)
+check_unique_ids(struct kvp_exec *e, const int32_t *ids, size_t n, const char *what)
 {
 	int64_t *v;
 	int rv;
-	if (na + nb < 2)
+	if (n < 2)
 		return KVP_OK;
-	if ((v = malloc((na + nb) * sizeof(*v))) == NULL)
+	if ((v = malloc(n * sizeof(*v))) == NULL)
 		return fail(e, KVP_ENOMEM, "out of memory");
-	for (size_t i = 0; i < na; i++)
-		v[i] = a[i];
-	for (size_t i = 0; i < nb; i++)
-		v[na + i] = b[i];
-	rv = check_unique(e, v, na + nb, what);
+	for (size_t i = 0; i < n; i++)
+		v[i] = ids[i];
+	rv = check_unique(e, v, n, what);
 	free(v);
 	return rv;
 }
@@ -331,7 +329,7 @@ kvp_exec_write_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, const vo
 		return KVP_EINVAL;
 	e->err[0] = '\0';
 	if ((rv = check_ids(e, ids, n)) || (rv = check_len(e, src, src_len, n)) ||
-	    (rv = check_unique_ids(e, ids, n, NULL, 0, "destination block")))
+	    (rv = check_unique_ids(e, ids, n, "destination block")))
 		return rv;
 	return n ? e->ops->write_blocks(e, ids, n, src) : KVP_OK;
 }
@@ -343,31 +341,26 @@ kvp_exec_copy_blocks(struct kvp_exec *e, const int32_t *src, const int32_t *dst,
 	if (e == NULL)
 		return KVP_EINVAL;
 	e->err[0] = '\0';
-	if ((rv = check_ids(e, src, n)) || (rv = check_ids(e, dst, n)) ||
-	    (rv = check_unique_ids(e, dst, n, NULL, 0, "destination block")))
+	if ((rv = check_ids(e, src, n)) || (rv = check_ids(e, dst, n)))
 		return rv;
-	/* A destination that is also a source would make the result order-dependent. */
-	for (size_t i = 0; i < n; i++)
-		for (size_t j = 0; n <= 64 && j < n; j++)
-			if (dst[i] == src[j])
-				return fail(e, KVP_EINVAL, "block %d is both a source and a destination",
-				            dst[i]);
-	if (n > 64) {
+	/*
+	 * Sources may repeat; destinations may not, nor be a source: the distinct
+	 * sources followed by the destinations must be distinct.
+	 */
+	if (n > 0) {
 		int64_t *v = malloc(2 * n * sizeof(*v));
+		size_t u = 0;
 		if (v == NULL)
 			return fail(e, KVP_ENOMEM, "out of memory");
-		/* Sources deduplicated (a source may repeat), then mixed with destinations. */
-		size_t k = 0;
 		for (size_t i = 0; i < n; i++)
-			v[k++] = src[i];
-		qsort(v, k, sizeof(*v), cmp_i64);
-		size_t u = 0;
-		for (size_t i = 0; i < k; i++)
+			v[i] = src[i];
+		qsort(v, n, sizeof(*v), cmp_i64);
+		for (size_t i = 0; i < n; i++)
 			if (u == 0 || v[u - 1] != v[i])
 				v[u++] = v[i];
 		for (size_t i = 0; i < n; i++)
 			v[u++] = dst[i];
-		rv = check_unique(e, v, u, "block (source and destination)");
+		rv = check_unique(e, v, u, "block (as a destination)");
 		free(v);
 		if (rv != KVP_OK)
 			return rv;

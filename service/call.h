@@ -29,7 +29,6 @@ struct call {
 	bool oom;
 	uint64_t call_id;
 	struct kvpd_sink *sink;  /* where the reply goes */
-	const Kvpool__V1__Reply *top; /* the top-level reply (not a batch's sub-reply) */
 	bool replied;            /* a handler wrote the whole reply into the sink itself */
 };
 

@@ -183,8 +183,6 @@ kvpd_h_read_blocks(struct call *c, const Kvpool__V1__ReadBlocksRequest *m, Kvpoo
 {
 	Kvpool__V1__ReadBlocksReply *r;
 	uint64_t bb;
-	uint32_t *crcs;
-	uint8_t *buf;
 	int rv;
 
 	if ((rv = no_exec(c)) || (rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
@@ -198,23 +196,10 @@ kvpd_h_read_blocks(struct call *c, const Kvpool__V1__ReadBlocksRequest *m, Kvpoo
 		                 m->n_block_ids, (unsigned long long)bb, c->p->limits.max_reply_bytes,
 		                 (unsigned long long)((c->p->limits.max_reply_bytes - REPLY_OVERHEAD) /
 		                                      (bb + 5)));
-	if (m->n_block_ids > 0 && out == c->top && c->sink != NULL)
+	if (m->n_block_ids > 0) /* ReadBlocks is never inside a Batch: the reply is the call's own */
 		return read_in_place(c, m->block_ids, m->n_block_ids, bb);
-	r = NEW(c, Kvpool__V1__ReadBlocksReply, kvpool__v1__read_blocks_reply__descriptor);
-	buf = kvpd_scratch(c, m->n_block_ids * bb);
-	crcs = kvpd_scratch(c, m->n_block_ids * sizeof(*crcs));
-	if (r == NULL || buf == NULL || crcs == NULL)
+	if ((r = NEW(c, Kvpool__V1__ReadBlocksReply, kvpool__v1__read_blocks_reply__descriptor)) == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	rv = kvp_exec_read_blocks(c->p->exec, m->block_ids, m->n_block_ids, buf, m->n_block_ids * bb);
-	if (rv != KVP_OK)
-		return exec_fail(c, rv, "read");
-	for (size_t i = 0; i < m->n_block_ids; i++)
-		crcs[i] = kvp_crc32c(0, buf + i * bb, bb);
-	c->p->counters.bytes_read += m->n_block_ids * bb;
-	r->payload.data = buf;
-	r->payload.len = m->n_block_ids * bb;
-	r->crc32c = crcs;
-	r->n_crc32c = m->n_block_ids;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_READ_BLOCKS;
 	out->read_blocks = r;
 	return KVP_OK;

@@ -435,7 +435,6 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	size_t index = 0;
 	int rv;
 
-	c.top = &out;
 	p->counters.calls++;
 	if (rq->call_case == KVPOOL__V1__REQUEST__CALL_HELLO) {
 		rv = h_hello(&c, rq->hello, now_ms, &out);
