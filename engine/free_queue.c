@@ -1,8 +1,8 @@
-#include "free_queue.h"
+#include "engine/free_queue.h"
 
 #include <assert.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 void
 kvp_queue_init(struct kvp_queue *q, struct kvp_block *blocks, uint32_t n,

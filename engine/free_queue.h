@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 #define KVP_QUEUE_UNLINKED (-1)
 

@@ -1,9 +1,9 @@
-#include "hash_map.h"
+#include "engine/hash_map.h"
 
 #include <string.h>
 
-#include "big_alloc.h"
-#include "kvp_status.h"
+#include "common/big_alloc.h"
+#include "common/kvp_status.h"
 
 #define EMPTY 0u
 

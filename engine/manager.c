@@ -1,9 +1,10 @@
-#include "manager.h"
+#include "engine/manager.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
+#include "common/map_key.h"
 
 struct group_blocks {
 	int32_t *ids;
@@ -457,14 +458,12 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 			int32_t id = a->computed_blocks[g][i];
 			size_t klen;
 			const uint8_t *key;
-			uint8_t gid[4] = {(uint8_t)(g >> 24), (uint8_t)(g >> 16), (uint8_t)(g >> 8),
-			                  (uint8_t)g};
 			if (id < 0 || (uint32_t)id >= kvp_pool_num_blocks(m->pool))
 				return KVP_ERANGE;
 			key = kvp_pool_block_key(m->pool, id, &klen);
-			if (key == NULL || klen != (size_t)k * KVP_HASH_LEN + 4 ||
-			    memcmp(key, coarse(r, k, i), klen - 4) != 0 ||
-			    memcmp(key + klen - 4, gid, 4) != 0)
+			if (key == NULL || klen != (size_t)k * KVP_HASH_LEN + KVP_MAP_KEY_GROUP_LEN ||
+			    memcmp(key, coarse(r, k, i), klen - KVP_MAP_KEY_GROUP_LEN) != 0 ||
+			    kvp_map_key_group(key, klen) != g)
 				return KVP_ESTATE;
 			if (kvp_pool_ref_cnt(m->pool, id) == 0)
 				to_allocate++; /* evictable hits leave the free queue */

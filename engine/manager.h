@@ -40,9 +40,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "block_hash.h"
-#include "events.h"
-#include "pool.h"
+#include "common/block_hash.h"
+#include "common/events.h"
+#include "engine/pool.h"
 
 #define KVP_MGR_MAX_GROUPS 8
 

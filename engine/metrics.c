@@ -1,10 +1,10 @@
-#include "metrics.h"
+#include "engine/metrics.h"
 
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 struct block_state {
 	uint64_t birth_ns;

@@ -1,16 +1,17 @@
-#include "pool.h"
+#include "engine/pool.h"
 
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "big_alloc.h"
-#include "free_queue.h"
-#include "hash_map.h"
-#include "kvp_status.h"
+#include "common/big_alloc.h"
+#include "engine/free_queue.h"
+#include "engine/hash_map.h"
+#include "common/kvp_status.h"
+#include "common/map_key.h"
 
-#define GROUP_LEN 4
+#define GROUP_LEN KVP_MAP_KEY_GROUP_LEN
 /* Longest key: a coarse hash of 32 fine hashes (block_size = 32 x
  * hash_block_size) and the group id. Keys are built on the stack. */
 #define MAX_HASH (32 * KVP_HASH_LEN)
@@ -127,9 +128,8 @@ maybe_evict(struct kvp_pool *p, int32_t id)
 	if ((key = kvp_map_key(&p->map, id, &len)) == NULL)
 		return;
 	if (p->events_on) {
-		uint32_t g = (uint32_t)key[len - 4] << 24 | (uint32_t)key[len - 3] << 16 |
-		             (uint32_t)key[len - 2] << 8 | key[len - 1];
-		kvp_event_append_removed(&p->events, key, len - GROUP_LEN, p->medium, g);
+		kvp_event_append_removed(&p->events, key, len - GROUP_LEN, p->medium,
+		                         kvp_map_key_group(key, len));
 	}
 	kvp_map_remove_id(&p->map, id);
 	p->num_hashed--;
@@ -190,19 +190,10 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 	return KVP_OK;
 }
 
-static void
-put_group(uint8_t *dst, uint32_t g)
-{
-	dst[0] = (uint8_t)(g >> 24);
-	dst[1] = (uint8_t)(g >> 16);
-	dst[2] = (uint8_t)(g >> 8);
-	dst[3] = (uint8_t)g;
-}
-
 static int32_t
 lookup_group(const struct kvp_pool *p, uint8_t *key, size_t hash_len, uint32_t gid)
 {
-	put_group(key + hash_len, gid);
+	kvp_map_key_put_group(key + hash_len, gid);
 	return kvp_map_lookup(&p->map, key, hash_len + GROUP_LEN);
 }
 
@@ -398,7 +389,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 					memcpy(key, a->block_hashes + (size_t)j * KVP_HASH_LEN, KVP_HASH_LEN);
 				else
 					memcpy(key, a->block_hashes + (size_t)j * hlen, hlen);
-				put_group(key + hlen, a->group_id);
+				kvp_map_key_put_group(key + hlen, a->group_id);
 				khash[j - i] = kvp_map_hash(key, hlen + GROUP_LEN);
 				kvp_map_prefetch_hash(&p->map, khash[j - i]);
 			}
@@ -406,7 +397,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
 			continue;
 		memcpy(key, h, hlen);
-		put_group(key + hlen, a->group_id);
+		kvp_map_key_put_group(key + hlen, a->group_id);
 		rv = kvp_map_insert_hashed(&p->map, key, hlen + GROUP_LEN, khash[(i - nc) % CHUNK], id);
 		assert(rv == KVP_OK);
 		p->num_hashed++;

@@ -46,9 +46,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "block_hash.h"
-#include "events.h"
-#include "metrics.h"
+#include "common/block_hash.h"
+#include "common/events.h"
+#include "engine/metrics.h"
 
 #define KVP_NULL_BLOCK 0
 

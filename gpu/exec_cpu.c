@@ -7,9 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "big_alloc.h"
-#include "exec_impl.h"
-#include "kvp_status.h"
+#include "common/big_alloc.h"
+#include "gpu/exec_impl.h"
+#include "common/kvp_status.h"
 
 static unsigned char *
 mem(struct kvp_exec *e)

@@ -16,8 +16,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "exec_impl.h"
-#include "kvp_status.h"
+#include "gpu/exec_impl.h"
+#include "common/kvp_status.h"
 
 #define THREADS 256
 

@@ -1,6 +1,6 @@
 /* Built when CUDA is not: the cuda backend is absent and says so. */
-#include "exec_impl.h"
-#include "kvp_status.h"
+#include "gpu/exec_impl.h"
+#include "common/kvp_status.h"
 
 const struct kvp_exec_ops *
 kvp_exec_cuda_ops(void)

@@ -8,7 +8,7 @@
 #ifndef KVP_EXEC_IMPL_H
 #define KVP_EXEC_IMPL_H
 
-#include "executor.h"
+#include "gpu/executor.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "exec_impl.h"
-#include "kvp_status.h"
+#include "gpu/exec_impl.h"
+#include "common/kvp_status.h"
 
 static void
 say(char *why, size_t len, const char *fmt, ...)

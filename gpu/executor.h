@@ -33,8 +33,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "crc32c.h"
-#include "kv_layout.h"
+#include "common/crc32c.h"
+#include "gpu/kv_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,6 +1,6 @@
 /* Block tables and slot mapping: vLLM's block_table.py on the host. */
-#include "executor.h"
-#include "kvp_status.h"
+#include "gpu/executor.h"
+#include "common/kvp_status.h"
 
 int
 kvp_kernel_block_ratio(uint32_t block_size, uint32_t kernel_block_size, uint32_t *ratio)

@@ -1,4 +1,4 @@
-#include "wire.h"
+#include "proto/wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "block_hash.h"
-#include "kvp_status.h"
+#include "common/block_hash.h"
+#include "common/kvp_status.h"
 #include "kvpool.pb-c.h"
 
 #define KVP_PROTOCOL_VERSION 1u

@@ -1,4 +1,4 @@
-#include "admin.h"
+#include "service/admin.h"
 
 #include <nng/nng.h>
 #include <nng/supplemental/http/http.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 struct kvpd_admin {
 	struct kvpd_server *srv;

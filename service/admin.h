@@ -12,7 +12,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
-#include "server.h"
+#include "service/server.h"
 
 struct kvpd_admin;
 

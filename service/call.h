@@ -15,8 +15,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "block_hash.h"
-#include "dispatch.h"
+#include "common/block_hash.h"
+#include "service/dispatch.h"
 
 #define MAX_MM_FEATURES 256
 

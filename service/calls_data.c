@@ -10,10 +10,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "call.h"
-#include "executor.h"
-#include "kvp_status.h"
-#include "pool.h"
+#include "service/call.h"
+#include "gpu/executor.h"
+#include "common/kvp_status.h"
+#include "engine/pool.h"
 
 /* Room for the reply's envelope and per-block checksums besides the payload. */
 #define REPLY_OVERHEAD 4096u

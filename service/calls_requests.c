@@ -3,11 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "call.h"
-#include "kvp_status.h"
-#include "manager.h"
-#include "pool.h"
-#include "wire.h"
+#include "service/call.h"
+#include "common/kvp_status.h"
+#include "engine/manager.h"
+#include "engine/pool.h"
+#include "proto/wire.h"
 
 static int
 mgr_status(struct call *c, int rv, const char *what)

@@ -3,11 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "call.h"
-#include "kvp_status.h"
-#include "manager.h"
-#include "pool.h"
-#include "wire.h"
+#include "service/call.h"
+#include "common/kvp_status.h"
+#include "common/map_key.h"
+#include "engine/manager.h"
+#include "engine/pool.h"
+#include "proto/wire.h"
 
 int
 kvpd_h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Reply *out)
@@ -95,12 +96,11 @@ kvpd_h_snapshot(struct call *c, Kvpool__V1__Reply *out)
 			continue;
 		}
 		const uint8_t *k = keys[i].k;
-		size_t hl = keys[i].len - 4;
+		size_t hl = keys[i].len - KVP_MAP_KEY_GROUP_LEN;
 		kvpool__v1__snapshot_entry__init(&e[ne]);
 		e[ne].hash.data = (uint8_t *)k;
 		e[ne].hash.len = hl;
-		e[ne].group_idx = (uint32_t)k[hl] << 24 | (uint32_t)k[hl + 1] << 16 |
-		                  (uint32_t)k[hl + 2] << 8 | k[hl + 3];
+		e[ne].group_idx = kvp_map_key_group(k, keys[i].len);
 		e[ne].num_blocks = 1;
 		ep[ne] = &e[ne];
 		ne++;

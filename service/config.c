@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 
-#include "config.h"
-#include "executor.h"
+#include "service/config.h"
+#include "gpu/executor.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,9 +1,9 @@
 #define _POSIX_C_SOURCE 200809L
 
-#include "dispatch.h"
+#include "service/dispatch.h"
 
-#include "call.h"
-#include "executor.h"
+#include "service/call.h"
+#include "gpu/executor.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "manager.h"
-#include "pool.h"
-#include "wire.h"
+#include "engine/manager.h"
+#include "engine/pool.h"
+#include "proto/wire.h"
 
 
 int

@@ -13,12 +13,12 @@
 #include <nng/supplemental/util/platform.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "events.h"
+#include "service/config.h"
+#include "common/events.h"
 #include "kvpool.pb-c.h"
-#include "server.h"
-#include "session.h"
-#include "stream.h"
+#include "service/server.h"
+#include "service/session.h"
+#include "service/stream.h"
 
 struct kvp_pool;
 struct kvp_hasher;

@@ -15,11 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "admin.h"
-#include "config.h"
-#include "kvp_status.h"
-#include "server.h"
-#include "transport.h"
+#include "service/admin.h"
+#include "service/config.h"
+#include "common/kvp_status.h"
+#include "service/server.h"
+#include "service/transport.h"
 
 static atomic_bool stopping;
 static atomic_bool ready;

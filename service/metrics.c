@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
-#include "server.h"
+#include "common/kvp_status.h"
+#include "service/server.h"
 
 static const char *const call_names[KVPD_NUM_CALLS] = {
 	[10] = "hello", [11] = "allocate", [12] = "touch", [13] = "free", [14] = "cache",

@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 
-#include "server.h"
+#include "service/server.h"
 
 #include <nng/nng.h>
 #include <pthread.h>
@@ -11,12 +11,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dispatch.h"
-#include "executor.h"
-#include "manager.h"
-#include "pool.h"
-#include "session.h"
-#include "wire.h"
+#include "service/dispatch.h"
+#include "gpu/executor.h"
+#include "engine/manager.h"
+#include "engine/pool.h"
+#include "service/session.h"
+#include "proto/wire.h"
 
 const double kvpd_latency_bounds[KVPD_LATENCY_BUCKETS - 1] = {
 	10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,

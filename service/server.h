@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "service/config.h"
 
 struct kvpd_server;
 
@@ -101,7 +101,7 @@ size_t kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms);
  * Sets the function that sends each pool's event batches (nng PUB in
  * kvpoold; tests may capture them). Call before serving requests.
  */
-#include "stream.h"
+#include "service/stream.h"
 void kvpd_server_set_publisher(struct kvpd_server *s, kvpd_publish_fn fn, void *ctx);
 
 /* Publishes a tick on every pool's stream (the reaper calls it about once a second). */

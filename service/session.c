@@ -1,10 +1,10 @@
-#include "session.h"
+#include "service/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 #define EMPTY_ID (-1)
 

@@ -1,12 +1,12 @@
-#include "stream.h"
+#include "service/stream.h"
 
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "block_hash.h"
-#include "kvp_status.h"
+#include "common/block_hash.h"
+#include "common/kvp_status.h"
 #include "kvpool.pb-c.h"
 
 int

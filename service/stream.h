@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "events.h"
+#include "common/events.h"
 
 /* Sends one message: the pool's name, a 0 byte, then an encoded EventBatch. */
 typedef void (*kvpd_publish_fn)(void *ctx, const char *pool, const uint8_t *batch, size_t len);

@@ -1,4 +1,4 @@
-#include "transport.h"
+#include "service/transport.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/pub.h>
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
-#include "wire.h"
+#include "common/kvp_status.h"
+#include "proto/wire.h"
 
 enum { RECV, SEND };
 

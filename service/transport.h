@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
-#include "server.h"
+#include "service/config.h"
+#include "service/server.h"
 
 struct kvpd_transport;
 

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -4,7 +4,7 @@
 
 #include "kvp_test.h"
 
-#include "pool.h"
+#include "engine/pool.h"
 
 static inline struct kvp_pool *
 mkpool(uint32_t n, uint32_t bs, bool events)

@@ -3,7 +3,7 @@
 
 #include <stdlib.h>
 
-#include "block_hash.h"
+#include "common/block_hash.h"
 
 static struct kvp_hasher *
 seeded(void)

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "service/config.h"
 
 static FILE *sink;
 

@@ -10,8 +10,8 @@
 
 #include "kvp_test.h"
 
-#include "executor.h"
-#include "kvpool.h"
+#include "gpu/executor.h"
+#include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
 
 /* 2 layers x K,V x 16 tokens x 4 heads x 32 x fp16 = 16 KiB a block; 64 KiB messages carry 3. */

@@ -7,10 +7,10 @@
 
 #include "kvp_test.h"
 
-#include "block_hash.h"
-#include "kvindex.h"
-#include "kvpool.h"
-#include "subscriber.h"
+#include "common/block_hash.h"
+#include "clients/c/kvindex.h"
+#include "clients/c/kvpool.h"
+#include "clients/c/subscriber.h"
 
 static char rpc_url[128], ev_url[128], admin[64];
 static pid_t daemon_pid;

@@ -10,8 +10,8 @@
 
 #include "kvp_test.h"
 
-#include "exec_impl.h"
-#include "executor.h"
+#include "gpu/exec_impl.h"
+#include "gpu/executor.h"
 
 static uint64_t rng;
 

@@ -8,7 +8,7 @@
 
 #include "kvp_test.h"
 
-#include "executor.h"
+#include "gpu/executor.h"
 
 static uint64_t rng;
 

@@ -1,7 +1,7 @@
 /* The free queue against vLLM's FreeKVCacheBlockQueue (scenarios A1, A2). */
 #include "kvp_test.h"
 
-#include "free_queue.h"
+#include "engine/free_queue.h"
 
 static size_t
 queue_ids(const struct kvp_queue *q, int32_t *out)

@@ -3,7 +3,7 @@
 
 #include <stdlib.h>
 
-#include "hash_map.h"
+#include "engine/hash_map.h"
 
 /* k = text || 4-byte big-endian number, as vLLM's tests build them. */
 static size_t

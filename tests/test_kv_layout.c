@@ -4,7 +4,7 @@
  */
 #include "kvp_test.h"
 
-#include "executor.h"
+#include "gpu/executor.h"
 
 static void
 assert_slots(const int64_t *got, const int64_t *want, size_t n)

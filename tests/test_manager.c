@@ -1,7 +1,7 @@
 /* The request-level manager against vLLM's KVCacheManager (spec section 5). */
 #include "pool_util.h"
 
-#include "manager.h"
+#include "engine/manager.h"
 
 struct env {
 	struct kvp_pool *pool;

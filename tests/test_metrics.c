@@ -1,7 +1,7 @@
 /* The metrics collector against vLLM (scenarios G1, G2) with a fixed clock. */
 #include "pool_util.h"
 
-#include "metrics.h"
+#include "engine/metrics.h"
 
 struct fake_clock {
 	uint64_t now_ns;

@@ -10,6 +10,7 @@
  * KVP_DIFF_SEED the seed (default 1); the seed is printed.
  */
 #include "pool_util.h"
+#include "common/map_key.h"
 
 #include <stdlib.h>
 
@@ -64,11 +65,7 @@ alpha_hash(int v, uint8_t *out)
 static void
 mk(uint8_t *key, const uint8_t *h, uint32_t g)
 {
-	memcpy(key, h, KVP_HASH_LEN);
-	key[32] = (uint8_t)(g >> 24);
-	key[33] = (uint8_t)(g >> 16);
-	key[34] = (uint8_t)(g >> 8);
-	key[35] = (uint8_t)g;
+	kvp_map_key_make(key, h, KVP_HASH_LEN, g);
 }
 
 static int
@@ -128,8 +125,7 @@ m_evict(int id)
 	e->type = KVP_EVENT_BLOCK_REMOVED;
 	e->nh = 1;
 	memcpy(e->hashes[0], M.key[id].b, KVP_HASH_LEN);
-	e->group = (uint32_t)M.key[id].b[32] << 24 | (uint32_t)M.key[id].b[33] << 16 |
-	           (uint32_t)M.key[id].b[34] << 8 | M.key[id].b[35];
+	e->group = kvp_map_key_group(M.key[id].b, sizeof M.key[id].b);
 	M.key[id].set = false;
 }
 

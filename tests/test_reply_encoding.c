@@ -8,10 +8,10 @@
 
 #include <stdlib.h>
 
-#include "config.h"
-#include "crc32c.h"
+#include "service/config.h"
+#include "common/crc32c.h"
 #include "kvpool.pb-c.h"
-#include "server.h"
+#include "service/server.h"
 
 static struct kvpd_server *srv;
 static uint64_t session;

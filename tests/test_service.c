@@ -12,10 +12,10 @@
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
 
-#include "block_hash.h"
-#include "kvpool.h"
+#include "common/block_hash.h"
+#include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
-#include "wire.h"
+#include "proto/wire.h"
 
 static char ipc_url[256], tcp_url[256], admin_url[64], token_pool[256], token_path[96],
 	events_url[96];

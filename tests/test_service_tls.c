@@ -8,8 +8,8 @@
 
 #include "kvp_test.h"
 
-#include "kvpool.h"
-#include "subscriber.h"
+#include "clients/c/kvpool.h"
+#include "clients/c/subscriber.h"
 
 static char ev_url[64];
 static char dir[128], url[64], ca[192], srv_cert[192], srv_key[192], cli_cert[192], cli_key[192];

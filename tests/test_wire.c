@@ -2,7 +2,7 @@
 #include "kvp_test.h"
 
 #include "kvpool.pb-c.h"
-#include "wire.h"
+#include "proto/wire.h"
 
 static void
 test_wire_status_names_match_proto_enum(void **state)

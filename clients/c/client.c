@@ -1,4 +1,4 @@
-#include "kvpool.h"
+#include "clients/c/kvpool.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_impl.h"
-#include "wire.h"
+#include "clients/c/client_impl.h"
+#include "proto/wire.h"
 
 #define MAX_MM 256
 

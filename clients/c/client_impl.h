@@ -9,9 +9,9 @@
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
 
-#include "kvpool.h"
+#include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
-#include "wire.h"
+#include "proto/wire.h"
 
 struct kvp_client {
 	nng_socket sock;

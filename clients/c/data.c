@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client_impl.h"
-#include "crc32c.h"
+#include "clients/c/client_impl.h"
+#include "common/crc32c.h"
 
 /* Room left in every message for the envelope. */
 #define OVERHEAD 4096u

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvpool.h"
+#include "clients/c/kvpool.h"
 
 static struct kvp_client *c;
 

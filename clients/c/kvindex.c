@@ -1,7 +1,9 @@
-#include "kvindex.h"
+#include "clients/c/kvindex.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/map_key.h"
 
 struct slot {
 	uint8_t *key;    /* hash bytes, then 4 bytes of group; NULL: empty */
@@ -107,12 +109,7 @@ add(struct kvp_index *ix, const uint8_t *hash, size_t hl, uint32_t group, int32_
 	uint8_t key[1024 + 4];
 	if (hl > 1024)
 		return KVP_EINVAL;
-	memcpy(key, hash, hl);
-	key[hl] = (uint8_t)(group >> 24);
-	key[hl + 1] = (uint8_t)(group >> 16);
-	key[hl + 2] = (uint8_t)(group >> 8);
-	key[hl + 3] = (uint8_t)group;
-	size_t len = hl + 4;
+	size_t len = kvp_map_key_make(key, hash, hl, group);
 	uint64_t h = hash_key(key, len);
 	if ((ix->used + 1) * 2 > ix->cap && grow(ix) != KVP_OK)
 		return KVP_ENOMEM;
@@ -188,12 +185,8 @@ kvp_index_count(const struct kvp_index *ix, const uint8_t *hash, size_t len, uin
 	uint8_t key[1024 + 4];
 	if (ix == NULL || hash == NULL || len > 1024)
 		return 0;
-	memcpy(key, hash, len);
-	key[len] = (uint8_t)(group >> 24);
-	key[len + 1] = (uint8_t)(group >> 16);
-	key[len + 2] = (uint8_t)(group >> 8);
-	key[len + 3] = (uint8_t)group;
-	const struct slot *s = find(ix, key, len + 4, hash_key(key, len + 4), false);
+	size_t klen = kvp_map_key_make(key, hash, len, group);
+	const struct slot *s = find(ix, key, klen, hash_key(key, klen), false);
 	return s ? s->count : 0;
 }
 

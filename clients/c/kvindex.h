@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "events.h"
-#include "kvpool.h"
+#include "common/events.h"
+#include "clients/c/kvpool.h"
 
 struct kvp_index;
 

@@ -20,8 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "block_hash.h"
-#include "kvp_status.h"
+#include "common/block_hash.h"
+#include "common/kvp_status.h"
 
 struct kvp_client_options {
 	const char *url;            /* required */

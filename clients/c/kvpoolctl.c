@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvpool.h"
-#include "subscriber.h"
+#include "clients/c/kvpool.h"
+#include "clients/c/subscriber.h"
 
 static void
 usage(FILE *out)

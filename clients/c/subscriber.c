@@ -1,4 +1,4 @@
-#include "subscriber.h"
+#include "clients/c/subscriber.h"
 
 #include <nng/nng.h>
 #include <nng/protocol/pubsub0/sub.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wire.h"
+#include "proto/wire.h"
 
 /* One followed pool: where its stream stands. */
 struct pool_state {

@@ -19,8 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "events.h"
-#include "kvpool.h"
+#include "common/events.h"
+#include "clients/c/kvpool.h"
 
 struct kvp_sub_options {
 	const char *events_url;     /* the daemon's --events endpoint */

@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "block_hash.h"
-#include "kvp_status.h"
-#include "manager.h"
-#include "pool.h"
+#include "common/block_hash.h"
+#include "common/kvp_status.h"
+#include "engine/manager.h"
+#include "engine/pool.h"
 
 #define BS 4
 #define NUM_BLOCKS 20

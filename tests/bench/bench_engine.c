@@ -17,9 +17,9 @@
 
 #include "bench_util.h"
 
-#include "block_hash.h"
-#include "kvp_status.h"
-#include "pool.h"
+#include "common/block_hash.h"
+#include "common/kvp_status.h"
+#include "engine/pool.h"
 
 /* vLLM's Python BlockPool on a 2-core machine of this kind (issue #2). */
 #define VLLM_A_BLOCKS_PER_S 2.9e6

@@ -26,9 +26,9 @@
 #include "bench_util.h"
 #include <unistd.h>
 
-#include "kvindex.h"
-#include "kvpool.h"
-#include "subscriber.h"
+#include "clients/c/kvindex.h"
+#include "clients/c/kvpool.h"
+#include "clients/c/subscriber.h"
 
 static double seconds = 2.0;
 static char rpc_url[256], ev_url[256];

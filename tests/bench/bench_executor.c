@@ -26,8 +26,8 @@
 #include <unistd.h>
 
 #include "bench_util.h"
-#include "executor.h"
-#include "kvpool.h"
+#include "gpu/executor.h"
+#include "clients/c/kvpool.h"
 
 /* vLLM-like: 16 tokens, 8 KV heads of 128, fp16, 4 layers: 32 KiB chunks, 256 KiB blocks. */
 #define LAYERS 4

@@ -24,7 +24,7 @@
 #include "bench_util.h"
 #include <unistd.h>
 
-#include "kvpool.h"
+#include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
 
 #define MAX_CLIENTS 8

@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "kvp_status.h"
+#include "service/config.h"
+#include "common/kvp_status.h"
 #include "kvpool.pb-c.h"
-#include "server.h"
+#include "service/server.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "crc32c.h"
+#include "common/crc32c.h"
 
 #define POLY 0x82F63B78u
 

@@ -1,10 +1,10 @@
-#include "events.h"
+#include "common/events.h"
 
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 #define NONE SIZE_MAX
 

@@ -1,11 +1,11 @@
-#include "block_hash.h"
+#include "common/block_hash.h"
 
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 struct kvp_hasher {
 	EVP_MD_CTX *ctx;

@@ -1,12 +1,12 @@
 /*
- * big_alloc.h: zeroed allocations for the engine's large arrays (block
+ * big_alloc.h: zeroed allocations for large arrays (the engine's block
  * metadata, map buckets and keys). Large ones come from anonymous mappings
  * aligned to 2 MiB and marked for transparent huge pages where the system
  * offers them: the prefix map is probed at random, and with 4 KiB pages most
  * probes of a large pool also miss the TLB. Pages are still mapped lazily,
  * so creating a pool stays cheap. Small ones use calloc.
  *
- * Internal to the engine. Thread-safe. No I/O.
+ * Shared by the engine and the cpu executor. Thread-safe. No I/O.
  */
 #ifndef KVP_BIG_ALLOC_H
 #define KVP_BIG_ALLOC_H

@@ -1,4 +1,4 @@
-#include "kvp_status.h"
+#include "common/kvp_status.h"
 
 #include <stddef.h>
 

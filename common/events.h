@@ -1,6 +1,9 @@
 /*
- * events.h: KV cache events as the engine emits them (vLLM's BlockStored,
- * BlockRemoved, AllBlocksCleared; reference section 7).
+ * events.h: KV cache events (vLLM's BlockStored, BlockRemoved,
+ * AllBlocksCleared; reference section 7) in one batch type that both sides
+ * share: the engine fills it, the client's decoder fills it from the wire,
+ * and applications read it only through kvp_event_batch_count/get and the
+ * struct kvp_event view. Part of the shared layer (common/), not the engine.
  *
  * The pool appends events to its queue; kvp_pool_take_events() (or the
  * manager's) moves them into a caller-owned struct kvp_event_batch by

@@ -1,6 +1,6 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
 
-#include "big_alloc.h"
+#include "common/big_alloc.h"
 
 #include <stdint.h>
 #include <stdlib.h>
