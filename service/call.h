@@ -1,7 +1,9 @@
 /*
- * call.h: one call in progress, shared by the dispatcher (dispatch.c) and
- * the handlers of each family of calls (calls_blocks.c, calls_requests.c,
- * calls_stream.c).
+ * call.h: one call in progress (call.c), shared by the dispatcher
+ * (dispatch.c) and the handlers of each family of calls (calls_session.c,
+ * calls_blocks.c, calls_requests.c, calls_stream.c, calls_data.c). Every
+ * handler is kvpd_h_<name>(call, request, reply), named by its row in the
+ * call table (calls.h).
  *
  * Internal to the daemon; everything here runs under the pool's lock. A
  * handler validates the whole call before the engine changes anything,
@@ -28,6 +30,8 @@ struct call {
 	char detail[256];
 	bool oom;
 	uint64_t call_id;
+	uint64_t now_ms;         /* the daemon's clock when the call arrived */
+	size_t sess_index;       /* sess's slot in the pool's session list */
 	struct kvpd_sink *sink;  /* where the reply goes */
 	bool replied;            /* a handler wrote the whole reply into the sink itself */
 };
@@ -40,6 +44,10 @@ void *kvpd_scratch(struct call *c, size_t n);
 /* A zeroed, initialised protobuf-c message from scratch memory. */
 void *kvpd_new_msg(struct call *c, const ProtobufCMessageDescriptor *d);
 #define NEW(c, type, desc) ((type *)kvpd_new_msg((c), &(desc)))
+/* Zeroes what the last call used, keeping the arena's chunks (dispatch.c). */
+void kvpd_scratch_reset(struct kvpd_pool *p);
+/* The pool's session with this id, and its slot in *index; NULL if none. */
+struct kvpd_session *kvpd_pool_find_session(struct kvpd_pool *p, uint64_t id, size_t *index);
 
 /* A call's extra-key sources, decoded from the wire. */
 struct call_keys {
@@ -55,6 +63,12 @@ int kvpd_check_ids(struct call *c, const int32_t *ids, size_t n);
 
 int kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_keys *out);
 
+/* Sessions (calls_session.c) and Batch (dispatch.c). */
+int kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_heartbeat(struct call *c, const Kvpool__V1__HeartbeatRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_goodbye(struct call *c, const Kvpool__V1__GoodbyeRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Reply *out);
+
 /* Block-level calls (calls_blocks.c). */
 int kvpd_h_allocate(struct call *c, const Kvpool__V1__AllocateRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Reply *out);
@@ -62,8 +76,8 @@ int kvpd_h_free(struct call *c, const Kvpool__V1__FreeRequest *m, Kvpool__V1__Re
 int kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_evict(struct call *c, const Kvpool__V1__EvictRequest *m, Kvpool__V1__Reply *out);
-int kvpd_h_reset(struct call *c, Kvpool__V1__Reply *out);
-int kvpd_h_stats(struct call *c, Kvpool__V1__Reply *out);
+int kvpd_h_reset(struct call *c, const Kvpool__V1__ResetRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__Reply *out);
 
 /* Request-level calls (calls_requests.c). */
 int kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
@@ -75,7 +89,8 @@ int kvpd_h_get_computed_blocks(struct call *c, const Kvpool__V1__GetComputedBloc
 
 /* The event stream's repair (calls_stream.c). */
 int kvpd_h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Reply *out);
-int kvpd_h_snapshot(struct call *c, Kvpool__V1__Reply *out);
+int kvpd_h_snapshot(struct call *c, const Kvpool__V1__SnapshotRequest *m,
+                     Kvpool__V1__Reply *out);
 
 /* The data plane (calls_data.c). */
 int kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,

@@ -335,7 +335,7 @@ kvpd_h_evict(struct call *c, const Kvpool__V1__EvictRequest *m, Kvpool__V1__Repl
 }
 
 int
-kvpd_h_reset(struct call *c, Kvpool__V1__Reply *out)
+kvpd_h_reset(struct call *c, const Kvpool__V1__ResetRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__ResetReply *r = NEW(c, Kvpool__V1__ResetReply, kvpool__v1__reset_reply__descriptor);
 	int rv;
@@ -354,7 +354,7 @@ kvpd_h_reset(struct call *c, Kvpool__V1__Reply *out)
 }
 
 int
-kvpd_h_stats(struct call *c, Kvpool__V1__Reply *out)
+kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__StatsReply *r = NEW(c, Kvpool__V1__StatsReply, kvpool__v1__stats_reply__descriptor);
 

@@ -67,7 +67,7 @@ key_cmp(const void *x, const void *y)
 }
 
 int
-kvpd_h_snapshot(struct call *c, Kvpool__V1__Reply *out)
+kvpd_h_snapshot(struct call *c, const Kvpool__V1__SnapshotRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__SnapshotReply *r =
 		NEW(c, Kvpool__V1__SnapshotReply, kvpool__v1__snapshot_reply__descriptor);

@@ -7,20 +7,6 @@
 #include "common/kvp_status.h"
 #include "service/server.h"
 
-static const char *const call_names[KVPD_NUM_CALLS] = {
-	[10] = "hello", [11] = "allocate", [12] = "touch", [13] = "free", [14] = "cache",
-	[15] = "lookup", [16] = "evict", [17] = "reset", [18] = "stats",
-	[19] = "allocate_slots", [20] = "free_request", [21] = "get_computed_blocks",
-	[22] = "batch", [23] = "heartbeat", [24] = "goodbye", [25] = "replay", [26] = "snapshot",
-	[27] = "write_blocks", [28] = "read_blocks", [29] = "copy_blocks", [30] = "write_tokens",
-};
-
-const char *
-kvpd_call_name(int call)
-{
-	return call >= 0 && call < KVPD_NUM_CALLS ? call_names[call] : NULL;
-}
-
 struct out {
 	char *buf;
 	size_t len, cap;

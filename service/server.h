@@ -21,11 +21,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "service/calls.h"
 #include "service/config.h"
 
 struct kvpd_server;
 
-#define KVPD_NUM_CALLS 31     /* Request oneof numbers are below this */
 #define KVPD_NUM_STATUS 16
 #define KVPD_LATENCY_BUCKETS 14
 
@@ -39,7 +39,7 @@ struct kvpd_pool_counters {
 	uint64_t calls, call_errors;
 	uint64_t event_batches, replays_served, replays_refused, snapshots;
 	uint64_t bytes_read, bytes_written;                /* block contents moved by data calls */
-	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call oneof number][status] */
+	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call table row][status] */
 	uint64_t latency[KVPD_LATENCY_BUCKETS];            /* handling time, not the network */
 	double latency_sum;
 	uint32_t sessions;                                 /* open now */
@@ -54,8 +54,6 @@ struct kvpd_pool_gauges {
 };
 void kvpd_server_pool_gauges(struct kvpd_server *s, size_t i, struct kvpd_pool_gauges *out);
 
-/* The name of a Request oneof number ("allocate", ...), or NULL. */
-const char *kvpd_call_name(int call);
 
 /* Renders every pool's metrics in Prometheus text format into a new string. */
 char *kvpd_metrics_render(struct kvpd_server *s);

@@ -1,0 +1,232 @@
+/* Sessions: Hello, Heartbeat, Goodbye, leases and releasing what a session held. */
+#include "service/call.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/manager.h"
+#include "engine/pool.h"
+#include "gpu/executor.h"
+#include "proto/wire.h"
+#include "service/dispatch.h"
+
+struct kvpd_session *
+kvpd_pool_find_session(struct kvpd_pool *p, uint64_t id, size_t *index)
+{
+	for (size_t i = 0; i < p->num_sessions; i++)
+		if (p->sessions[i]->id == id) {
+			if (index)
+				*index = i;
+			return p->sessions[i];
+		}
+	return NULL;
+}
+
+static bool
+token_ok(const char *want, const char *got)
+{
+	/* Compares every byte whatever the first difference: no timing hint. */
+	size_t lw = strlen(want), lg = strlen(got);
+	unsigned diff = (unsigned)(lw ^ lg);
+	for (size_t i = 0; i < lw; i++)
+		diff |= (unsigned char)want[i] ^ (unsigned char)(i < lg ? got[i] : 0);
+	return diff == 0;
+}
+
+static uint64_t
+new_session_id(struct kvpd_pool *p)
+{
+	uint64_t id;
+	do {
+		id = (uint64_t)nng_random() << 32 | nng_random();
+	} while (id == 0 || kvpd_pool_find_session(p, id, NULL) != NULL);
+	return id;
+}
+
+/* Fills the pool's description (Hello; Heartbeat for a resumed session). */
+static int
+pool_info(struct call *c, Kvpool__V1__PoolInfo *info, Kvpool__V1__GroupInfo *g,
+          Kvpool__V1__GroupInfo **gl)
+{
+	struct kvpd_pool *p = c->p;
+
+	info->name = p->cfg.name;
+	info->num_blocks = kvp_pool_num_blocks(p->pool);
+	info->hash_block_size = kvp_pool_hash_block_size(p->pool);
+	info->hash_algorithm = "sha256_cbor";
+	info->none_hash_fingerprint.data = p->none_fp;
+	info->none_hash_fingerprint.len = sizeof(p->none_fp);
+	g->group_id = 0;
+	g->block_size = p->cfg.block_size;
+	g->kind = "full_attention";
+	gl[0] = g;
+	info->groups = gl;
+	info->n_groups = 1;
+	info->medium = p->cfg.medium;
+	info->event_epoch = p->stream.epoch;
+	info->event_seq = p->stream.next_seq;
+	info->max_model_len = p->cfg.max_model_len;
+	info->max_ids_per_call = p->limits.max_ids;
+	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
+	info->max_msg_bytes = (uint32_t)p->limits.max_reply_bytes;
+	if (p->exec != NULL) {
+		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);
+		Kvpool__V1__ExecutorInfo *x =
+			NEW(c, Kvpool__V1__ExecutorInfo, kvpool__v1__executor_info__descriptor);
+		if (x == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		x->backend = (char *)kvp_exec_backend_name(p->exec);
+		x->num_layers = sh->num_layers;
+		x->num_heads = sh->num_heads;
+		x->head_size = sh->head_size;
+		x->dtype = (char *)kvp_dtype_name(sh->dtype);
+		x->layout = (char *)kvp_cache_layout_name(sh->layout);
+		x->block_size = sh->block_size;
+		x->block_bytes = kvp_exec_block_bytes(p->exec);
+		x->memory_bytes = kvp_exec_memory_bytes(p->exec);
+		info->executor = x;
+	}
+	return KVP_OK;
+}
+
+int
+kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Reply *out)
+{
+	uint64_t now_ms = c->now_ms;
+	struct kvpd_pool *p = c->p;
+	Kvpool__V1__HelloReply *r = NEW(c, Kvpool__V1__HelloReply, kvpool__v1__hello_reply__descriptor);
+	Kvpool__V1__PoolInfo *info = NEW(c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
+	Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
+	Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, sizeof(*gl));
+
+	if (r == NULL || info == NULL || g == NULL || gl == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (m->protocol_version != KVP_PROTOCOL_VERSION)
+		return kvpd_fail(c, KVP_EVERSION, "protocol version %u; this daemon speaks %u",
+		            m->protocol_version, KVP_PROTOCOL_VERSION);
+	if (!token_ok(p->cfg.token, m->auth_token ? m->auth_token : ""))
+		return kvpd_fail(c, KVP_EUNAUTH, "wrong auth token for pool %s", p->cfg.name);
+	if (p->num_sessions >= p->limits.max_sessions)
+		return kvpd_fail(c, KVP_EBUSY, "pool %s has %zu sessions, the limit", p->cfg.name,
+		            p->num_sessions);
+	if (p->num_sessions == p->cap_sessions) {
+		size_t cap = p->cap_sessions ? p->cap_sessions * 2 : 8;
+		struct kvpd_session **ns = realloc(p->sessions, cap * sizeof(*ns));
+		if (ns == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		p->sessions = ns;
+		p->cap_sessions = cap;
+	}
+	uint32_t lease = m->lease_ms ? m->lease_ms : p->limits.lease_ms;
+	if (lease < 100)
+		lease = 100;
+	if (lease > 86400000u)
+		lease = 86400000u;
+	struct kvpd_session *s = kvpd_session_create(new_session_id(p), lease, m->client_name, now_ms);
+	if (s == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	p->sessions[p->num_sessions++] = s;
+	p->counters.sessions_opened++;
+
+	if (pool_info(c, info, g, gl) != KVP_OK)
+		return c->status;
+	r->session_id = s->id;
+	r->lease_ms = lease;
+	r->pool = info;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_HELLO;
+	out->hello = r;
+	return KVP_OK;
+}
+
+size_t
+kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s)
+{
+	size_t n = 0;
+	int32_t *ids;
+
+	/* The session's requests first, newest first: each frees its blocks tail first. */
+	while (s->num_reqs > 0) {
+		struct kvpd_request_ref *r = &s->reqs[s->num_reqs - 1];
+		(void)kvp_mgr_free_request(p->mgr, r->mgr_id);
+		s->num_reqs--;
+	}
+	ids = kvpd_session_all_newest_first(s, &n);
+
+	/* One block at a time, newest first, as the scheduler would have freed them. */
+	for (size_t i = 0; i < n; i++) {
+		int rv = kvp_pool_free_blocks(p->pool, &ids[i], 1);
+		if (rv == KVP_OK)
+			kvpd_session_remove(s, ids[i]);
+	}
+	free(ids);
+	return n;
+}
+
+static void
+drop_session(struct kvpd_pool *p, size_t index)
+{
+	struct kvpd_session *s = p->sessions[index];
+	kvpd_pool_release_session(p, s);
+	kvpd_session_destroy(s);
+	p->sessions[index] = p->sessions[--p->num_sessions];
+}
+
+size_t
+kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < p->num_sessions;) {
+		struct kvpd_session *s = p->sessions[i];
+		if (now_ms - s->last_seen_ms > s->lease_ms && now_ms > s->last_seen_ms) {
+			drop_session(p, i);
+			p->counters.leases_expired++;
+			n++;
+		} else {
+			i++;
+		}
+	}
+	if (n > 0)
+		kvpd_pool_publish(p);
+	return n;
+}
+
+int
+kvpd_h_heartbeat(struct call *c, const Kvpool__V1__HeartbeatRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__HeartbeatReply *r =
+		NEW(c, Kvpool__V1__HeartbeatReply, kvpool__v1__heartbeat_reply__descriptor);
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	r->lease_ms = c->sess->lease_ms;
+	if (m != NULL && m->with_pool_info) {
+		Kvpool__V1__PoolInfo *info = NEW(c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
+		Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
+		Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, sizeof(*gl));
+		int rv;
+		if (info == NULL || g == NULL || gl == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		if ((rv = pool_info(c, info, g, gl)) != KVP_OK)
+			return rv;
+		r->pool = info;
+	}
+	out->result_case = KVPOOL__V1__REPLY__RESULT_HEARTBEAT;
+	out->heartbeat = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_goodbye(struct call *c, const Kvpool__V1__GoodbyeRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__GoodbyeReply *r =
+		NEW(c, Kvpool__V1__GoodbyeReply, kvpool__v1__goodbye_reply__descriptor);
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	r->references_released = (uint32_t)c->sess->held;
+	drop_session(c->p, c->sess_index);
+	c->sess = NULL;
+	c->p->counters.goodbyes++;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_GOODBYE;
+	out->goodbye = r;
+	return KVP_OK;
+}
