@@ -1,4 +1,5 @@
 /* Request-level calls: vLLM's KVCacheManager over the wire. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,41 +29,13 @@ mgr_status(struct call *c, int rv, const char *what)
 	}
 }
 
-int
-kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, Kvpool__V1__Reply *out)
+/* Appends the call's tokens, takes a prefix hit if the request holds no blocks, allocates. */
+static int
+schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid,
+         Kvpool__V1__AllocateSlotsReply *r, Kvpool__V1__Reply *out)
 {
-	Kvpool__V1__AllocateSlotsReply *r =
-		NEW(c, Kvpool__V1__AllocateSlotsReply, kvpool__v1__allocate_slots_reply__descriptor);
-	uint64_t mid = kvpd_session_request(c->sess, m->request_id);
 	int rv;
 
-	if (r == NULL)
-		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if (m->n_prompt_token_ids > c->p->limits.max_ids || m->n_new_token_ids > c->p->limits.max_ids ||
-	    m->num_new_tokens > c->p->limits.max_ids || m->num_lookahead_tokens > c->p->limits.max_ids)
-		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call; the limit is %u",
-		            c->p->limits.max_ids);
-	if (mid == 0) {
-		struct call_keys ck;
-		if (m->n_prompt_token_ids == 0)
-			return kvpd_fail(c, KVP_ENOTFOUND, "no request %llu in this session (send its prompt "
-			                              "to add it)", (unsigned long long)m->request_id);
-		if ((rv = kvpd_parse_keys(c, m->keys, &ck)))
-			return rv;
-		struct kvp_request_desc d = {.prompt = m->prompt_token_ids,
-		                             .num_prompt = m->n_prompt_token_ids, .keys = ck.ptr,
-		                             .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id};
-		mid = ++c->p->next_mgr_id;
-		if ((rv = mgr_status(c, kvp_mgr_add_request(c->p->mgr, mid, &d), "add request")))
-			return rv;
-		if (kvpd_session_add_request(c->sess, m->request_id, mid) != KVP_OK) {
-			(void)kvp_mgr_free_request(c->p->mgr, mid);
-			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-		}
-	} else if (m->n_prompt_token_ids > 0) {
-		return kvpd_fail(c, KVP_ESTATE, "request %llu exists: send new_token_ids, not a prompt",
-		            (unsigned long long)m->request_id);
-	}
 	if (m->n_new_token_ids > 0 &&
 	    (rv = mgr_status(c, kvp_mgr_append_tokens(c->p->mgr, mid, m->new_token_ids,
 	                                              m->n_new_token_ids), "append tokens")))
@@ -124,6 +97,57 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 	out->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS;
 	out->allocate_slots = r;
 	return KVP_OK;
+}
+
+
+/*
+ * vLLM keeps no state for a request it could not schedule: a request this
+ * call created is forgotten again if the call is refused, so the scheduler's
+ * identical retry on its next step is a first call again.
+ */
+int
+kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__AllocateSlotsReply *r =
+		NEW(c, Kvpool__V1__AllocateSlotsReply, kvpool__v1__allocate_slots_reply__descriptor);
+	uint64_t mid = kvpd_session_request(c->sess, m->request_id);
+	bool created = false;
+	int rv;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (m->n_prompt_token_ids > c->p->limits.max_ids || m->n_new_token_ids > c->p->limits.max_ids ||
+	    m->num_new_tokens > c->p->limits.max_ids || m->num_lookahead_tokens > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call; the limit is %u",
+		            c->p->limits.max_ids);
+	if (mid == 0) {
+		struct call_keys ck;
+		if (m->n_prompt_token_ids == 0)
+			return kvpd_fail(c, KVP_ENOTFOUND, "no request %llu in this session (send its prompt "
+			                              "to add it)", (unsigned long long)m->request_id);
+		if ((rv = kvpd_parse_keys(c, m->keys, &ck)))
+			return rv;
+		struct kvp_request_desc d = {.prompt = m->prompt_token_ids,
+		                             .num_prompt = m->n_prompt_token_ids, .keys = ck.ptr,
+		                             .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id};
+		mid = ++c->p->next_mgr_id;
+		if ((rv = mgr_status(c, kvp_mgr_add_request(c->p->mgr, mid, &d), "add request")))
+			return rv;
+		if (kvpd_session_add_request(c->sess, m->request_id, mid) != KVP_OK) {
+			(void)kvp_mgr_free_request(c->p->mgr, mid);
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		}
+		created = true;
+	} else if (m->n_prompt_token_ids > 0) {
+		return kvpd_fail(c, KVP_ESTATE, "request %llu exists: send new_token_ids, not a prompt",
+		            (unsigned long long)m->request_id);
+	}
+	if ((rv = schedule(c, m, mid, r, out)) != KVP_OK && created) {
+		/* Holds no blocks: allocate_slots refuses without changing anything. */
+		(void)kvp_mgr_free_request(c->p->mgr, mid);
+		kvpd_session_remove_request(c->sess, m->request_id);
+	}
+	return rv;
 }
 
 int

@@ -642,6 +642,54 @@ test_service_request_level_calls_share_prefixes(void **state)
 	kvp_client_close(w);
 }
 
+/*
+ * vLLM keeps no state for a request it could not schedule: a first
+ * AllocateSlots refused with NO_SPACE leaves no request behind, and the
+ * scheduler's identical retry on its next step is accepted as a first call.
+ */
+static void
+test_service_refused_first_allocate_slots_leaves_no_request(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "tiny", 0);
+	struct kvp_client_slots_result res;
+	struct kvp_client_stats st;
+	int32_t ids[16];
+	int64_t prompt[20];
+	size_t n;
+	uint32_t hit;
+
+	(void)state;
+	for (int i = 0; i < 20; i++)
+		prompt[i] = 7000 + i;
+	/* Earlier tests may still hold blocks of this pool: work from what is free. */
+	assert_ok(kvp_client_stats(c, &st));
+	uint32_t free0 = st.num_free;
+	if (free0 < 3 || free0 > 7)
+		fail_msg("tiny pool has %u free blocks; the test needs 3 to 7", free0);
+	/* Blocks of 4 tokens: the hog leaves 2 free, the victim needs 3. */
+	struct kvp_client_slots hog = {.request_id = 1, .prompt = prompt,
+	                               .num_prompt = 4 * (free0 - 2)};
+	assert_ok(kvp_client_allocate_slots(c, &hog, ids, 16, &res));
+	assert_int_equal(res.num_new_blocks, free0 - 2);
+	struct kvp_client_slots victim = {.request_id = 2, .prompt = prompt, .num_prompt = 12};
+	for (int attempt = 0; attempt < 3; attempt++)
+		assert_status(kvp_client_allocate_slots(c, &victim, ids, 16, &res), KVP_ENOSPACE);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.active_requests, 1);
+	assert_int_equal(st.num_free, 2);
+	assert_status(kvp_client_get_computed_blocks(c, 2, ids, 16, &n, &hit), KVP_ENOTFOUND);
+	assert_status(kvp_client_free_request(c, 2, false), KVP_ENOTFOUND);
+	/* The hog finishes; the same call again is a first call, not WRONG_STATE. */
+	assert_ok(kvp_client_free_request(c, 1, false));
+	assert_ok(kvp_client_allocate_slots(c, &victim, ids, 16, &res));
+	assert_int_equal(res.num_new_blocks, 3);
+	assert_ok(kvp_client_free_request(c, 2, false));
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.active_requests, 0);
+	assert_int_equal(st.num_free, free0);
+	kvp_client_close(c);
+}
+
 static void
 test_service_admin_endpoints_serve_health_and_metrics(void **state)
 {
@@ -829,6 +877,7 @@ main(void)
 		cmocka_unit_test(test_service_lease_expiry_releases_blocks),
 		cmocka_unit_test(test_service_session_limit_is_busy),
 		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
+		cmocka_unit_test(test_service_refused_first_allocate_slots_leaves_no_request),
 		cmocka_unit_test(test_service_admin_endpoints_serve_health_and_metrics),
 		cmocka_unit_test(test_service_eight_concurrent_clients_keep_invariants),
 		cmocka_unit_test(test_service_dead_client_process_blocks_released_after_lease),
