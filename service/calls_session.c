@@ -118,11 +118,12 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 		p->sessions = ns;
 		p->cap_sessions = cap;
 	}
+	/* The operator's --lease-ms is the longest lease a client can have. */
 	uint32_t lease = m->lease_ms ? m->lease_ms : p->limits.lease_ms;
+	if (lease > p->limits.lease_ms)
+		lease = p->limits.lease_ms;
 	if (lease < 100)
 		lease = 100;
-	if (lease > 86400000u)
-		lease = 86400000u;
 	struct kvpd_session *s = kvpd_session_create(new_session_id(p), lease, m->client_name, now_ms);
 	if (s == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");

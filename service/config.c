@@ -34,7 +34,7 @@ static const struct setting {
 	{"token-file", "PATH", "auth token for pools without their own (file content, trimmed)"},
 	{"token", "TOKEN", "auth token for pools without their own (prefer token-file)"},
 	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "
-	                   "blocks released. Default 30000"},
+	                   "blocks released; also the longest lease a client may ask for. Default 30000"},
 	{"contexts", "N", "requests served concurrently. Default 8"},
 	{"max-msg-bytes", "N", "largest request accepted, in bytes. Default 8388608"},
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},

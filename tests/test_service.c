@@ -561,6 +561,22 @@ test_service_lease_expiry_releases_blocks(void **state)
 	kvp_client_close(watcher);
 }
 
+/* The operator's --lease-ms (5000 here) caps what a client asks for. */
+static void
+test_service_requested_lease_is_capped_by_the_operator(void **state)
+{
+	(void)state;
+	struct kvp_client *big = open_on(ipc_url, "default", 4294967295u);
+	struct kvp_client *small = open_on(ipc_url, "default", 1000);
+	struct kvp_client *dflt = open_on(ipc_url, "default", 0);
+	assert_int_equal(kvp_client_info(big)->lease_ms, 5000);
+	assert_int_equal(kvp_client_info(small)->lease_ms, 1000);
+	assert_int_equal(kvp_client_info(dflt)->lease_ms, 5000);
+	kvp_client_close(big);
+	kvp_client_close(small);
+	kvp_client_close(dflt);
+}
+
 static void
 test_service_session_limit_is_busy(void **state)
 {
@@ -875,6 +891,7 @@ main(void)
 		cmocka_unit_test(test_service_retried_call_id_is_applied_once),
 		cmocka_unit_test(test_service_batch_runs_in_order_and_stops_at_failure),
 		cmocka_unit_test(test_service_lease_expiry_releases_blocks),
+		cmocka_unit_test(test_service_requested_lease_is_capped_by_the_operator),
 		cmocka_unit_test(test_service_session_limit_is_busy),
 		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
 		cmocka_unit_test(test_service_refused_first_allocate_slots_leaves_no_request),
