@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, madvise */
 
 #include "common/big_alloc.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * big_alloc.h: zeroed allocations for large arrays (the engine's block
  * metadata, map buckets and keys). Large ones come from anonymous mappings

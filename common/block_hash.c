@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "common/block_hash.h"
 
 #include <openssl/evp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * block_hash.h: vLLM's chained block hashing with sha256_cbor, byte for byte
  * (reference sections 5.1, 6.2-6.4, 6.6, 6.7; vectors in scenarios H).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * CRC32C (Castagnoli, reflected polynomial 0x82F63B78), the checksum every
  * block read carries. x86-64 with SSE4.2 uses the crc32 instruction over

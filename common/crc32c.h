@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * crc32c.h: CRC32C (Castagnoli), the checksum carried by every block read
  * and optionally by writes. Shared by the daemon and the client library.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * events.h: KV cache events (vLLM's BlockStored, BlockRemoved,
  * AllBlocksCleared; reference section 7) in one batch type that both sides

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "common/kvp_status.h"
 
 #include <stddef.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * map_key.h: the layout of a prefix-map key, written once.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * free_queue.h: vLLM's FreeKVCacheBlockQueue, an intrusive doubly linked
  * list of block ids with fake head and tail sentinels.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hash_map.h: vLLM's BlockHashToBlockMap, the prefix-cache index.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * manager.h: the request-level layer over one BlockPool, what a scheduler
  * really calls (reference section 5: KVCacheManager with its coordinator and

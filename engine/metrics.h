@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.h: vLLM's KVCacheMetricsCollector (reference section 8): sampled
  * block lifetimes, idle time before eviction and reuse gaps.

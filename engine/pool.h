@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pool.h: vLLM V1's BlockPool in C (reference section 4; checklist 11).
  *

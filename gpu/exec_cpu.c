@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The cpu backend: KV memory in host memory (anonymous mappings, huge pages
  * where offered, pages committed on first touch), moved with memcpy. It is

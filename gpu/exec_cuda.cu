@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The cuda backend: KV memory from cudaMalloc (never managed memory), one
  * non-blocking stream per executor, pinned host staging and device staging

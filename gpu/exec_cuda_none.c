@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Built when CUDA is not: the cuda backend is absent and says so. */
 #include "gpu/exec_impl.h"
 #include "common/kvp_status.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * exec_impl.h: what a backend implements (internal to gpu/).
  *

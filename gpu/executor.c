@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The executor's front: shapes, argument checks, backend choice. */
 #include <stdarg.h>
 #include <stdio.h>

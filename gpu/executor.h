@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * executor.h: the embedded executor, which owns a pool's paged KV memory
  * and moves block contents.

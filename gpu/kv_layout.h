@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kv_layout.h: the index math of paged KV memory, shared by the CPU backend,
  * the CUDA kernels and the tests.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Block tables and slot mapping: vLLM's block_table.py on the host. */
 #include "gpu/executor.h"
 #include "common/kvp_status.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * wire.h: what the daemon and the client both need around the generated
  * protobuf-c code (kvpool.pb-c.h): the protocol version, default limits,

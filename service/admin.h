@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admin.h: kvpoold's HTTP admin endpoint (nng's HTTP server), on its own
  * port: GET /healthz (200 while the process serves), /readyz (200 once the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One call in progress: its status, detail and scratch memory (call.h). */
 #include "service/call.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * call.h: one call in progress (call.c), shared by the dispatcher
  * (dispatch.c) and the handlers of each family of calls (calls_session.c,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The call table's generated parts; calls.h says how to add a call. */
 #include "service/calls.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * calls.h: every call the daemon serves, in one table.
  *

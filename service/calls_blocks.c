@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Block-level calls: vLLM's BlockPool primitives over the wire. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Request-level calls: vLLM's KVCacheManager over the wire. */
 #include <stdbool.h>
 #include <stdio.h>

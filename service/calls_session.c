@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Sessions: Hello, Heartbeat, Goodbye, leases and releasing what a session held. */
 #include "service/call.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The event stream's repair: Replay and Snapshot. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.h: kvpoold's configuration from defaults, an optional config file,
  * KVPOOL_* environment variables and flags, in that order of precedence.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The dispatcher: finds a request's row in the call table (calls.h), checks
  * its session, answers retries from the reply cache, runs the handler,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dispatch.h: a hosted pool and the handlers of every call on it.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoold: serves kvpool pools over nng. See `kvpoold --help`.
  *

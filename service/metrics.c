@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* /metrics: every pool's gauges and counters in Prometheus text format. */
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * server.h: kvpoold's state and its one entry point for requests.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * session.h: a client's session on one pool: the block references it holds
  * (a multiset with the order they were taken, so a lost session releases

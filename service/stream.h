@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stream.h: a pool's event stream: it turns the engine's events after each
  * call into one EventBatch (epoch, consecutive seq, timestamp), keeps the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * transport.h: kvpoold's sockets: one nng REP socket listening on every
  * configured RPC endpoint (ipc://, tcp://, tls+tcp://), with several

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The layering rule, checked on the sources and on what the compiler and
 # linker actually used, so a header reached indirectly is caught too:
 #   common/              includes only common/ (the leaf layer)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon_util.h: starts a real kvpoold for integration tests, by fork+exec
  * (nng is not fork-safe, so the child execs before touching anything), and

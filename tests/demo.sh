@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The main job for a newcomer: kvpoold on its embedded default (host-memory
 # pool, local ipc:// endpoint), a scheduler demo against it, the pool's
 # stats from kvpoolctl, then a graceful SIGTERM.

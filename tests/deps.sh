@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Installs what kvpool builds and tests with, from Debian 12's packages.
 # Runs as root (CI) or through sudo (a developer's machine).
 set -eu

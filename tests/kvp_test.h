@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp_test.h: what every kvpool cmocka test includes. cmocka needs these
  * system headers first; the helpers print status names and whole id lists

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by the pool tests: pools, synthetic hashes, event checks. */
 #ifndef KVP_POOL_UTIL_H
 #define KVP_POOL_UTIL_H

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Builds kvpool and runs every test (CTest drives the cmocka programs).
 #   bash tests/run.sh                   plain build in build/
 #   KVP_SANITIZE=1 bash tests/run.sh    ASan + UBSan build in build-asan/

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Block hashing against vLLM's sha256_cbor known answers (scenarios H0-H7). */
 #include "kvp_test.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The call table (service/calls.h) against the wire contract: every call the
  * .proto defines has a row of the same name and number, a row is batchable

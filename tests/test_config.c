@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvpoold's configuration: defaults, file, environment and flags, in that order. */
 #include "kvp_test.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The data plane through a real kvpoold (cpu executor) over ipc and tcp:
  * a prefill client writes a prompt's KV and caches its blocks, a decode

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The event stream end to end: a real kvpoold publishing on nng PUB, the
  * subscriber library repairing gaps by Replay and Snapshot, and a reference

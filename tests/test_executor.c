@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The cpu executor against a naive model, on fresh random data each run
  * (seed printed; KVP_TEST_SEED repeats a run). The model keeps every

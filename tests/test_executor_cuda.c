@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * CUDA parity: the same random operations through the cpu and the cuda
  * backends, the whole memory compared with memcmp after each. Skips, with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The free queue against vLLM's FreeKVCacheBlockQueue (scenarios A1, A2). */
 #include "kvp_test.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The prefix-cache map against vLLM's BlockHashToBlockMap (scenarios C3, C4). */
 #include "kvp_test.h"
 

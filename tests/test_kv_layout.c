@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Index math of the executor: scenarios G3 (slot mapping, kernel block
  * split, context parallelism) and G4 (element placement), sizing, shapes.

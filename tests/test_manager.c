@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The request-level manager against vLLM's KVCacheManager (spec section 5). */
 #include "pool_util.h"
 

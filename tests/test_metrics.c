@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The metrics collector against vLLM (scenarios G1, G2) with a fixed clock. */
 #include "pool_util.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* BlockPool against vLLM: scenarios B1-B7, C1, C2, C5, C6, and the strict checks. */
 #include "pool_util.h"
 

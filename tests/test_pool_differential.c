@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A long seeded random run of pool operations (valid and invalid) against a
  * deliberately simple reference model: arrays and linear scans, written

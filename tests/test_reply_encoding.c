@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ReadBlocks replies are encoded by hand so the executor reads straight
  * into the outgoing message. These tests hold that encoding to protobuf-c's

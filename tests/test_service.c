@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoold end to end: a real daemon (fork+exec), real nng sockets on
  * ipc:// and tcp://127.0.0.1, the real client library. Every status code the

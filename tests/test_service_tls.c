@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoold over tls+tcp:// with mutual TLS: a CA, a server certificate and a
  * client certificate are made at test time with the openssl command; a

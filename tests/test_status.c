@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The status table: numbers are the wire's, names and text come from one table. */
 #include "kvp_test.h"
 

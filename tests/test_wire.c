@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire contract and the engine agree on every status, by number and by name. */
 #include "kvp_test.h"
 

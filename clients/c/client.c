@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "clients/c/kvpool.h"
 
 #include <nng/nng.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * client_impl.h: the client's state and its one call primitive, shared by
  * the files of libkvpool (client.c: control calls and batches; data.c: the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libkvpool's data plane: block contents, split into calls below the message limit. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpool-demo: a scheduler's session with kvpoold, for a newcomer to watch.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvindex.h: a reference index over a pool's event stream: (hash, group) ->
  * how many blocks cache it. What a KV-aware router keeps per pool to score

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpool.h: libkvpool, the C client of kvpoold.
  *

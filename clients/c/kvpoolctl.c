@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvpoolctl: a command-line client for kvpoold. See `kvpoolctl --help`.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 #include "clients/c/subscriber.h"
 
 #include <nng/nng.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * subscriber.h: follow a pool's event stream and never silently diverge.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Holds deploy/ to what kvpoold documents and does, so the two cannot drift:
 //   - every setting in a ConfigMap's kvpoold.conf, and every KVPOOL_* variable
 //     a container sets, is one `kvpoold --help` documents;

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Checks deploy/ offline, as CI does: renders the kustomize base and overlays
 # and the Helm chart (default, GPU and TLS values), lints the YAML and the
 # Dockerfiles, validates every object against the Kubernetes API schemas,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Validates every object of the given multi-document YAML files offline
 // against the Kubernetes API schemas (kubernetes-models 5.1.0, generated
 // from Kubernetes 1.34's OpenAPI; ServiceMonitor from the Prometheus

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp-engine-demo: a scheduler's view of the kvpool engine, in one process.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp-bench-engine: the engine's throughput on the loops used to measure
  * vLLM's Python BlockPool, each beside a baseline measured in the same run

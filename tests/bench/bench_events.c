@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp-bench-events: the event stream's throughput and latency, beside raw
  * nng PUB/SUB of messages of the same size measured in the same run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp-bench-executor: the executor's speed, each number next to its
  * baseline measured in the same run.

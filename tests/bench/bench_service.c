@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kvp-bench-service: kvpoold's calls over real sockets, beside raw nng
  * REQ/REP round trips of a small message measured in the same run (an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* bench_util.h: what every benchmark program needs: a monotonic clock and sorting. */
 #ifndef KVP_BENCH_UTIL_H
 #define KVP_BENCH_UTIL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target: arbitrary bytes into kvpoold's request decoder and
  * dispatcher, against a live in-process server (two small pools), with the

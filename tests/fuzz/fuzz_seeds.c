@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Writes a seed corpus for fuzz_dispatch into DIR: a few sequences of valid
  * requests (every call at least once), framed as fuzz_dispatch reads them.

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the fuzzer with clang (ASan + UBSan + libFuzzer) in build-fuzz/ and
 # runs it for a bounded number of inputs from a fresh seed corpus.
 #   bash tests/fuzz/run.sh [RUNS]     (default 200000)
