@@ -99,10 +99,11 @@ burst(const struct kvp_client_info *in)
 		rv = kvp_client_allocate_slots(c, &a, blocks, cap, &res);
 		if (rv == KVP_ENOSPACE) {
 			printf("request %" PRIu64 ": NO_SPACE (%s)\n", id, kvp_client_last_detail(c));
-			printf("    the scheduler preempts request %" PRIu64 " and retries\n", id - 1);
-			struct kvp_client_slots retry = {.request_id = id, .use_prefix_cache = true};
+			/* A refused first call leaves no request: the retry sends the prompt again. */
+			printf("    the scheduler preempts request %" PRIu64 " and sends %" PRIu64 " again\n",
+			       id - 1, id);
 			if ((rv = check(kvp_client_free_request(c, id - 1, true), "preempt")) ||
-			    (rv = check(kvp_client_allocate_slots(c, &retry, blocks, cap, &res), "retry")))
+			    (rv = check(kvp_client_allocate_slots(c, &a, blocks, cap, &res), "retry")))
 				break;
 			printf("request %" PRIu64 ": scheduled after the preemption, %zu blocks\n", id,
 			       res.num_new_blocks);
