@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kvp_version.h"
 #include "engine/manager.h"
 #include "engine/pool.h"
 #include "gpu/executor.h"
@@ -135,6 +136,7 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 		return c->status;
 	r->session_id = s->id;
 	r->lease_ms = lease;
+	r->server_version = KVP_VERSION " (commit " KVP_GIT_COMMIT ")";
 	r->pool = info;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_HELLO;
 	out->hello = r;

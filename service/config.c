@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "service/config.h"
+#include "common/kvp_version.h"
 #include "gpu/executor.h"
 
 #include <ctype.h>
@@ -59,7 +60,18 @@ static const struct setting {
 	{"config", "PATH", "read settings from a file of `name = value` lines (# comments)"},
 	{"quiet", NULL, "do not print the effective configuration at start"},
 	{"help", NULL, "print this help"},
+	{"version", NULL, "print the version and the commit it was built from"},
 };
+
+/* KVPOOL_<NAME>: upper case, '-' as '_'. */
+static void
+env_name(const char *setting, char *var, size_t cap)
+{
+	size_t k = (size_t)snprintf(var, cap, "KVPOOL_");
+	for (const char *q = setting; *q && k < cap - 1; q++)
+		var[k++] = *q == '-' ? '_' : (char)toupper((unsigned char)*q);
+	var[k] = '\0';
+}
 
 void
 kvpd_config_usage(FILE *out)
@@ -75,13 +87,21 @@ kvpd_config_usage(FILE *out)
 		         settings[i].arg ? settings[i].arg : "");
 		fprintf(out, "  %-24s %s\n", lhs, settings[i].help);
 	}
-	fprintf(out, "\nEnvironment: KVPOOL_RPC, KVPOOL_POOL, KVPOOL_ADMIN, KVPOOL_EVENTS, "
-	             "KVPOOL_REPLAY_BATCHES, KVPOOL_TOKEN_FILE, KVPOOL_TOKEN, "
-	             "KVPOOL_LEASE_MS, KVPOOL_CONTEXTS,\n  KVPOOL_MAX_MSG_BYTES, KVPOOL_MAX_IDS, "
-	             "KVPOOL_MAX_SESSIONS, KVPOOL_DRAIN_MS, KVPOOL_EXECUTOR, KVPOOL_DEVICE,\n  "
-	             "KVPOOL_KV_LAYERS, KVPOOL_KV_HEADS, KVPOOL_KV_HEAD_SIZE, KVPOOL_KV_DTYPE, "
-	             "KVPOOL_KV_LAYOUT, KVPOOL_KV_MEMORY,\n  KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, "
-	             "KVPOOL_TLS_CA, KVPOOL_CONFIG, KVPOOL_QUIET\n");
+	/* The variables, from the same table: one per setting but --help and --version. */
+	fprintf(out, "\nEnvironment:");
+	size_t col = 12;
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
+		char var[64];
+		if (strcmp(settings[i].name, "help") == 0 || strcmp(settings[i].name, "version") == 0)
+			continue;
+		env_name(settings[i].name, var, sizeof(var));
+		if (col + strlen(var) + 2 > 100) {
+			fprintf(out, "\n ");
+			col = 1;
+		}
+		col += (size_t)fprintf(out, " %s", var);
+	}
+	fprintf(out, "\n");
 }
 
 static int
@@ -503,6 +523,10 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			kvpd_config_usage(out);
 			return 1;
 		}
+		if (strcmp(argv[i], "--version") == 0) {
+			fprintf(out, "kvpoold %s (commit %s)\n", KVP_VERSION, KVP_GIT_COMMIT);
+			return 1;
+		}
 		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
 			cfgfile = argv[i + 1];
 	}
@@ -515,13 +539,10 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	st.pools_replaced = st.rpc_replaced = false;
 	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
 		char var[64];
-		size_t k = (size_t)snprintf(var, sizeof(var), "KVPOOL_");
-		for (const char *q = settings[i].name; *q && k < sizeof(var) - 1; q++)
-			var[k++] = *q == '-' ? '_' : (char)toupper((unsigned char)*q);
-		var[k] = '\0';
+		env_name(settings[i].name, var, sizeof(var));
 		const char *v = env_get(envp, var);
 		if (v == NULL || strcmp(settings[i].name, "config") == 0 ||
-		    strcmp(settings[i].name, "help") == 0)
+		    strcmp(settings[i].name, "help") == 0 || strcmp(settings[i].name, "version") == 0)
 			continue;
 		if (strcmp(settings[i].name, "pool") == 0 || strcmp(settings[i].name, "rpc") == 0) {
 			char list[8192], *save = NULL;

@@ -76,7 +76,7 @@ struct kvpd_config {
 
 /*
  * Builds the configuration from argv and the environment. Returns 0 on
- * success, 1 if --help was printed (to out), -1 on an error (a message
+ * success, 1 if --help or --version was printed (to out), -1 on an error (a message
  * naming the setting was written to err).
  */
 int kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out,

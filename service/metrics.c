@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/kvp_status.h"
+#include "common/kvp_version.h"
 #include "service/server.h"
 
 struct out {
@@ -115,6 +116,8 @@ kvpd_metrics_render(struct kvpd_server *s)
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);
 
+	help(&o, "kvpool_build_info", "gauge", "The daemon's version and commit; always 1.");
+	put(&o, "kvpool_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVP_VERSION, KVP_GIT_COMMIT);
 	help(&o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
 	for (size_t i = 0; i < np; i++)
 		for (int call = 0; call < KVPD_NUM_CALLS; call++)

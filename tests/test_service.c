@@ -14,6 +14,7 @@
 #include <nng/protocol/reqrep0/req.h>
 
 #include "common/block_hash.h"
+#include "common/kvp_version.h"
 #include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
 #include "proto/wire.h"
@@ -89,6 +90,7 @@ test_service_hello_describes_pool(void **state)
 	assert_string_equal(i->medium, "CPU");
 	assert_int_equal(i->lease_ms, 5000);
 	assert_int_equal(i->max_ids_per_call, 64);
+	assert_string_equal(i->server_version, KVP_VERSION " (commit " KVP_GIT_COMMIT ")");
 	/* seed "0": the fingerprint is sha256(NONE_HASH)[0:8] of vLLM's PYTHONHASHSEED=0 */
 	assert_ok(kvp_hasher_create("0", &h));
 	assert_ok(kvp_hash_raw(h, kvp_hasher_none_hash(h), 32, fp));
@@ -707,6 +709,49 @@ test_service_refused_first_allocate_slots_leaves_no_request(void **state)
 	kvp_client_close(c);
 }
 
+/* Runs a kvpoolctl command line; returns its exit code, its stdout in out. */
+static int
+run_ctl(const char *args, char *out, size_t cap)
+{
+	char cmd[512];
+	size_t n = 0;
+	snprintf(cmd, sizeof(cmd), "%s %s 2>/dev/null", KVPOOLCTL_PATH, args);
+	FILE *f = popen(cmd, "r");
+	if (f == NULL)
+		return -1;
+	n = fread(out, 1, cap - 1, f);
+	out[n] = '\0';
+	int st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* --version and help answer at once, without dialing (the URL leads nowhere). */
+static void
+test_service_kvpoolctl_version_and_help_do_not_dial(void **state)
+{
+	static char out[8192];
+	const char *nowhere = "--url ipc:///nonexistent/kvpool.ipc --timeout-ms 100000";
+	char args[256];
+
+	(void)state;
+	snprintf(args, sizeof(args), "%s --version", nowhere);
+	assert_int_equal(run_ctl(args, out, sizeof(out)), 0);
+	assert_string_equal(out, "kvpoolctl " KVP_VERSION " (commit " KVP_GIT_COMMIT ")\n");
+	const char *helps[] = {"help", "-h", "--help"};
+	for (size_t i = 0; i < N_ELEMS(helps); i++) {
+		snprintf(args, sizeof(args), "%s %s", nowhere, helps[i]);
+		assert_int_equal(run_ctl(args, out, sizeof(out)), 0);
+		assert_non_null(strstr(out, "usage: kvpoolctl"));
+	}
+	/* kvpoold says the same version. */
+	FILE *f = popen(KVPOOLD_PATH " --version", "r");
+	assert_non_null(f);
+	size_t n = fread(out, 1, sizeof(out) - 1, f);
+	out[n] = '\0';
+	assert_int_equal(pclose(f), 0);
+	assert_string_equal(out, "kvpoold " KVP_VERSION " (commit " KVP_GIT_COMMIT ")\n");
+}
+
 static void
 test_service_admin_endpoints_serve_health_and_metrics(void **state)
 {
@@ -725,6 +770,8 @@ test_service_admin_endpoints_serve_health_and_metrics(void **state)
 	assert_int_equal(http_get(daemon_admin_port(), "/nope", body, sizeof(body)), 404);
 	assert_int_equal(http_get(daemon_admin_port(), "/metrics", body, sizeof(body)), 200);
 	assert_non_null(strstr(body, "kvpool_blocks_in_use{pool=\"default\"} 2\n"));
+	assert_non_null(strstr(body, "kvpool_build_info{version=\"" KVP_VERSION "\",commit=\""
+	                             KVP_GIT_COMMIT "\"} 1\n"));
 	assert_non_null(strstr(body, "kvpool_blocks{pool=\"tiny\"} 8\n"));
 	assert_non_null(strstr(body, "kvpool_rpc_calls_total{pool=\"default\",call=\"free\",status=\"NOT_OWNER\"} "));
 	assert_non_null(strstr(body, "kvpool_rpc_calls_total{pool=\"default\",call=\"allocate\",status=\"OK\"}"));
@@ -896,6 +943,7 @@ main(void)
 		cmocka_unit_test(test_service_session_limit_is_busy),
 		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
 		cmocka_unit_test(test_service_refused_first_allocate_slots_leaves_no_request),
+		cmocka_unit_test(test_service_kvpoolctl_version_and_help_do_not_dial),
 		cmocka_unit_test(test_service_admin_endpoints_serve_health_and_metrics),
 		cmocka_unit_test(test_service_eight_concurrent_clients_keep_invariants),
 		cmocka_unit_test(test_service_dead_client_process_blocks_released_after_lease),

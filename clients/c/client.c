@@ -161,6 +161,8 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 
 	i->session_id = h->session_id;
 	i->lease_ms = h->lease_ms;
+	snprintf(i->server_version, sizeof(i->server_version), "%s",
+	         h->server_version ? h->server_version : "");
 	if (p == NULL)
 		return;
 	snprintf(i->pool, sizeof(i->pool), "%s", p->name);

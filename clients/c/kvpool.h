@@ -66,6 +66,7 @@ struct kvp_client_info {
 	uint32_t max_model_len, max_ids_per_call, max_hash_len;
 	uint32_t max_msg_bytes;     /* the daemon's message limit; transfers are split below it */
 	struct kvp_client_executor executor;
+	char server_version[64];    /* kvpoold's version (Hello); "" for a resumed session */
 };
 
 struct kvp_client_stats {

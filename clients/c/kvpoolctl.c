@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "clients/c/kvpool.h"
+#include "common/kvp_version.h"
 #include "clients/c/subscriber.h"
 
 static void
@@ -60,6 +61,8 @@ usage(FILE *out)
 	        "  --tls-ca PATH, --tls-cert PATH, --tls-key PATH, --tls-server-name NAME\n"
 	        "  --lora NAME, --salt SALT   extra keys for cache and lookup\n"
 	        "  --json             print JSON\n"
+	        "  -h, --help         this help (also: kvpoolctl help); nothing is dialed\n"
+	        "  --version          the version and the commit it was built from\n"
 	        "IDS and TOKENS are comma-separated integers; a-b ranges are allowed.\n");
 }
 
@@ -418,11 +421,14 @@ main(int argc, char **argv)
 	o.pool = getenv("KVPOOLCTL_POOL") ? getenv("KVPOOLCTL_POOL") : "default";
 	o.token = getenv("KVPOOL_TOKEN");
 	o.client_name = "kvpoolctl";
-	for (i = 1; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
+	for (i = 1; i < argc && (strncmp(argv[i], "--", 2) == 0 || strcmp(argv[i], "-h") == 0); i++) {
 		const char *a = argv[i];
 #define ARG(name) (strcmp(a, name) == 0 && i + 1 < argc)
-		if (strcmp(a, "--help") == 0) {
+		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
+			return 0;
+		} else if (strcmp(a, "--version") == 0) {
+			printf("kvpoolctl %s (commit %s)\n", KVP_VERSION, KVP_GIT_COMMIT);
 			return 0;
 		} else if (strcmp(a, "--json") == 0) {
 			json = true;
@@ -467,6 +473,10 @@ main(int argc, char **argv)
 		return 2;
 	}
 	const char *cmd = argv[i++];
+	if (strcmp(cmd, "help") == 0) { /* usage, without dialing the daemon */
+		usage(stdout);
+		return 0;
+	}
 	/* Command options after the command name. */
 	int first_arg = i;
 	for (int k = i; k < argc; k++) {
@@ -549,6 +559,8 @@ main(int argc, char **argv)
 		cJSON_AddNumberToObject(j, "max_model_len", in->max_model_len);
 		cJSON_AddNumberToObject(j, "max_ids_per_call", in->max_ids_per_call);
 		cJSON_AddNumberToObject(j, "max_msg_bytes", in->max_msg_bytes);
+		if (in->server_version[0])
+			cJSON_AddStringToObject(j, "server_version", in->server_version);
 		const struct kvp_client_executor *x = &in->executor;
 		if (x->backend[0]) {
 			cJSON *e = cJSON_AddObjectToObject(j, "executor");
@@ -576,6 +588,8 @@ main(int argc, char **argv)
 				       "medium %s, max_model_len %u, %u ids per call\n",
 				       in->pool, in->num_blocks, in->block_size, in->hash_algorithm, fp,
 				       in->medium, in->max_model_len, in->max_ids_per_call);
+			if (strcmp(cmd, "info") == 0 && in->server_version[0])
+				printf("kvpoold %s\n", in->server_version);
 		}
 	} else if (strcmp(cmd, "stats") == 0) {
 		struct kvp_client_stats s;

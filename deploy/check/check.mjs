@@ -54,7 +54,7 @@ for (const p of ["/healthz", "/readyz", "/metrics"])
   check(adminPaths.has(p), `--help documents ${p}`);
 // Every documented setting has its variable, and the other way round.
 for (const s of settings)
-  if (s !== "help")
+  if (s !== "help" && s !== "version")
     check(envVars.has("KVPOOL_" + s.toUpperCase().replaceAll("-", "_")), `--help lists the variable of --${s}`);
 
 function parseConf(text) {
@@ -97,7 +97,7 @@ for (const file of files) {
     confs.set(cm.data[key], { where, env: c.env ?? [] });
     const get = (k) => conf.filter(([n]) => n === k).map(([, v]) => v);
     for (const [name] of conf)
-      check(settings.has(name) && name !== "config" && name !== "help",
+      check(settings.has(name) && name !== "config" && name !== "help" && name !== "version",
             `${where}: setting '${name}' in ${key} is one kvpoold --help documents`);
     for (const e of c.env ?? [])
       if (e.name.startsWith("KVPOOL_"))
