@@ -2,6 +2,7 @@
 #include "common/block_hash.h"
 
 #include <openssl/evp.h>
+#include <stdbool.h>
 #include <openssl/rand.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,6 +251,18 @@ kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
 
 /* ---- extra keys (spec 6.6) ---- */
 
+/* True if s (NULL: none) is longer than KVP_MAX_KEY_LEN; reads at most that far. */
+static bool
+key_too_long(const char *s)
+{
+	if (s == NULL)
+		return false;
+	for (size_t i = 0; i <= KVP_MAX_KEY_LEN; i++)
+		if (s[i] == '\0')
+			return false;
+	return true;
+}
+
 int
 kvp_request_keys_validate(const struct kvp_request_keys *k)
 {
@@ -257,10 +270,12 @@ kvp_request_keys_validate(const struct kvp_request_keys *k)
 		return KVP_OK;
 	if (k->num_mm > 0 && k->mm == NULL)
 		return KVP_EINVAL;
+	if (key_too_long(k->lora_name) || key_too_long(k->cache_salt))
+		return KVP_EINVAL;
 	for (size_t i = 0; i < k->num_mm; i++) {
 		const struct kvp_mm_feature *f = &k->mm[i];
 		if (f->identifier == NULL || f->offset < 0 || f->length < 1 ||
-		    f->length > INT64_MAX - f->offset)
+		    f->length > INT64_MAX - f->offset || key_too_long(f->identifier))
 			return KVP_EINVAL;
 		if (i > 0 && f->offset < k->mm[i - 1].offset)
 			return KVP_EINVAL;

@@ -77,8 +77,18 @@ int kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
 int kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t out[KVP_HASH_LEN]);
 
 /*
+ * The longest LoRA name, cache salt or multimodal identifier, in bytes. Each
+ * enters the hash of every block it covers, so an unbounded one would make
+ * one call hash without bound under its pool's lock. vLLM sets no limit;
+ * its identifiers are content hashes (64 hex characters) and its LoRA names
+ * short, so this one is generous.
+ */
+#define KVP_MAX_KEY_LEN 1024
+
+/*
  * Checks a request's keys: every mm identifier non-NULL, offsets >= 0,
- * lengths >= 1, offsets non-decreasing. KVP_OK or KVP_EINVAL.
+ * lengths >= 1, offsets non-decreasing; the LoRA name, the cache salt and
+ * every identifier at most KVP_MAX_KEY_LEN bytes. KVP_OK or KVP_EINVAL.
  */
 int kvp_request_keys_validate(const struct kvp_request_keys *k);
 

@@ -128,8 +128,10 @@ kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_ke
 {
 	if (kvp_wire_keys_from_proto(k, &out->keys, out->mm, MAX_MM_FEATURES, &out->has_lora_id,
 	                             &out->lora_id) != KVP_OK)
-		return kvpd_fail(c, KVP_EINVAL, "bad request keys (mm features unsorted, or over %d)",
-		            MAX_MM_FEATURES);
+		return kvpd_fail(c, KVP_EINVAL,
+		                 "bad request keys: mm features unsorted or over %d, or a LoRA name, "
+		                 "cache salt or mm identifier over %d bytes",
+		                 MAX_MM_FEATURES, KVP_MAX_KEY_LEN);
 	out->ptr = k ? &out->keys : NULL;
 	return KVP_OK;
 }

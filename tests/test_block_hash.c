@@ -311,10 +311,31 @@ test_block_hash_large_block_crosses_chunk_boundary(void **state)
 	kvp_hasher_destroy(h);
 }
 
+/* Each extra key is at most KVP_MAX_KEY_LEN bytes; one more is refused. */
+static void
+test_block_hash_keys_longer_than_the_limit_are_refused(void **state)
+{
+	static char key[KVP_MAX_KEY_LEN + 2];
+	struct kvp_mm_feature mm = {.identifier = key, .offset = 0, .length = 1};
+	(void)state;
+	for (size_t len = KVP_MAX_KEY_LEN; len <= KVP_MAX_KEY_LEN + 1; len++) {
+		int want = len > KVP_MAX_KEY_LEN ? KVP_EINVAL : KVP_OK;
+		memset(key, 'x', len);
+		key[len] = '\0';
+		struct kvp_request_keys lora = {.lora_name = key};
+		struct kvp_request_keys salt = {.cache_salt = key};
+		struct kvp_request_keys ident = {.mm = &mm, .num_mm = 1};
+		assert_status(kvp_request_keys_validate(&lora), want);
+		assert_status(kvp_request_keys_validate(&salt), want);
+		assert_status(kvp_request_keys_validate(&ident), want);
+	}
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_block_hash_keys_longer_than_the_limit_are_refused),
 		cmocka_unit_test(test_block_hash_h0_none_hash_from_seed),
 		cmocka_unit_test(test_block_hash_random_none_hash_differs_per_hasher),
 		cmocka_unit_test(test_block_hash_h1_h2_chain_and_event_ids),

@@ -422,6 +422,83 @@ test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
 	kvp_client_close(c);
 }
 
+/*
+ * Every extra key is bounded (KVP_MAX_KEY_LEN bytes): a LoRA name, salt or
+ * mm identifier one byte over is refused before anything is hashed. Sent as
+ * raw wire messages, so the daemon's own check is what answers.
+ */
+static void
+test_service_overlong_extra_keys_are_refused(void **state)
+{
+	static uint8_t buf[16384];
+	static char key[KVP_MAX_KEY_LEN + 2];
+	int64_t tokens[16];
+	Kvpool__V1__Reply *r;
+
+	(void)state;
+	for (int i = 0; i < 16; i++)
+		tokens[i] = 40 + i;
+	raw_open();
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	rq.pool = "default";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	r = raw_call(buf, pack_req(&rq, buf));
+	assert_int_equal(r->status, 0);
+	uint64_t sid = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+
+	Kvpool__V1__MmFeature mf = KVPOOL__V1__MM_FEATURE__INIT;
+	Kvpool__V1__MmFeature *mfp = &mf;
+	mf.offset = 0;
+	mf.length = 4;
+	for (int which = 0; which < 3; which++) {
+		for (size_t len = KVP_MAX_KEY_LEN; len <= KVP_MAX_KEY_LEN + 1; len++) {
+			Kvpool__V1__RequestKeys k = KVPOOL__V1__REQUEST_KEYS__INIT;
+			Kvpool__V1__LookupRequest lm = KVPOOL__V1__LOOKUP_REQUEST__INIT;
+			Kvpool__V1__Request q = KVPOOL__V1__REQUEST__INIT;
+			memset(key, 'k', len);
+			key[len] = '\0';
+			if (which == 0)
+				k.lora_name = key;
+			else if (which == 1)
+				k.cache_salt = key;
+			else {
+				mf.identifier = key;
+				k.mm = &mfp;
+				k.n_mm = 1;
+			}
+			lm.token_ids = tokens;
+			lm.n_token_ids = 16;
+			lm.keys = &k;
+			q.pool = "default";
+			q.session_id = sid;
+			q.call_case = KVPOOL__V1__REQUEST__CALL_LOOKUP;
+			q.lookup = &lm;
+			r = raw_call(buf, pack_req(&q, buf));
+			if (len > KVP_MAX_KEY_LEN) {
+				assert_int_equal(r->status, KVP_EINVAL);
+				assert_non_null(strstr(r->detail, "over 1024 bytes"));
+			} else {
+				assert_int_equal(r->status, KVP_OK);
+			}
+			kvpool__v1__reply__free_unpacked(r, NULL);
+		}
+	}
+	Kvpool__V1__GoodbyeRequest gm = KVPOOL__V1__GOODBYE_REQUEST__INIT;
+	Kvpool__V1__Request g = KVPOOL__V1__REQUEST__INIT;
+	g.pool = "default";
+	g.session_id = sid;
+	g.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
+	g.goodbye = &gm;
+	r = raw_call(buf, pack_req(&g, buf));
+	assert_int_equal(r->status, KVP_OK);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	nng_close(raw_sock);
+}
+
 static void
 test_service_retried_call_id_is_applied_once(void **state)
 {
@@ -936,6 +1013,7 @@ main(void)
 		cmocka_unit_test(test_service_ownership_is_per_session),
 		cmocka_unit_test(test_service_bad_calls_get_clear_statuses),
 		cmocka_unit_test(test_service_hostile_bytes_are_answered_and_serving_continues),
+		cmocka_unit_test(test_service_overlong_extra_keys_are_refused),
 		cmocka_unit_test(test_service_retried_call_id_is_applied_once),
 		cmocka_unit_test(test_service_batch_runs_in_order_and_stops_at_failure),
 		cmocka_unit_test(test_service_lease_expiry_releases_blocks),
