@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define DEFAULT_RPC "ipc:///tmp/kvpool.ipc"
 #define DEFAULT_POOL "name=default,blocks=4096,block_size=16"
@@ -334,20 +335,48 @@ takes_arg(const char *name)
 	return true;
 }
 
+#define CONFIG_MAX_BYTES (1u << 20)
+
+/*
+ * A config file is a regular file or a pipe of at most CONFIG_MAX_BYTES; a
+ * line that does not fit the buffer, or holds a NUL byte, is refused whole,
+ * never split (its tail would otherwise be read as a setting of its own).
+ */
 static int
 load_file(struct kvpd_config *c, const char *path, struct state *st, FILE *err)
 {
 	FILE *f = fopen(path, "r");
 	char line[4096];
 	int lineno = 0;
+	size_t total = 0;
+	struct stat sb;
 
 	if (f == NULL) {
 		fprintf(err, "kvpoold: config %s: %s\n", path, strerror(errno));
 		return -1;
 	}
+	if (fstat(fileno(f), &sb) != 0 || !(S_ISREG(sb.st_mode) || S_ISFIFO(sb.st_mode))) {
+		fprintf(err, "kvpoold: config %s: not a regular file\n", path);
+		fclose(f);
+		return -1;
+	}
 	while (fgets(line, sizeof(line), f)) {
 		char *p = line, *eq, *end;
+		size_t len = strlen(line);
 		lineno++;
+		/* fgets stops after a newline, at EOF, or when the buffer is full. */
+		bool whole = (len > 0 && line[len - 1] == '\n') || feof(f);
+		total += len;
+		if (!whole || total > CONFIG_MAX_BYTES) {
+			if (total > CONFIG_MAX_BYTES)
+				fprintf(err, "kvpoold: config %s: larger than %u bytes\n", path,
+				        CONFIG_MAX_BYTES);
+			else
+				fprintf(err, "kvpoold: %s:%d: line longer than %zu bytes, or a NUL byte in it\n",
+				        path, lineno, sizeof(line) - 2);
+			fclose(f);
+			return -1;
+		}
 		while (isspace((unsigned char)*p))
 			p++;
 		if (*p == '#' || *p == '\0')
@@ -546,8 +575,10 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			continue;
 		if (strcmp(settings[i].name, "pool") == 0 || strcmp(settings[i].name, "rpc") == 0) {
 			char list[8192], *save = NULL;
-			if (copy_str(list, sizeof(list), v) != 0)
+			if (copy_str(list, sizeof(list), v) != 0) {
+				fprintf(err, "kvpoold: %s is longer than %zu bytes\n", var, sizeof(list) - 1);
 				return -1;
+			}
 			for (char *t = strtok_r(list, ";", &save); t; t = strtok_r(NULL, ";", &save))
 				if (apply(c, settings[i].name, t, &st, err) != 0)
 					return -1;

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvpoold's configuration: defaults, file, environment and flags, in that order. */
+#define _POSIX_C_SOURCE 200809L
 #include "kvp_test.h"
 
 #include <stdlib.h>
@@ -116,6 +117,63 @@ test_config_bad_settings_are_refused(void **state)
 	assert_int_equal(load(&c, version, NULL), 1); /* printed, whatever else is wrong */
 }
 
+/* Writes text to a fresh temporary file; returns its path (static). */
+static const char *
+conf_file(const char *text)
+{
+	static char path[64];
+	snprintf(path, sizeof(path), "/tmp/kvpool-test-conf-%d", (int)getpid());
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	assert_true(fputs(text, f) >= 0);
+	assert_int_equal(fclose(f), 0);
+	return path;
+}
+
+/*
+ * A line too long for the reader is refused whole: its tail must never be
+ * read as a setting (here one that would open the admin port to all).
+ * Directories and devices are not config files; an over-long variable says so.
+ */
+static void
+test_config_long_lines_devices_and_directories_are_refused(void **state)
+{
+	static char text[12000];
+	static char msg[4096];
+	struct kvpd_config c;
+	(void)state;
+
+	memset(text, 0, sizeof(text));
+	text[0] = '#';
+	memset(text + 1, 'x', 5000);
+	strcat(text, "admin = http://0.0.0.0:9999\n");
+	const char *path = conf_file(text);
+	char *argv[] = {"kvpoold", "--config", (char *)path, NULL};
+	assert_int_equal(load(&c, argv, NULL), -1);
+	/* The same settings on lines of their own are accepted. */
+	path = conf_file("# a comment\nadmin = http://127.0.0.1:9999\n");
+	assert_int_equal(load(&c, argv, NULL), 0);
+	assert_string_equal(c.admin, "http://127.0.0.1:9999");
+	unlink(path);
+
+	char *dir[] = {"kvpoold", "--config", "/tmp", NULL};
+	assert_int_equal(load(&c, dir, NULL), -1);
+	char *dev[] = {"kvpoold", "--config", "/dev/zero", NULL};
+	assert_int_equal(load(&c, dev, NULL), -1);
+
+	/* An over-long KVPOOL_POOL is refused with a message naming it. */
+	static char env[20000];
+	snprintf(env, sizeof(env), "KVPOOL_POOL=");
+	memset(env + strlen(env), 'p', 10000);
+	char *envp[] = {env, NULL};
+	char *plain[] = {"kvpoold", NULL};
+	FILE *err = fmemopen(msg, sizeof(msg), "w");
+	assert_non_null(err);
+	assert_int_equal(kvpd_config_load(&c, 1, plain, envp, sink, err), -1);
+	fclose(err);
+	assert_non_null(strstr(msg, "KVPOOL_POOL is longer than"));
+}
+
 int
 main(void)
 {
@@ -123,6 +181,7 @@ main(void)
 		cmocka_unit_test(test_config_defaults_are_documented_values),
 		cmocka_unit_test(test_config_flags_over_env_over_file),
 		cmocka_unit_test(test_config_bad_settings_are_refused),
+		cmocka_unit_test(test_config_long_lines_devices_and_directories_are_refused),
 	};
 	sink = fopen("/dev/null", "w");
 	int rv = cmocka_run_group_tests(tests, NULL, NULL);
