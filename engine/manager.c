@@ -653,3 +653,9 @@ kvp_mgr_get_stats(const struct kvp_mgr *m, struct kvp_mgr_stats *out)
 {
 	*out = m->stats;
 }
+
+uint32_t
+kvp_mgr_num_groups(const struct kvp_mgr *m)
+{
+	return m->num_groups;
+}

@@ -142,6 +142,9 @@ int kvp_mgr_preempt(struct kvp_mgr *m, uint64_t req_id);
 /* free(request): frees its blocks as preempt does, then forgets it. KVP_ENOTFOUND. */
 int kvp_mgr_free_request(struct kvp_mgr *m, uint64_t req_id);
 
+/* The number of KV cache groups (group ids are 0 .. this - 1). */
+uint32_t kvp_mgr_num_groups(const struct kvp_mgr *m);
+
 /* A request's blocks in group g (valid until the next call), its token count. */
 int kvp_mgr_request_blocks(const struct kvp_mgr *m, uint64_t req_id, uint32_t g,
                            const int32_t **ids, size_t *n);

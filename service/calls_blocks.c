@@ -237,6 +237,9 @@ kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Repl
 	                             &hashes, &nh, &computed))) {
 		return rv;
 	}
+	if (m->group_id >= kvp_mgr_num_groups(c->p->mgr))
+		return kvpd_fail(c, KVP_EINVAL, "group_id %u: pool %s has %u group(s)", m->group_id,
+		                 c->p->cfg.name, kvp_mgr_num_groups(c->p->mgr));
 	struct kvp_cache_args a = {
 		.block_hashes = hashes, .num_block_hashes = nh,
 		.token_ids = m->token_ids, .num_tokens = m->n_token_ids, .first_token = first_token,
@@ -282,6 +285,10 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 		            MAX_GROUPS_PER_LOOKUP);
 	if (bs % hbs != 0 || (size_t)(bs / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(c->p->pool))
 		return kvpd_fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
+	for (size_t i = 0; i < ng; i++)
+		if (groups[i] >= kvp_mgr_num_groups(c->p->mgr))
+			return kvpd_fail(c, KVP_EINVAL, "group_id %u: pool %s has %u group(s)", groups[i],
+			                 c->p->cfg.name, kvp_mgr_num_groups(c->p->mgr));
 	if ((rv = kvpd_parse_keys(c, m->keys, &ck)) ||
 	    (rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
 	                      &nh, &computed)))

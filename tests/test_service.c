@@ -307,6 +307,21 @@ test_service_bad_calls_get_clear_statuses(void **state)
 	                              .num_full_blocks = 1, .hashes = (uint8_t[32]){0},
 	                              .num_hashes = 1};
 	assert_status(kvp_client_cache(c, &ca, NULL), KVP_ENOTOWNER);
+	/* A group the pool does not have: refused, nothing cached under it. */
+	int32_t mine;
+	assert_ok(kvp_client_allocate(c, 1, &mine));
+	struct kvp_client_cache cg = {.block_ids = &mine, .num_block_ids = 1, .num_full_blocks = 1,
+	                              .hashes = (uint8_t[32]){7}, .num_hashes = 1,
+	                              .group_id = UINT32_MAX};
+	assert_status(kvp_client_cache(c, &cg, NULL), KVP_EINVAL);
+	assert_non_null(strstr(kvp_client_last_detail(c), "has 1 group(s)"));
+	cg.group_id = 1;
+	assert_status(kvp_client_cache(c, &cg, NULL), KVP_EINVAL);
+	uint32_t nhit = 0, htok = 0;
+	struct kvp_client_lookup lq = {.hashes = (uint8_t[32]){7}, .num_hashes = 1,
+	                               .group_ids = (uint32_t[]){1}, .num_groups = 1};
+	assert_status(kvp_client_lookup(c, &lq, ids, 128, &nhit, &htok), KVP_EINVAL);
+	assert_ok(kvp_client_free(c, &mine, 1));
 	/* A session that never said Hello. */
 	o.pool = "default";
 	o.session_id = 12345;
