@@ -361,6 +361,23 @@ pack_req(Kvpool__V1__Request *rq, uint8_t *buf)
 	return kvpool__v1__request__pack(rq, buf);
 }
 
+/* Opens a session with a raw Hello on raw_sock; returns its id. */
+static uint64_t
+raw_hello(const char *pool, uint8_t *buf)
+{
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	rq.pool = (char *)pool;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	Kvpool__V1__Reply *r = raw_call(buf, pack_req(&rq, buf));
+	assert_int_equal(r->status, 0);
+	uint64_t sid = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return sid;
+}
+
 static void
 test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
 {
@@ -454,16 +471,7 @@ test_service_overlong_extra_keys_are_refused(void **state)
 	for (int i = 0; i < 16; i++)
 		tokens[i] = 40 + i;
 	raw_open();
-	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
-	h.protocol_version = 1;
-	rq.pool = "default";
-	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
-	rq.hello = &h;
-	r = raw_call(buf, pack_req(&rq, buf));
-	assert_int_equal(r->status, 0);
-	uint64_t sid = r->hello->session_id;
-	kvpool__v1__reply__free_unpacked(r, NULL);
+	uint64_t sid = raw_hello("default", buf);
 
 	Kvpool__V1__MmFeature mf = KVPOOL__V1__MM_FEATURE__INIT;
 	Kvpool__V1__MmFeature *mfp = &mf;
@@ -524,16 +532,7 @@ test_service_retried_call_id_is_applied_once(void **state)
 
 	(void)state;
 	raw_open();
-	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
-	h.protocol_version = 1;
-	rq.pool = "tiny";
-	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
-	rq.hello = &h;
-	r = raw_call(buf, pack_req(&rq, buf));
-	assert_int_equal(r->status, 0);
-	uint64_t sid = r->hello->session_id;
-	kvpool__v1__reply__free_unpacked(r, NULL);
+	uint64_t sid = raw_hello("tiny", buf);
 
 	Kvpool__V1__Request a = KVPOOL__V1__REQUEST__INIT;
 	Kvpool__V1__AllocateRequest am = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
@@ -585,15 +584,7 @@ test_service_batch_runs_in_order_and_stops_at_failure(void **state)
 
 	(void)state;
 	raw_open();
-	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
-	h.protocol_version = 1;
-	rq.pool = "tiny";
-	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
-	rq.hello = &h;
-	r = raw_call(buf, pack_req(&rq, buf));
-	uint64_t sid = r->hello->session_id;
-	kvpool__v1__reply__free_unpacked(r, NULL);
+	uint64_t sid = raw_hello("tiny", buf);
 
 	Kvpool__V1__AllocateRequest al = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
 	Kvpool__V1__StatsRequest stq = KVPOOL__V1__STATS_REQUEST__INIT;
