@@ -792,13 +792,13 @@ test_service_refused_first_allocate_slots_leaves_no_request(void **state)
 	kvp_client_close(c);
 }
 
-/* Runs a kvpoolctl command line; returns its exit code, its stdout in out. */
+/* Runs program with args; returns its exit code, its stdout in out. */
 static int
-run_ctl(const char *args, char *out, size_t cap)
+run_tool(const char *program, const char *args, char *out, size_t cap)
 {
 	char cmd[512];
 	size_t n = 0;
-	snprintf(cmd, sizeof(cmd), "%s %s 2>/dev/null", KVPOOLCTL_PATH, args);
+	snprintf(cmd, sizeof(cmd), "%s %s 2>/dev/null", program, args);
 	FILE *f = popen(cmd, "r");
 	if (f == NULL)
 		return -1;
@@ -818,20 +818,16 @@ test_service_kvpoolctl_version_and_help_do_not_dial(void **state)
 
 	(void)state;
 	snprintf(args, sizeof(args), "%s --version", nowhere);
-	assert_int_equal(run_ctl(args, out, sizeof(out)), 0);
+	assert_int_equal(run_tool(KVPOOLCTL_PATH, args, out, sizeof(out)), 0);
 	assert_string_equal(out, "kvpoolctl " KVP_VERSION " (commit " KVP_GIT_COMMIT ")\n");
 	const char *helps[] = {"help", "-h", "--help"};
 	for (size_t i = 0; i < N_ELEMS(helps); i++) {
 		snprintf(args, sizeof(args), "%s %s", nowhere, helps[i]);
-		assert_int_equal(run_ctl(args, out, sizeof(out)), 0);
+		assert_int_equal(run_tool(KVPOOLCTL_PATH, args, out, sizeof(out)), 0);
 		assert_non_null(strstr(out, "usage: kvpoolctl"));
 	}
 	/* kvpoold says the same version. */
-	FILE *f = popen(KVPOOLD_PATH " --version", "r");
-	assert_non_null(f);
-	size_t n = fread(out, 1, sizeof(out) - 1, f);
-	out[n] = '\0';
-	assert_int_equal(pclose(f), 0);
+	assert_int_equal(run_tool(KVPOOLD_PATH, "--version", out, sizeof(out)), 0);
 	assert_string_equal(out, "kvpoold " KVP_VERSION " (commit " KVP_GIT_COMMIT ")\n");
 }
 
