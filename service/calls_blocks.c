@@ -136,6 +136,16 @@ kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_ke
 	return KVP_OK;
 }
 
+/* A group the pool has: KVP_OK, or INVALID_ARGUMENT naming how many it has. */
+static int
+check_group(struct call *c, uint32_t g)
+{
+	uint32_t n = kvp_mgr_num_groups(c->p->mgr);
+	if (g < n)
+		return KVP_OK;
+	return kvpd_fail(c, KVP_EINVAL, "group_id %u: pool %s has %u group(s)", g, c->p->cfg.name, n);
+}
+
 /*
  * The fine hashes of a call: given (a multiple of 32 bytes) or computed
  * from the request's tokens (from position 0) and keys.
@@ -237,9 +247,8 @@ kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Repl
 	                             &hashes, &nh, &computed))) {
 		return rv;
 	}
-	if (m->group_id >= kvp_mgr_num_groups(c->p->mgr))
-		return kvpd_fail(c, KVP_EINVAL, "group_id %u: pool %s has %u group(s)", m->group_id,
-		                 c->p->cfg.name, kvp_mgr_num_groups(c->p->mgr));
+	if ((rv = check_group(c, m->group_id)))
+		return rv;
 	struct kvp_cache_args a = {
 		.block_hashes = hashes, .num_block_hashes = nh,
 		.token_ids = m->token_ids, .num_tokens = m->n_token_ids, .first_token = first_token,
@@ -286,9 +295,8 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	if (bs % hbs != 0 || (size_t)(bs / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(c->p->pool))
 		return kvpd_fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
 	for (size_t i = 0; i < ng; i++)
-		if (groups[i] >= kvp_mgr_num_groups(c->p->mgr))
-			return kvpd_fail(c, KVP_EINVAL, "group_id %u: pool %s has %u group(s)", groups[i],
-			                 c->p->cfg.name, kvp_mgr_num_groups(c->p->mgr));
+		if ((rv = check_group(c, groups[i])))
+			return rv;
 	if ((rv = kvpd_parse_keys(c, m->keys, &ck)) ||
 	    (rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
 	                      &nh, &computed)))
