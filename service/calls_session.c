@@ -46,12 +46,19 @@ new_session_id(struct kvpd_pool *p)
 	return id;
 }
 
-/* Fills the pool's description (Hello; Heartbeat for a resumed session). */
-static int
-pool_info(struct call *c, Kvpool__V1__PoolInfo *info, Kvpool__V1__GroupInfo *g,
-          Kvpool__V1__GroupInfo **gl)
+/* The pool's description (Hello; Heartbeat for a resumed session), or NULL (status set). */
+static Kvpool__V1__PoolInfo *
+pool_info(struct call *c)
 {
 	struct kvpd_pool *p = c->p;
+	Kvpool__V1__PoolInfo *info = NEW(c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
+	Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
+	Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, sizeof(*gl));
+
+	if (info == NULL || g == NULL || gl == NULL) {
+		kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		return NULL;
+	}
 
 	info->name = p->cfg.name;
 	info->num_blocks = kvp_pool_num_blocks(p->pool);
@@ -76,8 +83,10 @@ pool_info(struct call *c, Kvpool__V1__PoolInfo *info, Kvpool__V1__GroupInfo *g,
 		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);
 		Kvpool__V1__ExecutorInfo *x =
 			NEW(c, Kvpool__V1__ExecutorInfo, kvpool__v1__executor_info__descriptor);
-		if (x == NULL)
-			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		if (x == NULL) {
+			kvpd_fail(c, KVP_ENOMEM, "out of memory");
+			return NULL;
+		}
 		x->backend = (char *)kvp_exec_backend_name(p->exec);
 		x->num_layers = sh->num_layers;
 		x->num_heads = sh->num_heads;
@@ -89,7 +98,7 @@ pool_info(struct call *c, Kvpool__V1__PoolInfo *info, Kvpool__V1__GroupInfo *g,
 		x->memory_bytes = kvp_exec_memory_bytes(p->exec);
 		info->executor = x;
 	}
-	return KVP_OK;
+	return info;
 }
 
 int
@@ -98,11 +107,9 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	uint64_t now_ms = c->now_ms;
 	struct kvpd_pool *p = c->p;
 	Kvpool__V1__HelloReply *r = NEW(c, Kvpool__V1__HelloReply, kvpool__v1__hello_reply__descriptor);
-	Kvpool__V1__PoolInfo *info = NEW(c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
-	Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
-	Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, sizeof(*gl));
+	Kvpool__V1__PoolInfo *info;
 
-	if (r == NULL || info == NULL || g == NULL || gl == NULL)
+	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	if (m->protocol_version != KVP_PROTOCOL_VERSION)
 		return kvpd_fail(c, KVP_EVERSION, "protocol version %u; this daemon speaks %u",
@@ -126,14 +133,14 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 		lease = p->limits.lease_ms;
 	if (lease < 100)
 		lease = 100;
+	/* Everything that can fail before the session exists: a refusal leaves none. */
+	if ((info = pool_info(c)) == NULL)
+		return c->status;
 	struct kvpd_session *s = kvpd_session_create(new_session_id(p), lease, m->client_name, now_ms);
 	if (s == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	p->sessions[p->num_sessions++] = s;
 	p->counters.sessions_opened++;
-
-	if (pool_info(c, info, g, gl) != KVP_OK)
-		return c->status;
 	r->session_id = s->id;
 	r->lease_ms = lease;
 	r->server_version = KVP_VERSION " (commit " KVP_GIT_COMMIT ")";
@@ -203,17 +210,8 @@ kvpd_h_heartbeat(struct call *c, const Kvpool__V1__HeartbeatRequest *m, Kvpool__
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	r->lease_ms = c->sess->lease_ms;
-	if (m != NULL && m->with_pool_info) {
-		Kvpool__V1__PoolInfo *info = NEW(c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
-		Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
-		Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, sizeof(*gl));
-		int rv;
-		if (info == NULL || g == NULL || gl == NULL)
-			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-		if ((rv = pool_info(c, info, g, gl)) != KVP_OK)
-			return rv;
-		r->pool = info;
-	}
+	if (m != NULL && m->with_pool_info && (r->pool = pool_info(c)) == NULL)
+		return c->status;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_HEARTBEAT;
 	out->heartbeat = r;
 	return KVP_OK;
