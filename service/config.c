@@ -4,12 +4,14 @@
 #include "service/config.h"
 #include "common/kvp_version.h"
 #include "gpu/executor.h"
+#include "proto/vllm_wire.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define DEFAULT_RPC "ipc:///tmp/kvpool.ipc"
 #define DEFAULT_POOL "name=default,blocks=4096,block_size=16"
@@ -25,7 +27,8 @@ static const struct setting {
 	{"pool", "SPEC", "a pool to host; repeatable. SPEC is NAME:BLOCKS[:BLOCK_SIZE] or "
 	                 "key=value pairs: name, blocks, block_size (16), max_model_len (8192), "
 	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU; events' "
-	                 "medium without an executor), and the executor's executor, device, layers, "
+	                 "medium without an executor), dp_rank and model (vLLM wire; default the "
+	                 "pool's position and name), and the executor's executor, device, layers, "
 	                 "heads, head_size, dtype, layout, memory (default: the global settings "
 	                 "below). blocks may be left out when a memory budget sizes the pool. "
 	                 "Default " DEFAULT_POOL},
@@ -34,6 +37,23 @@ static const struct setting {
 	{"events", "URL", "PUB endpoint for the pools' event batches (ipc://, tcp://, tls+tcp://), "
 	                  "or 'none'. Default ipc:///tmp/kvpool-events.ipc"},
 	{"replay-batches", "N", "event batches each pool keeps for Replay. Default 10000"},
+	{"vllm-events", "URL", "also publish vLLM's ZMQ event wire (PUB) for llm-d, Dynamo and "
+	                       "vLLM's subscribers, or 'none'. Binds if URL has * or :: or is "
+	                       "ipc://, else connects (to a centralised subscriber). A pool with "
+	                       "dp_rank r > 0 adds r to a tcp port. Default none"},
+	{"vllm-replay", "URL", "ROUTER endpoint serving vLLM-wire replays (always binds; offset "
+	                       "by dp_rank like vllm-events), or 'none'. Default none"},
+	{"vllm-topic", "TEMPLATE", "vLLM-wire topic frame; {pod}, {model}, {pool} and {rank} are "
+	                           "filled in. Default kv@{pod}@{model} (llm-d's form)"},
+	{"vllm-pod", "NAME", "fills {pod} in vllm-topic. Default: the host name"},
+	{"vllm-format", "FORM", "vLLM-wire events as map (vLLM 0.26 on) or array (earlier vLLM, "
+	                        "spec F5). Default map"},
+	{"vllm-hashes", "FORM", "vLLM-wire hashes as int (low 64 bits, vLLM's default) or bytes. "
+	                        "Default int"},
+	{"vllm-replay-topic", "BOOL", "1: replay replies carry the topic frame (vLLM 0.26, "
+	                              "llm-d); 0: they do not (Dynamo's listener). Default 1"},
+	{"vllm-buffer-steps", "N", "vLLM-wire batches each pool keeps for replay. Default 10000"},
+	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages. Default 100000"},
 	{"token-file", "PATH", "auth token for pools without their own (file content, trimmed)"},
 	{"token", "TOKEN", "auth token for pools without their own (prefer token-file)"},
 	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "
@@ -169,6 +189,7 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 
 	memset(&p, 0, sizeof(p));
 	p.exec.device = -1;
+	p.dp_rank = -1;
 	p.block_size = 16;
 	p.max_model_len = 8192;
 	snprintf(p.medium, sizeof(p.medium), "CPU");
@@ -204,6 +225,10 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 				rv = read_token(v, p.token, st->err);
 			else if (strcmp(k, "medium") == 0)
 				rv = copy_str(p.medium, sizeof(p.medium), v);
+			else if (strcmp(k, "dp_rank") == 0)
+				rv = parse_u32(v, 0, 1024, (uint32_t *)&p.dp_rank);
+			else if (strcmp(k, "model") == 0)
+				rv = copy_str(p.model, sizeof(p.model), v);
 			else if (strcmp(k, "executor") == 0)
 				rv = copy_str(p.exec.backend, sizeof(p.exec.backend), v);
 			else if (strcmp(k, "device") == 0)
@@ -251,6 +276,57 @@ bad:
 	return -1;
 }
 
+static int
+parse_bool(const char *v, bool *out)
+{
+	if (v == NULL)
+		return -1;
+	if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0)
+		*out = true;
+	else if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0)
+		*out = false;
+	else
+		return -1;
+	return 0;
+}
+
+static int
+parse_choice(const char *v, const char *no, const char *yes, bool *out)
+{
+	if (v != NULL && strcmp(v, no) == 0)
+		*out = false;
+	else if (v != NULL && strcmp(v, yes) == 0)
+		*out = true;
+	else
+		return -1;
+	return 0;
+}
+
+/* One vllm-* setting (name without the prefix). 0, -1 bad value, -2 unknown. */
+static int
+apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
+{
+	if (strcmp(name, "events") == 0)
+		return copy_str(w->endpoint, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+	if (strcmp(name, "replay") == 0)
+		return copy_str(w->replay, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+	if (strcmp(name, "topic") == 0)
+		return copy_str(w->topic, KVPD_PATH_MAX, v);
+	if (strcmp(name, "pod") == 0)
+		return copy_str(w->pod, KVPD_NAME_MAX, v);
+	if (strcmp(name, "format") == 0)
+		return parse_choice(v, "map", "array", &w->array_form);
+	if (strcmp(name, "hashes") == 0)
+		return parse_choice(v, "int", "bytes", &w->hash_bytes);
+	if (strcmp(name, "replay-topic") == 0)
+		return parse_bool(v, &w->replay_topic);
+	if (strcmp(name, "buffer-steps") == 0)
+		return parse_u32(v, 1, 1u << 24, &w->buffer_steps);
+	if (strcmp(name, "hwm") == 0)
+		return parse_u32(v, 0, 1u << 30, &w->hwm);
+	return -2;
+}
+
 /* Applies one setting. Returns 0, or -1 after printing why. */
 static int
 apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, FILE *err)
@@ -272,6 +348,12 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = copy_str(c->events, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "replay-batches") == 0) {
 		rv = parse_u32(v, 1, 1u << 24, &c->replay_batches);
+	} else if (strncmp(name, "vllm-", 5) == 0) {
+		rv = apply_vllm(&c->vllm, name + 5, v);
+		if (rv == -2) {
+			fprintf(err, "kvpoold: unknown setting '%s' (see --help)\n", name);
+			return -1;
+		}
 	} else if (strcmp(name, "token-file") == 0) {
 		rv = read_token(v, st->global_token, err);
 		st->has_global_token = rv == 0;
@@ -517,6 +599,66 @@ resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, FILE *err)
 	return 0;
 }
 
+/*
+ * The vLLM wire's per-pool rank, endpoints and topic, checked now so a bad
+ * combination fails at start with the setting named, not at bind time.
+ */
+static int
+resolve_vllm(struct kvpd_config *c, FILE *err)
+{
+	struct kvpd_vllm_config *w = &c->vllm;
+	char eps[KVPD_MAX_POOLS][2][KVPD_PATH_MAX];
+
+	if (w->endpoint[0] == '\0') {
+		if (w->replay[0] != '\0') {
+			fprintf(err, "kvpoold: vllm-replay needs vllm-events\n");
+			return -1;
+		}
+		return 0;
+	}
+	if (w->pod[0] == '\0' && gethostname(w->pod, sizeof(w->pod) - 1) != 0)
+		snprintf(w->pod, sizeof(w->pod), "kvpoold");
+	for (size_t i = 0; i < c->num_pools; i++) {
+		struct kvpd_pool_config *p = &c->pools[i];
+		char topic[KVPD_PATH_MAX];
+		if (p->dp_rank < 0)
+			p->dp_rank = (int32_t)i;
+		if (p->model[0] == '\0')
+			memcpy(p->model, p->name, sizeof(p->model));
+		for (int k = 0; k < 2; k++) {
+			const char *ep = k == 0 ? w->endpoint : w->replay;
+			if (ep[0] == '\0') {
+				eps[i][k][0] = '\0';
+				continue;
+			}
+			if (kvp_vllm_offset_endpoint(ep, (uint32_t)p->dp_rank, eps[i][k],
+			                             KVPD_PATH_MAX) != 0) {
+				fprintf(err, "kvpoold: pool %s: %s %s cannot be offset for dp_rank %d "
+				             "(vLLM offsets tcp:// ports and inproc:// names only; give "
+				             "each pool a dp_rank, or use tcp://)\n",
+				        p->name, k == 0 ? "vllm-events" : "vllm-replay", ep, p->dp_rank);
+				return -1;
+			}
+			for (size_t j = 0; j < i; j++)
+				if (strcmp(eps[j][k], eps[i][k]) == 0 &&
+				    (k == 1 || kvp_vllm_binds(eps[i][k]))) {
+					fprintf(err, "kvpoold: pools %s and %s would both bind %s: give them "
+					             "different dp_rank values\n",
+					        c->pools[j].name, p->name, eps[i][k]);
+					return -1;
+				}
+		}
+		if (kvp_vllm_topic(w->topic, w->pod, p->model, p->name, (uint32_t)p->dp_rank, topic,
+		                   sizeof(topic)) != 0) {
+			fprintf(err, "kvpoold: vllm-topic '%s': only {pod}, {model}, {pool} and {rank} "
+			             "can be filled in, and the topic must fit %d bytes\n",
+			        w->topic, KVPD_PATH_MAX - 1);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 int
 kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
 {
@@ -531,6 +673,10 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	snprintf(c->admin, KVPD_PATH_MAX, "http://127.0.0.1:9471");
 	snprintf(c->events, KVPD_PATH_MAX, "ipc:///tmp/kvpool-events.ipc");
 	c->replay_batches = 10000;
+	snprintf(c->vllm.topic, KVPD_PATH_MAX, "kv@{pod}@{model}");
+	c->vllm.replay_topic = true;
+	c->vllm.buffer_steps = 10000;
+	c->vllm.hwm = 100000;
 	c->lease_ms = 30000;
 	c->contexts = 8;
 	c->max_msg_bytes = 8u << 20;
@@ -626,6 +772,8 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	for (size_t i = 0; i < c->num_pools; i++)
 		if (resolve_exec(c, &c->pools[i], err) != 0)
 			return -1;
+	if (resolve_vllm(c, err) != 0)
+		return -1;
 	if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0')) {
 		fprintf(err, "kvpoold: tls-cert and tls-key go together\n");
 		return -1;
@@ -653,16 +801,28 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		char blocks[32];
 		snprintf(blocks, sizeof(blocks), "%u", p->num_blocks);
 		fprintf(out, "pool = name=%s,blocks=%s,block_size=%u,max_model_len=%u,medium=%s,seed=%s,"
-		             "token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
+		             "dp_rank=%d,model=%s,token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
 		             "layout=%s,memory=%s\n",
 		        p->name, p->num_blocks ? blocks : "(from memory)", p->block_size,
 		        p->max_model_len, p->medium, p->has_seed ? p->seed : "(random)",
+		        p->dp_rank < 0 ? (int)i : p->dp_rank, p->model[0] ? p->model : p->name,
 		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,
 		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)");
 	}
 	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");
 	fprintf(out, "events = %s\nreplay-batches = %u\n", c->events[0] ? c->events : "none",
 	        c->replay_batches);
+	if (c->vllm.endpoint[0]) {
+		const struct kvpd_vllm_config *w = &c->vllm;
+		fprintf(out, "vllm-events = %s\nvllm-replay = %s\nvllm-topic = %s\nvllm-pod = %s\n"
+		             "vllm-format = %s\nvllm-hashes = %s\nvllm-replay-topic = %d\n"
+		             "vllm-buffer-steps = %u\nvllm-hwm = %u\n",
+		        w->endpoint, w->replay[0] ? w->replay : "none", w->topic, w->pod,
+		        w->array_form ? "array" : "map", w->hash_bytes ? "bytes" : "int",
+		        w->replay_topic, w->buffer_steps, w->hwm);
+	} else {
+		fprintf(out, "vllm-events = none\n");
+	}
 	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
 	             "max-sessions = %u\ndrain-ms = %u\n",
 	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms);

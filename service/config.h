@@ -52,7 +52,22 @@ struct kvpd_pool_config {
 	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: random */
 	char token[KVPD_TOKEN_MAX]; /* empty: no auth token needed */
 	char medium[16];           /* events' medium without an executor */
+	int32_t dp_rank;           /* vLLM wire: data-parallel rank; -1: the pool's position */
+	char model[KVPD_NAME_MAX]; /* vLLM wire: {model} in the topic; empty: the pool's name */
 	struct kvpd_exec_settings exec;
+};
+
+/* vLLM's ZMQ event wire (service/vllm_pub.c), next to the native stream. */
+struct kvpd_vllm_config {
+	char endpoint[KVPD_PATH_MAX];  /* PUB; empty: off */
+	char replay[KVPD_PATH_MAX];    /* ROUTER; empty: no replay */
+	char topic[KVPD_PATH_MAX];     /* template: {pod} {model} {pool} {rank} */
+	char pod[KVPD_NAME_MAX];       /* {pod}; empty: the host name */
+	bool array_form;               /* events as arrays (vLLM < 0.26), not maps */
+	bool hash_bytes;               /* hashes as bytes, not 64-bit ints */
+	bool replay_topic;             /* replay replies carry the topic frame */
+	uint32_t buffer_steps;         /* batches kept for replay */
+	uint32_t hwm;                  /* send high-water mark */
 };
 
 struct kvpd_config {
@@ -61,6 +76,7 @@ struct kvpd_config {
 	char admin[KVPD_PATH_MAX];  /* http://host:port, or empty: no admin endpoint */
 	char events[KVPD_PATH_MAX]; /* PUB endpoint for event batches, or empty: none */
 	uint32_t replay_batches;    /* batches each pool keeps for Replay */
+	struct kvpd_vllm_config vllm;
 	struct kvpd_pool_config pools[KVPD_MAX_POOLS];
 	size_t num_pools;
 	uint32_t lease_ms;         /* session lease without a call */

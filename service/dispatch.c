@@ -139,8 +139,10 @@ kvpd_pool_publish(struct kvpd_pool *p)
 		return;
 	p->counters.events_emitted += kvp_event_batch_count(&p->events);
 	clock_gettime(CLOCK_REALTIME, &ts);
-	(void)kvpd_stream_emit(&p->stream, p->cfg.name, &p->events,
-	                       (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
+	uint64_t ts_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	(void)kvpd_stream_emit(&p->stream, p->cfg.name, &p->events, ts_ns);
+	if (p->stream.on_events)
+		p->stream.on_events(p->stream.on_events_ctx, &p->events, ts_ns);
 }
 
 void

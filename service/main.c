@@ -21,6 +21,7 @@
 #include "common/kvp_status.h"
 #include "service/server.h"
 #include "service/transport.h"
+#include "service/vllm_pub.h"
 
 static atomic_bool stopping;
 static atomic_bool ready;
@@ -57,6 +58,7 @@ main(int argc, char **argv, char **envp)
 	struct kvpd_server *srv = NULL;
 	struct kvpd_transport *tr = NULL;
 	struct kvpd_admin *admin = NULL;
+	struct kvpd_vllm *vllm = NULL;
 	nng_thread *reaper_thr = NULL;
 	char err[512] = "";
 	sigset_t sigs;
@@ -83,8 +85,15 @@ main(int argc, char **argv, char **envp)
 	for (size_t i = 0; i < kvpd_server_num_pools(srv); i++)
 		printf("kvpoold: pool %s: %s\n", kvpd_server_pool_name(srv, i),
 		       kvpd_server_pool_note(srv, i));
+	/* The vLLM wire first, so it carries the batches of the very first call. */
+	if ((rv = kvpd_vllm_open(srv, &cfg, &vllm, err, sizeof(err))) != KVP_OK) {
+		fprintf(stderr, "kvpoold: %s\n", err);
+		kvpd_server_destroy(srv);
+		return 1;
+	}
 	if ((rv = kvpd_transport_open(srv, &cfg, &tr, err, sizeof(err))) != KVP_OK) {
 		fprintf(stderr, "kvpoold: %s\n", err);
+		kvpd_vllm_close(vllm);
 		kvpd_server_destroy(srv);
 		return 1;
 	}
@@ -92,6 +101,7 @@ main(int argc, char **argv, char **envp)
 	    kvpd_admin_open(srv, cfg.admin, &ready, &admin, err, sizeof(err)) != KVP_OK) {
 		fprintf(stderr, "kvpoold: %s\n", err);
 		kvpd_transport_close(tr, 0);
+		kvpd_vllm_close(vllm);
 		kvpd_server_destroy(srv);
 		return 1;
 	}
@@ -102,6 +112,7 @@ main(int argc, char **argv, char **envp)
 		fprintf(stderr, "kvpoold: cannot start the lease reaper\n");
 		kvpd_admin_close(admin);
 		kvpd_transport_close(tr, 0);
+		kvpd_vllm_close(vllm);
 		kvpd_server_destroy(srv);
 		return 1;
 	}
@@ -111,6 +122,9 @@ main(int argc, char **argv, char **envp)
 		printf(" %s", cfg.rpc[i]);
 	if (admin)
 		printf(", admin %s", cfg.admin);
+	if (vllm)
+		printf(", vLLM events %s%s%s", cfg.vllm.endpoint, cfg.vllm.replay[0] ? " replay " : "",
+		       cfg.vllm.replay);
 	printf("\n");
 	fflush(stdout);
 
@@ -123,6 +137,7 @@ main(int argc, char **argv, char **envp)
 	kvpd_admin_close(admin);
 	atomic_store(&stopping, true);
 	nng_thread_destroy(reaper_thr);
+	kvpd_vllm_close(vllm); /* after the reaper: expiries publish too */
 	char detail[256] = "";
 	rv = kvpd_server_check(srv, detail, sizeof(detail));
 	kvpd_server_destroy(srv);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdio.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -464,6 +465,18 @@ kvpd_server_set_publisher(struct kvpd_server *s, kvpd_publish_fn fn, void *ctx)
 	}
 }
 
+struct kvpd_vllm_counters *
+kvpd_server_set_event_sink(struct kvpd_server *s, size_t i, kvpd_events_fn fn, void *ctx)
+{
+	if (i >= s->num_pools)
+		return NULL;
+	nng_mtx_lock(s->pools[i].lock);
+	s->pools[i].stream.on_events = fn;
+	s->pools[i].stream.on_events_ctx = ctx;
+	nng_mtx_unlock(s->pools[i].lock);
+	return &s->pools[i].stream.vllm;
+}
+
 size_t
 kvpd_server_num_pools(const struct kvpd_server *s)
 {
@@ -486,7 +499,15 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	*out = s->pools[i].counters;
 	out->sessions = (uint32_t)s->pools[i].num_sessions;
 	out->event_batches = s->pools[i].stream.batches;
+	out->vllm_on = s->pools[i].stream.on_events != NULL;
 	nng_mtx_unlock(s->pools[i].lock);
+	const struct kvpd_vllm_counters *v = &s->pools[i].stream.vllm;
+	out->vllm_batches = atomic_load_explicit(&v->batches, memory_order_relaxed);
+	out->vllm_bytes = atomic_load_explicit(&v->bytes, memory_order_relaxed);
+	out->vllm_replays = atomic_load_explicit(&v->replays, memory_order_relaxed);
+	out->vllm_bad_replay_requests =
+		atomic_load_explicit(&v->bad_replay_requests, memory_order_relaxed);
+	out->vllm_send_failures = atomic_load_explicit(&v->send_failures, memory_order_relaxed);
 }
 
 void

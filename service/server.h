@@ -24,6 +24,7 @@
 
 #include "service/calls.h"
 #include "service/config.h"
+#include "service/stream.h"
 
 struct kvpd_server;
 
@@ -44,6 +45,9 @@ struct kvpd_pool_counters {
 	uint64_t latency[KVPD_LATENCY_BUCKETS];            /* handling time, not the network */
 	double latency_sum;
 	uint32_t sessions;                                 /* open now */
+	bool vllm_on;                                      /* a vLLM-wire publisher is attached */
+	uint64_t vllm_batches, vllm_bytes, vllm_replays, vllm_bad_replay_requests,
+		vllm_send_failures;
 };
 
 /* A snapshot of a pool's engine gauges and counters, for /metrics. */
@@ -100,8 +104,15 @@ size_t kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms);
  * Sets the function that sends each pool's event batches (nng PUB in
  * kvpoold; tests may capture them). Call before serving requests.
  */
-#include "service/stream.h"
 void kvpd_server_set_publisher(struct kvpd_server *s, kvpd_publish_fn fn, void *ctx);
+
+/*
+ * Attaches a second consumer of pool i's batches (the vLLM-wire publisher)
+ * and returns the counters it should keep, or NULL if i is out of range.
+ * fn NULL detaches it. Call before serving requests, or to detach after.
+ */
+struct kvpd_vllm_counters *kvpd_server_set_event_sink(struct kvpd_server *s, size_t i,
+                                                      kvpd_events_fn fn, void *ctx);
 
 /* Publishes a tick on every pool's stream (the reaper calls it about once a second). */
 void kvpd_server_tick(struct kvpd_server *s);

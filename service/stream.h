@@ -15,6 +15,18 @@
 
 #include "common/events.h"
 
+/*
+ * A second consumer of every batch (the vLLM-wire publisher): called under
+ * the pool's lock with the engine's events, after the native stream has
+ * them, so both wires carry the same events in the same order.
+ */
+typedef void (*kvpd_events_fn)(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns);
+
+/* The vLLM-wire publisher's counters; written by its threads, read by /metrics. */
+struct kvpd_vllm_counters {
+	_Atomic uint64_t batches, bytes, replays, bad_replay_requests, send_failures;
+};
+
 /* Sends one message: the pool's name, a 0 byte, then an encoded EventBatch. */
 typedef void (*kvpd_publish_fn)(void *ctx, const char *pool, const uint8_t *batch, size_t len);
 
@@ -32,6 +44,9 @@ struct kvpd_stream {
 	uint64_t batches, events, publish_failures;
 	kvpd_publish_fn publish;
 	void *publish_ctx;
+	kvpd_events_fn on_events;  /* NULL: no second wire */
+	void *on_events_ctx;
+	struct kvpd_vllm_counters vllm;
 };
 
 /* KVP_OK or KVP_ENOMEM / KVP_EINVAL (ring_cap 0). */

@@ -174,6 +174,53 @@ test_config_long_lines_devices_and_directories_are_refused(void **state)
 	assert_non_null(strstr(msg, "KVPOOL_POOL is longer than"));
 }
 
+/* The vLLM wire: off by default; ranks, offsets and the topic resolved or refused at start. */
+static void
+test_config_vllm_wire(void **state)
+{
+	struct kvpd_config c;
+	(void)state;
+	char *off[] = {"kvpoold", NULL};
+	assert_int_equal(load(&c, off, NULL), 0);
+	assert_string_equal(c.vllm.endpoint, "");
+	assert_string_equal(c.vllm.topic, "kv@{pod}@{model}");
+	assert_int_equal(c.vllm.buffer_steps, 10000);
+	assert_int_equal(c.vllm.hwm, 100000);
+	assert_true(c.vllm.replay_topic);
+
+	char *two[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay", "tcp://*:5558",
+	               "--pool", "a:10", "--pool", "name=b,blocks=10,model=llama,dp_rank=4",
+	               "--vllm-format", "array", "--vllm-hashes", "bytes", "--vllm-pod", "p0",
+	               NULL};
+	char *env[] = {"KVPOOL_VLLM_REPLAY_TOPIC=off", NULL};
+	assert_int_equal(load(&c, two, env), 0);
+	assert_int_equal(c.pools[0].dp_rank, 0);
+	assert_string_equal(c.pools[0].model, "a");
+	assert_int_equal(c.pools[1].dp_rank, 4);
+	assert_string_equal(c.pools[1].model, "llama");
+	assert_true(c.vllm.array_form);
+	assert_true(c.vllm.hash_bytes);
+	assert_false(c.vllm.replay_topic);
+	assert_string_equal(c.vllm.pod, "p0");
+
+	/* ipc cannot be offset (vLLM refuses too), so a second pool at rank 1 is refused. */
+	char *ipc[] = {"kvpoold", "--vllm-events", "ipc:///tmp/x", "--pool", "a:10", "--pool",
+	               "b:10", NULL};
+	assert_int_equal(load(&c, ipc, NULL), -1);
+	char *same[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--pool", "a:10", "--pool",
+	                "name=b,blocks=10,dp_rank=0", NULL};
+	assert_int_equal(load(&c, same, NULL), -1);
+	char *noev[] = {"kvpoold", "--vllm-replay", "tcp://*:5558", NULL};
+	assert_int_equal(load(&c, noev, NULL), -1);
+	char *topic[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-topic", "kv@{host}",
+	                 NULL};
+	assert_int_equal(load(&c, topic, NULL), -1);
+	char *fmt[] = {"kvpoold", "--vllm-format", "json", NULL};
+	assert_int_equal(load(&c, fmt, NULL), -1);
+	char *unk[] = {"kvpoold", "--vllm-nope", "1", NULL};
+	assert_int_equal(load(&c, unk, NULL), -1);
+}
+
 int
 main(void)
 {
@@ -182,6 +229,7 @@ main(void)
 		cmocka_unit_test(test_config_flags_over_env_over_file),
 		cmocka_unit_test(test_config_bad_settings_are_refused),
 		cmocka_unit_test(test_config_long_lines_devices_and_directories_are_refused),
+		cmocka_unit_test(test_config_vllm_wire),
 	};
 	sink = fopen("/dev/null", "w");
 	int rv = cmocka_run_group_tests(tests, NULL, NULL);
