@@ -2,6 +2,7 @@
 #include "proto/vllm_wire.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -410,4 +411,116 @@ kvp_vllm_topic(const char *tmpl, const char *pod, const char *model, const char 
 	}
 	out[k] = '\0';
 	return KVP_OK;
+}
+
+/* JSON text of one decoded msgpack object; -1 on a failed write. */
+static int
+json_str(struct kvp_vllm_buf *o, const char *s, size_t n)
+{
+	int err = buf_write(o, "\"", 1);
+	for (size_t i = 0; i < n && err == 0; i++) {
+		unsigned char ch = (unsigned char)s[i];
+		char esc[8];
+		if (ch == '"' || ch == '\\') {
+			esc[0] = '\\', esc[1] = (char)ch;
+			err = buf_write(o, esc, 2);
+		} else if (ch < 0x20) {
+			snprintf(esc, sizeof(esc), "\\u%04x", ch);
+			err = buf_write(o, esc, 6);
+		} else {
+			err = buf_write(o, (const char *)&ch, 1);
+		}
+	}
+	return err ? err : buf_write(o, "\"", 1);
+}
+
+static int
+json_obj(struct kvp_vllm_buf *o, const msgpack_object *v)
+{
+	char num[40];
+	int err = 0;
+
+	switch (v->type) {
+	case MSGPACK_OBJECT_NIL:
+		return buf_write(o, "null", 4);
+	case MSGPACK_OBJECT_BOOLEAN:
+		return v->via.boolean ? buf_write(o, "true", 4) : buf_write(o, "false", 5);
+	case MSGPACK_OBJECT_POSITIVE_INTEGER:
+		snprintf(num, sizeof(num), "%llu", (unsigned long long)v->via.u64);
+		return buf_write(o, num, strlen(num));
+	case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+		snprintf(num, sizeof(num), "%lld", (long long)v->via.i64);
+		return buf_write(o, num, strlen(num));
+	case MSGPACK_OBJECT_FLOAT32:
+	case MSGPACK_OBJECT_FLOAT64:
+		if (!isfinite(v->via.f64))
+			return buf_write(o, "null", 4);
+		snprintf(num, sizeof(num), "%.17g", v->via.f64);
+		return buf_write(o, num, strlen(num));
+	case MSGPACK_OBJECT_STR:
+		return json_str(o, v->via.str.ptr, v->via.str.size);
+	case MSGPACK_OBJECT_BIN:
+		err = buf_write(o, "\"", 1);
+		for (uint32_t i = 0; i < v->via.bin.size && err == 0; i++) {
+			snprintf(num, sizeof(num), "%02x", (unsigned char)v->via.bin.ptr[i]);
+			err = buf_write(o, num, 2);
+		}
+		return err ? err : buf_write(o, "\"", 1);
+	case MSGPACK_OBJECT_ARRAY:
+		err = buf_write(o, "[", 1);
+		for (uint32_t i = 0; i < v->via.array.size && err == 0; i++) {
+			if (i > 0)
+				err = buf_write(o, ",", 1);
+			if (err == 0)
+				err = json_obj(o, &v->via.array.ptr[i]);
+		}
+		return err ? err : buf_write(o, "]", 1);
+	case MSGPACK_OBJECT_MAP:
+		err = buf_write(o, "{", 1);
+		for (uint32_t i = 0; i < v->via.map.size && err == 0; i++) {
+			const msgpack_object_kv *kv = &v->via.map.ptr[i];
+			if (i > 0)
+				err = buf_write(o, ",", 1);
+			if (err == 0 && kv->key.type == MSGPACK_OBJECT_STR) {
+				err = json_str(o, kv->key.via.str.ptr, kv->key.via.str.size);
+			} else if (err == 0) {
+				struct kvp_vllm_buf k = {0};
+				err = json_obj(&k, &kv->key);
+				if (err == 0)
+					err = json_str(o, (const char *)k.data, k.len);
+				kvp_vllm_buf_fini(&k);
+			}
+			if (err == 0)
+				err = buf_write(o, ":", 1);
+			if (err == 0)
+				err = json_obj(o, &kv->val);
+		}
+		return err ? err : buf_write(o, "}", 1);
+	default:
+		return buf_write(o, "null", 4);
+	}
+}
+
+int
+kvp_vllm_payload_json(const uint8_t *payload, size_t len, struct kvp_vllm_buf *out)
+{
+	msgpack_unpacked u;
+	size_t off = 0;
+	int rv = KVP_OK;
+
+	if (payload == NULL || out == NULL)
+		return KVP_EINVAL;
+	out->len = 0;
+	msgpack_unpacked_init(&u);
+	msgpack_unpack_return r = msgpack_unpack_next(&u, (const char *)payload, len, &off);
+	if (r == MSGPACK_UNPACK_NOMEM_ERROR)
+		rv = KVP_ENOMEM;
+	else if (r != MSGPACK_UNPACK_SUCCESS || off != len)
+		rv = KVP_EINVAL;
+	else if (json_obj(out, &u.data) != 0 || buf_write(out, "", 1) != 0)
+		rv = KVP_ENOMEM;
+	else
+		out->len--; /* the NUL is not counted */
+	msgpack_unpacked_destroy(&u);
+	return rv;
 }

@@ -78,4 +78,14 @@ int kvp_vllm_offset_endpoint(const char *endpoint, uint32_t rank, char *out, siz
 int kvp_vllm_topic(const char *tmpl, const char *pod, const char *model, const char *pool,
                    uint32_t rank, char *out, size_t cap);
 
+/*
+ * Decodes one msgpack payload (any msgpack, though meant for a KVEventBatch)
+ * into JSON text in out (NUL-terminated; out->len excludes the NUL): maps
+ * become objects (non-string keys as their JSON text), bin a hex string,
+ * integers exact (64-bit hashes keep every digit), NaN and infinities null.
+ * KVP_OK, KVP_EINVAL (not one whole msgpack value, or nested past 32) or
+ * KVP_ENOMEM.
+ */
+int kvp_vllm_payload_json(const uint8_t *payload, size_t len, struct kvp_vllm_buf *out);
+
 #endif /* KVP_VLLM_WIRE_H */

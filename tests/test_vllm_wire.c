@@ -224,6 +224,38 @@ test_topic_template(void **state)
 	                                sizeof(t)), KVP_EINVAL);
 }
 
+static void
+test_payload_as_json(void **state)
+{
+	struct kvp_event_batch b;
+	struct kvp_vllm_buf out = {0}, js = {0};
+	struct kvp_vllm_opts o = {.form = KVP_VLLM_MAP};
+	static const uint8_t extra[] = {0x82, 0x61, 'L', 0x82, 0x63, 'i', 'm', 'g', 0x21};
+
+	(void)state;
+	f5_batch(&b, extra, sizeof(extra));
+	assert_int_equal(kvp_vllm_encode(&b, 1700000000.5, 1, &o, &out), KVP_OK);
+	assert_int_equal(kvp_vllm_payload_json(out.data, out.len, &js), KVP_OK);
+	assert_string_equal((const char *)js.data,
+	    "[1700000000.5,[{\"type\":\"BlockStored\",\"block_hashes\":[2164874634404590027,"
+	    "17270480062156288726],\"parent_block_hash\":null,\"token_ids\":[1,2,3,4,5,6,7,8],"
+	    "\"block_size\":4,\"lora_id\":null,\"medium\":\"GPU\",\"lora_name\":null,"
+	    "\"extra_keys\":[[\"L\",[\"img\",-2]],[\"L\",[\"img\",-2]]],\"group_idx\":0,"
+	    "\"kv_cache_spec_kind\":\"full_attention\"},{\"type\":\"BlockRemoved\","
+	    "\"block_hashes\":[17270480062156288726],\"medium\":\"GPU\",\"group_idx\":0},"
+	    "{\"type\":\"AllBlocksCleared\"}],1]");
+	assert_int_equal(js.len, strlen((const char *)js.data));
+	/* Truncated, or trailing bytes: refused. */
+	assert_int_equal(kvp_vllm_payload_json(out.data, out.len - 1, &js), KVP_EINVAL);
+	assert_int_equal(kvp_vllm_payload_json((const uint8_t *)"\x90\x90", 2, &js), KVP_EINVAL);
+	assert_int_equal(kvp_vllm_payload_json((const uint8_t *)"\xc4\x02\x01\x22", 4, &js),
+	                 KVP_OK);
+	assert_string_equal((const char *)js.data, "\"0122\"");
+	kvp_vllm_buf_fini(&out);
+	kvp_vllm_buf_fini(&js);
+	kvp_event_batch_fini(&b);
+}
+
 int
 main(void)
 {
@@ -235,6 +267,7 @@ main(void)
 		cmocka_unit_test(test_seq_frames),
 		cmocka_unit_test(test_endpoint_rules),
 		cmocka_unit_test(test_topic_template),
+		cmocka_unit_test(test_payload_as_json),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "clients/c/kvpool.h"
 #include "common/kvp_version.h"
 #include "clients/c/subscriber.h"
+#include "clients/c/vllm_watch.h"
 
 static void
 usage(FILE *out)
@@ -49,7 +51,13 @@ usage(FILE *out)
 	        "  copy --blocks SRC --to DST  copy block contents (copy-on-write)\n"
 	        "  events [--follow] [--events-url URL] [--count N]\n"
 	        "                            print events as one JSON object per line (with\n"
-	        "                            pool, epoch, seq); --follow keeps going (Ctrl-C stops)\n\n"
+	        "                            pool, epoch, seq); --follow keeps going (Ctrl-C stops)\n"
+	        "  vllm-events [--vllm-url URL] [--replay-url URL] [--topic PREFIX] [--bind]\n"
+	        "              [--from SEQ] [--follow] [--count N]\n"
+	        "                            follow vLLM's ZMQ event wire (kvpoold --vllm-events,\n"
+	        "                            or vLLM itself): one JSON line per batch {topic, seq,\n"
+	        "                            batch}; gaps repaired through --replay-url. Default\n"
+	        "                            URL tcp://127.0.0.1:5557 [KVPOOL_VLLM_URL]\n\n"
 	        "options (environment in brackets):\n"
 	        "  --url URL          daemon endpoint [KVPOOL_URL] (default ipc:///tmp/kvpool.ipc)\n"
 	        "  --events-url URL   its event stream [KVPOOL_EVENTS_URL] (default ipc:///tmp/kvpool-events.ipc)\n"
@@ -403,6 +411,59 @@ out:
 	return rv;
 }
 
+/* A whole non-negative decimal number, or -1. */
+static int
+parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+	if (s == NULL || s[0] < '0' || s[0] > '9')
+		return -1;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno != 0 || *end != '\0')
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* `vllm-events`: its own options, checked before anything is dialed. */
+static int
+vllm_events(int argc, char **argv, int first, uint32_t timeout_ms)
+{
+	struct kvp_vllm_watch_options w = {
+		.url = getenv("KVPOOL_VLLM_URL") ? getenv("KVPOOL_VLLM_URL") : "tcp://127.0.0.1:5557",
+		.topic = "",
+		.timeout_ms = timeout_ms ? (int)timeout_ms : 5000,
+	};
+	for (int k = first; k < argc; k++) {
+		const char *a = argv[k], *v = k + 1 < argc ? argv[k + 1] : NULL;
+		uint64_t n;
+		if (strcmp(a, "--vllm-url") == 0 && v)
+			w.url = argv[++k];
+		else if (strcmp(a, "--replay-url") == 0 && v)
+			w.replay_url = argv[++k];
+		else if (strcmp(a, "--topic") == 0 && v)
+			w.topic = argv[++k];
+		else if (strcmp(a, "--bind") == 0)
+			w.bind = true;
+		else if (strcmp(a, "--follow") == 0)
+			w.follow = true;
+		else if (strcmp(a, "--from") == 0 && parse_u64(v, &n) == 0)
+			w.from = n, w.has_from = true, k++;
+		else if (strcmp(a, "--count") == 0 && parse_u64(v, &n) == 0 && n <= ULONG_MAX)
+			w.max = (unsigned long)n, k++;
+		else {
+			fprintf(stderr, "kvpoolctl: vllm-events: bad or incomplete option %s\n", a);
+			return 2;
+		}
+	}
+	if (w.has_from && w.replay_url == NULL) {
+		fprintf(stderr, "kvpoolctl: vllm-events: --from needs --replay-url\n");
+		return 2;
+	}
+	return kvp_vllm_watch(&w);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -527,6 +588,8 @@ main(int argc, char **argv)
 
 	if (strcmp(cmd, "events") == 0)
 		return follow_events(&o, events_url, follow, max_events);
+	if (strcmp(cmd, "vllm-events") == 0)
+		return vllm_events(argc, argv, first_arg, o.timeout_ms);
 
 	if ((rv = kvp_client_open(&o, &c)) != KVP_OK) {
 		fprintf(stderr, "kvpoolctl: %s on %s pool %s: %s%s%s\n", kvp_status_name(rv), o.url,
