@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "common/kvp_status.h"
@@ -28,6 +29,7 @@ struct slot {
 
 struct pub {
 	char topic[KVPD_PATH_MAX];
+	char ipc_paths[2][KVPD_PATH_MAX]; /* ipc files we bound, removed at close */
 	size_t topic_len;
 	uint32_t rank;
 	void *pub, *router;
@@ -262,6 +264,8 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 	p->pub = open_socket(v->ctx, ZMQ_PUB, w->hwm, ep, kvp_vllm_binds(ep), err, len);
 	if (p->pub == NULL)
 		return KVP_EINVAL;
+	if (strncmp(ep, "ipc://", 6) == 0)
+		snprintf(p->ipc_paths[0], sizeof(p->ipc_paths[0]), "%s", ep + 6);
 	if (w->replay[0] != '\0') {
 		if (kvp_vllm_offset_endpoint(w->replay, p->rank, ep, sizeof(ep)) != KVP_OK) {
 			snprintf(err, len, "vLLM wire: pool %s: bad replay endpoint", pc->name);
@@ -275,6 +279,8 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 		p->router = open_socket(v->ctx, ZMQ_ROUTER, w->hwm, ep, true, err, len);
 		if (p->router == NULL)
 			return KVP_EINVAL;
+		if (strncmp(ep, "ipc://", 6) == 0)
+			snprintf(p->ipc_paths[1], sizeof(p->ipc_paths[1]), "%s", ep + 6);
 	}
 	return KVP_OK;
 }
@@ -345,6 +351,9 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 			zmq_close(p->pub);
 		if (p->router)
 			zmq_close(p->router);
+		for (int k = 0; k < 2; k++) /* libzmq leaves the socket files behind */
+			if (p->ipc_paths[k][0] != '\0')
+				(void)unlink(p->ipc_paths[k]);
 		if (p->ring)
 			for (uint32_t k = 0; k < p->ring_cap; k++)
 				free(p->ring[k].bytes);

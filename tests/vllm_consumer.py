@@ -8,6 +8,8 @@ per (group, hash), and repairing seq gaps through the replay socket.
 
 Driven by tests/test_vllm_events.c over stdin/stdout, one command a line:
   pause          close the SUB socket (batches published meanwhile are missed)
+  drop           keep the socket but discard what arrives (a connecting PUB
+                 queues for an absent bound SUB, so closing loses nothing there)
   resume         open it again
   expect N       make sure seqs 0..N-1 were applied (replaying what is
                  missing), print every event and the index, then exit
@@ -53,6 +55,7 @@ class Consumer:
         self.events = []
         self.gaps = self.replays = self.batches = 0
         self.sub = None
+        self.dropping = False
         self.open_sub()
         self.rep = self.ctx.socket(zmq.DEALER)
         self.rep.setsockopt(zmq.LINGER, 0)
@@ -142,6 +145,8 @@ class Consumer:
 
     def on_message(self):
         topic, seqb, payload = self.sub.recv_multipart()
+        if self.dropping:
+            return
         if topic != self.a.topic.encode():
             say("error", "topic", topic)
         seq = int.from_bytes(seqb, "big")
@@ -187,9 +192,15 @@ class Consumer:
                     poller.unregister(self.sub)
                     self.sub.close()
                     say("paused")
+                elif words[0] == "drop":
+                    self.dropping = True
+                    say("dropping")
                 elif words[0] == "resume":
-                    self.open_sub()
-                    poller.register(self.sub, zmq.POLLIN)
+                    if self.dropping:
+                        self.dropping = False
+                    else:
+                        self.open_sub()
+                        poller.register(self.sub, zmq.POLLIN)
                     say("resumed")
                 elif words[0] == "expect":
                     self.finish(int(words[1]))
