@@ -256,9 +256,36 @@ test_payload_as_json(void **state)
 	kvp_event_batch_fini(&b);
 }
 
-int
-main(void)
+/* --dump: F5 with extra keys ("L", ("img", -2)), each form, for tests/vllm_golden.py. */
+static int
+dump(void)
 {
+	static const uint8_t extra[] = {0x82, 0x61, 'L', 0x82, 0x63, 'i', 'm', 'g', 0x21};
+	struct kvp_event_batch b;
+	struct kvp_vllm_buf out = {0};
+	const char *names[] = {"map-int", "map-bytes", "array-int", "array-bytes"};
+
+	f5_batch(&b, extra, sizeof(extra));
+	for (int k = 0; k < 4; k++) {
+		struct kvp_vllm_opts o = {.form = k < 2 ? KVP_VLLM_MAP : KVP_VLLM_ARRAY,
+		                          .hash_bytes = k % 2 == 1};
+		if (kvp_vllm_encode(&b, 1700000000.5, 1, &o, &out) != KVP_OK)
+			return 1;
+		printf("%s ", names[k]);
+		for (size_t i = 0; i < out.len; i++)
+			printf("%02x", out.data[i]);
+		printf("\n");
+	}
+	kvp_vllm_buf_fini(&out);
+	kvp_event_batch_fini(&b);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	if (argc == 2 && strcmp(argv[1], "--dump") == 0)
+		return dump();
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_f5_array_form_int_hashes_is_byte_exact),
 		cmocka_unit_test(test_f5_array_form_bytes_hashes_is_byte_exact),
