@@ -3,7 +3,7 @@
 //   - every setting in a ConfigMap's kvpoold.conf, and every KVPOOL_* variable
 //     a container sets, is one `kvpoold --help` documents;
 //   - container ports equal the ports of the rpc/events/admin URLs in the
-//     configuration; Services, probes, the NetworkPolicy and the
+//     configuration, and of the vLLM wire's per-pool PUB and replay sockets; Services, probes, the NetworkPolicy and the
 //     ServiceMonitor use those ports, and the probe and metrics paths are the
 //     ones --help names; the grace period covers drain-ms;
 //   - the Dockerfiles build with the README's command, run as non-root, expose
@@ -68,6 +68,19 @@ function parseConf(text) {
   return out;
 }
 const portOf = (url) => Number(url.match(/:(\d+)\/?$/)?.[1]);
+// The vLLM-wire ports a configuration binds, by container port name.
+function vllmPorts(conf) {
+  const get = (k) => conf.find(([n]) => n === k)?.[1];
+  const out = {};
+  if (!get("vllm-events") || get("vllm-events") === "none") return out;
+  conf.filter(([n]) => n === "pool").forEach(([, spec], i) => {
+    const rank = Number(spec.match(/dp_rank=(\d+)/)?.[1] ?? i);
+    out[`vllm-pub-${i}`] = portOf(get("vllm-events")) + rank;
+    if (get("vllm-replay") && get("vllm-replay") !== "none")
+      out[`vllm-rep-${i}`] = portOf(get("vllm-replay")) + rank;
+  });
+  return out;
+}
 // The volume mount a file path lives in: the longest mount path containing it.
 const mountOf = (c, path) =>
   c.volumeMounts.filter((m) => path.startsWith(m.mountPath + "/"))
@@ -93,7 +106,12 @@ for (const file of files) {
     const key = confPath.slice((mount?.mountPath ?? "").length + 1);
     check(cm && cm.data?.[key], `${where}: ${confPath} comes from a ConfigMap in the render`);
     if (!cm?.data?.[key]) continue;
+    // Settings from the container's KVPOOL_* values override the file's (a component may set them).
     const conf = parseConf(cm.data[key]);
+    const fromEnv = (c.env ?? []).filter((e) => e.value !== undefined && e.name.startsWith("KVPOOL_") &&
+                                               e.name !== "KVPOOL_TOKEN_FILE")
+      .map((e) => [e.name.slice(7).toLowerCase().replaceAll("_", "-"), e.value]);
+    const effective = [...conf.filter(([n]) => !fromEnv.some(([m]) => m === n)), ...fromEnv];
     confs.set(cm.data[key], { where, env: c.env ?? [] });
     const get = (k) => conf.filter(([n]) => n === k).map(([, v]) => v);
     for (const [name] of conf)
@@ -111,6 +129,11 @@ for (const file of files) {
     // Ports: the URLs in the configuration and the container's named ports.
     const want = { rpc: portOf(get("rpc")[0] ?? ""), events: portOf(get("events")[0] ?? ""),
                    admin: portOf(get("admin")[0] ?? "") };
+    // vLLM wire: pool i on vllm-events' port + its dp_rank (default i), replay likewise.
+    const vllm = vllmPorts(effective);
+    Object.assign(want, vllm);
+    check(Object.keys(vllm).length === 0 || (c.env ?? []).some((e) => e.name === "KVPOOL_VLLM_POD"),
+          `${where}: the vLLM wire's {pod} comes from the pod (KVPOOL_VLLM_POD)`);
     for (const [name, port] of Object.entries(want)) {
       const cp = c.ports.find((p) => p.name === name);
       check(port && cp?.containerPort === port, `${where}: container port ${name} = ${port} (from ${key})`);
@@ -139,8 +162,10 @@ for (const file of files) {
         check(c.ports.some((cp) => cp.name === p.targetPort) && want[p.targetPort] === p.port,
               `${where}: Service ${svc.metadata.name} port ${p.name} -> ${p.targetPort}`);
       if (svc.spec.clusterIP === "None")
-        check(sts.spec.serviceName === svc.metadata.name && svc.spec.ports.length === 3,
-              `${where}: the StatefulSet's headless Service exposes rpc, events and admin`);
+        check(sts.spec.serviceName === svc.metadata.name &&
+              svc.spec.ports.length === Object.keys(want).length,
+              `${where}: the StatefulSet's headless Service exposes rpc, events, admin` +
+              ` and the vLLM-wire ports`);
     }
     for (const np of byKind("NetworkPolicy")) {
       const ports = new Set(np.spec.ingress.flatMap((r) => r.ports.map((p) => p.port)));
@@ -195,7 +220,9 @@ for (const [text, { where, env }] of confs) {
   const conf = parseConf(text);
   const val = (k) => conf.find(([n]) => n === k)?.[1];
   const childEnv = { ...process.env };
-  for (const e of env) childEnv[e.name] = e.name === "KVPOOL_TOKEN_FILE" ? tokenFile : e.value;
+  for (const e of env)
+    if (e.value !== undefined || e.name === "KVPOOL_TOKEN_FILE")
+      childEnv[e.name] = e.name === "KVPOOL_TOKEN_FILE" ? tokenFile : e.value;
   const child = spawn(kvpoold, ["--config", confFile], { env: childEnv, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
   child.stdout.on("data", (d) => (out += d));
@@ -245,6 +272,15 @@ for (const [text, { where, env }] of confs) {
     s.on("error", () => r(false));
   });
   check(evOpen, `${where}: the event stream listens on ${events}`);
+  const effective = [...conf, ...env.filter((e) => e.value !== undefined && e.name.startsWith("KVPOOL_VLLM_"))
+    .map((e) => [e.name.slice(7).toLowerCase().replaceAll("_", "-"), e.value])];
+  for (const [name, port] of Object.entries(vllmPorts(effective))) {
+    const open = await new Promise((r) => {
+      const s = connect(port, "127.0.0.1", () => { s.destroy(); r(true); });
+      s.on("error", () => r(false));
+    });
+    check(open, `${where}: the vLLM wire's ${name} listens on ${port}`);
+  }
   child.kill("SIGTERM");
   const t0 = Date.now();
   const code = await Promise.race([exited, sleep(Number(val("drain-ms") ?? 5000) + 5000).then(() => "hung")]);

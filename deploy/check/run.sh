@@ -23,7 +23,7 @@ $kubectl version --client
 $helm version --short
 
 echo "== render"
-for o in base overlays/cpu overlays/gpu; do
+for o in base overlays/cpu overlays/gpu overlays/vllm-events; do
 	$kubectl kustomize "../k8s/$o" > "out/kustomize-$(echo "$o" | tr / -).yaml"
 done
 $helm lint --strict ../helm/kvpool
@@ -32,8 +32,12 @@ $helm template kvpool ../helm/kvpool -n inference > out/helm-default.yaml
 $helm template kvpool ../helm/kvpool -n inference -f ../helm/kvpool/values-gpu.yaml > out/helm-gpu.yaml
 $helm template kvpool ../helm/kvpool -n inference \
 	--set tls.enabled=true,tls.existingSecret=kvpool-tls,tls.requireClientCert=true > out/helm-tls.yaml
+$helm template kvpool ../helm/kvpool -n inference --set vllmEvents.enabled=true \
+	--set 'pools[0].name=default,pools[0].blocks=8192,pools[0].model=meta-llama/Llama-3.1-8B' \
+	--set 'pools[1].name=second,pools[1].blocks=1024,pools[1].dpRank=4' > out/helm-vllm.yaml
 # What the chart must refuse.
-for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name; do
+for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name \
+	vllmEvents.format=json vllmEvents.port=0; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1

@@ -45,7 +45,21 @@ admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- if and (not .blocks) (not $memory) }}
 {{- fail (printf "pool %s: give blocks, or executor.memory (gpu.memory with gpu.enabled)" .name) }}
 {{- end }}
-pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }},block_size={{ int64 (.blockSize | default 16) }}
+pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }},block_size={{ int64 (.blockSize | default 16) }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}
+{{- end }}
+{{- with .Values.vllmEvents }}
+{{- if .enabled }}
+vllm-events = tcp://*:{{ int64 .port }}
+{{- if .replayPort }}
+vllm-replay = tcp://*:{{ int64 .replayPort }}
+{{- end }}
+vllm-topic = {{ .topic }}
+vllm-format = {{ .format }}
+vllm-hashes = {{ .hashes }}
+vllm-replay-topic = {{ ternary 1 0 .replayTopic }}
+vllm-buffer-steps = {{ int64 .bufferSteps }}
+vllm-hwm = {{ int64 .hwm }}
+{{- end }}
 {{- end }}
 executor = {{ ternary "cuda" .Values.executor.backend .Values.gpu.enabled }}
 device = {{ int64 .Values.executor.device }}
@@ -68,6 +82,21 @@ tls-cert = /etc/kvpool/tls/tls.crt
 tls-key = /etc/kvpool/tls/tls.key
 {{- if .Values.tls.requireClientCert }}
 tls-ca = /etc/kvpool/tls/ca.crt
+{{- end }}
+{{- end }}
+{{- end -}}
+
+
+{{/* vLLM-wire ports, one pair per pool: "NAME PORT" lines (pool i at port + its dp rank). */}}
+{{- define "kvpool.vllmPorts" -}}
+{{- if .Values.vllmEvents.enabled }}
+{{- $v := .Values.vllmEvents }}
+{{- range $i, $p := .Values.pools }}
+{{- $rank := ternary (int64 $p.dpRank) (int64 $i) (hasKey $p "dpRank") }}
+vllm-pub-{{ $i }} {{ add $v.port $rank }}
+{{- if $v.replayPort }}
+vllm-rep-{{ $i }} {{ add $v.replayPort $rank }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end -}}
