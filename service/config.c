@@ -639,11 +639,15 @@ resolve_vllm(struct kvpd_config *c, FILE *err)
 				        p->name, k == 0 ? "vllm-events" : "vllm-replay", ep, p->dp_rank);
 				return -1;
 			}
-			for (size_t j = 0; j < i; j++)
-				if (strcmp(eps[j][k], eps[i][k]) == 0 &&
-				    (k == 1 || kvp_vllm_binds(eps[i][k]))) {
+			/* Any earlier pool's socket of either kind, and this pool's PUB. */
+			for (size_t j = 0; j <= i; j++)
+				for (int kj = 0; kj < 2; kj++) {
+					if ((j == i && kj >= k) || strcmp(eps[j][kj], eps[i][k]) != 0 ||
+					    (kj == 0 && k == 0 && !kvp_vllm_binds(eps[i][k])))
+						continue;
 					fprintf(err, "kvpoold: pools %s and %s would both bind %s: give them "
-					             "different dp_rank values\n",
+					             "different dp_rank values, or vllm-events and vllm-replay "
+					             "ports further apart\n",
 					        c->pools[j].name, p->name, eps[i][k]);
 					return -1;
 				}

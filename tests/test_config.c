@@ -210,6 +210,10 @@ test_config_vllm_wire(void **state)
 	char *same[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--pool", "a:10", "--pool",
 	                "name=b,blocks=10,dp_rank=0", NULL};
 	assert_int_equal(load(&c, same, NULL), -1);
+	/* vLLM's own clash: rank 1's PUB port is rank 0's replay port. */
+	char *clash[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay",
+	                 "tcp://*:5558", "--pool", "a:10", "--pool", "b:10", NULL};
+	assert_int_equal(load(&c, clash, NULL), -1);
 	char *noev[] = {"kvpoold", "--vllm-replay", "tcp://*:5558", NULL};
 	assert_int_equal(load(&c, noev, NULL), -1);
 	char *topic[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-topic", "kv@{host}",
