@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "bench_events.h"
 #include "bench_util.h"
 #include <unistd.h>
 
@@ -116,15 +117,7 @@ sub_open(struct subscriber *s)
 
 /* ---- the load: Batches that evict 64 cached blocks and cache 64 new ones ---- */
 
-struct load {
-	struct kvp_client *c;
-	struct kvp_batch *b;
-	uint64_t counter;
-	int32_t held[64];
-	int have;
-};
-
-static int
+int
 load_step(struct load *l)
 {
 	uint8_t h[64 * 32];
@@ -454,6 +447,9 @@ main(int argc, char **argv)
 	snprintf(raw_urls[0], 128, "ipc:///tmp/kvpool-bev-raw-%d.ipc", pid);
 	snprintf(raw_urls[1], 128, "tcp://127.0.0.1:%d", 42000 + pid % 20000);
 
+	/* The vLLM wire's daemons too: fork+exec before the first nng call. */
+	struct vllm_bench vb;
+	vllm_bench_start(&vb, daemon, pid);
 	/* fork+exec both daemons before the first nng call: nng is not fork-safe. */
 	pid_t daemons[2];
 	char rpc_urls[2][128];
@@ -497,6 +493,7 @@ main(int argc, char **argv)
 	       "(from the start of the Batch call to the batch delivered)\n", p50, p99);
 	printf("Snapshot of the 100,000-block pool: %zu entries in %.1f ms; Replay of %llu batches "
 	       "in %.1f ms\n", entries, snap_ms, (unsigned long long)replayed, replay_ms);
+	failed |= vllm_bench_run(&vb, seconds);
 	for (int t = 0; t < 2; t++) {
 		kill(daemons[t], SIGTERM);
 		int status = 0;
