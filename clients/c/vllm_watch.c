@@ -50,6 +50,30 @@ print_batch(struct watch *w, const char *topic, size_t topic_len, uint64_t seq,
 	w->have_last = true;
 }
 
+/*
+ * Receives one whole multipart message: its first cap frames into f (the
+ * caller closes them), the rest dropped. Returns how many frames were kept.
+ */
+static int
+recv_frames(void *sock, zmq_msg_t *f, int cap)
+{
+	int nf = 0, more = 1;
+	while (more) {
+		zmq_msg_t m;
+		zmq_msg_init(&m);
+		if (zmq_msg_recv(&m, sock, 0) < 0) {
+			zmq_msg_close(&m);
+			break;
+		}
+		more = zmq_msg_more(&m);
+		if (nf < cap)
+			f[nf++] = m;
+		else
+			zmq_msg_close(&m);
+	}
+	return nf;
+}
+
 /* Asks the replay socket for every batch from `from` on; prints those not yet seen. */
 static void
 replay_from(struct watch *w, uint64_t from)
@@ -63,25 +87,13 @@ replay_from(struct watch *w, uint64_t from)
 	}
 	for (;;) {
 		zmq_msg_t f[4];
-		int nf = 0, more = 1;
+		int nf;
 		zmq_pollitem_t it = {.socket = w->replay, .events = ZMQ_POLLIN};
 		if (zmq_poll(&it, 1, w->o->timeout_ms) <= 0) {
 			fprintf(stderr, "kvpoolctl: replay: no answer within %d ms\n", w->o->timeout_ms);
 			return;
 		}
-		while (more) {
-			zmq_msg_t m;
-			zmq_msg_init(&m);
-			if (zmq_msg_recv(&m, w->replay, 0) < 0) {
-				zmq_msg_close(&m);
-				break;
-			}
-			more = zmq_msg_more(&m);
-			if (nf < 4)
-				f[nf++] = m;
-			else
-				zmq_msg_close(&m);
-		}
+		nf = recv_frames(w->replay, f, 4);
 		/* ["", [topic,] seq, payload] */
 		bool done = true;
 		if (nf >= 3 && zmq_msg_size(&f[nf - 2]) == 8) {
@@ -149,20 +161,7 @@ kvp_vllm_watch(const struct kvp_vllm_watch_options *o)
 		}
 		idle_ms = 0;
 		zmq_msg_t f[3];
-		int nf = 0, more = 1;
-		while (more) {
-			zmq_msg_t m;
-			zmq_msg_init(&m);
-			if (zmq_msg_recv(&m, sub, 0) < 0) {
-				zmq_msg_close(&m);
-				break;
-			}
-			more = zmq_msg_more(&m);
-			if (nf < 3)
-				f[nf++] = m;
-			else
-				zmq_msg_close(&m);
-		}
+		int nf = recv_frames(sub, f, 3);
 		if (nf == 3 && zmq_msg_size(&f[1]) == 8) {
 			uint64_t seq = kvp_vllm_seq_get(zmq_msg_data(&f[1]));
 			if (w.have_last && seq > w.last + 1) {
@@ -184,6 +183,9 @@ kvp_vllm_watch(const struct kvp_vllm_watch_options *o)
 		for (int i = 0; i < nf; i++)
 			zmq_msg_close(&f[i]);
 	}
+	if (w.printed == 0 && !interrupted)
+		fprintf(stderr, "kvpoolctl: no batch from %s within 2 s (is kvpoold running with "
+		                "--vllm-events there, and has a call produced events?)\n", o->url);
 	if (w.replayed)
 		fprintf(stderr, "kvpoolctl: %llu batch(es) came from replay\n",
 		        (unsigned long long)w.replayed);
