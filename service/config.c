@@ -2,9 +2,9 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "service/config.h"
+#include "service/config_impl.h"
 #include "common/kvp_version.h"
 #include "gpu/executor.h"
-#include "proto/vllm_wire.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -125,8 +125,8 @@ kvpd_config_usage(FILE *out)
 	fprintf(out, "\n");
 }
 
-static int
-parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out)
+int
+kvpd_cfg_parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out)
 {
 	char *end;
 	unsigned long long x;
@@ -141,8 +141,8 @@ parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out)
 	return 0;
 }
 
-static int
-copy_str(char *dst, size_t cap, const char *v)
+int
+kvpd_cfg_copy_str(char *dst, size_t cap, const char *v)
 {
 	if (v == NULL || strlen(v) >= cap)
 		return -1;
@@ -193,15 +193,15 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 	p.block_size = 16;
 	p.max_model_len = 8192;
 	snprintf(p.medium, sizeof(p.medium), "CPU");
-	if (copy_str(buf, sizeof(buf), spec) != 0)
+	if (kvpd_cfg_copy_str(buf, sizeof(buf), spec) != 0)
 		goto bad;
 	if (strchr(buf, '=') == NULL) {
 		char *name = strtok_r(buf, ":", &save), *blocks = strtok_r(NULL, ":", &save);
 		char *bs = strtok_r(NULL, ":", &save);
 		if (name == NULL || blocks == NULL || strtok_r(NULL, ":", &save) != NULL ||
-		    copy_str(p.name, sizeof(p.name), name) != 0 ||
-		    parse_u32(blocks, 1, (1u << 30), &p.num_blocks) != 0 ||
-		    (bs && parse_u32(bs, 1, 1u << 16, &p.block_size) != 0))
+		    kvpd_cfg_copy_str(p.name, sizeof(p.name), name) != 0 ||
+		    kvpd_cfg_parse_u32(blocks, 1, (1u << 30), &p.num_blocks) != 0 ||
+		    (bs && kvpd_cfg_parse_u32(bs, 1, 1u << 16, &p.block_size) != 0))
 			goto bad;
 	} else {
 		for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -212,39 +212,39 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 			const char *k = tok, *v = eq + 1;
 			int rv = 0;
 			if (strcmp(k, "name") == 0)
-				rv = copy_str(p.name, sizeof(p.name), v);
+				rv = kvpd_cfg_copy_str(p.name, sizeof(p.name), v);
 			else if (strcmp(k, "blocks") == 0)
-				rv = parse_u32(v, 1, 1u << 30, &p.num_blocks);
+				rv = kvpd_cfg_parse_u32(v, 1, 1u << 30, &p.num_blocks);
 			else if (strcmp(k, "block_size") == 0)
-				rv = parse_u32(v, 1, 1u << 16, &p.block_size);
+				rv = kvpd_cfg_parse_u32(v, 1, 1u << 16, &p.block_size);
 			else if (strcmp(k, "max_model_len") == 0)
-				rv = parse_u32(v, 1, 1u << 24, &p.max_model_len);
+				rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &p.max_model_len);
 			else if (strcmp(k, "seed") == 0)
-				rv = copy_str(p.seed, sizeof(p.seed), v), p.has_seed = true;
+				rv = kvpd_cfg_copy_str(p.seed, sizeof(p.seed), v), p.has_seed = true;
 			else if (strcmp(k, "token_file") == 0)
 				rv = read_token(v, p.token, st->err);
 			else if (strcmp(k, "medium") == 0)
-				rv = copy_str(p.medium, sizeof(p.medium), v);
+				rv = kvpd_cfg_copy_str(p.medium, sizeof(p.medium), v);
 			else if (strcmp(k, "dp_rank") == 0)
-				rv = parse_u32(v, 0, 1024, (uint32_t *)&p.dp_rank);
+				rv = kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p.dp_rank);
 			else if (strcmp(k, "model") == 0)
-				rv = copy_str(p.model, sizeof(p.model), v);
+				rv = kvpd_cfg_copy_str(p.model, sizeof(p.model), v);
 			else if (strcmp(k, "executor") == 0)
-				rv = copy_str(p.exec.backend, sizeof(p.exec.backend), v);
+				rv = kvpd_cfg_copy_str(p.exec.backend, sizeof(p.exec.backend), v);
 			else if (strcmp(k, "device") == 0)
-				rv = parse_u32(v, 0, 1024, (uint32_t *)&p.exec.device);
+				rv = kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p.exec.device);
 			else if (strcmp(k, "layers") == 0)
-				rv = parse_u32(v, 1, KVP_KV_MAX_LAYERS, &p.exec.layers);
+				rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &p.exec.layers);
 			else if (strcmp(k, "heads") == 0)
-				rv = parse_u32(v, 1, KVP_KV_MAX_HEADS, &p.exec.heads);
+				rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &p.exec.heads);
 			else if (strcmp(k, "head_size") == 0)
-				rv = parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &p.exec.head_size);
+				rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &p.exec.head_size);
 			else if (strcmp(k, "dtype") == 0)
-				rv = copy_str(p.exec.dtype, sizeof(p.exec.dtype), v);
+				rv = kvpd_cfg_copy_str(p.exec.dtype, sizeof(p.exec.dtype), v);
 			else if (strcmp(k, "layout") == 0)
-				rv = copy_str(p.exec.layout, sizeof(p.exec.layout), v);
+				rv = kvpd_cfg_copy_str(p.exec.layout, sizeof(p.exec.layout), v);
 			else if (strcmp(k, "memory") == 0)
-				rv = copy_str(p.exec.memory, sizeof(p.exec.memory), v);
+				rv = kvpd_cfg_copy_str(p.exec.memory, sizeof(p.exec.memory), v);
 			else
 				goto bad;
 			if (rv != 0)
@@ -276,57 +276,6 @@ bad:
 	return -1;
 }
 
-static int
-parse_bool(const char *v, bool *out)
-{
-	if (v == NULL)
-		return -1;
-	if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0)
-		*out = true;
-	else if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0)
-		*out = false;
-	else
-		return -1;
-	return 0;
-}
-
-static int
-parse_choice(const char *v, const char *no, const char *yes, bool *out)
-{
-	if (v != NULL && strcmp(v, no) == 0)
-		*out = false;
-	else if (v != NULL && strcmp(v, yes) == 0)
-		*out = true;
-	else
-		return -1;
-	return 0;
-}
-
-/* One vllm-* setting (name without the prefix). 0, -1 bad value, -2 unknown. */
-static int
-apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
-{
-	if (strcmp(name, "events") == 0)
-		return copy_str(w->endpoint, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
-	if (strcmp(name, "replay") == 0)
-		return copy_str(w->replay, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
-	if (strcmp(name, "topic") == 0)
-		return copy_str(w->topic, KVPD_PATH_MAX, v);
-	if (strcmp(name, "pod") == 0)
-		return copy_str(w->pod, KVPD_NAME_MAX, v);
-	if (strcmp(name, "format") == 0)
-		return parse_choice(v, "map", "array", &w->array_form);
-	if (strcmp(name, "hashes") == 0)
-		return parse_choice(v, "int", "bytes", &w->hash_bytes);
-	if (strcmp(name, "replay-topic") == 0)
-		return parse_bool(v, &w->replay_topic);
-	if (strcmp(name, "buffer-steps") == 0)
-		return parse_u32(v, 1, 1u << 24, &w->buffer_steps);
-	if (strcmp(name, "hwm") == 0)
-		return parse_u32(v, 0, 1u << 30, &w->hwm);
-	return -2;
-}
-
 /* Applies one setting. Returns 0, or -1 after printing why. */
 static int
 apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, FILE *err)
@@ -339,17 +288,17 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 			st->rpc_replaced = true;
 		}
 		if (c->num_rpc < KVPD_MAX_URLS)
-			rv = copy_str(c->rpc[c->num_rpc++], KVPD_PATH_MAX, v);
+			rv = kvpd_cfg_copy_str(c->rpc[c->num_rpc++], KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "pool") == 0) {
 		return parse_pool(c, v, st);
 	} else if (strcmp(name, "admin") == 0) {
-		rv = copy_str(c->admin, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+		rv = kvpd_cfg_copy_str(c->admin, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "events") == 0) {
-		rv = copy_str(c->events, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+		rv = kvpd_cfg_copy_str(c->events, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "replay-batches") == 0) {
-		rv = parse_u32(v, 1, 1u << 24, &c->replay_batches);
+		rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &c->replay_batches);
 	} else if (strncmp(name, "vllm-", 5) == 0) {
-		rv = apply_vllm(&c->vllm, name + 5, v);
+		rv = kvpd_cfg_apply_vllm(&c->vllm, name + 5, v);
 		if (rv == -2) {
 			fprintf(err, "kvpoold: unknown setting '%s' (see --help)\n", name);
 			return -1;
@@ -360,42 +309,42 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		if (rv != 0)
 			return -1;
 	} else if (strcmp(name, "token") == 0) {
-		rv = copy_str(st->global_token, sizeof(st->global_token), v);
+		rv = kvpd_cfg_copy_str(st->global_token, sizeof(st->global_token), v);
 		st->has_global_token = rv == 0;
 	} else if (strcmp(name, "lease-ms") == 0) {
-		rv = parse_u32(v, 100, 86400000u, &c->lease_ms);
+		rv = kvpd_cfg_parse_u32(v, 100, 86400000u, &c->lease_ms);
 	} else if (strcmp(name, "contexts") == 0) {
-		rv = parse_u32(v, 1, 256, &c->contexts);
+		rv = kvpd_cfg_parse_u32(v, 1, 256, &c->contexts);
 	} else if (strcmp(name, "max-msg-bytes") == 0) {
-		rv = parse_u32(v, 4096, 1u << 30, &c->max_msg_bytes);
+		rv = kvpd_cfg_parse_u32(v, 4096, 1u << 30, &c->max_msg_bytes);
 	} else if (strcmp(name, "max-ids") == 0) {
-		rv = parse_u32(v, 1, 1u << 24, &c->max_ids);
+		rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &c->max_ids);
 	} else if (strcmp(name, "max-sessions") == 0) {
-		rv = parse_u32(v, 1, 1u << 20, &c->max_sessions);
+		rv = kvpd_cfg_parse_u32(v, 1, 1u << 20, &c->max_sessions);
 	} else if (strcmp(name, "drain-ms") == 0) {
-		rv = parse_u32(v, 0, 600000, &c->drain_ms);
+		rv = kvpd_cfg_parse_u32(v, 0, 600000, &c->drain_ms);
 	} else if (strcmp(name, "tls-cert") == 0) {
-		rv = copy_str(c->tls_cert, KVPD_PATH_MAX, v);
+		rv = kvpd_cfg_copy_str(c->tls_cert, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-key") == 0) {
-		rv = copy_str(c->tls_key, KVPD_PATH_MAX, v);
+		rv = kvpd_cfg_copy_str(c->tls_key, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-ca") == 0) {
-		rv = copy_str(c->tls_ca, KVPD_PATH_MAX, v);
+		rv = kvpd_cfg_copy_str(c->tls_ca, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "executor") == 0) {
-		rv = copy_str(c->exec.backend, sizeof(c->exec.backend), v);
+		rv = kvpd_cfg_copy_str(c->exec.backend, sizeof(c->exec.backend), v);
 	} else if (strcmp(name, "device") == 0) {
-		rv = parse_u32(v, 0, 1024, (uint32_t *)&c->exec.device);
+		rv = kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&c->exec.device);
 	} else if (strcmp(name, "kv-layers") == 0) {
-		rv = parse_u32(v, 1, KVP_KV_MAX_LAYERS, &c->exec.layers);
+		rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &c->exec.layers);
 	} else if (strcmp(name, "kv-heads") == 0) {
-		rv = parse_u32(v, 1, KVP_KV_MAX_HEADS, &c->exec.heads);
+		rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &c->exec.heads);
 	} else if (strcmp(name, "kv-head-size") == 0) {
-		rv = parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &c->exec.head_size);
+		rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &c->exec.head_size);
 	} else if (strcmp(name, "kv-dtype") == 0) {
-		rv = copy_str(c->exec.dtype, sizeof(c->exec.dtype), v);
+		rv = kvpd_cfg_copy_str(c->exec.dtype, sizeof(c->exec.dtype), v);
 	} else if (strcmp(name, "kv-layout") == 0) {
-		rv = copy_str(c->exec.layout, sizeof(c->exec.layout), v);
+		rv = kvpd_cfg_copy_str(c->exec.layout, sizeof(c->exec.layout), v);
 	} else if (strcmp(name, "kv-memory") == 0) {
-		rv = copy_str(c->exec.memory, sizeof(c->exec.memory), v && strcmp(v, "none") == 0 ? "" : v);
+		rv = kvpd_cfg_copy_str(c->exec.memory, sizeof(c->exec.memory), v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "quiet") == 0) {
 		c->quiet = v == NULL || strcmp(v, "0") != 0;
 		rv = 0;
@@ -502,168 +451,6 @@ env_get(char **envp, const char *name)
 }
 
 int
-kvpd_parse_memory(const char *s, uint64_t *bytes, double *fraction)
-{
-	char *end;
-	*bytes = 0;
-	*fraction = 0;
-	if (s == NULL || s[0] == '\0')
-		return 0;
-	if (!isdigit((unsigned char)s[0]))
-		return -1;
-	errno = 0;
-	if (strchr(s, '.') != NULL) {
-		double f = strtod(s, &end);
-		if (errno != 0 || *end != '\0' || !(f > 0 && f <= 1))
-			return -1;
-		*fraction = f;
-		return 0;
-	}
-	unsigned long long v = strtoull(s, &end, 10);
-	unsigned shift = 0;
-	if (errno != 0)
-		return -1;
-	switch (*end) {
-	case '\0':
-		break;
-	case 'K': case 'k':
-		shift = 10;
-		break;
-	case 'M': case 'm':
-		shift = 20;
-		break;
-	case 'G': case 'g':
-		shift = 30;
-		break;
-	case 'T': case 't':
-		shift = 40;
-		break;
-	default:
-		return -1;
-	}
-	if (*end != '\0' && (end[1] != '\0' && strcmp(end + 1, "i") != 0 && strcmp(end + 1, "iB") != 0 &&
-	                      strcmp(end + 1, "B") != 0))
-		return -1;
-	if (v == 0 || v > (UINT64_MAX >> shift))
-		return -1;
-	*bytes = (uint64_t)v << shift;
-	return 0;
-}
-
-/* A pool's executor settings: its own, else the global ones; then checked. */
-static int
-resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, FILE *err)
-{
-	struct kvpd_exec_settings *x = &p->exec;
-	const struct kvpd_exec_settings *g = &c->exec;
-	uint32_t v;
-	uint64_t bytes;
-	double frac;
-	enum kvp_exec_backend b;
-
-	if (x->backend[0] == '\0')
-		memcpy(x->backend, g->backend, sizeof(x->backend));
-	if (x->device < 0)
-		x->device = g->device;
-	if (x->layers == 0)
-		x->layers = g->layers;
-	if (x->heads == 0)
-		x->heads = g->heads;
-	if (x->head_size == 0)
-		x->head_size = g->head_size;
-	if (x->dtype[0] == '\0')
-		memcpy(x->dtype, g->dtype, sizeof(x->dtype));
-	if (x->layout[0] == '\0')
-		memcpy(x->layout, g->layout, sizeof(x->layout));
-	if (x->memory[0] == '\0')
-		memcpy(x->memory, g->memory, sizeof(x->memory));
-	if (strcmp(x->backend, "none") != 0 && kvp_exec_backend_parse(x->backend, &b) != 0) {
-		fprintf(err, "kvpoold: pool %s: executor '%s' is not none, cpu, cuda or auto\n",
-		        p->name, x->backend);
-		return -1;
-	}
-	if (kvp_dtype_parse(x->dtype, &v) != 0 || kvp_cache_layout_parse(x->layout, &v) != 0) {
-		fprintf(err, "kvpoold: pool %s: dtype '%s' / layout '%s' unknown (fp16, bf16, fp32; "
-		             "nhd, hnd)\n", p->name, x->dtype, x->layout);
-		return -1;
-	}
-	if (kvpd_parse_memory(x->memory, &bytes, &frac) != 0) {
-		fprintf(err, "kvpoold: pool %s: bad memory budget '%s'\n", p->name, x->memory);
-		return -1;
-	}
-	if (p->num_blocks == 0 && (x->memory[0] == '\0' || strcmp(x->backend, "none") == 0)) {
-		fprintf(err, "kvpoold: pool %s: give blocks, or an executor and a memory budget\n",
-		        p->name);
-		return -1;
-	}
-	return 0;
-}
-
-/*
- * The vLLM wire's per-pool rank, endpoints and topic, checked now so a bad
- * combination fails at start with the setting named, not at bind time.
- */
-static int
-resolve_vllm(struct kvpd_config *c, FILE *err)
-{
-	struct kvpd_vllm_config *w = &c->vllm;
-	char eps[KVPD_MAX_POOLS][2][KVPD_PATH_MAX];
-
-	if (w->endpoint[0] == '\0') {
-		if (w->replay[0] != '\0') {
-			fprintf(err, "kvpoold: vllm-replay needs vllm-events\n");
-			return -1;
-		}
-		return 0;
-	}
-	if (w->pod[0] == '\0' && gethostname(w->pod, sizeof(w->pod) - 1) != 0)
-		snprintf(w->pod, sizeof(w->pod), "kvpoold");
-	for (size_t i = 0; i < c->num_pools; i++) {
-		struct kvpd_pool_config *p = &c->pools[i];
-		char topic[KVPD_PATH_MAX];
-		if (p->dp_rank < 0)
-			p->dp_rank = (int32_t)i;
-		if (p->model[0] == '\0')
-			memcpy(p->model, p->name, sizeof(p->model));
-		for (int k = 0; k < 2; k++) {
-			const char *ep = k == 0 ? w->endpoint : w->replay;
-			if (ep[0] == '\0') {
-				eps[i][k][0] = '\0';
-				continue;
-			}
-			if (kvp_vllm_offset_endpoint(ep, (uint32_t)p->dp_rank, eps[i][k],
-			                             KVPD_PATH_MAX) != 0) {
-				fprintf(err, "kvpoold: pool %s: %s %s cannot be offset for dp_rank %d "
-				             "(vLLM offsets tcp:// ports and inproc:// names only; give "
-				             "each pool a dp_rank, or use tcp://)\n",
-				        p->name, k == 0 ? "vllm-events" : "vllm-replay", ep, p->dp_rank);
-				return -1;
-			}
-			/* Any earlier pool's socket of either kind, and this pool's PUB. */
-			for (size_t j = 0; j <= i; j++)
-				for (int kj = 0; kj < 2; kj++) {
-					if ((j == i && kj >= k) || strcmp(eps[j][kj], eps[i][k]) != 0 ||
-					    (kj == 0 && k == 0 && !kvp_vllm_binds(eps[i][k])))
-						continue;
-					fprintf(err, "kvpoold: pools %s and %s would both bind %s: give them "
-					             "different dp_rank values, or vllm-events and vllm-replay "
-					             "ports further apart\n",
-					        c->pools[j].name, p->name, eps[i][k]);
-					return -1;
-				}
-		}
-		if (kvp_vllm_topic(w->topic, w->pod, p->model, p->name, (uint32_t)p->dp_rank, topic,
-		                   sizeof(topic)) != 0) {
-			fprintf(err, "kvpoold: vllm-topic '%s': only {pod}, {model}, {pool} and {rank} "
-			             "can be filled in, and the topic must fit %d bytes\n",
-			        w->topic, KVPD_PATH_MAX - 1);
-			return -1;
-		}
-	}
-	return 0;
-}
-
-int
 kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
 {
 	struct state st;
@@ -725,7 +512,7 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			continue;
 		if (strcmp(settings[i].name, "pool") == 0 || strcmp(settings[i].name, "rpc") == 0) {
 			char list[8192], *save = NULL;
-			if (copy_str(list, sizeof(list), v) != 0) {
+			if (kvpd_cfg_copy_str(list, sizeof(list), v) != 0) {
 				fprintf(err, "kvpoold: %s is longer than %zu bytes\n", var, sizeof(list) - 1);
 				return -1;
 			}
@@ -774,9 +561,9 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			if (c->pools[i].token[0] == '\0')
 				memcpy(c->pools[i].token, st.global_token, sizeof(st.global_token));
 	for (size_t i = 0; i < c->num_pools; i++)
-		if (resolve_exec(c, &c->pools[i], err) != 0)
+		if (kvpd_cfg_resolve_exec(c, &c->pools[i], err) != 0)
 			return -1;
-	if (resolve_vllm(c, err) != 0)
+	if (kvpd_cfg_resolve_vllm(c, err) != 0)
 		return -1;
 	if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0')) {
 		fprintf(err, "kvpoold: tls-cert and tls-key go together\n");

@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * config_impl.h: what config.c shares with its parts (config_vllm.c).
+ * Internal to the daemon's configuration; used once at start.
+ */
+#ifndef KVPD_CONFIG_IMPL_H
+#define KVPD_CONFIG_IMPL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "service/config.h"
+
+/* A decimal in [min, max] into *out: 0, or -1 (nothing written). */
+int kvpd_cfg_parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out);
+/* Copies v if it fits cap with its NUL: 0, or -1 (nothing written). */
+int kvpd_cfg_copy_str(char *dst, size_t cap, const char *v);
+
+/* Fills a pool's unset executor settings from the globals and checks them: 0, or -1 after printing. */
+int kvpd_cfg_resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, FILE *err);
+
+/* One vllm-* setting (name without the prefix): 0, -1 bad value, -2 unknown name. */
+int kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v);
+/*
+ * After every source: each pool's dp_rank and model, the offset endpoints
+ * (no two sockets on one address) and the topic, checked. 0, or -1 after
+ * printing why to err.
+ */
+int kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err);
+
+#endif /* KVPD_CONFIG_IMPL_H */
