@@ -75,13 +75,17 @@ kvpd_metrics_render(struct kvpd_server *s)
 			put(&o, "kvpool_" name "{pool=\"%s\"} %.17g\n",                  \
 			    kvpd_server_pool_name(s, i), (double)(expr));                \
 	} while (0)
-#define COUNTER(name, text, expr)                                                        \
+/* A counter per pool, for the pools where `when` holds. */
+#define COUNTER_WHERE(name, text, when, expr)                                            \
 	do {                                                                             \
 		help(&o, "kvpool_" name, "counter", text);                               \
 		for (size_t i = 0; i < np; i++)                                          \
-			put(&o, "kvpool_" name "{pool=\"%s\"} %llu\n",                   \
-			    kvpd_server_pool_name(s, i), (unsigned long long)(expr));    \
+			if (when)                                                        \
+				put(&o, "kvpool_" name "{pool=\"%s\"} %llu\n",           \
+				    kvpd_server_pool_name(s, i),                         \
+				    (unsigned long long)(expr));                         \
 	} while (0)
+#define COUNTER(name, text, expr) COUNTER_WHERE(name, text, 1, expr)
 	GAUGE("blocks", "Blocks in the pool, the null block included.", g[i].num_blocks);
 	GAUGE("blocks_free", "Free blocks, evictable cached blocks included.", g[i].num_free);
 	GAUGE("blocks_cached", "Blocks holding a cached hash.", g[i].num_cached_blocks);
@@ -117,33 +121,23 @@ kvpd_metrics_render(struct kvpd_server *s)
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);
 
-#define VLLM_COUNTER(name, text, expr)                                                   \
-	do {                                                                             \
-		help(&o, "kvpool_vllm_" name, "counter", text);                          \
-		for (size_t i = 0; i < np; i++)                                          \
-			if (c[i].vllm_on)                                                \
-				put(&o, "kvpool_vllm_" name "{pool=\"%s\"} %llu\n",     \
-				    kvpd_server_pool_name(s, i),                         \
-				    (unsigned long long)(expr));                         \
-	} while (0)
 	bool any_vllm = false;
 	for (size_t i = 0; i < np; i++)
 		any_vllm |= c[i].vllm_on;
 	if (any_vllm) {
-		VLLM_COUNTER("batches_published_total", "Batches published on vLLM's ZMQ event wire.",
-		             c[i].vllm_batches);
-		VLLM_COUNTER("bytes_published_total", "msgpack payload bytes published on the vLLM wire.",
-		             c[i].vllm_bytes);
-		VLLM_COUNTER("replays_served_total", "vLLM-wire replay requests answered.",
-		             c[i].vllm_replays);
-		VLLM_COUNTER("replay_requests_bad_total",
-		             "vLLM-wire replay requests not in vLLM's form (not answered).",
-		             c[i].vllm_bad_replay_requests);
-		VLLM_COUNTER("send_failures_total",
-		             "vLLM-wire batches not sent or not encoded (their seq is skipped).",
-		             c[i].vllm_send_failures);
+		COUNTER_WHERE("vllm_batches_published_total", "Batches published on vLLM's ZMQ event "
+		              "wire.", c[i].vllm_on, c[i].vllm_batches);
+		COUNTER_WHERE("vllm_bytes_published_total", "msgpack payload bytes published on the "
+		              "vLLM wire.", c[i].vllm_on, c[i].vllm_bytes);
+		COUNTER_WHERE("vllm_replays_served_total", "vLLM-wire replay requests answered.",
+		              c[i].vllm_on, c[i].vllm_replays);
+		COUNTER_WHERE("vllm_replay_requests_bad_total",
+		              "vLLM-wire replay requests not in vLLM's form (not answered).",
+		              c[i].vllm_on, c[i].vllm_bad_replay_requests);
+		COUNTER_WHERE("vllm_send_failures_total",
+		              "vLLM-wire batches not sent or not encoded (their seq is skipped).",
+		              c[i].vllm_on, c[i].vllm_send_failures);
 	}
-#undef VLLM_COUNTER
 	help(&o, "kvpool_build_info", "gauge", "The daemon's version and commit; always 1.");
 	put(&o, "kvpool_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVP_VERSION, KVP_GIT_COMMIT);
 	help(&o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
@@ -174,6 +168,7 @@ kvpd_metrics_render(struct kvpd_server *s)
 	}
 #undef GAUGE
 #undef COUNTER
+#undef COUNTER_WHERE
 	free(g);
 	free(c);
 	if (o.failed) {
