@@ -59,11 +59,20 @@ status_of(cudaError_t err)
 	}
 }
 
+/*
+ * Records a failed CUDA call. The runtime also keeps a non-sticky error
+ * (a failed cudaMalloc, say) as the thread's "last error" until someone
+ * reads it, and launched() reads it after every kernel launch: left there,
+ * one refused allocation would fail the next, unrelated launch on this
+ * thread (seen on an H100: a pool refused for its size, then the next
+ * pool's first kernel answered ENOMEM). So it is consumed here.
+ */
 static int
 fail_cuda(struct kvp_exec *e, cudaError_t err, const char *what)
 {
 	snprintf(e->err, sizeof(e->err), "%s: %s (%s)", what, cudaGetErrorString(err),
 	         cudaGetErrorName(err));
+	(void)cudaGetLastError();
 	return status_of(err);
 }
 
@@ -516,10 +525,11 @@ kvp_cuda_device_memory(int device, uint64_t *free_bytes, uint64_t *total_bytes)
 {
 	int count = 0;
 	size_t f = 0, t = 0;
-	if (cudaGetDeviceCount(&count) != cudaSuccess || device >= count)
+	if (cudaGetDeviceCount(&count) != cudaSuccess || device >= count ||
+	    cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+		(void)cudaGetLastError(); /* see fail_cuda */
 		return KVP_ENODEVICE;
-	if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess)
-		return KVP_ENODEVICE;
+	}
 	*free_bytes = f;
 	*total_bytes = t;
 	return KVP_OK;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The data plane through a real kvpoold (cpu executor) over ipc and tcp:
+ * The data plane through a real kvpoold over ipc and tcp (cpu executor, or
+ * the one KVP_TEST_EXECUTOR names, e.g. cuda on a machine with a GPU):
  * a prefill client writes a prompt's KV and caches its blocks, a decode
  * client looks the prefix up, touches it and reads identical bytes with
  * valid checksums; copy-on-write; WriteTokens against a local executor as
@@ -20,6 +21,7 @@
 #define BLOCK_BYTES (2u * 2 * BS * 4 * 32 * 2)
 
 static char ipc_url[128], tcp_url[128], admin[64];
+static const char *executor = "cpu";
 static pid_t daemon_pid;
 
 static int
@@ -28,12 +30,16 @@ setup(void **state)
 	(void)state;
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
-	char ev[128];
+	char ev[128], pool[96];
+	const char *env = getenv("KVP_TEST_EXECUTOR");
+	if (env != NULL && *env != '\0')
+		executor = env;
 	snprintf(ev, sizeof(ev), "ipc:///tmp/kvpool-dptest-pub-%d.ipc", (int)getpid());
+	snprintf(pool, sizeof(pool), "name=kv,blocks=64,block_size=16,seed=1,executor=%s", executor);
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--events", ev, "--admin", admin,
 	                      "--max-msg-bytes", "65536", "--kv-layers", "2", "--kv-heads", "4",
 	                      "--kv-head-size", "32",
-	                      "--pool", "name=kv,blocks=64,block_size=16,seed=1",
+	                      "--pool", pool,
 	                      "--pool", "name=bare,blocks=8,executor=none", NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
@@ -103,8 +109,8 @@ hello_reports_the_executor(void **state)
 	(void)state;
 	struct kvp_client *c = client(ipc_url, "kv");
 	const struct kvp_client_info *i = kvp_client_info(c);
-	assert_string_equal(i->executor.backend, "cpu");
-	assert_string_equal(i->medium, "CPU");
+	assert_string_equal(i->executor.backend, executor);
+	assert_string_equal(i->medium, strcmp(executor, "cuda") == 0 ? "GPU" : "CPU");
 	assert_int_equal(i->executor.num_layers, 2);
 	assert_int_equal(i->executor.num_heads, 4);
 	assert_int_equal(i->executor.head_size, 32);
