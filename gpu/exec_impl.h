@@ -37,6 +37,7 @@ struct kvp_exec {
 	uint64_t block_bytes;  /* one block's payload */
 	uint64_t chunk_bytes;  /* one block of one layer's K (or V) */
 	uint64_t mem_bytes;
+	unsigned copy_threads; /* cuda's staging copiers, 1.. */
 	void *impl;            /* the backend's state */
 	char err[256];
 };

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/exec_impl.h"
 #include "common/kvp_status.h"
@@ -120,6 +121,16 @@ kvp_cache_layout_name(uint32_t layout)
 	return layout <= KVP_LAYOUT_HND ? layout_names[layout] : "?";
 }
 
+/* KVP_EXEC_COPY_THREADS, or half the online CPUs if that is fewer (at least 1). */
+static unsigned
+default_copy_threads(void)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	if (cpus < 2)
+		return 1;
+	return cpus / 2 < (long)KVP_EXEC_COPY_THREADS ? (unsigned)(cpus / 2) : KVP_EXEC_COPY_THREADS;
+}
+
 static int
 try_open(const struct kvp_exec_ops *ops, const struct kvp_exec_config *cfg, struct kvp_exec **out,
          char *why, size_t why_len)
@@ -134,6 +145,7 @@ try_open(const struct kvp_exec_ops *ops, const struct kvp_exec_config *cfg, stru
 	e->block_bytes = kvp_kv_block_bytes(&e->shape);
 	e->chunk_bytes = e->st.block_elems * e->st.elem_bytes;
 	e->mem_bytes = e->block_bytes * e->shape.num_blocks;
+	e->copy_threads = cfg->copy_threads ? cfg->copy_threads : default_copy_threads();
 	if ((rv = ops->open(e, cfg->device)) != KVP_OK) {
 		say(why, why_len, "%s executor: %s", ops->name,
 		    e->err[0] ? e->err : kvp_strerror(rv));
@@ -158,6 +170,10 @@ kvp_exec_open(const struct kvp_exec_config *cfg, struct kvp_exec **out, char *wh
 		return rv;
 	if (cfg->device < 0)
 		return say(why, why_len, "device ordinal %d < 0", cfg->device), KVP_EINVAL;
+	if (cfg->copy_threads > KVP_EXEC_MAX_COPY_THREADS)
+		return say(why, why_len, "%u copy threads (at most %u)", cfg->copy_threads,
+		           KVP_EXEC_MAX_COPY_THREADS),
+		       KVP_EINVAL;
 	switch (cfg->backend) {
 	case KVP_EXEC_CPU:
 		return try_open(&kvp_exec_cpu_ops, cfg, out, why, why_len);

@@ -47,7 +47,17 @@ struct kvp_exec_config {
 	enum kvp_exec_backend backend;
 	int device;                 /* CUDA device ordinal (cuda and auto) */
 	struct kvp_kv_shape shape;
+	/*
+	 * cuda: threads (the caller's included) that copy payloads between the
+	 * caller's memory and pinned staging, 1..KVP_EXEC_MAX_COPY_THREADS;
+	 * 0 means KVP_EXEC_COPY_THREADS, or half the online CPUs if fewer. On an
+	 * H100 host 1 thread moved 0.11-0.21 of pinned cudaMemcpy's bandwidth,
+	 * 8 threads 0.38-0.84 (BENCHMARKS.md). The cpu backend ignores it.
+	 */
+	unsigned copy_threads;
 };
+#define KVP_EXEC_COPY_THREADS 8u
+#define KVP_EXEC_MAX_COPY_THREADS 32u
 
 struct kvp_exec;
 
@@ -129,11 +139,15 @@ int kvp_exec_write_tokens(struct kvp_exec *e, bool all_layers, uint32_t layer,
 /* Device-side kernel timings (the benchmark's GPU mode). */
 struct kvp_exec_bench {
 	double gather_gbps, scatter_gbps, copy_gbps, write_tokens_gbps, d2d_gbps;
+	double h2d_pinned_gbps, d2h_pinned_gbps;     /* cudaMemcpy from / to pinned host memory */
+	double h2d_pageable_gbps, d2h_pageable_gbps; /* ... and from / to malloc'd memory */
 	uint64_t bytes;  /* moved per kernel call */
 };
 /*
  * Times each kernel on n blocks (device memory to device memory, no host
- * transfer) against cudaMemcpy device-to-device of the same bytes.
+ * transfer) against cudaMemcpy device-to-device of the same bytes, and
+ * cudaMemcpy of the same bytes between pinned (and pageable) host memory
+ * and the device (the baselines for read_blocks and write_blocks).
  * KVP_ENOTSUP on the cpu backend.
  */
 int kvp_exec_device_bench(struct kvp_exec *e, uint32_t n, int iters, struct kvp_exec_bench *out);

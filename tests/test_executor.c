@@ -13,6 +13,7 @@
 
 #include "gpu/exec_impl.h"
 #include "gpu/executor.h"
+#include "gpu/par_copy.h"
 
 static uint64_t rng;
 
@@ -381,6 +382,10 @@ open_refusals(void **state)
 	cfg.device = -1;
 	assert_status(kvp_exec_open(&cfg, &e, why, sizeof(why)), KVP_EINVAL);
 	cfg.device = 0;
+	cfg.copy_threads = KVP_EXEC_MAX_COPY_THREADS + 1;
+	assert_status(kvp_exec_open(&cfg, &e, why, sizeof(why)), KVP_EINVAL);
+	assert_non_null(strstr(why, "copy threads"));
+	cfg.copy_threads = 0;
 	cfg.backend = (enum kvp_exec_backend)9;
 	assert_status(kvp_exec_open(&cfg, &e, why, sizeof(why)), KVP_EINVAL);
 	assert_status(kvp_exec_open(NULL, &e, why, sizeof(why)), KVP_EINVAL);
@@ -436,6 +441,49 @@ crc32c(void **state)
 	free(b);
 }
 
+/* The cuda backend's staging copier, shared out over threads, against memcpy. */
+static void
+par_copy_matches_memcpy(void **state)
+{
+	(void)state;
+	struct kvp_par_copy *pc = NULL;
+	assert_status(kvp_par_copy_open(0, &pc), KVP_EINVAL);
+	assert_status(kvp_par_copy_open(KVP_PAR_COPY_MAX_THREADS + 1, &pc), KVP_EINVAL);
+	assert_status(kvp_par_copy_open(2, NULL), KVP_EINVAL);
+	assert_null(pc);
+	size_t cap = 9u << 20;
+	unsigned char *src = malloc(cap), *dst = malloc(cap);
+	fill(src, cap);
+	static const unsigned threads[] = {1, 2, 4, 7};
+	size_t m = KVP_PAR_COPY_MIN_SLICE;
+	const size_t sizes[] = {0, 1, 63, 2 * m - 1, 2 * m, 2 * m + 1, 3 * m + 17, 8 * m - 64,
+	                        cap - 13, cap};
+	for (size_t t = 0; t < N_ELEMS(threads); t++) {
+		assert_ok(kvp_par_copy_open(threads[t], &pc));
+		assert_int_equal(kvp_par_copy_threads(pc), threads[t]);
+		for (int round = 0; round < 3; round++) /* the helpers are reused */
+			for (size_t i = 0; i < N_ELEMS(sizes); i++) {
+				size_t off = below(16), n = sizes[i] < cap - off ? sizes[i] : cap - off;
+				memset(dst, 0xee, cap);
+				kvp_par_copy(pc, dst + off, src + off, n);
+				if (memcmp(dst + off, src + off, n) != 0)
+					fail_msg("%u threads, %zu bytes at %zu: copy differs", threads[t], n, off);
+				/* Nothing outside the range was written. */
+				for (size_t j = 0; j < off; j++)
+					assert_int_equal(dst[j], 0xee);
+				if (off + n < cap)
+					assert_int_equal(dst[off + n], 0xee);
+			}
+		kvp_par_copy_close(pc);
+		pc = NULL;
+	}
+	kvp_par_copy(NULL, dst, src, 100); /* no copier: the caller copies */
+	assert_memory_equal(dst, src, 100);
+	kvp_par_copy_close(NULL);
+	free(src);
+	free(dst);
+}
+
 int
 main(void)
 {
@@ -449,6 +497,7 @@ main(void)
 		cmocka_unit_test(many_blocks),
 		cmocka_unit_test(open_refusals),
 		cmocka_unit_test(crc32c),
+		cmocka_unit_test(par_copy_matches_memcpy),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
