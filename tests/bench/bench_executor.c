@@ -5,10 +5,12 @@
  *
  *   local  read_blocks / write_blocks / copy_blocks / write_tokens on the
  *          cpu backend, in GB/s, against memcpy of the same bytes;
- *   remote ReadBlocks through kvpoold over ipc:// and tcp://, against a raw
- *          nng REQ/REP server answering with messages of the same size;
- *   --gpu  the cuda backend's kernels on the device, against a device-to-
- *          device cudaMemcpy of the same bytes (needs a GPU).
+ *   remote ReadBlocks and WriteBlocks through kvpoold over ipc:// and
+ *          tcp://, against a raw nng REQ/REP round trip of the same bytes;
+ *   --gpu  the cuda backend on a 32-layer bf16 shape: its kernels against a
+ *          device-to-device cudaMemcpy of the same bytes, read_blocks and
+ *          write_blocks against pinned cudaMemcpy, then the remote rows with
+ *          a cuda pool (needs a GPU).
  *
  * usage: kvp-bench-executor [--quick] [--gpu] [path/to/kvpoold]
  */
@@ -35,6 +37,7 @@
 #define HEADS 8
 #define HEAD 128
 #define BS 16
+#define N_SIZES(a) (sizeof(a) / sizeof((a)[0]))
 
 static double seconds = 1.0;
 static uint64_t rng = 88172645463325252ull;
@@ -219,22 +222,30 @@ raw_server(void *arg)
 	}
 }
 
-/* Bytes per second fetching `size`-byte replies from the raw server at url. */
+/*
+ * Bytes per second fetching `size`-byte replies from the raw server at url,
+ * or (up) sending `size`-byte requests, filled from memory when fill, that
+ * it answers with 16 bytes.
+ */
 static double
-run_raw(const char *url, size_t size, int fill)
+run_raw(const char *url, size_t size, int fill, bool up)
 {
 	nng_socket s;
 	double t0, dt = 1e-9;
 	long n = 0;
-	raw_size = size;
-	raw_fill = fill;
+	raw_size = up ? 16 : size;
+	raw_fill = up ? 0 : fill;
 	if (nng_req0_open(&s) != 0 || nng_socket_set_size(s, NNG_OPT_RECVMAXSZ, 0) != 0 ||
 	    nng_dial(s, url, NULL, 0) != 0)
 		return 0;
 	t0 = now();
 	do {
 		nng_msg *m;
-		if (nng_msg_alloc(&m, 16) != 0 || nng_sendmsg(s, m, 0) != 0 || nng_recvmsg(s, &m, 0) != 0)
+		if (nng_msg_alloc(&m, up ? size : 16) != 0)
+			break;
+		if (up && fill)
+			memcpy(nng_msg_body(m), raw_source, size);
+		if (nng_sendmsg(s, m, 0) != 0 || nng_recvmsg(s, &m, 0) != 0)
 			break;
 		nng_msg_free(m);
 		n++;
@@ -244,37 +255,48 @@ run_raw(const char *url, size_t size, int fill)
 	return (double)size * (double)n / dt;
 }
 
-/* Bytes per second reading nblocks per kvp_client_read_blocks through the daemon. */
+/*
+ * Bytes per second reading nblocks per kvp_client_read_blocks through the
+ * daemon, or (write) writing nblocks of its own per kvp_client_write_blocks.
+ */
 static double
-run_remote(const char *url, uint32_t nblocks, int32_t *ids, size_t bb, int *failed)
+run_remote(const char *url, uint32_t nblocks, int32_t *ids, size_t bb, bool write, int *failed)
 {
 	struct kvp_client_options o = {.url = url, .pool = "bench", .timeout_ms = 10000};
 	struct kvp_client *c;
 	unsigned char *buf = malloc(nblocks * bb);
+	int32_t own[64];
 	double t0, dt = 1e-9;
 	long n = 0;
-	if (kvp_client_open(&o, &c) != KVP_OK) {
+	if (kvp_client_open(&o, &c) != KVP_OK || nblocks > 64 ||
+	    (write && kvp_client_allocate(c, nblocks, own) != KVP_OK)) {
 		*failed = 1;
 		free(buf);
 		return 0;
 	}
+	memset(buf, 5, nblocks * bb);
 	t0 = now();
 	do {
-		if (kvp_client_read_blocks(c, ids, nblocks, buf, nblocks * bb, NULL) != KVP_OK) {
-			fprintf(stderr, "bench: read: %s\n", kvp_client_last_detail(c));
+		int rv = write ? kvp_client_write_blocks(c, own, nblocks, buf, nblocks * bb)
+		               : kvp_client_read_blocks(c, ids, nblocks, buf, nblocks * bb, NULL);
+		if (rv != KVP_OK) {
+			fprintf(stderr, "bench: %s: %s\n", write ? "write" : "read",
+			        kvp_client_last_detail(c));
 			*failed = 1;
 			break;
 		}
 		n++;
 		dt = now() - t0;
 	} while (dt < seconds);
+	if (write)
+		(void)kvp_client_free(c, own, nblocks);
 	kvp_client_close(c);
 	free(buf);
 	return (double)nblocks * bb * (double)n / dt;
 }
 
 static int
-bench_remote(const char *daemon, bool quick)
+bench_remote(const char *daemon, bool quick, const char *executor)
 {
 	int pid = (int)getpid(), failed = 0;
 	nng_socket raw;
@@ -285,8 +307,8 @@ bench_remote(const char *daemon, bool quick)
 	snprintf(tcp_url, sizeof(tcp_url), "tcp://127.0.0.1:%d", 22000 + pid % 20000);
 	snprintf(raw_ipc, sizeof(raw_ipc), "ipc:///tmp/kvpool-bench-xraw-%d.ipc", pid);
 	snprintf(raw_tcp, sizeof(raw_tcp), "tcp://127.0.0.1:%d", 42000 + pid % 20000);
-	snprintf(blocks, sizeof(blocks), "name=bench,blocks=%d,block_size=%d", quick ? 256 : 1024,
-	         BS);
+	snprintf(blocks, sizeof(blocks), "name=bench,blocks=%d,block_size=%d,executor=%s",
+	         quick ? 256 : 1024, BS, executor);
 	snprintf(layers, sizeof(layers), "%d", LAYERS);
 	snprintf(heads, sizeof(heads), "%d", HEADS);
 	snprintf(head, sizeof(head), "%d", HEAD);
@@ -312,7 +334,7 @@ bench_remote(const char *daemon, bool quick)
 	struct kvp_client_options o = {.url = ipc_url, .pool = "bench", .timeout_ms = 10000};
 	struct kvp_client *c = NULL;
 	int rv = KVP_EBUSY;
-	for (int i = 0; i < 50 && rv != KVP_OK; i++)
+	for (int i = 0; i < 50 && rv != KVP_OK && waitpid(child, NULL, WNOHANG) == 0; i++)
 		if ((rv = kvp_client_open(&o, &c)) != KVP_OK)
 			nanosleep(&(struct timespec){0, 100000000}, NULL);
 	if (rv != KVP_OK) {
@@ -339,32 +361,34 @@ bench_remote(const char *daemon, bool quick)
 		failed = 1;
 	}
 
-	printf("## remote: ReadBlocks through kvpoold (cpu backend, blocks of %zu KiB), "
-	       "checksums computed and verified, one client, against a raw nng REQ/REP server "
-	       "replying with fresh messages of the same size, left as allocated (raw nng) or "
+	printf("## remote: ReadBlocks and WriteBlocks through kvpoold (%s backend, blocks of %zu "
+	       "KiB), checksums computed and verified, one client, against a raw nng REQ/REP round "
+	       "trip carrying the same bytes in fresh messages, left as allocated (raw nng) or "
 	       "filled by memcpy (raw nng + memcpy)\n\n",
-	       bb >> 10);
-	printf("| transport | per call | kvpool GB/s | raw nng GB/s | ratio | raw nng + memcpy GB/s "
-	       "| ratio |\n|---|---|---|---|---|---|---|\n");
+	       executor, bb >> 10);
+	printf("| call | transport | per call | kvpool GB/s | raw nng GB/s | ratio | raw nng + memcpy "
+	       "GB/s | ratio |\n|---|---|---|---|---|---|---|---|\n");
 	struct {
 		uint32_t blocks;
 		const char *label;
 	} rows[] = {{4, "1 MiB (4 blocks)"}, {per_msg, "one full message"},
 	            {N, "64 blocks (16 MiB), split below the 8 MiB limit"}};
-	for (int t = 0; t < 2 && !failed; t++) {
+	for (int wt = 0; wt < 4 && !failed; wt++) {
+		int w = wt / 2, t = wt % 2; /* read then write; ipc then tcp */
 		const char *url = t ? tcp_url : ipc_url, *rurl = t ? raw_tcp : raw_ipc;
 		for (size_t r = 0; r < sizeof(rows) / sizeof(rows[0]); r++) {
 			uint32_t nb = rows[r].blocks;
 			/* The baseline's message: one call's payload, or one full message when split. */
 			size_t msg = (nb <= per_msg ? nb : per_msg) * bb;
-			double base = run_raw(rurl, msg, 0), filled = run_raw(rurl, msg, 1);
-			double ours = run_remote(url, nb, ids, bb, &failed);
+			double base = run_raw(rurl, msg, 0, w), filled = run_raw(rurl, msg, 1, w);
+			double ours = run_remote(url, nb, ids, bb, w, &failed);
 			char label[64];
 			snprintf(label, sizeof(label), "%s", rows[r].label);
 			if (r == 1)
 				snprintf(label, sizeof(label), "%u blocks (%.1f MiB, one message)", nb,
 				         (double)(nb * bb) / (1 << 20));
-			printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n", t ? "tcp" : "ipc", label,
+			printf("| %s | %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+			       w ? "WriteBlocks" : "ReadBlocks", t ? "tcp" : "ipc", label,
 			       ours / 1e9, base / 1e9, base > 0 ? ours / base : 0, filled / 1e9,
 			       filled > 0 ? ours / filled : 0);
 		}
@@ -387,36 +411,113 @@ bench_remote(const char *daemon, bool quick)
 	return 0;
 }
 
-static int
-bench_gpu(void)
+/* Median wall time of read_blocks or write_blocks of ids 0..n-1 to or from pageable buf. */
+static double
+host_call_s(struct kvp_exec *e, bool read, uint32_t n, unsigned char *buf, size_t bytes, int iters)
 {
-	struct kvp_exec_config cfg = {.backend = KVP_EXEC_CUDA,
-	                              .shape = {4096, BS, LAYERS, HEADS, HEAD, KVP_DTYPE_FP16,
-	                                        KVP_LAYOUT_NHD}};
-	struct kvp_exec *e;
-	char why[256];
-	int rv = kvp_exec_open(&cfg, &e, why, sizeof(why));
-	printf("## gpu: cuda backend kernels, device memory to device memory\n\n");
-	if (rv != KVP_OK) {
-		printf("not run: %s (%s)\n\n", kvp_status_name(rv), why);
-		return rv == KVP_ENODEVICE || rv == KVP_ENOTSUP ? 0 : 1;
+	int32_t *ids = malloc(n * sizeof(*ids));
+	double t[21];
+	int k = iters < 21 ? iters : 21;
+	for (uint32_t i = 0; i < n; i++)
+		ids[i] = (int32_t)i;
+	for (int it = -1; it < k; it++) { /* -1: warm-up (staging grows) */
+		double t0 = now();
+		int rv = read ? kvp_exec_read_blocks(e, ids, n, buf, bytes)
+		              : kvp_exec_write_blocks(e, ids, n, buf, bytes);
+		if (rv != KVP_OK) {
+			fprintf(stderr, "bench: %s: %s\n", read ? "read" : "write", kvp_exec_last_error(e));
+			free(ids);
+			return -1;
+		}
+		if (it >= 0)
+			t[it] = now() - t0;
 	}
-	printf("| blocks per call | bytes | gather | scatter | copy | write_tokens | D2D cudaMemcpy "
-	       "| gather / D2D |\n|---|---|---|---|---|---|---|---|\n");
-	for (uint32_t n = 16; n <= 1024; n *= 4) {
-		struct kvp_exec_bench b;
-		if ((rv = kvp_exec_device_bench(e, n, 20, &b)) != KVP_OK) {
-			printf("bench failed: %s (%s)\n", kvp_status_name(rv), kvp_exec_last_error(e));
-			kvp_exec_close(e);
+	free(ids);
+	return median(t, k);
+}
+
+/*
+ * The cuda backend on realistic shapes (32 layers, 8 KV heads of 128, bf16;
+ * blocks of 16 and 32 tokens): the kernels against cudaMemcpy device to
+ * device, and read_blocks / write_blocks (host memory from malloc, through
+ * the executor's pinned staging) against cudaMemcpy from and to pinned
+ * memory, all of the same bytes in the same run.
+ */
+static int
+bench_gpu(bool quick)
+{
+	static const uint32_t sizes[] = {16, 32};
+	int iters = quick ? 3 : 20, dev = 0;
+	char why[256];
+	uint64_t f = 0, t = 0;
+	int rv = kvp_exec_device_memory(dev, &f, &t);
+	printf("## gpu: the cuda backend, 32 layers x 8 KV heads x 128, bf16\n\n");
+	if (rv != KVP_OK) {
+		printf("not run: %s\n\n", kvp_status_name(rv));
+		return rv == KVP_ENODEVICE || rv == KVP_ENOTSUP ? 2 : 1; /* 2: nothing to run */
+	}
+	printf("device 0: %.1f GiB free of %.1f GiB\n\n", (double)f / (1u << 30),
+	       (double)t / (1u << 30));
+	for (size_t z = 0; z < N_SIZES(sizes); z++) {
+		struct kvp_exec_config cfg = {
+			.backend = KVP_EXEC_CUDA,
+			.shape = {520, sizes[z], 32, 8, 128, KVP_DTYPE_BF16, KVP_LAYOUT_NHD}};
+		struct kvp_exec *e;
+		struct kvp_exec_bench b[3];
+		if ((rv = kvp_exec_open(&cfg, &e, why, sizeof(why))) != KVP_OK) {
+			printf("not run: %s (%s)\n\n", kvp_status_name(rv), why);
 			return 1;
 		}
-		printf("| %u | %.0f MiB | %.0f GB/s | %.0f GB/s | %.0f GB/s | %.0f GB/s | %.0f GB/s | "
-		       "%.2f |\n",
-		       n, (double)b.bytes / (1 << 20), b.gather_gbps, b.scatter_gbps, b.copy_gbps,
-		       b.write_tokens_gbps, b.d2d_gbps, b.gather_gbps / b.d2d_gbps);
+		printf("### blocks of %u tokens (%llu KiB each)\n\n", sizes[z],
+		       (unsigned long long)(kvp_exec_block_bytes(e) >> 10));
+		printf("| blocks per call | bytes | gather | scatter | copy | write_tokens | D2D "
+		       "cudaMemcpy | gather / D2D |\n|---|---|---|---|---|---|---|---|\n");
+		for (uint32_t i = 0, n = 16; i < 3; i++, n *= 4) {
+			if ((rv = kvp_exec_device_bench(e, n, iters, &b[i])) != KVP_OK) {
+				printf("bench failed: %s (%s)\n", kvp_status_name(rv), kvp_exec_last_error(e));
+				kvp_exec_close(e);
+				return 1;
+			}
+			printf("| %u | %.0f MiB | %.0f GB/s | %.0f GB/s | %.0f GB/s | %.0f GB/s | %.0f GB/s "
+			       "| %.2f |\n",
+			       n, (double)b[i].bytes / (1 << 20), b[i].gather_gbps, b[i].scatter_gbps,
+			       b[i].copy_gbps, b[i].write_tokens_gbps, b[i].d2d_gbps,
+			       b[i].gather_gbps / b[i].d2d_gbps);
+		}
+		kvp_exec_close(e);
+		printf("\nhost memory (malloc) to and from the device, GB/s, by the executor's copy "
+		       "threads; the baselines are cudaMemcpy of the same bytes:\n\n"
+		       "| copy threads | blocks per call | bytes | read_blocks | pinned D2H | ratio "
+		       "| pageable D2H | write_blocks | pinned H2D | ratio | pageable H2D |\n"
+		       "|---|---|---|---|---|---|---|---|---|---|---|\n");
+		for (unsigned th = 1; th <= 8; th *= 2) {
+			cfg.copy_threads = th;
+			if ((rv = kvp_exec_open(&cfg, &e, why, sizeof(why))) != KVP_OK) {
+				printf("not run: %s (%s)\n\n", kvp_status_name(rv), why);
+				return 1;
+			}
+			for (uint32_t i = 0, n = 16; i < 3; i++, n *= 4) {
+				unsigned char *buf = malloc(b[i].bytes);
+				memset(buf, 3, b[i].bytes);
+				double rd = host_call_s(e, true, n, buf, b[i].bytes, iters);
+				double wr = host_call_s(e, false, n, buf, b[i].bytes, iters);
+				free(buf);
+				if (rd < 0 || wr < 0) {
+					kvp_exec_close(e);
+					return 1;
+				}
+				double rg = (double)b[i].bytes / rd / 1e9, wg = (double)b[i].bytes / wr / 1e9;
+				printf("| %u | %u | %.0f MiB | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.2f "
+				       "| %.1f |\n",
+				       th, n, (double)b[i].bytes / (1 << 20), rg, b[i].d2h_pinned_gbps,
+				       rg / b[i].d2h_pinned_gbps, b[i].d2h_pageable_gbps, wg,
+				       b[i].h2d_pinned_gbps, wg / b[i].h2d_pinned_gbps, b[i].h2d_pageable_gbps);
+				fflush(stdout);
+			}
+			kvp_exec_close(e);
+		}
+		printf("\n");
 	}
-	printf("\n");
-	kvp_exec_close(e);
 	return 0;
 }
 
@@ -434,9 +535,11 @@ main(int argc, char **argv)
 			daemon = argv[i];
 	}
 	printf("kvp-bench-executor: %.2f s per measurement%s\n\n", seconds, quick ? " (--quick)" : "");
-	if (gpu)
-		return bench_gpu();
+	if (gpu) {
+		int rv = bench_gpu(quick);
+		return rv == 2 ? 0 : rv != 0 || bench_remote(daemon, quick, "cuda") != 0;
+	}
 	if (bench_local(quick) != 0)
 		return 1;
-	return bench_remote(daemon, quick);
+	return bench_remote(daemon, quick, "cpu");
 }
