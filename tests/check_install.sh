@@ -1,0 +1,76 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# The install, as another project sees it: `cmake --install` into a fresh
+# prefix, then a program outside the tree (install/consumer.c) built three
+# ways against what was installed (pkg-config and the shared library,
+# find_package(kvpool), the static archive) and run against the installed
+# kvpoold. Also checks the soname, the exported symbols, the man pages and
+# both programs' --version. With a PREFIX it installs nothing and checks
+# what is there (CI: /usr, after `apt-get install ./kvpool_*.deb`).
+# usage: check_install.sh BUILD_DIR SOURCE_DIR [PREFIX]
+set -eu
+build=$1
+src=$2
+work=$(mktemp -d /tmp/kvpool-install-XXXXXX)
+prefix=${3:-$work/prefix}
+pid=
+cleanup() {
+	[ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+	echo "check_install: $*" >&2
+	exit 1
+}
+
+if [ $# -lt 3 ]; then
+	cmake --install "$build" --prefix "$prefix" > "$work/install.log" || fail "cmake --install failed"
+fi
+pc=$(find "$prefix/lib" -name kvpool.pc | head -n 1)
+[ -n "$pc" ] || fail "no kvpool.pc installed"
+libdir=$(dirname "$(dirname "$pc")")
+for f in bin/kvpoold bin/kvpoolctl include/kvpool/clients/c/kvpool.h \
+	include/kvpool/common/kvp_status.h share/doc/kvpool/LICENSE; do
+	[ -e "$prefix/$f" ] || fail "$f not installed"
+done
+for f in libkvpool.so libkvpool.so.0 libkvpool.a cmake/kvpool/kvpoolConfig.cmake; do
+	[ -e "$libdir/$f" ] || fail "lib/$f not installed"
+done
+if command -v help2man > /dev/null; then
+	for p in kvpoold kvpoolctl; do
+		grep -q "$p" "$prefix/share/man/man1/$p.1" || fail "no man page for $p"
+	done
+fi
+readelf -d "$libdir/libkvpool.so" | grep -q 'SONAME.*libkvpool.so.0' || fail "soname is not libkvpool.so.0"
+# Only the kvp_* API is exported (not protobuf-c's generated code).
+other=$(nm -D --defined-only "$libdir/libkvpool.so" | awk '$3 !~ /^kvp_/ && $3 != "KVPOOL_0" {print $3}')
+[ -z "$other" ] || fail "libkvpool.so exports more than kvp_*: $other"
+"$prefix/bin/kvpoold" --version | grep -q '^kvpoold [0-9]' || fail "kvpoold --version"
+"$prefix/bin/kvpoolctl" --version | grep -q '^kvpoolctl [0-9]' || fail "kvpoolctl --version"
+
+url="ipc://$work/kvpoold.ipc"
+"$prefix/bin/kvpoold" --quiet --rpc "$url" --admin none --events none \
+	--pool name=p,blocks=16 &
+pid=$!
+
+# 1. pkg-config, shared.
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+cc -std=c11 -Wall -Werror -o "$work/c-pkgconfig" "$src/tests/install/consumer.c" \
+	$(pkg-config --cflags --libs kvpool) -Wl,-rpath,"$libdir" || fail "pkg-config build"
+ldd "$work/c-pkgconfig" | grep -q "$libdir/libkvpool.so.0" || fail "not linked to the installed .so"
+"$work/c-pkgconfig" "$url" p || fail "the pkg-config build failed against kvpoold"
+
+# 2. find_package(kvpool).
+cmake -S "$src/tests/install" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" \
+	-DCMAKE_BUILD_RPATH="$libdir" > "$work/cmake.log" 2>&1 || { cat "$work/cmake.log"; fail "find_package"; }
+cmake --build "$work/cmake-build" > "$work/build.log" 2>&1 || { cat "$work/build.log"; fail "cmake build"; }
+"$work/cmake-build/consumer" "$url" p || fail "the find_package build failed against kvpoold"
+
+# 3. The archive, as pkg-config --static says.
+cc -std=c11 -Wall -Werror -o "$work/c-static" "$src/tests/install/consumer.c" \
+	$(pkg-config --cflags kvpool) "$libdir/libkvpool.a" \
+	$(pkg-config --static --libs-only-l kvpool | sed 's/-lkvpool//') || fail "static build"
+ldd "$work/c-static" | grep -q libkvpool && fail "the static build loads libkvpool.so"
+"$work/c-static" "$url" p || fail "the static build failed against kvpoold"
+echo "check_install: $prefix ok (prefix layout, soname, symbols, man pages, pkg-config, find_package, archive)"
