@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool: a Python client of kvpoold, the remote vLLM KV-cache block pool.
+
+    import kvpool
+    with kvpool.Client("ipc:///tmp/kvpool.ipc", pool="default") as c:
+        ids = c.allocate(4)
+        c.free(ids)
+
+Built on libkvpool.so through ctypes: nothing is compiled at install time.
+"""
+from .errors import (BY_STATUS, Busy, Internal, InvalidArgument, KvpoolError, MessageTooLarge,
+                     NoDevice, NoMemory, NoSpace, NotFound, NotOwner, NotSupported, OutOfRange,
+                     Unauthenticated, UnknownPool, UnsupportedVersion, WrongState)
+from .client import Client, Hasher, SlotsResult
+from . import _lib
+
+__version__ = "0.1.0"
+library_path = _lib.path
+
+__all__ = ["Client", "Hasher", "SlotsResult", "KvpoolError", "InvalidArgument", "NoSpace",
+           "NotFound", "WrongState", "NotOwner", "UnknownPool", "UnsupportedVersion",
+           "MessageTooLarge", "Unauthenticated", "Busy", "Internal", "OutOfRange", "NoMemory",
+           "NotSupported", "NoDevice", "BY_STATUS", "library_path"]

@@ -1,0 +1,166 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ctypes declarations of libkvpool.so's C API (clients/c/kvpool.h and the
+common/ headers it includes). Nothing here is compiled: the shared library
+is loaded from KVPOOL_LIB, from the build tree next to this package, or by
+its soname from the system (an installed kvpool)."""
+import ctypes
+import ctypes.util
+import os
+from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int, c_int32,
+                    c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
+
+HASH_LEN = 32
+
+
+def _candidates():
+    env = os.environ.get("KVPOOL_LIB")
+    if env:
+        yield env
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # clients/python/kvpool -> repo
+    for build in ("build", "build-asan"):
+        yield os.path.join(root, build, "clients", "c", "libkvpool.so.0")
+    yield "libkvpool.so.0"
+    found = ctypes.util.find_library("kvpool")
+    if found:
+        yield found
+
+
+def _load():
+    errors = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            errors.append(f"{path}: no such file")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            errors.append(str(e))
+    raise ImportError("kvpool: cannot load libkvpool.so.0 (set KVPOOL_LIB, build the tree, "
+                      "or install kvpool): " + "; ".join(errors))
+
+
+lib, path = _load()
+
+
+class Options(Structure):
+    _fields_ = [("url", c_char_p), ("pool", c_char_p), ("token", c_char_p),
+                ("client_name", c_char_p), ("lease_ms", c_uint32), ("timeout_ms", c_uint32),
+                ("retries", c_uint32), ("tls_ca_file", c_char_p), ("tls_cert_file", c_char_p),
+                ("tls_key_file", c_char_p), ("tls_server_name", c_char_p),
+                ("session_id", c_uint64)]
+
+
+class Executor(Structure):
+    _fields_ = [("backend", c_char * 8), ("num_layers", c_uint32), ("num_heads", c_uint32),
+                ("head_size", c_uint32), ("block_size", c_uint32), ("dtype", c_char * 8),
+                ("layout", c_char * 8), ("block_bytes", c_uint64), ("memory_bytes", c_uint64)]
+
+
+class Info(Structure):
+    _fields_ = [("session_id", c_uint64), ("lease_ms", c_uint32), ("pool", c_char * 128),
+                ("num_blocks", c_uint32), ("hash_block_size", c_uint32),
+                ("block_size", c_uint32), ("hash_algorithm", c_char * 32),
+                ("none_hash_fingerprint", c_uint8 * 8), ("medium", c_char * 16),
+                ("event_epoch", c_uint64), ("event_seq", c_uint64),
+                ("max_model_len", c_uint32), ("max_ids_per_call", c_uint32),
+                ("max_hash_len", c_uint32), ("max_msg_bytes", c_uint32),
+                ("executor", Executor), ("server_version", c_char * 64)]
+
+
+class Stats(Structure):
+    _fields_ = [("num_blocks", c_uint32), ("num_free", c_uint32),
+                ("num_cached_blocks", c_uint32), ("num_cached_keys", c_uint32),
+                ("usage", c_double), ("blocks_allocated", c_uint64),
+                ("blocks_evicted", c_uint64), ("alloc_failures", c_uint64),
+                ("blocks_stored", c_uint64), ("resets", c_uint64),
+                ("prefix_requests", c_uint64), ("prefix_queries", c_uint64),
+                ("prefix_hits", c_uint64), ("sessions", c_uint32),
+                ("leases_expired", c_uint64), ("events_emitted", c_uint64),
+                ("active_requests", c_uint32)]
+
+
+class MMFeature(Structure):
+    _fields_ = [("identifier", c_char_p), ("offset", c_int64), ("length", c_int64)]
+
+
+class RequestKeys(Structure):
+    _fields_ = [("lora_name", c_char_p), ("mm", POINTER(MMFeature)), ("num_mm", c_size_t),
+                ("cache_salt", c_char_p)]
+
+
+class Cache(Structure):
+    _fields_ = [("block_ids", POINTER(c_int32)), ("num_block_ids", c_size_t),
+                ("num_cached_blocks", c_uint32), ("num_full_blocks", c_uint32),
+                ("group_id", c_uint32), ("block_size", c_uint32),
+                ("hashes", POINTER(c_uint8)), ("num_hashes", c_size_t),
+                ("tokens", POINTER(c_int64)), ("num_tokens", c_size_t),
+                ("parent_hash", POINTER(c_uint8)), ("keys", POINTER(RequestKeys)),
+                ("has_lora_id", c_bool), ("lora_id", c_int64)]
+
+
+class Lookup(Structure):
+    _fields_ = [("hashes", POINTER(c_uint8)), ("num_hashes", c_size_t),
+                ("tokens", POINTER(c_int64)), ("num_tokens", c_size_t),
+                ("keys", POINTER(RequestKeys)), ("group_ids", POINTER(c_uint32)),
+                ("num_groups", c_size_t), ("block_size", c_uint32)]
+
+
+class Slots(Structure):
+    _fields_ = [("request_id", c_uint64), ("prompt", POINTER(c_int64)),
+                ("num_prompt", c_size_t), ("keys", POINTER(RequestKeys)),
+                ("has_lora_id", c_bool), ("lora_id", c_int64),
+                ("new_tokens", POINTER(c_int64)), ("num_new_token_ids", c_size_t),
+                ("num_new_tokens", c_uint32), ("token_budget", c_uint32),
+                ("num_lookahead_tokens", c_uint32), ("use_prefix_cache", c_bool),
+                ("delay_cache_blocks", c_bool)]
+
+
+class SlotsResult(Structure):
+    _fields_ = [("hit_tokens", c_uint32), ("num_scheduled_tokens", c_uint32),
+                ("num_computed_tokens", c_uint32), ("num_new_blocks", c_size_t)]
+
+
+CLIENT = c_void_p
+I32P, I64P, U8P, U32P = POINTER(c_int32), POINTER(c_int64), POINTER(c_uint8), POINTER(c_uint32)
+
+
+def _fn(name, restype, *argtypes):
+    f = getattr(lib, name)
+    f.restype = restype
+    f.argtypes = list(argtypes)
+    return f
+
+
+kvp_status_name = _fn("kvp_status_name", c_char_p, c_int)
+kvp_strerror = _fn("kvp_strerror", c_char_p, c_int)
+kvp_client_open = _fn("kvp_client_open", c_int, POINTER(Options), POINTER(CLIENT))
+kvp_client_close = _fn("kvp_client_close", None, CLIENT)
+kvp_client_info = _fn("kvp_client_info", POINTER(Info), CLIENT)
+kvp_client_last_detail = _fn("kvp_client_last_detail", c_char_p, CLIENT)
+kvp_client_allocate = _fn("kvp_client_allocate", c_int, CLIENT, c_uint32, I32P)
+kvp_client_touch = _fn("kvp_client_touch", c_int, CLIENT, I32P, c_size_t)
+kvp_client_free = _fn("kvp_client_free", c_int, CLIENT, I32P, c_size_t)
+kvp_client_cache = _fn("kvp_client_cache", c_int, CLIENT, POINTER(Cache), POINTER(c_uint32))
+kvp_client_lookup = _fn("kvp_client_lookup", c_int, CLIENT, POINTER(Lookup), I32P, c_size_t,
+                        POINTER(c_uint32), POINTER(c_uint32))
+kvp_client_evict = _fn("kvp_client_evict", c_int, CLIENT, I32P, c_size_t, POINTER(c_uint32))
+kvp_client_reset = _fn("kvp_client_reset", c_int, CLIENT)
+kvp_client_stats = _fn("kvp_client_stats", c_int, CLIENT, POINTER(Stats))
+kvp_client_heartbeat = _fn("kvp_client_heartbeat", c_int, CLIENT)
+kvp_client_allocate_slots = _fn("kvp_client_allocate_slots", c_int, CLIENT, POINTER(Slots),
+                                I32P, c_size_t, POINTER(SlotsResult))
+kvp_client_free_request = _fn("kvp_client_free_request", c_int, CLIENT, c_uint64, c_bool)
+kvp_client_get_computed_blocks = _fn("kvp_client_get_computed_blocks", c_int, CLIENT, c_uint64,
+                                     I32P, c_size_t, POINTER(c_size_t), POINTER(c_uint32))
+kvp_client_read_blocks = _fn("kvp_client_read_blocks", c_int, CLIENT, I32P, c_size_t, c_void_p,
+                             c_size_t, U32P)
+kvp_client_write_blocks = _fn("kvp_client_write_blocks", c_int, CLIENT, I32P, c_size_t, c_void_p,
+                              c_size_t)
+kvp_client_copy_blocks = _fn("kvp_client_copy_blocks", c_int, CLIENT, I32P, I32P, c_size_t)
+kvp_hasher_create = _fn("kvp_hasher_create", c_int, c_char_p, POINTER(c_void_p))
+kvp_hasher_destroy = _fn("kvp_hasher_destroy", None, c_void_p)
+kvp_hasher_none_hash = _fn("kvp_hasher_none_hash", U8P, c_void_p)
+kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys), I64P, c_size_t,
+                       c_uint32, U8P, c_size_t, U8P, c_size_t, POINTER(c_size_t))

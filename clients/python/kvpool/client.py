@@ -1,0 +1,314 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool.Client: one session with one pool of a kvpoold, over libkvpool."""
+import ctypes
+from ctypes import byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
+from dataclasses import dataclass
+
+from . import _lib as L
+from .errors import BY_STATUS, KvpoolError
+
+
+def _raise(rv, detail=""):
+    name = L.kvp_status_name(rv).decode()
+    raise BY_STATUS.get(rv, KvpoolError)(rv, name, detail)
+
+
+def _ids(seq):
+    seq = list(seq)
+    return (c_int32 * max(len(seq), 1))(*seq), len(seq)
+
+
+def _tokens(seq):
+    seq = list(seq)
+    return (c_int64 * max(len(seq), 1))(*seq), len(seq)
+
+
+def _buffer(obj, writable):
+    """(address, nbytes, keepalive) of a C-contiguous buffer, without a copy:
+    bytes/bytearray/memoryview, anything with the buffer protocol, NumPy arrays,
+    CPU torch tensors. A read-only buffer that is none of bytes, NumPy or torch
+    is copied once (ctypes cannot take its address)."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):  # torch.Tensor
+        if obj.device.type != "cpu" or not obj.is_contiguous():
+            raise ValueError("kvpool: a torch tensor must be contiguous and on the CPU")
+        return obj.data_ptr(), obj.numel() * obj.element_size(), obj
+    if hasattr(obj, "__array_interface__"):  # NumPy (read-only ones too)
+        ai = obj.__array_interface__
+        if ai.get("strides") is not None:
+            raise ValueError("kvpool: the array must be C-contiguous")
+        if writable and ai["data"][1]:
+            raise ValueError("kvpool: the array is read-only")
+        return ai["data"][0], obj.nbytes, obj
+    if isinstance(obj, bytes):
+        if writable:
+            raise TypeError("kvpool: bytes are read-only; pass a bytearray or an array")
+        p = ctypes.c_char_p(obj)
+        return ctypes.cast(p, c_void_p).value, len(obj), (obj, p)
+    mv = memoryview(obj)
+    if not mv.c_contiguous:
+        raise ValueError("kvpool: the buffer must be C-contiguous")
+    if mv.readonly:
+        if writable:
+            raise TypeError("kvpool: the buffer is read-only")
+        copy = bytes(mv)
+        p = ctypes.c_char_p(copy)
+        return ctypes.cast(p, c_void_p).value, len(copy), (copy, p)
+    arr = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B"))
+    return ctypes.addressof(arr), mv.nbytes, (mv, arr)
+
+
+def _keys(lora_name=None, cache_salt=None, mm=None):
+    """A kvp_request_keys (and what keeps its strings alive), or (None, None)."""
+    if lora_name is None and cache_salt is None and not mm:
+        return None, None
+    feats = [(i.encode() if isinstance(i, str) else i, o, n) for (i, o, n) in (mm or [])]
+    arr = (L.MMFeature * max(len(feats), 1))(*[L.MMFeature(i, o, n) for (i, o, n) in feats])
+    k = L.RequestKeys(lora_name.encode() if lora_name else None, arr, len(feats),
+                      cache_salt.encode() if cache_salt else None)
+    return k, (k, arr, feats)
+
+
+@dataclass
+class SlotsResult:
+    """AllocateSlots' answer: the new blocks and the token counts."""
+    new_blocks: list
+    hit_tokens: int
+    num_scheduled_tokens: int
+    num_computed_tokens: int
+
+
+class Client:
+    """A session with one pool of a kvpoold. A context manager: leaving the
+    `with` block ends the session (the daemon releases what it holds).
+
+    Refused calls raise the KvpoolError subclass of their status
+    (kvpool.NoSpace, kvpool.NotOwner, ...) with the daemon's detail."""
+
+    def __init__(self, url, pool=None, token=None, *, timeout_ms=5000, retries=2,
+                 lease_ms=0, client_name="kvpool-python", tls=None, session_id=0):
+        tls = tls or {}
+        unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name"}
+        if unknown:
+            raise ValueError(f"kvpool: unknown tls keys {sorted(unknown)}")
+        enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
+        self._strings = [enc(url), enc(pool), enc(token), enc(client_name),
+                         enc(tls.get("ca_file")), enc(tls.get("cert_file")),
+                         enc(tls.get("key_file")), enc(tls.get("server_name"))]
+        s = self._strings
+        o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
+                      s[7], session_id)
+        self._c = L.CLIENT()
+        rv = L.kvp_client_open(byref(o), byref(self._c))
+        if rv != 0:
+            self._c = None
+            _raise(rv, f"cannot open a session with pool {pool or 'default'} at {url}")
+        i = L.kvp_client_info(self._c).contents
+        ex = i.executor
+        self.info = {
+            "session_id": i.session_id, "lease_ms": i.lease_ms, "pool": i.pool.decode(),
+            "num_blocks": i.num_blocks, "block_size": i.block_size,
+            "hash_block_size": i.hash_block_size, "hash_algorithm": i.hash_algorithm.decode(),
+            "medium": i.medium.decode(), "event_epoch": i.event_epoch,
+            "event_seq": i.event_seq, "max_model_len": i.max_model_len,
+            "max_ids_per_call": i.max_ids_per_call, "max_msg_bytes": i.max_msg_bytes,
+            "server_version": i.server_version.decode(),
+            "executor": None if not ex.backend else {
+                "backend": ex.backend.decode(), "num_layers": ex.num_layers,
+                "num_heads": ex.num_heads, "head_size": ex.head_size,
+                "block_size": ex.block_size, "dtype": ex.dtype.decode(),
+                "layout": ex.layout.decode(), "block_bytes": ex.block_bytes,
+                "memory_bytes": ex.memory_bytes},
+        }
+
+    # ---- lifetime ----
+    def close(self):
+        """Ends the session. Idempotent."""
+        if self._c:
+            L.kvp_client_close(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def _check(self, rv):
+        if rv != 0:
+            detail = L.kvp_client_last_detail(self._c) if self._c else None
+            _raise(rv, detail.decode(errors="replace") if detail else "")
+
+    def _live(self):
+        if not self._c:
+            raise KvpoolError(-1, "CLOSED", "the client is closed")
+        return self._c
+
+    # ---- blocks ----
+    def allocate(self, n):
+        """n free blocks (vLLM's get_new_blocks); NoSpace if fewer are free."""
+        c = self._live()
+        if not 0 < n <= self.info["max_ids_per_call"]:
+            raise ValueError(f"kvpool: allocate {n}: 1..{self.info['max_ids_per_call']}")
+        ids = (c_int32 * n)()
+        self._check(L.kvp_client_allocate(c, n, ids))
+        return list(ids)
+
+    def touch(self, ids):
+        arr, n = _ids(ids)
+        self._check(L.kvp_client_touch(self._live(), arr, n))
+
+    def free(self, ids):
+        arr, n = _ids(ids)
+        self._check(L.kvp_client_free(self._live(), arr, n))
+
+    def evict(self, ids):
+        arr, n = _ids(ids)
+        out = c_uint32()
+        self._check(L.kvp_client_evict(self._live(), arr, n, byref(out)))
+        return out.value
+
+    def reset(self):
+        self._check(L.kvp_client_reset(self._live()))
+
+    def heartbeat(self):
+        self._check(L.kvp_client_heartbeat(self._live()))
+
+    def stats(self):
+        st = L.Stats()
+        self._check(L.kvp_client_stats(self._live(), byref(st)))
+        return {name: getattr(st, name) for name, _ in L.Stats._fields_}
+
+    def cache(self, block_ids, tokens, num_full_blocks, *, num_cached_blocks=0,
+              lora_name=None, cache_salt=None, mm=None, group_id=0):
+        """cache_full_blocks: hashes the request's tokens (vLLM's chain, with
+        these extra keys) and stores blocks num_cached_blocks..num_full_blocks-1.
+        Returns how many were newly stored."""
+        ids, nids = _ids(block_ids)
+        toks, ntok = _tokens(tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
+                    ntok, None, ctypes.pointer(keys) if keys else None, False, 0)
+        out = c_uint32()
+        self._check(L.kvp_client_cache(self._live(), byref(a), byref(out)))
+        del keep
+        return out.value
+
+    def lookup(self, tokens, *, lora_name=None, cache_salt=None, mm=None):
+        """find_longest_cache_hit over the tokens: (block ids, hit tokens)."""
+        toks, ntok = _tokens(tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        q = L.Lookup(None, 0, toks, ntok, ctypes.pointer(keys) if keys else None, None, 0, 0)
+        cap = max(1, ntok // max(1, self.info["block_size"]) + 1)
+        ids = (c_int32 * cap)()
+        nb, ht = c_uint32(), c_uint32()
+        self._check(L.kvp_client_lookup(self._live(), byref(q), ids, cap, byref(nb), byref(ht)))
+        del keep
+        return list(ids[:nb.value]), ht.value
+
+    # ---- requests (vLLM's KVCacheManager) ----
+    def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
+                       token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
+                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None):
+        """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
+        p, np_ = _tokens(prompt or [])
+        t, nt = _tokens(new_tokens or [])
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        a = L.Slots(request_id, p if prompt else None, np_, ctypes.pointer(keys) if keys else None,
+                    False, 0, t if new_tokens else None, nt, num_new_tokens, token_budget,
+                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks)
+        cap = self.info["max_ids_per_call"]
+        out = (c_int32 * cap)()
+        res = L.SlotsResult()
+        self._check(L.kvp_client_allocate_slots(self._live(), byref(a), out, cap, byref(res)))
+        del keep
+        return SlotsResult(list(out[:res.num_new_blocks]), res.hit_tokens,
+                           res.num_scheduled_tokens, res.num_computed_tokens)
+
+    def free_request(self, request_id, preempt=False):
+        self._check(L.kvp_client_free_request(self._live(), request_id, preempt))
+
+    def get_computed_blocks(self, request_id):
+        """(block ids, hit tokens) of a request's prefix hit."""
+        cap = self.info["max_ids_per_call"]
+        ids = (c_int32 * cap)()
+        n, ht = c_size_t(), c_uint32()
+        self._check(L.kvp_client_get_computed_blocks(self._live(), request_id, ids, cap,
+                                                     byref(n), byref(ht)))
+        return list(ids[:n.value]), ht.value
+
+    # ---- data plane ----
+    def read_blocks(self, ids, out=None):
+        """The blocks' KV bytes (checksums verified), into `out` (any writable
+        C-contiguous buffer of exactly len(ids) * block_bytes) or a new
+        bytearray. Returns out."""
+        arr, n = _ids(ids)
+        bb = self._block_bytes()
+        if out is None:
+            out = bytearray(n * bb)
+        addr, nbytes, keep = _buffer(out, writable=True)
+        self._check(L.kvp_client_read_blocks(self._live(), arr, n, addr, nbytes, None))
+        del keep
+        return out
+
+    def write_blocks(self, ids, data):
+        """Writes len(ids) * block_bytes bytes from any C-contiguous buffer."""
+        arr, n = _ids(ids)
+        addr, nbytes, keep = _buffer(data, writable=False)
+        self._check(L.kvp_client_write_blocks(self._live(), arr, n, addr, nbytes))
+        del keep
+
+    def copy_blocks(self, src, dst):
+        s, n = _ids(src)
+        d, m = _ids(dst)
+        if n != m:
+            raise ValueError("kvpool: copy_blocks: src and dst differ in length")
+        self._check(L.kvp_client_copy_blocks(self._live(), s, d, n))
+
+    def _block_bytes(self):
+        ex = self.info["executor"]
+        if ex is None:
+            raise KvpoolError(14, "KVP_ENOTSUP", "the pool has no executor (no KV memory)")
+        return ex["block_bytes"]
+
+
+class Hasher:
+    """vLLM's block hashes (sha256_cbor), the same bytes the daemon computes.
+    seed: PYTHONHASHSEED's role (NONE_HASH = sha256(cbor(seed)))."""
+
+    def __init__(self, seed):
+        self._h = c_void_p()
+        rv = L.kvp_hasher_create(seed.encode() if isinstance(seed, str) else seed,
+                                 byref(self._h))
+        if rv != 0:
+            self._h = None
+            _raise(rv, "cannot create a hasher")
+
+    @property
+    def none_hash(self):
+        return bytes(L.kvp_hasher_none_hash(self._h)[:L.HASH_LEN])
+
+    def hash_request(self, tokens, block_size, *, lora_name=None, cache_salt=None, mm=None):
+        """The hashes (32 bytes each) of every full block of the tokens."""
+        toks, n = _tokens(tokens)
+        cap = max(1, n // block_size)
+        out = (c_uint8 * (cap * L.HASH_LEN))()
+        got = c_size_t()
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        rv = L.kvp_hash_request(self._h, ctypes.pointer(keys) if keys else None, toks, n,
+                                block_size, None, 0, out, cap, byref(got))
+        del keep
+        if rv != 0:
+            _raise(rv, "kvp_hash_request")
+        raw = bytes(out)
+        return [raw[i * L.HASH_LEN:(i + 1) * L.HASH_LEN] for i in range(got.value)]
+
+    def close(self):
+        if self._h:
+            L.kvp_hasher_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool's status codes as exceptions: every call that the daemon (or the
+C client) refuses raises the subclass of KvpoolError for its status, with
+the daemon's detail text."""
+
+
+class KvpoolError(Exception):
+    """A refused call. status: the numeric kvp status; name: its name
+    (KVP_ENOSPACE); detail: the daemon's or the client's explanation."""
+    status = -1
+
+    def __init__(self, status, name, detail=""):
+        self.status, self.name, self.detail = status, name, detail
+        super().__init__(f"{name}: {detail}" if detail else name)
+
+
+class InvalidArgument(KvpoolError, ValueError):
+    status = 1
+
+
+class NoSpace(KvpoolError):
+    """Not enough free blocks: the caller must preempt (vLLM returns None)."""
+    status = 2
+
+
+class NotFound(KvpoolError, LookupError):
+    status = 3
+
+
+class WrongState(KvpoolError):
+    status = 4
+
+
+class NotOwner(KvpoolError, PermissionError):
+    status = 5
+
+
+class UnknownPool(KvpoolError, LookupError):
+    status = 6
+
+
+class UnsupportedVersion(KvpoolError):
+    status = 7
+
+
+class MessageTooLarge(KvpoolError):
+    status = 8
+
+
+class Unauthenticated(KvpoolError, PermissionError):
+    status = 9
+
+
+class Busy(KvpoolError):
+    """No answer in time, or the daemon is saturated; safe to retry."""
+    status = 10
+
+
+class Internal(KvpoolError):
+    status = 11
+
+
+class OutOfRange(KvpoolError, IndexError):
+    status = 12
+
+
+class NoMemory(KvpoolError, MemoryError):
+    status = 13
+
+
+class NotSupported(KvpoolError):
+    status = 14
+
+
+class NoDevice(KvpoolError):
+    status = 15
+
+
+BY_STATUS = {cls.status: cls for cls in (
+    InvalidArgument, NoSpace, NotFound, WrongState, NotOwner, UnknownPool, UnsupportedVersion,
+    MessageTooLarge, Unauthenticated, Busy, Internal, OutOfRange, NoMemory, NotSupported,
+    NoDevice)}

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A real kvpoold on loopback for the tests: KVPOOLD names the program
+(CTest passes the build's), else the build tree's, else the PATH's."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))  # the package, from the tree
+
+import kvpool  # noqa: E402
+
+
+def _kvpoold():
+    for p in (os.environ.get("KVPOOLD"), os.path.join(ROOT, "build", "service", "kvpoold"),
+              shutil.which("kvpoold")):
+        if p and os.path.exists(p):
+            return p
+    pytest.skip("no kvpoold (set KVPOOLD)")
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kvpoold")
+    url = f"ipc://{d}/rpc.ipc"
+    proc = subprocess.Popen([_kvpoold(), "--quiet", "--rpc", url, "--admin", "none", "--events",
+                             "none", "--kv-layers", "2", "--kv-heads", "2", "--kv-head-size", "16",
+                             "--pool", "name=kv,blocks=64,block_size=16,seed=0",
+                             "--pool", "name=bare,blocks=8,executor=none"])
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            kvpool.Client(url, pool="kv", timeout_ms=500, retries=0).close()
+            break
+        except kvpool.Busy:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("kvpoold did not start")
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    assert proc.wait(timeout=10) == 0, "kvpoold did not stop cleanly (invariants)"

@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool's Python package against a real kvpoold over ipc://."""
+import pytest
+
+import kvpool
+
+BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 2  # layers x K,V x tokens x heads x head size x fp16
+
+
+def test_hashes_are_vllms():
+    # scenarios.md H0, H1, H2, H5, H6 (sha256_cbor, PYTHONHASHSEED=0).
+    h = kvpool.Hasher("0")
+    assert h.none_hash.hex() == "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
+    b = h.hash_request(range(32), 16)
+    assert [x.hex() for x in b] == [
+        "d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c",
+        "fedd9e4abebebbe6f6cf96b682f08d316063fe2f22a5c552192dd62904fcccac"]
+    assert len(h.hash_request(range(47), 16)) == 2  # partial blocks are never hashed
+    b = h.hash_request(range(8), 4, lora_name="L", cache_salt="S", mm=[("img", 2, 3)])
+    assert [x.hex() for x in b] == [
+        "2e22a72f505692bd4873ca3d4e0b019404e5cbaa6a9cb18cafba1662ecb8b859",
+        "ae38ae0968b51d793c445e0331a86d8f5671fb01c02f0db4d90a0c83fd9c2fe9"]
+    b = h.hash_request(range(8), 4, cache_salt="salt1")
+    assert b[0].hex() == "95e6875f935c12800a594290e439ee8ce2d8a9b262ac6b3712e78bfb506376df"
+    with pytest.raises(kvpool.InvalidArgument):
+        h.hash_request(range(8), 4, lora_name="x" * 1025)
+
+
+def test_session_info_and_blocks(daemon):
+    with kvpool.Client(daemon, pool="kv") as c:
+        assert c.info["pool"] == "kv"
+        assert c.info["num_blocks"] == 64 and c.info["block_size"] == 16
+        assert c.info["server_version"].startswith("0.")
+        assert c.info["executor"]["backend"] == "cpu"
+        assert c.info["executor"]["block_bytes"] == BLOCK_BYTES
+        free0 = c.stats()["num_free"]
+        ids = c.allocate(5)
+        assert len(set(ids)) == 5 and 0 not in ids  # block 0 is the null block
+        assert c.stats()["num_free"] == free0 - 5
+        c.touch(ids[:2])
+        c.free(ids[:2])
+        c.free(ids)
+        assert c.stats()["num_free"] == free0
+
+
+def test_refusals_raise_typed_errors(daemon):
+    with kvpool.Client(daemon, pool="kv") as c, kvpool.Client(daemon, pool="kv") as other:
+        with pytest.raises(kvpool.NoSpace) as e:
+            c.allocate(64)  # 63 usable blocks
+        assert e.value.status == 2 and e.value.detail
+        mine = c.allocate(1)
+        with pytest.raises(kvpool.NotOwner):
+            other.free(mine)
+        with pytest.raises(kvpool.OutOfRange):
+            c.touch([1000])
+        c.free(mine)
+    with pytest.raises(kvpool.UnknownPool):
+        kvpool.Client(daemon, pool="no-such-pool")
+    with kvpool.Client(daemon, pool="bare") as b, pytest.raises(kvpool.KvpoolError):
+        b.read_blocks(b.allocate(1))
+    c = kvpool.Client(daemon, pool="kv")
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(kvpool.KvpoolError):
+        c.allocate(1)
+
+
+def test_data_plane_buffers(daemon):
+    np = pytest.importorskip("numpy")
+    with kvpool.Client(daemon, pool="kv") as c:
+        ids = c.allocate(3)
+        payload = bytes((i * 7) & 0xFF for i in range(3 * BLOCK_BYTES))
+        c.write_blocks(ids, payload)                      # from bytes
+        assert bytes(c.read_blocks(ids)) == payload       # into a new bytearray
+        out = np.zeros(3 * BLOCK_BYTES // 2, dtype=np.float16)
+        assert c.read_blocks(ids, out) is out             # into a NumPy array, in place
+        assert out.tobytes() == payload
+        arr = np.frombuffer(payload, dtype=np.uint8)[::-1].copy()
+        arr.flags.writeable = False
+        c.write_blocks(ids, arr)                          # from a read-only NumPy array
+        mv = memoryview(bytearray(3 * BLOCK_BYTES))
+        c.read_blocks(ids, mv)
+        assert bytes(mv) == payload[::-1]
+        c.copy_blocks(ids[:1], ids[1:2])
+        assert bytes(c.read_blocks(ids[1:2])) == payload[::-1][:BLOCK_BYTES]
+        with pytest.raises(kvpool.InvalidArgument):
+            c.read_blocks(ids, bytearray(10))             # wrong size
+        with pytest.raises(TypeError):
+            c.read_blocks(ids, bytes(3 * BLOCK_BYTES))    # read-only destination
+        c.free(ids)
+
+
+def test_torch_tensors(daemon):
+    torch = pytest.importorskip("torch")
+    with kvpool.Client(daemon, pool="kv") as c:
+        ids = c.allocate(2)
+        src = torch.arange(2 * BLOCK_BYTES // 2, dtype=torch.int16)
+        c.write_blocks(ids, src)
+        dst = torch.empty(2 * BLOCK_BYTES // 2, dtype=torch.bfloat16)
+        c.read_blocks(ids, dst)
+        assert torch.equal(dst.view(torch.int16), src)
+        c.free(ids)
+
+
+def test_prefix_cache_and_requests(daemon):
+    prompt = list(range(1000, 1040))  # 2 full blocks of 16 and 8 more
+    with kvpool.Client(daemon, pool="kv") as c, kvpool.Client(daemon, pool="kv") as d:
+        r = c.allocate_slots(1, prompt=prompt)
+        assert len(r.new_blocks) == 3 and r.num_scheduled_tokens == 40
+        ids, hit = d.lookup(prompt)
+        assert (ids, hit) == (r.new_blocks[:2], 32)       # the 2 full blocks are cached
+        r2 = d.allocate_slots(2, prompt=prompt)
+        assert r2.hit_tokens == 32
+        got, hit = d.get_computed_blocks(2)
+        assert got[:2] == r.new_blocks[:2] and hit == 32
+        with pytest.raises(kvpool.NotFound):
+            d.free_request(99)
+        d.free_request(2)
+        c.free_request(1)
+        assert c.stats()["active_requests"] == 0
+        # Cache by hand, with extra keys: only the same keys hit.
+        blocks = c.allocate(2)
+        toks = list(range(5000, 5032))
+        assert c.cache(blocks, toks, 2, lora_name="L") == 2
+        assert d.lookup(toks, lora_name="L") == (blocks, 32)
+        assert d.lookup(toks) == ([], 0)
+        c.free(blocks)
