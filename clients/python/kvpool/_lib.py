@@ -135,6 +135,7 @@ def _fn(name, restype, *argtypes):
 
 kvp_status_name = _fn("kvp_status_name", c_char_p, c_int)
 kvp_strerror = _fn("kvp_strerror", c_char_p, c_int)
+kvp_status_wire_name = _fn("kvp_status_wire_name", c_char_p, c_int)
 kvp_client_open = _fn("kvp_client_open", c_int, POINTER(Options), POINTER(CLIENT))
 kvp_client_close = _fn("kvp_client_close", None, CLIENT)
 kvp_client_info = _fn("kvp_client_info", POINTER(Info), CLIENT)

@@ -5,7 +5,7 @@ from ctypes import byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_void_
 from dataclasses import dataclass
 
 from . import _lib as L
-from .errors import BY_STATUS, KvpoolError
+from .errors import BY_STATUS, KvpoolError, NotSupported
 
 
 def _raise(rv, detail=""):
@@ -270,7 +270,7 @@ class Client:
     def _block_bytes(self):
         ex = self.info["executor"]
         if ex is None:
-            raise KvpoolError(14, "KVP_ENOTSUP", "the pool has no executor (no KV memory)")
+            _raise(NotSupported.status, "the pool has no executor (no KV memory)")
         return ex["block_bytes"]
 
 

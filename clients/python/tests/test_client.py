@@ -26,6 +26,21 @@ def test_hashes_are_vllms():
         h.hash_request(range(8), 4, lora_name="x" * 1025)
 
 
+def test_exceptions_follow_the_c_status_table():
+    # One class per status, named after its wire name (NO_SPACE -> NoSpace), so the
+    # hand-written classes cannot drift from common/kvp_status.h.
+    from kvpool import _lib
+    codes = [code for code in range(1, 64)
+             if _lib.kvp_status_wire_name(code) not in (None, b"", b"?")
+             and _lib.kvp_strerror(code) != b"unknown status"]
+    assert sorted(kvpool.BY_STATUS) == codes
+    for code in codes:
+        wire = _lib.kvp_status_wire_name(code).decode()
+        camel = "".join(w.capitalize() for w in wire.split("_"))
+        assert kvpool.BY_STATUS[code].__name__ == camel, wire
+        assert kvpool.BY_STATUS[code].status == code
+
+
 def test_session_info_and_blocks(daemon):
     with kvpool.Client(daemon, pool="kv") as c:
         assert c.info["pool"] == "kv"
@@ -56,7 +71,7 @@ def test_refusals_raise_typed_errors(daemon):
         c.free(mine)
     with pytest.raises(kvpool.UnknownPool):
         kvpool.Client(daemon, pool="no-such-pool")
-    with kvpool.Client(daemon, pool="bare") as b, pytest.raises(kvpool.KvpoolError):
+    with kvpool.Client(daemon, pool="bare") as b, pytest.raises(kvpool.NotSupported):
         b.read_blocks(b.allocate(1))
     c = kvpool.Client(daemon, pool="kv")
     c.close()
