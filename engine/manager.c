@@ -6,12 +6,7 @@
 
 #include "common/kvp_status.h"
 #include "common/map_key.h"
-
-struct group_blocks {
-	int32_t *ids;
-	size_t n, cap;
-	uint32_t num_cached;   /* vLLM's num_cached_block[req] */
-};
+#include "engine/group_mgr.h"
 
 struct request {
 	uint64_t id;
@@ -21,7 +16,6 @@ struct request {
 	size_t num_hashes, hash_cap;
 	size_t num_computed;
 	uint32_t num_preemptions;
-	bool started;          /* vLLM: request_id in num_cached_block */
 	bool skip_reading;
 	bool has_lora_id;
 	int64_t lora_id;
@@ -30,15 +24,26 @@ struct request {
 	bool has_keys;
 	char *strings;         /* lora name, salt and mm identifiers, back to back */
 	struct kvp_mm_feature *mm;
-	struct group_blocks groups[KVP_MGR_MAX_GROUPS];
+	struct kvp_grp_blocks groups[KVP_MGR_MAX_GROUPS];
+};
+
+/* vLLM's attention groups: groups with identical specs, searched together. */
+struct attn_group {
+	uint32_t n;
+	uint32_t gids[KVP_MGR_MAX_GROUPS];
 };
 
 struct kvp_mgr {
 	struct kvp_pool *pool;
 	struct kvp_hasher *hasher;
 	uint32_t num_groups;
-	uint32_t block_size[KVP_MGR_MAX_GROUPS];
+	struct kvp_group_spec spec[KVP_MGR_MAX_GROUPS];
+	uint32_t num_attn;             /* full attention first, as vLLM sorts them */
+	struct attn_group attn[KVP_MGR_MAX_GROUPS];
+	bool simple_hybrid;            /* 1 full + 1 other: one pass of the fixed point */
 	uint32_t lcm;
+	bool *cache_mask;              /* cache_full_blocks mask scratch */
+	size_t mask_cap;
 	uint32_t hash_bs;
 	uint32_t max_model_len;
 	uint32_t max_requests;
@@ -118,17 +123,6 @@ request_destroy(struct request *r)
 
 /* ---- helpers ---- */
 
-static uint32_t
-gcd(uint32_t a, uint32_t b)
-{
-	while (b) {
-		uint32_t t = a % b;
-		a = b;
-		b = t;
-	}
-	return a;
-}
-
 static int
 grow(void **p, size_t *cap, size_t need, size_t elem)
 {
@@ -146,12 +140,6 @@ grow(void **p, size_t *cap, size_t need, size_t elem)
 	return KVP_OK;
 }
 
-static size_t
-cdiv(size_t a, size_t b)
-{
-	return (a + b - 1) / b;
-}
-
 /* The coarse hash of group block i: k fine hashes, contiguous already. */
 static const uint8_t *
 coarse(const struct request *r, uint32_t k, size_t i)
@@ -161,27 +149,55 @@ coarse(const struct request *r, uint32_t k, size_t i)
 
 /* ---- lifecycle ---- */
 
+/* Merges identical specs into attention groups, full attention first (stable). */
+static void
+split_attention_groups(struct kvp_mgr *m)
+{
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t g = 0; g < m->num_groups; g++) {
+			bool full = m->spec[g].kind == KVP_GROUP_FULL, seen = false;
+			if (full != (pass == 0))
+				continue;
+			for (uint32_t e = 0; e < g; e++)
+				seen |= kvp_group_spec_equal(&m->spec[e], &m->spec[g]);
+			if (seen)
+				continue;
+			struct attn_group *ag = &m->attn[m->num_attn++];
+			for (uint32_t e = g; e < m->num_groups; e++)
+				if (kvp_group_spec_equal(&m->spec[e], &m->spec[g]))
+					ag->gids[ag->n++] = e;
+		}
+	}
+	m->simple_hybrid = m->num_attn == 2 && m->spec[m->attn[0].gids[0]].kind == KVP_GROUP_FULL;
+}
+
 int
 kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
                const struct kvp_mgr_config *cfg, struct kvp_mgr **out)
 {
+	struct kvp_group_spec spec[KVP_MGR_MAX_GROUPS];
 	struct kvp_mgr *m;
-	uint64_t nslots = 16, lcm = 1;
+	uint64_t nslots = 16;
 
 	if (pool == NULL || hasher == NULL || cfg == NULL || out == NULL ||
 	    cfg->num_groups == 0 || cfg->num_groups > KVP_MGR_MAX_GROUPS ||
-	    cfg->block_sizes == NULL || cfg->max_model_len == 0)
+	    (cfg->groups == NULL && cfg->block_sizes == NULL) || cfg->max_model_len == 0)
 		return KVP_EINVAL;
-	uint32_t hbs = kvp_pool_hash_block_size(pool);
 	for (uint32_t g = 0; g < cfg->num_groups; g++) {
-		uint32_t bs = cfg->block_sizes[g];
-		if (bs == 0 || bs % hbs != 0 ||
-		    (uint64_t)(bs / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(pool))
-			return KVP_EINVAL;
-		lcm = lcm / gcd((uint32_t)lcm, bs) * bs;
-		if (lcm > UINT32_MAX)
-			return KVP_EINVAL;
+		if (cfg->groups != NULL)
+			spec[g] = cfg->groups[g];
+		else
+			spec[g] = (struct kvp_group_spec){.kind = KVP_GROUP_FULL,
+			                                  .block_size = cfg->block_sizes[g]};
 	}
+	bool caching = kvp_pool_caching_enabled(pool);
+	uint32_t hbs = kvp_pool_hash_block_size(pool);
+	kvp_group_specs_resolve(spec, cfg->num_groups, caching);
+	if (kvp_group_specs_validate(spec, cfg->num_groups, hbs, caching, NULL, 0) != KVP_OK)
+		return KVP_EINVAL;
+	for (uint32_t g = 0; g < cfg->num_groups && caching; g++)
+		if ((uint64_t)(spec[g].block_size / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(pool))
+			return KVP_EINVAL;
 	uint32_t maxr = cfg->max_requests ? cfg->max_requests : 65536;
 	if (maxr > (1u << 30))
 		return KVP_EINVAL;
@@ -197,8 +213,9 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 	m->pool = pool;
 	m->hasher = hasher;
 	m->num_groups = cfg->num_groups;
-	memcpy(m->block_size, cfg->block_sizes, cfg->num_groups * sizeof(uint32_t));
-	m->lcm = (uint32_t)lcm;
+	memcpy(m->spec, spec, cfg->num_groups * sizeof(*spec));
+	m->lcm = kvp_group_specs_lcm(spec, cfg->num_groups);
+	split_attention_groups(m);
 	m->hash_bs = hbs;
 	m->max_model_len = cfg->max_model_len;
 	m->max_requests = maxr;
@@ -220,6 +237,7 @@ kvp_mgr_destroy(struct kvp_mgr *m)
 		}
 	}
 	free(m->slots);
+	free(m->cache_mask);
 	free(m);
 }
 
@@ -276,7 +294,8 @@ extend_hashes(struct kvp_mgr *m, struct request *r)
 	size_t full = r->num_tokens / m->hash_bs, n = 0;
 	int rv;
 
-	if (full <= r->num_hashes)
+	/* vLLM hashes nothing when prefix caching is off. */
+	if (full <= r->num_hashes || !kvp_pool_caching_enabled(m->pool))
 		return KVP_OK;
 	rv = grow((void **)&r->hashes, &r->hash_cap, full, KVP_HASH_LEN);
 	if (rv != KVP_OK)
@@ -305,6 +324,8 @@ kvp_mgr_add_request(struct kvp_mgr *m, uint64_t req_id, const struct kvp_request
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return KVP_ENOMEM;
 	r->id = req_id;
+	for (int g = 0; g < KVP_MGR_MAX_GROUPS; g++)
+		kvp_grp_blocks_reset(&r->groups[g]);
 	r->skip_reading = d->skip_reading_prefix_cache;
 	r->has_lora_id = d->has_lora_id;
 	r->lora_id = d->lora_id;
@@ -347,74 +368,237 @@ kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens,
 	return rv;
 }
 
-/*
- * find_longest_cache_hit over every group: per block size, scan left to
- * right while every group of that size hits; the result is the shortest
- * length, rounded down to the LCM of the block sizes. Writes nothing.
- */
-static size_t
-longest_hit(const struct kvp_mgr *m, const struct request *r, size_t max_len)
+/* ---- find_longest_cache_hit ---- */
+
+struct probe_ctx {
+	const struct kvp_mgr *m;
+	const struct request *r;
+	const struct attn_group *ag;
+	uint32_t k;
+};
+
+static bool
+probe(void *ctx, size_t i)
 {
-	size_t hit = max_len;
-	uint32_t gids[KVP_MGR_MAX_GROUPS];
+	const struct probe_ctx *p = ctx;
 	int32_t ids[KVP_MGR_MAX_GROUPS];
 
-	for (uint32_t g = 0; g < m->num_groups; g++) {
-		uint32_t bs = m->block_size[g], k = bs / m->hash_bs, ng = 0;
-		bool seen = false;
-		for (uint32_t e = 0; e < g; e++)
-			seen |= m->block_size[e] == bs;
-		if (seen)
-			continue; /* merged with an earlier group of the same size */
-		for (uint32_t e = g; e < m->num_groups; e++)
-			if (m->block_size[e] == bs)
-				gids[ng++] = e;
-		size_t max_blocks = hit / bs, ncoarse = r->num_hashes / k, n = 0;
-		while (n < max_blocks && n < ncoarse &&
-		       kvp_pool_get_cached_block(m->pool, coarse(r, k, n), (size_t)k * KVP_HASH_LEN,
-		                                 gids, ng, ids) == KVP_OK)
-			n++;
-		while ((n * bs) % m->lcm != 0)
-			n--;
-		hit = n * bs;
+	if (i >= p->r->num_hashes / p->k)
+		return false;
+	return kvp_pool_get_cached_block(p->m->pool, coarse(p->r, p->k, i),
+	                                 (size_t)p->k * KVP_HASH_LEN, p->ag->gids, p->ag->n,
+	                                 ids) == KVP_OK;
+}
+
+static struct kvp_grp_hit
+search(const struct kvp_mgr *m, const struct request *r, uint32_t a, size_t max_len,
+       uint32_t align)
+{
+	const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
+	struct probe_ctx p = {m, r, &m->attn[a], s->block_size / m->hash_bs};
+
+	return kvp_grp_search(s, max_len, align, probe, &p);
+}
+
+/*
+ * The coordinator: one group's search (unitary), or vLLM's fixed point over
+ * the attention groups (hybrid): each either accepts the candidate length
+ * or shrinks it, until none shrinks (one pass for 1 full + 1 other). Writes
+ * each group's hit (length and leading nulls) to hit[g]; returns the tokens.
+ */
+static size_t
+longest_hit(const struct kvp_mgr *m, const struct request *r, size_t max_len,
+            struct kvp_grp_hit *hit)
+{
+	struct kvp_grp_hit res[KVP_MGR_MAX_GROUPS];
+	bool have[KVP_MGR_MAX_GROUPS] = {false};
+	size_t hit_len = max_len;
+
+	if (m->num_attn == 1) {
+		res[0] = search(m, r, 0, max_len, m->spec[m->attn[0].gids[0]].block_size);
+		hit_len = res[0].len * m->spec[m->attn[0].gids[0]].block_size;
+	} else {
+		for (;;) {
+			size_t cur = hit_len;
+			for (uint32_t a = 0; a < m->num_attn; a++) {
+				const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
+				if (s->kind == KVP_GROUP_FULL && have[a]) {
+					cur = cur / s->block_size * s->block_size;
+					continue;
+				}
+				res[a] = search(m, r, a, cur, m->lcm);
+				have[a] = true;
+				cur = res[a].len * s->block_size;
+			}
+			if (cur >= hit_len)
+				break;
+			hit_len = cur;
+			if (m->simple_hybrid)
+				break;
+		}
 	}
-	return hit;
+	for (uint32_t a = 0; a < m->num_attn; a++) {
+		const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
+		if (s->kind == KVP_GROUP_FULL)
+			res[a].len = hit_len / s->block_size; /* truncated to the final length */
+		for (uint32_t i = 0; i < m->attn[a].n; i++)
+			hit[m->attn[a].gids[i]] = res[a];
+	}
+	return hit_len;
 }
 
 int
 kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *out,
                             size_t cap, uint32_t *hit_tokens)
 {
+	struct kvp_grp_hit hit[KVP_MGR_MAX_GROUPS];
 	struct request *r;
-	size_t hit = 0;
+	size_t len = 0;
+	bool lookup;
 
 	if (m == NULL || hit_tokens == NULL)
 		return KVP_EINVAL;
 	if ((r = find(m, req_id)) == NULL)
 		return KVP_ENOTFOUND;
-	if (kvp_pool_caching_enabled(m->pool) && !r->skip_reading)
-		hit = longest_hit(m, r, r->num_tokens - 1);
-	for (uint32_t g = 0; g < m->num_groups; g++)
-		if (hit / m->block_size[g] > cap || (hit > 0 && (out == NULL || out[g] == NULL)))
+	lookup = kvp_pool_caching_enabled(m->pool) && !r->skip_reading;
+	if (lookup)
+		len = longest_hit(m, r, r->num_tokens - 1, hit);
+	for (uint32_t g = 0; g < m->num_groups && len > 0; g++)
+		if (hit[g].len > cap || (hit[g].len > 0 && (out == NULL || out[g] == NULL)))
 			return KVP_EINVAL;
-	for (uint32_t g = 0; g < m->num_groups && hit > 0; g++) {
-		uint32_t bs = m->block_size[g], k = bs / m->hash_bs;
-		for (size_t i = 0; i < hit / bs; i++)
-			(void)kvp_pool_get_cached_block(m->pool, coarse(r, k, i),
-			                                (size_t)k * KVP_HASH_LEN, &g, 1, &out[g][i]);
+	for (uint32_t g = 0; g < m->num_groups && len > 0; g++) {
+		uint32_t k = m->spec[g].block_size / m->hash_bs;
+		for (size_t i = 0; i < hit[g].len; i++) {
+			out[g][i] = KVP_NULL_BLOCK;
+			if (i >= hit[g].first)
+				(void)kvp_pool_get_cached_block(m->pool, coarse(r, k, i),
+				                                (size_t)k * KVP_HASH_LEN, &g, 1, &out[g][i]);
+		}
 	}
-	if (kvp_pool_caching_enabled(m->pool) && !r->skip_reading) {
+	if (lookup) {
 		if (r->num_preemptions > 0) {
 			m->stats.preempted_requests++;
 			m->stats.preempted_queries += r->num_tokens;
-			m->stats.preempted_hits += hit;
+			m->stats.preempted_hits += len;
 		} else {
 			m->stats.requests++;
 			m->stats.queries += r->num_tokens;
-			m->stats.hits += hit;
+			m->stats.hits += len;
 		}
 	}
-	*hit_tokens = (uint32_t)hit;
+	*hit_tokens = (uint32_t)len;
+	return KVP_OK;
+}
+
+/* ---- allocate_slots ---- */
+
+/*
+ * Checks group g's hit blocks against the request's hashes: a remote caller
+ * may send ids evicted since its lookup. Groups other than full attention
+ * carry null blocks where vLLM's hit lists do.
+ */
+static int
+check_hits(const struct kvp_mgr *m, const struct request *r, uint32_t g, const int32_t *ids,
+           size_t nh)
+{
+	uint32_t k = m->spec[g].block_size / m->hash_bs;
+	size_t want = (size_t)k * KVP_HASH_LEN + KVP_MAP_KEY_GROUP_LEN, klen;
+
+	if (nh > r->num_hashes / k)
+		return KVP_EINVAL;
+	for (size_t i = 0; i < nh; i++) {
+		const uint8_t *key;
+		if (ids[i] < 0 || (uint32_t)ids[i] >= kvp_pool_num_blocks(m->pool))
+			return KVP_ERANGE;
+		if (ids[i] == KVP_NULL_BLOCK && m->spec[g].kind != KVP_GROUP_FULL)
+			continue;
+		key = kvp_pool_block_key(m->pool, ids[i], &klen);
+		if (key == NULL || klen != want || memcmp(key, coarse(r, k, i), klen - KVP_MAP_KEY_GROUP_LEN) ||
+		    kvp_map_key_group(key, klen) != g)
+			return KVP_ESTATE;
+	}
+	return KVP_OK;
+}
+
+/* Validates the step and plans every group; changes nothing. */
+static int
+plan_step(struct kvp_mgr *m, const struct request *r, const struct kvp_alloc_args *a,
+          int32_t *const *new_blocks, size_t cap, size_t local, size_t need, size_t main,
+          struct kvp_grp_plan *plan, uint64_t *to_allocate)
+{
+	size_t hit = a->num_new_computed_tokens;
+	int rv;
+
+	if (hit > 0) {
+		bool holds = false;
+		for (uint32_t g = 0; g < m->num_groups; g++)
+			holds |= r->groups[g].started || r->groups[g].n > 0;
+		if (holds || a->computed_blocks == NULL || r->num_computed + hit > r->num_tokens)
+			return KVP_EINVAL;
+	}
+	*to_allocate = 0;
+	for (uint32_t g = 0; g < m->num_groups; g++) {
+		uint32_t bs = m->spec[g].block_size;
+		size_t nh = hit / bs;
+		const int32_t *hits = nh ? a->computed_blocks[g] : NULL;
+		if (hit % bs != 0 || (nh > 0 && hits == NULL))
+			return KVP_EINVAL;
+		if (nh > 0 && (rv = check_hits(m, r, g, hits, nh)) != KVP_OK)
+			return rv;
+		kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, hits, nh, local, need, main,
+		             &plan[g]);
+		if (plan[g].num_returned > cap ||
+		    (plan[g].num_returned > 0 && (new_blocks == NULL || new_blocks[g] == NULL)))
+			return KVP_EINVAL;
+		*to_allocate += plan[g].to_allocate;
+	}
+	return KVP_OK;
+}
+
+/* Every buffer the step can need, before anything changes. */
+static int
+reserve_step(struct kvp_mgr *m, struct request *r, const struct kvp_grp_plan *plan)
+{
+	size_t mask_need = 0;
+	int rv;
+
+	for (uint32_t g = 0; g < m->num_groups; g++) {
+		size_t len = plan[g].max_len > r->groups[g].n ? plan[g].max_len : r->groups[g].n;
+		if ((rv = kvp_grp_reserve(&r->groups[g], len)) != KVP_OK)
+			return rv;
+		if (len > mask_need)
+			mask_need = len;
+	}
+	return grow((void **)&m->cache_mask, &m->mask_cap, mask_need, sizeof(bool));
+}
+
+/* cache_blocks: every group up to the same LCM-aligned token count. */
+static int
+cache_step(struct kvp_mgr *m, struct request *r, size_t to_cache)
+{
+	int rv;
+
+	to_cache -= to_cache % m->lcm;
+	for (uint32_t g = 0; g < m->num_groups; g++) {
+		struct kvp_grp_blocks *gb = &r->groups[g];
+		uint32_t bs = m->spec[g].block_size;
+		uint32_t full = (uint32_t)(to_cache / bs);
+		if (gb->num_cached >= full)
+			continue;
+		bool masked = kvp_grp_cache_mask(&m->spec[g], m->lcm, gb->num_cached, full,
+		                                 m->cache_mask);
+		struct kvp_cache_args ca = {
+			.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
+			.token_ids = r->tokens, .num_tokens = r->num_tokens,
+			.keys = keys_of(r), .has_lora_id = r->has_lora_id, .lora_id = r->lora_id,
+			.num_cached_blocks = gb->num_cached, .num_full_blocks = full,
+			.block_size = bs, .group_id = g, .block_mask = masked ? m->cache_mask : NULL,
+		};
+		if ((rv = kvp_pool_cache_full_blocks(m->pool, gb->ids, gb->n, &ca)) != KVP_OK)
+			return rv;
+		gb->num_cached = full;
+		gb->started = true;
+	}
 	return KVP_OK;
 }
 
@@ -422,146 +606,55 @@ int
 kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_alloc_args *a,
                        int32_t *const *new_blocks, size_t cap, size_t *counts)
 {
+	struct kvp_grp_plan plan[KVP_MGR_MAX_GROUPS];
 	struct request *r;
-	size_t need, total_computed, num_hits[KVP_MGR_MAX_GROUPS] = {0};
-	size_t num_new[KVP_MGR_MAX_GROUPS] = {0};
-	uint64_t to_allocate = 0;
+	size_t local, total_computed, main, need;
+	uint64_t to_allocate;
 	int rv;
 
 	if (m == NULL || a == NULL || counts == NULL || a->num_new_tokens == 0)
 		return KVP_EINVAL;
 	if ((r = find(m, req_id)) == NULL)
 		return KVP_ENOTFOUND;
-	total_computed = r->num_computed + a->num_new_computed_tokens;
-	if (total_computed > m->max_model_len)
-		total_computed = m->max_model_len;
-	need = total_computed + a->num_new_tokens + (size_t)a->num_lookahead_tokens;
+	local = r->num_computed + a->num_new_computed_tokens;
+	total_computed = local < m->max_model_len ? local : m->max_model_len;
+	main = total_computed + a->num_new_tokens;
+	need = main + (size_t)a->num_lookahead_tokens;
 	if (need > m->max_model_len)
 		need = m->max_model_len;
 
-	/* Validate everything before touching anything. */
-	if (a->num_new_computed_tokens > 0) {
-		bool holds = r->started;
-		for (uint32_t g = 0; g < m->num_groups; g++)
-			holds |= r->groups[g].n > 0;
-		if (holds || a->computed_blocks == NULL ||
-		    r->num_computed + a->num_new_computed_tokens > r->num_tokens)
-			return KVP_EINVAL;
-	}
-	for (uint32_t g = 0; g < m->num_groups; g++) {
-		uint32_t bs = m->block_size[g], k = bs / m->hash_bs;
-		size_t nh = a->num_new_computed_tokens / bs;
-		if (a->num_new_computed_tokens % bs != 0 || nh > r->num_hashes / k)
-			return KVP_EINVAL;
-		if (nh > 0 && a->computed_blocks[g] == NULL)
-			return KVP_EINVAL;
-		for (size_t i = 0; i < nh; i++) {
-			int32_t id = a->computed_blocks[g][i];
-			size_t klen;
-			const uint8_t *key;
-			if (id < 0 || (uint32_t)id >= kvp_pool_num_blocks(m->pool))
-				return KVP_ERANGE;
-			key = kvp_pool_block_key(m->pool, id, &klen);
-			if (key == NULL || klen != (size_t)k * KVP_HASH_LEN + KVP_MAP_KEY_GROUP_LEN ||
-			    memcmp(key, coarse(r, k, i), klen - KVP_MAP_KEY_GROUP_LEN) != 0 ||
-			    kvp_map_key_group(key, klen) != g)
-				return KVP_ESTATE;
-			if (kvp_pool_ref_cnt(m->pool, id) == 0)
-				to_allocate++; /* evictable hits leave the free queue */
-		}
-		num_hits[g] = nh;
-		size_t have = nh + r->groups[g].n, required = cdiv(need, bs);
-		num_new[g] = required > have ? required - have : 0;
-		if (num_new[g] > cap || (num_new[g] > 0 && (new_blocks == NULL || new_blocks[g] == NULL)))
-			return KVP_EINVAL;
-		to_allocate += num_new[g];
-	}
+	if ((rv = plan_step(m, r, a, new_blocks, cap, local, need, main, plan, &to_allocate)) ||
+	    (rv = reserve_step(m, r, plan)))
+		return rv;
+	/* vLLM frees what left the window first, even if the step is refused. */
+	for (uint32_t g = 0; g < m->num_groups; g++)
+		kvp_grp_remove_skipped(&m->spec[g], &r->groups[g], m->pool, total_computed);
 	if (to_allocate > kvp_pool_num_free(m->pool)) {
 		m->stats.alloc_failures++;
 		return KVP_ENOSPACE;
 	}
-	for (uint32_t g = 0; g < m->num_groups; g++) {
-		struct group_blocks *gb = &r->groups[g];
-		rv = grow((void **)&gb->ids, &gb->cap, gb->n + num_hits[g] + num_new[g],
-		          sizeof(int32_t));
-		if (rv != KVP_OK)
-			return rv;
-	}
-
-	/* allocate_new_computed_blocks: touch the hits and adopt them. */
-	if (a->num_new_computed_tokens > 0) {
-		for (uint32_t g = 0; g < m->num_groups; g++) {
-			struct group_blocks *gb = &r->groups[g];
-			if ((rv = kvp_pool_touch(m->pool, a->computed_blocks[g], num_hits[g])) != KVP_OK)
-				return rv;
-			memcpy(gb->ids, a->computed_blocks[g], num_hits[g] * sizeof(int32_t));
-			gb->n = num_hits[g];
-			gb->num_cached = (uint32_t)gb->n;
-		}
-		r->started = true;
-	}
+	for (uint32_t g = 0; g < m->num_groups && a->num_new_computed_tokens > 0; g++)
+		kvp_grp_adopt_hits(&m->spec[g], &r->groups[g], m->pool, a->computed_blocks[g],
+		                   a->num_new_computed_tokens / m->spec[g].block_size, local);
 	/* allocate_new_blocks, in group order: consecutive chunks of the queue head. */
 	for (uint32_t g = 0; g < m->num_groups; g++) {
-		struct group_blocks *gb = &r->groups[g];
-		counts[g] = num_new[g];
-		if (num_new[g] == 0)
-			continue;
-		rv = kvp_pool_get_new_blocks(m->pool, (uint32_t)num_new[g], gb->ids + gb->n);
+		rv = kvp_grp_allocate(&m->spec[g], &r->groups[g], m->pool, need, main,
+		                      plan[g].num_returned ? new_blocks[g] : NULL, &counts[g]);
 		if (rv != KVP_OK)
 			return rv;
-		memcpy(new_blocks[g], gb->ids + gb->n, num_new[g] * sizeof(int32_t));
-		gb->n += num_new[g];
 	}
-	r->num_computed = total_computed + a->num_new_tokens;
-	if (r->num_computed > m->max_model_len)
-		r->num_computed = m->max_model_len;
+	r->num_computed = main < m->max_model_len ? main : m->max_model_len;
 	if (a->delay_cache_blocks || !kvp_pool_caching_enabled(m->pool))
 		return KVP_OK;
-
-	/* cache_blocks: every group up to the same LCM-aligned token count. */
-	size_t to_cache = total_computed + a->num_new_tokens;
-	if (to_cache > r->num_tokens)
-		to_cache = r->num_tokens;
-	if (m->num_groups > 1)
-		to_cache -= to_cache % m->lcm;
-	for (uint32_t g = 0; g < m->num_groups; g++) {
-		struct group_blocks *gb = &r->groups[g];
-		uint32_t bs = m->block_size[g];
-		uint32_t full = (uint32_t)(to_cache / bs);
-		if (gb->num_cached >= full)
-			continue;
-		struct kvp_cache_args ca = {
-			.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
-			.token_ids = r->tokens, .num_tokens = r->num_tokens,
-			.keys = keys_of(r), .has_lora_id = r->has_lora_id, .lora_id = r->lora_id,
-			.num_cached_blocks = gb->num_cached, .num_full_blocks = full,
-			.block_size = bs, .group_id = g,
-		};
-		if ((rv = kvp_pool_cache_full_blocks(m->pool, gb->ids, gb->n, &ca)) != KVP_OK)
-			return rv;
-		gb->num_cached = full;
-		r->started = true;
-	}
-	return KVP_OK;
+	return cache_step(m, r, main < r->num_tokens ? main : r->num_tokens);
 }
 
 /* Frees each group's blocks in reverse order (deepest evicted first). */
 static void
 release_blocks(struct kvp_mgr *m, struct request *r)
 {
-	for (uint32_t g = 0; g < m->num_groups; g++) {
-		struct group_blocks *gb = &r->groups[g];
-		for (size_t i = 0; i < gb->n / 2; i++) {
-			int32_t t = gb->ids[i];
-			gb->ids[i] = gb->ids[gb->n - 1 - i];
-			gb->ids[gb->n - 1 - i] = t;
-		}
-		/* The manager took exactly these references: cannot fail. */
-		(void)kvp_pool_free_blocks(m->pool, gb->ids, gb->n);
-		gb->n = 0;
-		gb->num_cached = 0;
-	}
-	r->started = false;
+	for (uint32_t g = 0; g < m->num_groups; g++)
+		kvp_grp_free(&r->groups[g], m->pool);
 	r->num_computed = 0;
 }
 
@@ -641,9 +734,13 @@ kvp_mgr_take_events(struct kvp_mgr *m, struct kvp_event_batch *out)
 	for (size_t i = 0; i < kvp_event_batch_count(out); i++) {
 		struct kvp_event ev;
 		(void)kvp_event_batch_get(out, i, &ev);
-		if (ev.type == KVP_EVENT_BLOCK_STORED && ev.has_group_idx &&
-		    ev.group_idx < m->num_groups)
-			(void)kvp_event_batch_set_spec(out, i, "full_attention", false, 0);
+		if (ev.type != KVP_EVENT_BLOCK_STORED || !ev.has_group_idx ||
+		    ev.group_idx >= m->num_groups)
+			continue;
+		const struct kvp_group_spec *s = &m->spec[ev.group_idx];
+		bool sw = s->kind == KVP_GROUP_SLIDING_WINDOW;
+		(void)kvp_event_batch_set_spec(out, i, kvp_group_kind_name(s->kind), sw,
+		                               sw ? (int64_t)s->window : 0);
 	}
 	return KVP_OK;
 }
@@ -658,4 +755,10 @@ uint32_t
 kvp_mgr_num_groups(const struct kvp_mgr *m)
 {
 	return m->num_groups;
+}
+
+const struct kvp_group_spec *
+kvp_mgr_group_spec(const struct kvp_mgr *m, uint32_t g)
+{
+	return m != NULL && g < m->num_groups ? &m->spec[g] : NULL;
 }

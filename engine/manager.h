@@ -5,27 +5,40 @@
  * full-attention single-type managers).
  *
  * The manager keeps, per request: its token ids, its chain of fine block
- * hashes (extended as tokens are appended), its block list per KV-cache
- * group, and how many of those blocks are cached. Several groups share the
- * pool, told apart by the group id in the map key; a position hits only if
- * every group of its block size hits it, and with several block sizes the
- * hit is the longest length all groups agree on, rounded down to the LCM
- * of the block sizes.
+ * hashes (extended as tokens are appended; none when caching is off), its
+ * block table per KV cache group, and how many of those blocks are cached.
+ * Several groups share the pool, told apart by the group id in the map key.
  *
- * Supported: full-attention groups whose block sizes are multiples of the
- * pool's hash_block_size (a group of block size k x hash_block_size uses
- * coarse hashes of k fine hashes). Not supported yet: sliding-window,
- * chunked-local and Mamba groups, eagle's last-block drop, external
- * (connector) computed tokens, and prompt-embeds extra keys.
+ * Group kinds (common/group_spec.h), each as vLLM's single-type manager:
+ * full attention; sliding window (blocks that leave the window are freed
+ * and replaced by the null block as the request advances; a hit needs only
+ * the window's last cdiv(window - 1, bs) blocks); chunked local attention
+ * (blocks before the current chunk are null); Mamba in modes align (vLLM's
+ * default with caching: one running state block per step), all and none.
+ * One group is vLLM's unitary coordinator; several are its hybrid one:
+ * identical specs merge into one attention group, full attention first,
+ * and the hit is the fixed point every attention group agrees on, a
+ * multiple of the LCM of the block sizes (one pass for 1 full + 1 other);
+ * caching rounds down to that LCM, and a sliding-window group under a
+ * coarser LCM caches only the blocks a hit can use. A group whose block
+ * size is k x hash_block_size uses coarse hashes of k fine hashes.
+ * With caching off nothing is hashed, looked up or cached.
+ *
+ * Not supported: eagle's last-block drop, Mamba speculative blocks,
+ * external (connector) computed tokens, cross-attention and sink groups,
+ * prompt-embeds extra keys, and vLLM's newer per-request admission cap for
+ * recycling groups (issue #39734).
  *
  * Differences from vLLM, as in pool.h, are refusals instead of asserts:
  * unknown requests are KVP_ENOTFOUND; hit blocks passed to allocate_slots
  * are checked against the request's hashes (a remote caller may pass ids
  * that were evicted since its lookup: KVP_ESTATE, look up again); hits for
  * a request that already holds blocks are KVP_EINVAL (vLLM asserts).
- * allocate_slots is all or nothing: on KVP_ENOSPACE nothing changed and
- * the caller must preempt. (If memory runs out mid-step, KVP_ENOMEM is
- * returned and the step may be partly applied; the pool stays consistent.)
+ * allocate_slots refused with KVP_ENOSPACE changed nothing except what vLLM
+ * also does before its capacity check: blocks that left a sliding window
+ * or chunk (or an old Mamba state) are freed. (If memory runs out mid-step,
+ * KVP_ENOMEM is returned and the step may be partly applied; the pool stays
+ * consistent.)
  *
  * The manager counts the request's computed tokens itself: after a
  * successful allocate_slots it is hit + previously computed + new tokens,
@@ -43,13 +56,15 @@
 
 #include "common/block_hash.h"
 #include "common/events.h"
+#include "common/group_spec.h"
 #include "engine/pool.h"
 
-#define KVP_MGR_MAX_GROUPS 8
+#define KVP_MGR_MAX_GROUPS KVP_MAX_GROUPS
 
 struct kvp_mgr_config {
 	uint32_t num_groups;        /* 1..KVP_MGR_MAX_GROUPS; group ids are 0..num_groups-1 */
-	const uint32_t *block_sizes; /* per group, each a multiple of hash_block_size */
+	const struct kvp_group_spec *groups; /* per group; Mamba AUTO resolves by caching */
+	const uint32_t *block_sizes; /* if groups is NULL: full-attention groups of these sizes */
 	uint32_t max_model_len;     /* tokens per request, >= 1 */
 	uint32_t max_requests;      /* live requests; 0: 65536 */
 };
@@ -84,9 +99,9 @@ struct kvp_mgr;
 
 /*
  * Creates a manager over pool (which must outlive it) hashing with hasher
- * (the pool's NONE_HASH owner). KVP_EINVAL (bad config, block size not a
- * multiple of hash_block_size, coarse hash longer than the pool's
- * max_hash_len), KVP_ENOMEM.
+ * (the pool's NONE_HASH owner). KVP_EINVAL (bad config: groups refused by
+ * kvp_group_specs_validate() for the pool's hash block size and caching, a
+ * coarse hash longer than the pool's max_hash_len), KVP_ENOMEM.
  */
 int kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
                    const struct kvp_mgr_config *cfg, struct kvp_mgr **out);
@@ -109,9 +124,10 @@ int kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tok
 
 /*
  * get_computed_blocks: the longest prefix hit, capped at num_tokens - 1
- * (the last token is always recomputed), stopping at the first miss. Writes
- * group g's hit blocks to out[g] (cap entries each; NULL allowed when cap
- * is 0 and only the length is wanted) and the hit length in tokens to
+ * (the last token is always recomputed), as the coordinator finds it. Writes
+ * group g's hit blocks to out[g] (hit / block size entries, the null block
+ * where the group's kind skips a block; cap entries each; NULL allowed when
+ * cap is 0 and only the length is wanted) and the hit length in tokens to
  * *hit_tokens. Counts one prefix-cache query. Takes no references: the
  * blocks may be evicted until allocate_slots touches them.
  * KVP_ENOTFOUND, KVP_EINVAL (cap too small: nothing written, nothing counted).
@@ -120,12 +136,14 @@ int kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *con
                                 size_t cap, uint32_t *hit_tokens);
 
 /*
- * allocate_slots: touches the hits, allocates blocks for the tokens to
- * compute (plus lookahead) in group order, and caches blocks that became
- * full (one BlockStored per group that cached any). Writes group g's new
- * blocks to new_blocks[g] (cap each, may be NULL if cap is 0 and none are
- * needed) and their counts to counts[g]. KVP_ENOSPACE: the caller must
- * preempt; nothing changed. KVP_ENOTFOUND, KVP_EINVAL, KVP_ESTATE (a hit
+ * allocate_slots: frees blocks that left a window, touches the hits,
+ * allocates blocks for the tokens to compute (plus lookahead) in group
+ * order, and caches blocks that became full (one BlockStored per group that
+ * cached any). Writes the entries group g's block table gained to
+ * new_blocks[g] (a Mamba align group's include the null blocks it pads
+ * with; cap each, may be NULL if cap is 0 and none are needed) and their
+ * counts to counts[g]. KVP_ENOSPACE: the caller must preempt; nothing else
+ * changed (see above). KVP_ENOTFOUND, KVP_EINVAL, KVP_ESTATE (a hit
  * block is no longer cached under the request's hash), KVP_ENOMEM.
  */
 int kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_alloc_args *a,
@@ -144,6 +162,8 @@ int kvp_mgr_free_request(struct kvp_mgr *m, uint64_t req_id);
 
 /* The number of KV cache groups (group ids are 0 .. this - 1). */
 uint32_t kvp_mgr_num_groups(const struct kvp_mgr *m);
+/* Group g's spec (Mamba mode resolved), or NULL if g is out of range. */
+const struct kvp_group_spec *kvp_mgr_group_spec(const struct kvp_mgr *m, uint32_t g);
 
 /* A request's blocks in group g (valid until the next call), its token count. */
 int kvp_mgr_request_blocks(const struct kvp_mgr *m, uint64_t req_id, uint32_t g,
@@ -151,7 +171,10 @@ int kvp_mgr_request_blocks(const struct kvp_mgr *m, uint64_t req_id, uint32_t g,
 int kvp_mgr_request_info(const struct kvp_mgr *m, uint64_t req_id, size_t *num_tokens,
                          size_t *num_computed, size_t *num_hashes);
 
-/* Takes the pool's events, setting each BlockStored's spec kind ("full_attention"). */
+/*
+ * Takes the pool's events, setting each BlockStored's spec kind (vLLM's
+ * name, "sliding_window" ...) and, for a sliding-window group, its window.
+ */
 int kvp_mgr_take_events(struct kvp_mgr *m, struct kvp_event_batch *out);
 
 void kvp_mgr_get_stats(const struct kvp_mgr *m, struct kvp_mgr_stats *out);

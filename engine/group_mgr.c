@@ -1,0 +1,305 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Each function follows the vLLM method it is named after (reference
+ * section 5; vllm/v1/core/single_type_kv_cache_manager.py), including its
+ * order of frees and allocations, which decides every later block id.
+ */
+#include "engine/group_mgr.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kvp_status.h"
+
+static size_t
+cdiv(size_t a, size_t b)
+{
+	return (a + b - 1) / b;
+}
+
+static bool
+mamba_align(const struct kvp_group_spec *s)
+{
+	return s->kind == KVP_GROUP_MAMBA && s->mamba_mode == KVP_MAMBA_ALIGN;
+}
+
+void
+kvp_grp_blocks_reset(struct kvp_grp_blocks *b)
+{
+	b->n = 0;
+	b->num_cached = 0;
+	b->started = false;
+	b->allocated = false;
+	b->last_state = -1;
+}
+
+/* Pops blocks until len·bs is a multiple of align. */
+static size_t
+align_down(size_t len, uint32_t bs, uint32_t align)
+{
+	if (bs != align)
+		while (len > 0 && (len * bs) % align != 0)
+			len--;
+	return len;
+}
+
+static struct kvp_grp_hit
+search_window(const struct kvp_group_spec *s, size_t max_blocks, uint32_t align,
+              kvp_grp_probe probe, void *ctx)
+{
+	uint32_t bs = s->block_size;
+	size_t need = cdiv(s->window - 1, bs), run = 0;
+	struct kvp_grp_hit h = {0, 0};
+
+	/* Right to left; the first run of `need` aligned hits wins. */
+	for (size_t i = max_blocks; i-- > 0;) {
+		if (!probe(ctx, i)) {
+			run = 0;
+			continue;
+		}
+		if (run == 0 && bs != align && ((i + 1) * bs) % align != 0)
+			continue;
+		if (++run >= need) {
+			h.first = i;
+			h.len = i + run;
+			return h;
+		}
+	}
+	/* No full run: the run that starts at block 0 still counts. */
+	h.len = align_down(run, bs, align);
+	return h;
+}
+
+struct kvp_grp_hit
+kvp_grp_search(const struct kvp_group_spec *s, size_t max_len, uint32_t align,
+               kvp_grp_probe probe, void *ctx)
+{
+	uint32_t bs = s->block_size;
+	size_t max_blocks = max_len / bs;
+	struct kvp_grp_hit h = {0, 0};
+
+	switch (s->kind) {
+	case KVP_GROUP_FULL:
+		while (h.len < max_blocks && probe(ctx, h.len))
+			h.len++;
+		h.len = align_down(h.len, bs, align);
+		return h;
+	case KVP_GROUP_SLIDING_WINDOW:
+		return search_window(s, max_blocks, align, probe, ctx);
+	case KVP_GROUP_CHUNKED_LOCAL:
+		/* Blocks before the current chunk count as computed (null). */
+		h.first = max_len > 0 ? (max_len / s->window * s->window) / bs : 0;
+		h.len = h.first;
+		while (h.len < max_blocks && probe(ctx, h.len))
+			h.len++;
+		return h;
+	case KVP_GROUP_MAMBA:
+		/* Only the last state matters: the rightmost aligned hit. */
+		for (size_t i = max_blocks; i-- > 0;) {
+			if (!probe(ctx, i))
+				continue;
+			if (bs != align && ((i + 1) * bs) % align != 0)
+				continue;
+			h.first = i;
+			h.len = i + 1;
+			return h;
+		}
+		return h;
+	default:
+		return h;
+	}
+}
+
+size_t
+kvp_grp_skipped_tokens(const struct kvp_group_spec *s, size_t n)
+{
+	switch (s->kind) {
+	case KVP_GROUP_SLIDING_WINDOW:
+		return n + 1 > s->window ? n + 1 - s->window : 0;
+	case KVP_GROUP_CHUNKED_LOCAL:
+		return n / s->window * s->window;
+	case KVP_GROUP_MAMBA:
+		return n > 0 ? n - 1 : 0; /* only the last token's state is kept */
+	default:
+		return 0;
+	}
+}
+
+static size_t
+evictable(const struct kvp_pool *pool, const int32_t *ids, size_t n)
+{
+	size_t e = 0;
+
+	for (size_t i = 0; i < n; i++)
+		e += ids[i] != KVP_NULL_BLOCK && kvp_pool_ref_cnt(pool, ids[i]) == 0;
+	return e;
+}
+
+void
+kvp_grp_plan(const struct kvp_group_spec *s, const struct kvp_grp_blocks *b,
+             const struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t local,
+             size_t need, size_t main, struct kvp_grp_plan *out)
+{
+	uint32_t bs = s->block_size;
+	/* The table's length once the hit is adopted (hits only come with no blocks held). */
+	size_t len = (!b->started && nh > 0) ? nh : b->n;
+
+	memset(out, 0, sizeof(*out));
+	if (mamba_align(s)) {
+		/* One running state block per step (lookahead not allocated). */
+		size_t required = cdiv(main, bs);
+		out->to_allocate = (required > nh + b->n ? 1 : 0) + evictable(pool, hits, nh);
+		out->num_returned = required > len ? required - len : 0;
+		out->max_len = required > len ? required : len;
+		return;
+	}
+	size_t required = cdiv(need, bs);
+	out->num_returned = required > len ? required - len : 0;
+	out->max_len = required > len ? required : len;
+	if (b->started) {
+		out->to_allocate = required > b->n ? required - b->n : 0;
+		return;
+	}
+	size_t skipped = kvp_grp_skipped_tokens(s, local) / bs;
+	size_t have = nh + b->n;
+	size_t floor = skipped > have ? skipped : have;
+	size_t skip_hits = skipped > b->n ? skipped - b->n : 0;
+	out->to_allocate = required > floor ? required - floor : 0;
+	if (skip_hits < nh)
+		out->to_allocate += evictable(pool, hits + skip_hits, nh - skip_hits);
+	if (skipped > out->max_len)
+		out->max_len = skipped;
+}
+
+int
+kvp_grp_reserve(struct kvp_grp_blocks *b, size_t n)
+{
+	size_t c = b->cap ? b->cap : 16;
+	int32_t *p;
+
+	if (n <= b->cap)
+		return KVP_OK;
+	while (c < n)
+		c *= 2;
+	if ((p = realloc(b->ids, c * sizeof(*p))) == NULL)
+		return KVP_ENOMEM;
+	b->ids = p;
+	b->cap = c;
+	return KVP_OK;
+}
+
+/*
+ * Nulls and frees blocks below last walking back, stopping at a null. vLLM
+ * frees them as one list in walk order; freeing one at a time appends them
+ * to the free queue in the same order.
+ */
+static void
+remove_below(struct kvp_grp_blocks *b, struct kvp_pool *pool, size_t last)
+{
+	for (size_t i = last < b->n ? last : b->n; i-- > 0 && b->ids[i] != KVP_NULL_BLOCK;) {
+		/* The request holds this reference: cannot fail. */
+		(void)kvp_pool_free_blocks(pool, &b->ids[i], 1);
+		b->ids[i] = KVP_NULL_BLOCK;
+	}
+}
+
+void
+kvp_grp_remove_skipped(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
+                       struct kvp_pool *pool, size_t total_computed)
+{
+	size_t skipped = kvp_grp_skipped_tokens(s, total_computed);
+
+	if (skipped > 0)
+		remove_below(b, pool, skipped / s->block_size);
+	if (!mamba_align(s) || b->last_state < 0)
+		return;
+	/* The state block two steps old is no longer needed. */
+	size_t idx = (size_t)b->last_state;
+	if (total_computed > 0 && idx + 1 < cdiv(total_computed, s->block_size) && idx < b->n &&
+	    b->ids[idx] != KVP_NULL_BLOCK) {
+		(void)kvp_pool_free_blocks(pool, &b->ids[idx], 1);
+		b->ids[idx] = KVP_NULL_BLOCK;
+	}
+}
+
+void
+kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
+                   struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t local)
+{
+	size_t skipped;
+
+	if (b->started)
+		return;
+	skipped = kvp_grp_skipped_tokens(s, local) / s->block_size;
+	if (skipped > nh)
+		skipped = nh;
+	/* Validated and counted by the caller: cannot fail. */
+	(void)kvp_pool_touch(pool, hits + skipped, nh - skipped);
+	for (size_t i = 0; i < skipped; i++)
+		b->ids[i] = KVP_NULL_BLOCK;
+	memcpy(b->ids + skipped, hits + skipped, (nh - skipped) * sizeof(*hits));
+	b->n = nh;
+	b->num_cached = (uint32_t)nh;
+	b->started = true;
+}
+
+int
+kvp_grp_allocate(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
+                 struct kvp_pool *pool, size_t need, size_t main, int32_t *out, size_t *count)
+{
+	size_t prev = b->n, required;
+	int rv;
+
+	*count = 0;
+	if (!mamba_align(s)) {
+		required = cdiv(need, s->block_size);
+		if (required <= prev)
+			return KVP_OK;
+		if ((rv = kvp_pool_get_new_blocks(pool, (uint32_t)(required - prev), b->ids + prev)))
+			return rv;
+	} else {
+		required = cdiv(main, s->block_size);
+		if (required <= prev)
+			return KVP_OK;
+		/* The running state of the previous step (or the hit's) is the last block. */
+		if (b->allocated || prev > 0)
+			b->last_state = (int64_t)prev - 1;
+		for (size_t i = prev; i + 1 < required; i++)
+			b->ids[i] = KVP_NULL_BLOCK;
+		if ((rv = kvp_pool_get_new_blocks(pool, 1, b->ids + required - 1)))
+			return rv;
+		b->allocated = true;
+	}
+	b->n = required;
+	memcpy(out, b->ids + prev, (required - prev) * sizeof(*out));
+	*count = required - prev;
+	return KVP_OK;
+}
+
+bool
+kvp_grp_cache_mask(const struct kvp_group_spec *s, uint32_t align, size_t from, size_t to,
+                   bool *mask)
+{
+	if (s->kind != KVP_GROUP_SLIDING_WINDOW || align <= s->block_size)
+		return false;
+	size_t per_segment = align / s->block_size;
+	size_t tail = cdiv(s->window - 1, s->block_size);
+	if (tail >= per_segment)
+		return false;
+	for (size_t i = from; i < to; i++)
+		mask[i - from] = i % per_segment >= per_segment - tail;
+	return true;
+}
+
+void
+kvp_grp_free(struct kvp_grp_blocks *b, struct kvp_pool *pool)
+{
+	for (size_t i = 0; i < b->n / 2; i++) {
+		int32_t t = b->ids[i];
+		b->ids[i] = b->ids[b->n - 1 - i];
+		b->ids[b->n - 1 - i] = t;
+	}
+	/* The request took exactly these references (nulls are no-ops): cannot fail. */
+	(void)kvp_pool_free_blocks(pool, b->ids, b->n);
+	kvp_grp_blocks_reset(b);
+}
