@@ -30,36 +30,78 @@ mgr_status(struct call *c, int rv, const char *what)
 	}
 }
 
+/* The smallest block size of the pool's groups (sizes every per-group row). */
+static uint32_t
+min_block_size(const struct kvp_mgr *m)
+{
+	uint32_t bs = UINT32_MAX;
+	for (uint32_t g = 0; g < kvp_mgr_num_groups(m); g++)
+		if (kvp_mgr_group_spec(m, g)->block_size < bs)
+			bs = kvp_mgr_group_spec(m, g)->block_size;
+	return bs;
+}
+
+/* Rows of cap ids per group in one scratch array; row g at rows + g·cap. */
+static int32_t *
+group_rows(struct call *c, uint32_t ng, size_t cap, int32_t **row)
+{
+	int32_t *rows = kvpd_scratch(c, (size_t)ng * cap * sizeof(*rows) + 1);
+	for (uint32_t g = 0; rows != NULL && g < ng; g++)
+		row[g] = rows + (size_t)g * cap;
+	return rows;
+}
+
+/* Packs each group's first n[g] ids of its row together; returns the total. */
+static size_t
+pack_rows(int32_t *rows, uint32_t ng, size_t cap, const size_t *n)
+{
+	size_t off = 0;
+	for (uint32_t g = 0; g < ng; g++) {
+		memmove(rows + off, rows + (size_t)g * cap, n[g] * sizeof(*rows));
+		off += n[g];
+	}
+	return off;
+}
+
+/* Whether the request holds blocks in any group. */
+static bool
+holds_blocks(const struct kvp_mgr *m, uint64_t mid)
+{
+	for (uint32_t g = 0; g < kvp_mgr_num_groups(m); g++) {
+		const int32_t *ids;
+		size_t n = 0;
+		if (kvp_mgr_request_blocks(m, mid, g, &ids, &n) == KVP_OK && n > 0)
+			return true;
+	}
+	return false;
+}
+
 /* Appends the call's tokens, takes a prefix hit if the request holds no blocks, allocates. */
 static int
 schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid,
          Kvpool__V1__AllocateSlotsReply *r, Kvpool__V1__Reply *out)
 {
+	struct kvp_mgr *mgr = c->p->mgr;
+	uint32_t ng = kvp_mgr_num_groups(mgr), mbs = min_block_size(mgr), hit = 0;
+	int32_t *hit_row[KVP_MGR_MAX_GROUPS] = {NULL}, *fresh_row[KVP_MGR_MAX_GROUPS];
+	size_t ntok = 0, ncomp = 0, counts[KVP_MGR_MAX_GROUPS] = {0};
 	int rv;
 
 	if (m->n_new_token_ids > 0 &&
-	    (rv = mgr_status(c, kvp_mgr_append_tokens(c->p->mgr, mid, m->new_token_ids,
+	    (rv = mgr_status(c, kvp_mgr_append_tokens(mgr, mid, m->new_token_ids,
 	                                              m->n_new_token_ids), "append tokens")))
 		return rv;
 	/* A request that holds no blocks (new, or preempted) takes its prefix hit. */
-	const int32_t *held;
-	size_t nheld = 0;
-	uint32_t hit = 0;
-	int32_t *hits = NULL;
-	(void)kvp_mgr_request_blocks(c->p->mgr, mid, 0, &held, &nheld);
-	if (m->use_prefix_cache && nheld == 0) {
-		size_t ntok = 0;
-		(void)kvp_mgr_request_info(c->p->mgr, mid, &ntok, NULL, NULL);
-		size_t cap = ntok / c->p->cfg.block_size + 1;
-		if ((hits = kvpd_scratch(c, cap * sizeof(*hits))) == NULL)
+	if (m->use_prefix_cache && !holds_blocks(mgr, mid)) {
+		(void)kvp_mgr_request_info(mgr, mid, &ntok, NULL, NULL);
+		size_t cap = ntok / mbs + 1;
+		if (group_rows(c, ng, cap, hit_row) == NULL)
 			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-		int32_t *const hit_out[] = {hits};
-		if ((rv = mgr_status(c, kvp_mgr_get_computed_blocks(c->p->mgr, mid, hit_out, cap, &hit),
+		if ((rv = mgr_status(c, kvp_mgr_get_computed_blocks(mgr, mid, hit_row, cap, &hit),
 		                     "lookup")))
 			return rv;
 	}
-	size_t ntok = 0, ncomp = 0;
-	(void)kvp_mgr_request_info(c->p->mgr, mid, &ntok, &ncomp, NULL);
+	(void)kvp_mgr_request_info(mgr, mid, &ntok, &ncomp, NULL);
 	uint32_t num_new = m->num_new_tokens;
 	if (num_new == 0) {
 		size_t remaining = ntok > ncomp + hit ? ntok - ncomp - hit : 0;
@@ -68,33 +110,31 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 		num_new = (uint32_t)remaining;
 	}
 	size_t need = ncomp + hit + num_new + m->num_lookahead_tokens;
-	size_t cap = need / c->p->cfg.block_size + 2;
-	int32_t *fresh = kvpd_scratch(c, cap * sizeof(*fresh));
-	uint32_t *per_group = kvpd_scratch(c, sizeof(*per_group));
+	size_t cap = need / mbs + 2;
+	int32_t *fresh = group_rows(c, ng, cap, fresh_row);
+	uint32_t *per_group = kvpd_scratch(c, ng * sizeof(*per_group));
 	if (fresh == NULL || per_group == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	int32_t *const fresh_out[] = {fresh};
-	const int32_t *const hit_in[] = {hits};
-	size_t count = 0;
 	struct kvp_alloc_args a = {.num_new_tokens = num_new,
 	                           .num_new_computed_tokens = hit,
-	                           .computed_blocks = hit ? hit_in : NULL,
+	                           .computed_blocks = hit ? (const int32_t *const *)hit_row : NULL,
 	                           .num_lookahead_tokens = m->num_lookahead_tokens,
 	                           .delay_cache_blocks = m->delay_cache_blocks};
-	rv = kvp_mgr_allocate_slots(c->p->mgr, mid, &a, fresh_out, cap, &count);
+	rv = kvp_mgr_allocate_slots(mgr, mid, &a, fresh_row, cap, counts);
 	if (rv == KVP_EINVAL && num_new == 0)
 		return kvpd_fail(c, rv, "allocate_slots: nothing to schedule (every token is computed)");
 	if ((rv = mgr_status(c, rv, "allocate_slots")))
 		return rv;
-	(void)kvp_mgr_request_info(c->p->mgr, mid, NULL, &ncomp, NULL);
+	(void)kvp_mgr_request_info(mgr, mid, NULL, &ncomp, NULL);
 	r->hit_tokens = hit;
 	r->num_scheduled_tokens = num_new;
 	r->num_computed_tokens = (uint32_t)ncomp;
 	r->new_block_ids = fresh;
-	r->n_new_block_ids = count;
-	per_group[0] = (uint32_t)count;
+	r->n_new_block_ids = pack_rows(fresh, ng, cap, counts);
+	for (uint32_t g = 0; g < ng; g++)
+		per_group[g] = (uint32_t)counts[g];
 	r->new_blocks_per_group = per_group;
-	r->n_new_blocks_per_group = 1;
+	r->n_new_blocks_per_group = ng;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS;
 	out->allocate_slots = r;
 	return KVP_OK;
@@ -190,18 +230,23 @@ kvpd_h_get_computed_blocks(struct call *c, const Kvpool__V1__GetComputedBlocksRe
 	if (mid == 0)
 		return kvpd_fail(c, KVP_ENOTFOUND, "no request %llu in this session",
 		            (unsigned long long)m->request_id);
-	(void)kvp_mgr_request_info(c->p->mgr, mid, &ntok, NULL, NULL);
-	size_t cap = ntok / c->p->cfg.block_size + 1;
-	int32_t *hits = kvpd_scratch(c, cap * sizeof(*hits));
+	struct kvp_mgr *mgr = c->p->mgr;
+	uint32_t ng = kvp_mgr_num_groups(mgr);
+	int32_t *row[KVP_MGR_MAX_GROUPS];
+	size_t n[KVP_MGR_MAX_GROUPS];
+	(void)kvp_mgr_request_info(mgr, mid, &ntok, NULL, NULL);
+	size_t cap = ntok / min_block_size(mgr) + 1;
+	int32_t *hits = group_rows(c, ng, cap, row);
 	if (hits == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	int32_t *const hit_out[] = {hits};
-	if ((rv = mgr_status(c, kvp_mgr_get_computed_blocks(c->p->mgr, mid, hit_out, cap, &hit),
+	if ((rv = mgr_status(c, kvp_mgr_get_computed_blocks(mgr, mid, row, cap, &hit),
 	                     "get_computed_blocks")))
 		return rv;
+	for (uint32_t g = 0; g < ng; g++)
+		n[g] = hit / kvp_mgr_group_spec(mgr, g)->block_size;
 	r->hit_tokens = hit;
 	r->block_ids = hits;
-	r->n_block_ids = hit / c->p->cfg.block_size;
+	r->n_block_ids = pack_rows(hits, ng, cap, n);
 	out->result_case = KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS;
 	out->get_computed_blocks = r;
 	return KVP_OK;

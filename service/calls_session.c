@@ -52,26 +52,41 @@ pool_info(struct call *c)
 {
 	struct kvpd_pool *p = c->p;
 	Kvpool__V1__PoolInfo *info = NEW(c, Kvpool__V1__PoolInfo, kvpool__v1__pool_info__descriptor);
-	Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo, kvpool__v1__group_info__descriptor);
-	Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, sizeof(*gl));
+	uint32_t ng = kvp_mgr_num_groups(p->mgr);
+	Kvpool__V1__GroupInfo **gl = kvpd_scratch(c, ng * sizeof(*gl));
 
-	if (info == NULL || g == NULL || gl == NULL) {
+	if (info == NULL || gl == NULL) {
 		kvpd_fail(c, KVP_ENOMEM, "out of memory");
 		return NULL;
 	}
-
+	for (uint32_t i = 0; i < ng; i++) {
+		const struct kvp_group_spec *s = kvp_mgr_group_spec(p->mgr, i);
+		Kvpool__V1__GroupInfo *g = NEW(c, Kvpool__V1__GroupInfo,
+		                               kvpool__v1__group_info__descriptor);
+		if (g == NULL) {
+			kvpd_fail(c, KVP_ENOMEM, "out of memory");
+			return NULL;
+		}
+		g->group_id = i;
+		g->block_size = s->block_size;
+		g->kind = (char *)kvp_group_kind_name(s->kind);
+		if (s->kind == KVP_GROUP_SLIDING_WINDOW)
+			g->sliding_window = s->window;
+		if (s->kind == KVP_GROUP_CHUNKED_LOCAL)
+			g->attention_chunk_size = s->window;
+		if (s->kind == KVP_GROUP_MAMBA)
+			g->mamba_cache_mode = (char *)kvp_mamba_mode_name(s->mamba_mode);
+		gl[i] = g;
+	}
 	info->name = p->cfg.name;
 	info->num_blocks = kvp_pool_num_blocks(p->pool);
 	info->hash_block_size = kvp_pool_hash_block_size(p->pool);
 	info->hash_algorithm = "sha256_cbor";
 	info->none_hash_fingerprint.data = p->none_fp;
 	info->none_hash_fingerprint.len = sizeof(p->none_fp);
-	g->group_id = 0;
-	g->block_size = p->cfg.block_size;
-	g->kind = "full_attention";
-	gl[0] = g;
+	info->prefix_caching = kvp_pool_caching_enabled(p->pool);
 	info->groups = gl;
-	info->n_groups = 1;
+	info->n_groups = ng;
 	info->medium = p->cfg.medium;
 	info->event_epoch = p->stream.epoch;
 	info->event_seq = p->stream.next_seq;

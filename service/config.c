@@ -25,7 +25,12 @@ static const struct setting {
 	{"rpc", "URL", "RPC endpoint to listen on; repeatable (ipc://, tcp://, tls+tcp://). "
 	               "Default " DEFAULT_RPC},
 	{"pool", "SPEC", "a pool to host; repeatable. SPEC is NAME:BLOCKS[:BLOCK_SIZE] or "
-	                 "key=value pairs: name, blocks, block_size (16), max_model_len (8192), "
+	                 "key=value pairs: name, blocks, groups (KV cache groups joined by '+': "
+	                 "full:BS, sliding_window:BS:WINDOW, chunked_local:BS:CHUNK, "
+	                 "mamba:BS[:align|all|none]; default one full:BLOCK_SIZE), "
+	                 "hash_block_size (one group: its block size; several: their GCD), "
+	                 "caching (on; off: no prefix caching), "
+	                 "block_size (16, or the largest group's), max_model_len (8192), "
 	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU; events' "
 	                 "medium without an executor), dp_rank and model (vLLM wire; default the "
 	                 "pool's position and name), and the executor's executor, device, layers, "
@@ -190,8 +195,8 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 	memset(&p, 0, sizeof(p));
 	p.exec.device = -1;
 	p.dp_rank = -1;
-	p.block_size = 16;
 	p.max_model_len = 8192;
+	p.caching = true;
 	snprintf(p.medium, sizeof(p.medium), "CPU");
 	if (kvpd_cfg_copy_str(buf, sizeof(buf), spec) != 0)
 		goto bad;
@@ -203,6 +208,8 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 		    kvpd_cfg_parse_u32(blocks, 1, (1u << 30), &p.num_blocks) != 0 ||
 		    (bs && kvpd_cfg_parse_u32(bs, 1, 1u << 16, &p.block_size) != 0))
 			goto bad;
+		if (bs == NULL)
+			p.block_size = 16;
 	} else {
 		for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 			char *eq = strchr(tok, '=');
@@ -217,7 +224,14 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 				rv = kvpd_cfg_parse_u32(v, 1, 1u << 30, &p.num_blocks);
 			else if (strcmp(k, "block_size") == 0)
 				rv = kvpd_cfg_parse_u32(v, 1, 1u << 16, &p.block_size);
-			else if (strcmp(k, "max_model_len") == 0)
+			else if (strcmp(k, "hash_block_size") == 0)
+				rv = kvpd_cfg_parse_u32(v, 1, 1u << 16, &p.hash_block_size);
+			else if (strcmp(k, "caching") == 0)
+				rv = kvpd_cfg_parse_bool(v, &p.caching);
+			else if (strcmp(k, "groups") == 0) {
+				if (kvpd_cfg_parse_groups(&p, v, st->err) != 0)
+					return -1;
+			} else if (strcmp(k, "max_model_len") == 0)
 				rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &p.max_model_len);
 			else if (strcmp(k, "seed") == 0)
 				rv = kvpd_cfg_copy_str(p.seed, sizeof(p.seed), v), p.has_seed = true;
@@ -561,7 +575,8 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			if (c->pools[i].token[0] == '\0')
 				memcpy(c->pools[i].token, st.global_token, sizeof(st.global_token));
 	for (size_t i = 0; i < c->num_pools; i++)
-		if (kvpd_cfg_resolve_exec(c, &c->pools[i], err) != 0)
+		if (kvpd_cfg_resolve_groups(&c->pools[i], err) != 0 ||
+		    kvpd_cfg_resolve_exec(c, &c->pools[i], err) != 0)
 			return -1;
 	if (kvpd_cfg_resolve_vllm(c, err) != 0)
 		return -1;
@@ -589,12 +604,16 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 	for (size_t i = 0; i < c->num_pools; i++) {
 		const struct kvpd_pool_config *p = &c->pools[i];
 		const struct kvpd_exec_settings *x = &p->exec;
-		char blocks[32];
+		char blocks[32], groups[256];
 		snprintf(blocks, sizeof(blocks), "%u", p->num_blocks);
-		fprintf(out, "pool = name=%s,blocks=%s,block_size=%u,max_model_len=%u,medium=%s,seed=%s,"
+		if (kvp_group_specs_format(p->groups, p->num_groups, groups, sizeof(groups)) != 0)
+			snprintf(groups, sizeof(groups), "(%u groups)", p->num_groups);
+		fprintf(out, "pool = name=%s,blocks=%s,groups=%s,hash_block_size=%u,caching=%s,"
+		             "block_size=%u,max_model_len=%u,medium=%s,seed=%s,"
 		             "dp_rank=%d,model=%s,token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
 		             "layout=%s,memory=%s\n",
-		        p->name, p->num_blocks ? blocks : "(from memory)", p->block_size,
+		        p->name, p->num_blocks ? blocks : "(from memory)", groups, p->hash_block_size,
+		        p->caching ? "on" : "off", p->block_size,
 		        p->max_model_len, p->medium, p->has_seed ? p->seed : "(random)",
 		        p->dp_rank < 0 ? (int)i : p->dp_rank, p->model[0] ? p->model : p->name,
 		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,

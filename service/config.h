@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/group_spec.h"
+
 #define KVPD_MAX_POOLS 16
 #define KVPD_MAX_URLS 8
 #define KVPD_NAME_MAX 128
@@ -46,7 +48,11 @@ int kvpd_parse_memory(const char *s, uint64_t *bytes, double *fraction);
 struct kvpd_pool_config {
 	char name[KVPD_NAME_MAX];
 	uint32_t num_blocks;
-	uint32_t block_size;       /* tokens per block (= hash block size) */
+	uint32_t block_size;       /* tokens per executor block; default: the largest group's */
+	uint32_t hash_block_size;  /* tokens per block hash; 0: block size (1 group), else GCD */
+	bool caching;              /* prefix caching (vLLM's enable_prefix_caching) */
+	uint32_t num_groups;       /* 0 until resolved: one full-attention group of block_size */
+	struct kvp_group_spec groups[KVP_MAX_GROUPS];
 	uint32_t max_model_len;
 	bool has_seed;
 	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: random */

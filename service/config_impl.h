@@ -6,6 +6,7 @@
 #ifndef KVPD_CONFIG_IMPL_H
 #define KVPD_CONFIG_IMPL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -13,11 +14,22 @@
 
 /* A decimal in [min, max] into *out: 0, or -1 (nothing written). */
 int kvpd_cfg_parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out);
+/* 1, true, on / 0, false, off into *out: 0, or -1 (nothing written). */
+int kvpd_cfg_parse_bool(const char *v, bool *out);
 /* Copies v if it fits cap with its NUL: 0, or -1 (nothing written). */
 int kvpd_cfg_copy_str(char *dst, size_t cap, const char *v);
 
 /* Fills a pool's unset executor settings from the globals and checks them: 0, or -1 after printing. */
 int kvpd_cfg_resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, FILE *err);
+
+/* One groups= value of a pool spec: 0, or -1 after printing why. */
+int kvpd_cfg_parse_groups(struct kvpd_pool_config *p, const char *v, FILE *err);
+/*
+ * A pool's groups, hash block size and block size after every source
+ * (defaults as vLLM resolves them), checked as vLLM's coordinators assert
+ * them: 0, or -1 after printing why.
+ */
+int kvpd_cfg_resolve_groups(struct kvpd_pool_config *p, FILE *err);
 
 /* One vllm-* setting (name without the prefix): 0, -1 bad value, -2 unknown name. */
 int kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v);

@@ -10,8 +10,8 @@
 #include "service/config.h"
 #include "service/config_impl.h"
 
-static int
-parse_bool(const char *v, bool *out)
+int
+kvpd_cfg_parse_bool(const char *v, bool *out)
 {
 	if (v == NULL)
 		return -1;
@@ -53,7 +53,7 @@ kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
 	if (strcmp(name, "hashes") == 0)
 		return parse_choice(v, "int", "bytes", &w->hash_bytes);
 	if (strcmp(name, "replay-topic") == 0)
-		return parse_bool(v, &w->replay_topic);
+		return kvpd_cfg_parse_bool(v, &w->replay_topic);
 	if (strcmp(name, "buffer-steps") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 24, &w->buffer_steps);
 	if (strcmp(name, "hwm") == 0)

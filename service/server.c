@@ -122,9 +122,10 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
           char *err, size_t err_len)
 {
 	struct kvp_pool_config kc = {
-		.hash_block_size = pc->block_size, .enable_caching = true, .enable_events = true,
+		.hash_block_size = pc->hash_block_size, .enable_caching = pc->caching,
+		.enable_events = true,
 	};
-	struct kvp_mgr_config mc = {.num_groups = 1, .block_sizes = &p->cfg.block_size,
+	struct kvp_mgr_config mc = {.num_groups = pc->num_groups, .groups = p->cfg.groups,
 	                            .max_model_len = pc->max_model_len,
 	                            .max_requests = cfg->max_sessions * 64u};
 	int rv;
@@ -134,6 +135,10 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	if ((rv = exec_init(p, err, err_len)) != KVP_OK)
 		return rv;
 	kc.num_blocks = p->cfg.num_blocks;
+	for (uint32_t g = 0; g < pc->num_groups && pc->caching; g++) {
+		uint32_t len = pc->groups[g].block_size / pc->hash_block_size * KVP_HASH_LEN;
+		kc.max_hash_len = len > kc.max_hash_len ? len : kc.max_hash_len;
+	}
 	kc.medium = p->cfg.medium;
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
