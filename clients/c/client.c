@@ -169,6 +169,21 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 	i->num_blocks = p->num_blocks;
 	i->hash_block_size = p->hash_block_size;
 	i->block_size = p->n_groups > 0 ? p->groups[0]->block_size : p->hash_block_size;
+	i->prefix_caching = p->prefix_caching;
+	i->num_groups = 0;
+	for (size_t g = 0; g < p->n_groups && g < KVP_MAX_GROUPS; g++) {
+		const Kvpool__V1__GroupInfo *gi = p->groups[g];
+		struct kvp_group_spec *s = &i->groups[i->num_groups++];
+		memset(s, 0, sizeof(*s));
+		if (kvp_group_kind_parse(gi->kind, &s->kind) != KVP_OK)
+			s->kind = KVP_GROUP_NUM_KINDS; /* a kind this client does not know */
+		s->block_size = gi->block_size;
+		s->window = gi->sliding_window ? gi->sliding_window : gi->attention_chunk_size;
+		if (gi->mamba_cache_mode != NULL)
+			for (int mode = KVP_MAMBA_ALIGN; mode <= KVP_MAMBA_NONE; mode++)
+				if (strcmp(gi->mamba_cache_mode, kvp_mamba_mode_name(mode)) == 0)
+					s->mamba_mode = (enum kvp_mamba_mode)mode;
+	}
 	snprintf(i->hash_algorithm, sizeof(i->hash_algorithm), "%s", p->hash_algorithm);
 	memcpy(i->none_hash_fingerprint, p->none_hash_fingerprint.data,
 	       p->none_hash_fingerprint.len < 8 ? p->none_hash_fingerprint.len : 8);
@@ -590,6 +605,9 @@ kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a
 	res->num_scheduled_tokens = s->num_scheduled_tokens;
 	res->num_computed_tokens = s->num_computed_tokens;
 	res->num_new_blocks = s->n_new_block_ids;
+	res->num_groups = 0;
+	for (size_t g = 0; g < s->n_new_blocks_per_group && g < KVP_MAX_GROUPS; g++)
+		res->new_blocks_per_group[res->num_groups++] = s->new_blocks_per_group[g];
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
 }

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "common/block_hash.h"
+#include "common/group_spec.h"
 #include "common/kvp_status.h"
 
 struct kvp_client_options {
@@ -59,6 +60,9 @@ struct kvp_client_info {
 	uint32_t num_blocks;
 	uint32_t hash_block_size;
 	uint32_t block_size;        /* group 0's */
+	bool prefix_caching;        /* false: the pool hashes, caches and hits nothing */
+	uint32_t num_groups;        /* KV cache groups (ids 0 .. num_groups - 1) */
+	struct kvp_group_spec groups[KVP_MAX_GROUPS];
 	char hash_algorithm[32];
 	uint8_t none_hash_fingerprint[8];
 	char medium[16];
@@ -167,7 +171,9 @@ struct kvp_client_slots_result {
 	uint32_t hit_tokens;
 	uint32_t num_scheduled_tokens;
 	uint32_t num_computed_tokens;
-	size_t num_new_blocks;
+	size_t num_new_blocks;      /* in new_blocks: each group's, group after group */
+	uint32_t num_groups;
+	uint32_t new_blocks_per_group[KVP_MAX_GROUPS];
 };
 /* KVP_ENOSPACE: not enough free blocks; nothing was allocated (preempt or wait). */
 int kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a,

@@ -617,6 +617,23 @@ main(int argc, char **argv)
 		cJSON_AddNumberToObject(j, "block_size", in->block_size);
 		cJSON_AddNumberToObject(j, "hash_block_size", in->hash_block_size);
 		cJSON_AddStringToObject(j, "hash_algorithm", in->hash_algorithm);
+		cJSON_AddBoolToObject(j, "prefix_caching", in->prefix_caching);
+		cJSON *ga = cJSON_AddArrayToObject(j, "groups");
+		for (uint32_t g = 0; g < in->num_groups; g++) {
+			const struct kvp_group_spec *s = &in->groups[g];
+			cJSON *go = cJSON_CreateObject();
+			cJSON_AddNumberToObject(go, "group_id", g);
+			cJSON_AddStringToObject(go, "kind", kvp_group_kind_name(s->kind));
+			cJSON_AddNumberToObject(go, "block_size", s->block_size);
+			if (s->kind == KVP_GROUP_SLIDING_WINDOW)
+				cJSON_AddNumberToObject(go, "sliding_window", s->window);
+			if (s->kind == KVP_GROUP_CHUNKED_LOCAL)
+				cJSON_AddNumberToObject(go, "attention_chunk_size", s->window);
+			if (s->kind == KVP_GROUP_MAMBA)
+				cJSON_AddStringToObject(go, "mamba_cache_mode",
+				                        kvp_mamba_mode_name(s->mamba_mode));
+			cJSON_AddItemToArray(ga, go);
+		}
 		cJSON_AddStringToObject(j, "none_hash_fingerprint", fp);
 		cJSON_AddStringToObject(j, "medium", in->medium);
 		cJSON_AddNumberToObject(j, "max_model_len", in->max_model_len);
@@ -651,6 +668,14 @@ main(int argc, char **argv)
 				       "medium %s, max_model_len %u, %u ids per call\n",
 				       in->pool, in->num_blocks, in->block_size, in->hash_algorithm, fp,
 				       in->medium, in->max_model_len, in->max_ids_per_call);
+			if (strcmp(cmd, "info") == 0) {
+				char groups[256];
+				if (kvp_group_specs_format(in->groups, in->num_groups, groups,
+				                           sizeof(groups)) != KVP_OK)
+					snprintf(groups, sizeof(groups), "(%u groups)", in->num_groups);
+				printf("groups %s (hash block size %u), prefix caching %s\n", groups,
+				       in->hash_block_size, in->prefix_caching ? "on" : "off");
+			}
 			if (strcmp(cmd, "info") == 0 && in->server_version[0])
 				printf("kvpoold %s\n", in->server_version);
 		}

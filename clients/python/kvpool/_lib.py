@@ -58,10 +58,23 @@ class Executor(Structure):
                 ("layout", c_char * 8), ("block_bytes", c_uint64), ("memory_bytes", c_uint64)]
 
 
+MAX_GROUPS = 8
+GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba")
+MAMBA_MODES = ("auto", "align", "all", "none")
+
+
+class GroupSpec(Structure):
+    """common/group_spec.h's struct kvp_group_spec (enums are C ints)."""
+    _fields_ = [("kind", ctypes.c_int), ("block_size", c_uint32), ("window", c_uint32),
+                ("mamba_mode", ctypes.c_int)]
+
+
 class Info(Structure):
     _fields_ = [("session_id", c_uint64), ("lease_ms", c_uint32), ("pool", c_char * 128),
                 ("num_blocks", c_uint32), ("hash_block_size", c_uint32),
-                ("block_size", c_uint32), ("hash_algorithm", c_char * 32),
+                ("block_size", c_uint32), ("prefix_caching", ctypes.c_bool),
+                ("num_groups", c_uint32), ("groups", GroupSpec * MAX_GROUPS),
+                ("hash_algorithm", c_char * 32),
                 ("none_hash_fingerprint", c_uint8 * 8), ("medium", c_char * 16),
                 ("event_epoch", c_uint64), ("event_seq", c_uint64),
                 ("max_model_len", c_uint32), ("max_ids_per_call", c_uint32),
@@ -119,7 +132,8 @@ class Slots(Structure):
 
 class SlotsResult(Structure):
     _fields_ = [("hit_tokens", c_uint32), ("num_scheduled_tokens", c_uint32),
-                ("num_computed_tokens", c_uint32), ("num_new_blocks", c_size_t)]
+                ("num_computed_tokens", c_uint32), ("num_new_blocks", c_size_t),
+                ("num_groups", c_uint32), ("new_blocks_per_group", c_uint32 * MAX_GROUPS)]
 
 
 CLIENT = c_void_p

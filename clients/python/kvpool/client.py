@@ -68,13 +68,29 @@ def _keys(lora_name=None, cache_salt=None, mm=None):
     return k, (k, arr, feats)
 
 
+def _group(g):
+    """One KV cache group as a dict, with vLLM's kind name."""
+    kind = L.GROUP_KINDS[g.kind] if 0 <= g.kind < len(L.GROUP_KINDS) else "unknown"
+    d = {"kind": kind, "block_size": g.block_size}
+    if kind == "sliding_window":
+        d["sliding_window"] = g.window
+    elif kind == "chunked_local_attention":
+        d["attention_chunk_size"] = g.window
+    elif kind == "mamba":
+        d["mamba_cache_mode"] = L.MAMBA_MODES[g.mamba_mode] if 0 <= g.mamba_mode < 4 else "?"
+    return d
+
+
 @dataclass
 class SlotsResult:
-    """AllocateSlots' answer: the new blocks and the token counts."""
+    """AllocateSlots' answer: the new blocks (group after group; per group in
+    new_blocks_by_group, 0 where a Mamba group pads with the null block) and
+    the token counts."""
     new_blocks: list
     hit_tokens: int
     num_scheduled_tokens: int
     num_computed_tokens: int
+    new_blocks_by_group: list = None
 
 
 class Client:
@@ -112,6 +128,8 @@ class Client:
             "event_seq": i.event_seq, "max_model_len": i.max_model_len,
             "max_ids_per_call": i.max_ids_per_call, "max_msg_bytes": i.max_msg_bytes,
             "server_version": i.server_version.decode(),
+            "prefix_caching": bool(i.prefix_caching),
+            "groups": [_group(i.groups[g]) for g in range(min(i.num_groups, L.MAX_GROUPS))],
             "executor": None if not ex.backend else {
                 "backend": ex.backend.decode(), "num_layers": ex.num_layers,
                 "num_heads": ex.num_heads, "head_size": ex.head_size,
@@ -224,8 +242,12 @@ class Client:
         res = L.SlotsResult()
         self._check(L.kvp_client_allocate_slots(self._live(), byref(a), out, cap, byref(res)))
         del keep
-        return SlotsResult(list(out[:res.num_new_blocks]), res.hit_tokens,
-                           res.num_scheduled_tokens, res.num_computed_tokens)
+        flat, rows, off = list(out[:res.num_new_blocks]), [], 0
+        for g in range(res.num_groups):
+            rows.append(flat[off:off + res.new_blocks_per_group[g]])
+            off += res.new_blocks_per_group[g]
+        return SlotsResult(flat, res.hit_tokens, res.num_scheduled_tokens,
+                           res.num_computed_tokens, rows)
 
     def free_request(self, request_id, preempt=False):
         self._check(L.kvp_client_free_request(self._live(), request_id, preempt))

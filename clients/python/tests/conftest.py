@@ -31,7 +31,9 @@ def daemon(tmp_path_factory):
     proc = subprocess.Popen([_kvpoold(), "--quiet", "--rpc", url, "--admin", "none", "--events",
                              "none", "--kv-layers", "2", "--kv-heads", "2", "--kv-head-size", "16",
                              "--pool", "name=kv,blocks=64,block_size=16,seed=0",
-                             "--pool", "name=bare,blocks=8,executor=none"])
+                             "--pool", "name=bare,blocks=8,executor=none",
+                             "--pool", "name=gptoss,blocks=21,seed=0,executor=none,"
+                                       "groups=full:16+sliding_window:16:32"])
     deadline = time.monotonic() + 10
     while True:
         try:

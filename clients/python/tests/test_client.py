@@ -140,3 +140,20 @@ def test_prefix_cache_and_requests(daemon):
         assert d.lookup(toks, lora_name="L") == (blocks, 32)
         assert d.lookup(toks) == ([], 0)
         c.free(blocks)
+
+
+def test_hybrid_pool_groups_and_blocks_by_group(daemon):
+    """A gpt-oss-like pool: Hello's groups, and new blocks split by group."""
+    with kvpool.Client(daemon, pool="gptoss") as c:
+        assert c.info["prefix_caching"] is True
+        assert c.info["groups"] == [
+            {"kind": "full_attention", "block_size": 16},
+            {"kind": "sliding_window", "block_size": 16, "sliding_window": 32}]
+        prompt = [i // 16 for i in range(48)] + [3] * 7
+        r = c.allocate_slots(1, prompt=prompt)
+        assert r.new_blocks_by_group == [[1, 2, 3, 4], [5, 6, 7, 8]]
+        r = c.allocate_slots(2, prompt=prompt[:53])
+        assert r.hit_tokens == 48 and r.new_blocks_by_group == [[9], [10]]
+        c.free_request(2, preempt=True)
+        ids, hit = c.get_computed_blocks(2)
+        assert hit == 48 and ids == [1, 2, 3, 0, 6, 7]
