@@ -233,6 +233,16 @@ kvp_group_specs_lcm(const struct kvp_group_spec *groups, size_t n)
 	return (uint32_t)lcm;
 }
 
+uint32_t
+kvp_group_specs_hash_block_size(const struct kvp_group_spec *groups, size_t n)
+{
+	uint64_t g = 0;
+
+	for (size_t i = 0; groups != NULL && i < n; i++)
+		g = gcd64(g, groups[i].block_size);
+	return (uint32_t)g;
+}
+
 void
 kvp_group_specs_resolve(struct kvp_group_spec *groups, size_t n, bool enable_caching)
 {

@@ -103,6 +103,12 @@ int kvp_group_specs_validate(const struct kvp_group_spec *groups, size_t n,
 /* Resolves KVP_MAMBA_AUTO as vLLM does: align with prefix caching, none without. */
 void kvp_group_specs_resolve(struct kvp_group_spec *groups, size_t n, bool enable_caching);
 
+/*
+ * vLLM's default hash block size for these groups (resolve_kv_cache_block_sizes):
+ * one group's block size, or the GCD of several. 0 if n is 0.
+ */
+uint32_t kvp_group_specs_hash_block_size(const struct kvp_group_spec *groups, size_t n);
+
 /* The LCM of the block sizes (0 if it exceeds UINT32_MAX or n is 0). */
 uint32_t kvp_group_specs_lcm(const struct kvp_group_spec *groups, size_t n);
 

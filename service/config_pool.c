@@ -22,17 +22,6 @@ kvpd_cfg_parse_groups(struct kvpd_pool_config *p, const char *v, FILE *err)
 	return 0;
 }
 
-static uint32_t
-gcd(uint32_t a, uint32_t b)
-{
-	while (b) {
-		uint32_t t = a % b;
-		a = b;
-		b = t;
-	}
-	return a;
-}
-
 int
 kvpd_cfg_resolve_groups(struct kvpd_pool_config *p, FILE *err)
 {
@@ -45,18 +34,15 @@ kvpd_cfg_resolve_groups(struct kvpd_pool_config *p, FILE *err)
 		                                       .block_size = p->block_size};
 		p->num_groups = 1;
 	}
-	uint32_t largest = 0, g = 0;
-	for (uint32_t i = 0; i < p->num_groups; i++) {
-		uint32_t bs = p->groups[i].block_size;
-		largest = bs > largest ? bs : largest;
-		g = gcd(g, bs);
-	}
+	uint32_t largest = 0;
+	for (uint32_t i = 0; i < p->num_groups; i++)
+		if (p->groups[i].block_size > largest)
+			largest = p->groups[i].block_size;
 	/* The executor's blocks hold the largest group's tokens. */
 	if (p->block_size == 0)
 		p->block_size = largest;
-	/* vLLM: one group hashes per block; several, by the GCD of their block sizes. */
 	if (p->hash_block_size == 0)
-		p->hash_block_size = p->num_groups == 1 ? p->groups[0].block_size : g;
+		p->hash_block_size = kvp_group_specs_hash_block_size(p->groups, p->num_groups);
 	kvp_group_specs_resolve(p->groups, p->num_groups, p->caching);
 	if (kvp_group_specs_validate(p->groups, p->num_groups, p->hash_block_size, p->caching, why,
 	                             sizeof(why)) != KVP_OK) {
