@@ -54,6 +54,17 @@ kvp_mamba_mode_name(enum kvp_mamba_mode m)
 	return (unsigned)m <= KVP_MAMBA_NONE ? mamba_modes[m] : "unknown";
 }
 
+int
+kvp_mamba_mode_parse(const char *s, enum kvp_mamba_mode *out)
+{
+	for (int m = KVP_MAMBA_ALIGN; s != NULL && out != NULL && m <= KVP_MAMBA_NONE; m++)
+		if (strcmp(s, mamba_modes[m]) == 0) {
+			*out = (enum kvp_mamba_mode)m;
+			return KVP_OK;
+		}
+	return KVP_EINVAL;
+}
+
 bool
 kvp_group_spec_equal(const struct kvp_group_spec *a, const struct kvp_group_spec *b)
 {
@@ -127,13 +138,8 @@ parse_item(char *item, struct kvp_group_spec *g, char *err, size_t err_len)
 	case KVP_GROUP_MAMBA:
 		if (nf == 2)
 			return KVP_OK;
-		if (nf == 3) {
-			for (int m = KVP_MAMBA_ALIGN; m <= KVP_MAMBA_NONE; m++)
-				if (strcmp(field[2], mamba_modes[m]) == 0) {
-					g->mamba_mode = (enum kvp_mamba_mode)m;
-					return KVP_OK;
-				}
-		}
+		if (nf == 3 && kvp_mamba_mode_parse(field[2], &g->mamba_mode) == KVP_OK)
+			return KVP_OK;
 		return fail(err, err_len, "group mamba: takes a block size and optionally a cache "
 		                          "mode align, all or none (mamba:16:align)");
 	default:

@@ -66,6 +66,8 @@ const char *kvp_group_kind_short(enum kvp_group_kind k);
 /* Parses either name. KVP_OK or KVP_EINVAL (*out unchanged). */
 int kvp_group_kind_parse(const char *s, enum kvp_group_kind *out);
 const char *kvp_mamba_mode_name(enum kvp_mamba_mode m);
+/* Parses "align", "all" or "none". KVP_OK or KVP_EINVAL (*out unchanged). */
+int kvp_mamba_mode_parse(const char *s, enum kvp_mamba_mode *out);
 
 /*
  * Two specs are the same group kind for vLLM's coordinator (merged into one

@@ -179,10 +179,7 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 			s->kind = KVP_GROUP_NUM_KINDS; /* a kind this client does not know */
 		s->block_size = gi->block_size;
 		s->window = gi->sliding_window ? gi->sliding_window : gi->attention_chunk_size;
-		if (gi->mamba_cache_mode != NULL)
-			for (int mode = KVP_MAMBA_ALIGN; mode <= KVP_MAMBA_NONE; mode++)
-				if (strcmp(gi->mamba_cache_mode, kvp_mamba_mode_name(mode)) == 0)
-					s->mamba_mode = (enum kvp_mamba_mode)mode;
+		(void)kvp_mamba_mode_parse(gi->mamba_cache_mode, &s->mamba_mode);
 	}
 	snprintf(i->hash_algorithm, sizeof(i->hash_algorithm), "%s", p->hash_algorithm);
 	memcpy(i->none_hash_fingerprint, p->none_hash_fingerprint.data,
