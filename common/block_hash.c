@@ -8,12 +8,61 @@
 #include <string.h>
 
 #include "common/kvp_status.h"
+#include "common/pickle.h"
 
 struct kvp_hasher {
 	EVP_MD_CTX *ctx;
 	EVP_MD *md;            /* fetched once: EVP_sha256() re-fetches under a lock per init */
+	enum kvp_hash_algo algo;
+	uint8_t *scratch;      /* a pickled block input (sha256); grows, kept */
+	size_t scratch_cap;
 	uint8_t none_hash[KVP_HASH_LEN];
 };
+
+/* One table: the algorithm, vLLM's name for it. */
+static const char *const algo_names[] = {
+	[KVP_HASH_SHA256_CBOR] = "sha256_cbor",
+	[KVP_HASH_SHA256] = "sha256",
+};
+
+const char *
+kvp_hash_algo_name(enum kvp_hash_algo algo)
+{
+	if ((unsigned)algo >= sizeof(algo_names) / sizeof(algo_names[0]))
+		return NULL;
+	return algo_names[algo];
+}
+
+int
+kvp_hash_algo_parse(const char *name, enum kvp_hash_algo *out)
+{
+	if (name == NULL || out == NULL)
+		return KVP_EINVAL;
+	for (size_t i = 0; i < sizeof(algo_names) / sizeof(algo_names[0]); i++) {
+		if (strcmp(name, algo_names[i]) == 0) {
+			*out = (enum kvp_hash_algo)i;
+			return KVP_OK;
+		}
+	}
+	/* vLLM's xxhash and xxhash_cbor are known names, not implemented here. */
+	return strcmp(name, "xxhash") == 0 || strcmp(name, "xxhash_cbor") == 0 ? KVP_ENOTSUP
+	                                                                        : KVP_EINVAL;
+}
+
+/* Grows the hasher's scratch buffer to at least n bytes. */
+static int
+scratch_reserve(struct kvp_hasher *h, size_t n)
+{
+	uint8_t *nb;
+
+	if (n <= h->scratch_cap)
+		return KVP_OK;
+	if (n == SIZE_MAX || (nb = realloc(h->scratch, n)) == NULL)
+		return KVP_ENOMEM;
+	h->scratch = nb;
+	h->scratch_cap = n;
+	return KVP_OK;
+}
 
 /* ---- canonical CBOR (the subset vLLM's hash inputs use; spec 6.4) ---- */
 
@@ -105,26 +154,39 @@ cbor_str(uint8_t *p, const char *s)
 int
 kvp_hasher_create(const char *seed, struct kvp_hasher **out)
 {
+	return kvp_hasher_create_algo(seed, KVP_HASH_SHA256_CBOR, out);
+}
+
+int
+kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_hasher **out)
+{
 	struct kvp_hasher *h;
 	int rv = KVP_OK;
 
-	if (out == NULL)
+	if (out == NULL || kvp_hash_algo_name(algo) == NULL)
 		return KVP_EINVAL;
 	if ((h = calloc(1, sizeof(*h))) == NULL)
 		return KVP_ENOMEM;
+	h->algo = algo;
 	h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
 	if ((h->ctx = EVP_MD_CTX_new()) == NULL || h->md == NULL) {
 		kvp_hasher_destroy(h);
 		return KVP_ENOMEM;
 	}
 	if (seed != NULL) {
-		size_t n = strlen(seed);
-		uint8_t *buf = malloc(n + CBOR_HEAD_MAX);
+		/* NONE_HASH = hash_fn(seed string): the string in the algorithm's encoding. */
+		size_t n = strlen(seed), len = 0;
+		uint8_t *buf = malloc(n + 32);
 		if (buf == NULL) {
 			kvp_hasher_destroy(h);
 			return KVP_ENOMEM;
 		}
-		rv = kvp_hash_raw(h, buf, cbor_str(buf, seed), h->none_hash);
+		if (algo == KVP_HASH_SHA256)
+			rv = kvp_pickle_str(seed, buf, n + 32, &len);
+		else
+			len = cbor_str(buf, seed);
+		if (rv == KVP_OK)
+			rv = kvp_hash_raw(h, buf, len, h->none_hash);
 		free(buf);
 	} else if (RAND_bytes(h->none_hash, KVP_HASH_LEN) != 1) {
 		rv = KVP_EINTERNAL;
@@ -144,6 +206,7 @@ kvp_hasher_destroy(struct kvp_hasher *h)
 		return;
 	EVP_MD_CTX_free(h->ctx);
 	EVP_MD_free(h->md);
+	free(h->scratch);
 	free(h);
 }
 
@@ -151,6 +214,26 @@ const uint8_t *
 kvp_hasher_none_hash(const struct kvp_hasher *h)
 {
 	return h->none_hash;
+}
+
+enum kvp_hash_algo
+kvp_hasher_algo(const struct kvp_hasher *h)
+{
+	return h->algo;
+}
+
+/* sha256: SHA-256 of the block's pickle, built in the hasher's scratch buffer. */
+static int
+hash_block_pickle(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens, size_t n,
+                  const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN])
+{
+	size_t len = 0;
+	int rv = scratch_reserve(h, kvp_pickle_block_bound(KVP_HASH_LEN, n, extra_len));
+
+	if (rv == KVP_OK)
+		rv = kvp_pickle_block(parent ? parent : h->none_hash, KVP_HASH_LEN, tokens, n, extra,
+		                      extra_len, h->scratch, h->scratch_cap, &len);
+	return rv == KVP_OK ? kvp_hash_raw(h, h->scratch, len, out) : rv;
 }
 
 int
@@ -184,6 +267,8 @@ kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *token
 	if (h == NULL || (tokens == NULL && n > 0) || out == NULL ||
 	    (extra == NULL && extra_len > 0))
 		return KVP_EINVAL;
+	if (h->algo == KVP_HASH_SHA256)
+		return hash_block_pickle(h, parent, tokens, n, extra, extra_len, out);
 	ok = EVP_DigestInit_ex2(h->ctx, h->md, NULL) == 1;
 	buf[len++] = 0x83;
 	buf[len++] = 0x58;
@@ -226,6 +311,9 @@ kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
 	if (h == NULL || (tokens == NULL && n > 0) || buf == NULL || len == NULL ||
 	    (extra == NULL && extra_len > 0) || n > (SIZE_MAX - 64 - extra_len) / 9)
 		return KVP_EINVAL;
+	if (h->algo == KVP_HASH_SHA256)
+		return kvp_pickle_block(parent ? parent : h->none_hash, KVP_HASH_LEN, tokens, n,
+		                        extra, extra_len, buf, cap, len);
 	need = 3 + KVP_HASH_LEN + cbor_head(scratch, 4, n) + (extra_len ? extra_len : 1);
 	for (size_t i = 0; i < n; i++)
 		need += cbor_int(scratch, tokens[i]);

@@ -10,8 +10,14 @@
  * (identifier, offset relative to the block start) per multimodal feature
  * overlapping the block; the cache salt on the block that starts at token 0.
  * Prompt-embeds keys are not supported (a request that uses them cannot be
- * described here). Only sha256_cbor is implemented: it is vLLM's
- * language-neutral choice; sha256 (pickle) is Python-specific.
+ * described here).
+ *
+ * Two of vLLM's --prefix-caching-hash-algo choices are implemented, both
+ * byte for byte: sha256_cbor (kvpool's default: vLLM's language-neutral
+ * choice) and sha256 (vLLM's default: SHA-256 of pickle protocol 5 bytes,
+ * common/pickle.h, with its one documented limit on strings that CPython
+ * shares by identity). xxhash and xxhash_cbor (16-byte XXH3-128 digests)
+ * are not: every hash in kvpool's map keys, wire and events is 32 bytes.
  *
  * A struct kvp_hasher owns one reused EVP_MD_CTX (2.8x faster than the
  * one-shot API) and its NONE_HASH: one per pool, not thread-safe. The free
@@ -42,6 +48,20 @@ struct kvp_request_keys {
 
 struct kvp_hasher;
 
+/* vLLM's hash algorithms that kvpool implements; values are kvpool's own. */
+enum kvp_hash_algo {
+	KVP_HASH_SHA256_CBOR = 0, /* "sha256_cbor": SHA-256 of canonical CBOR */
+	KVP_HASH_SHA256 = 1,      /* "sha256": SHA-256 of pickle protocol 5 */
+};
+
+/* vLLM's name of an algorithm ("sha256_cbor"), or NULL if not one of ours. */
+const char *kvp_hash_algo_name(enum kvp_hash_algo algo);
+/*
+ * Parses vLLM's name. KVP_ENOTSUP for vLLM's xxhash and xxhash_cbor (known,
+ * not implemented), KVP_EINVAL for anything else; *out only on success.
+ */
+int kvp_hash_algo_parse(const char *name, enum kvp_hash_algo *out);
+
 /*
  * Creates a hasher. seed != NULL: NONE_HASH = sha256(cbor(seed string)), as
  * vLLM does with PYTHONHASHSEED set; seed == NULL: 32 random bytes (hashes
@@ -49,25 +69,37 @@ struct kvp_hasher;
  * (OpenSSL failure); *out is written only on success.
  */
 int kvp_hasher_create(const char *seed, struct kvp_hasher **out);
+/*
+ * The same with a chosen algorithm: NONE_HASH is then hash_fn(seed) in that
+ * algorithm's encoding, as vLLM's init_none_hash. KVP_EINVAL for an unknown
+ * algorithm; otherwise as kvp_hasher_create.
+ */
+int kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_hasher **out);
+/* The hasher's algorithm. */
+enum kvp_hash_algo kvp_hasher_algo(const struct kvp_hasher *h);
 /* Destroys a hasher; NULL is a no-op. */
 void kvp_hasher_destroy(struct kvp_hasher *h);
 /* The hasher's NONE_HASH (32 bytes). */
 const uint8_t *kvp_hasher_none_hash(const struct kvp_hasher *h);
 
 /*
- * hash_block_tokens: out = sha256(cbor((parent or NONE_HASH, tokens, extra))).
- * parent: NULL for the first block, else 32 bytes. extra: one canonical CBOR
- * item (from kvp_extra_keys_encode), or NULL/0 for None. Returns KVP_EINVAL
- * (tokens NULL with n > 0, out NULL) or KVP_EINTERNAL (OpenSSL).
+ * hash_block_tokens: out = sha256(encode((parent or NONE_HASH, tokens, extra)))
+ * in the hasher's encoding (CBOR or pickle). parent: NULL for the first
+ * block, else 32 bytes. extra: one canonical CBOR item (from
+ * kvp_extra_keys_encode, whatever the algorithm), or NULL/0 for None.
+ * Returns KVP_EINVAL (tokens NULL with n > 0, out NULL, extra not one CBOR
+ * item for sha256), KVP_ENOMEM, or KVP_EINTERNAL (OpenSSL).
  */
 int kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
                    size_t n, const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN]);
 
 /*
- * Writes the exact bytes kvp_hash_block() digests (0x83, parent, token
- * array, extra or 0xf6) to buf and their count to *len; for tests, tools
- * and the benchmark's raw-SHA-256 baseline. KVP_EINVAL if cap is below the
- * exact length (45 + 9·n + extra_len always suffices); nothing is written then.
+ * Writes the exact bytes kvp_hash_block() digests (for sha256_cbor: 0x83,
+ * parent, token array, extra or 0xf6; for sha256: the pickle) to buf and
+ * their count to *len; for tests, tools and the benchmark's raw-SHA-256
+ * baseline. KVP_EINVAL if cap is below the exact length (45 + 9·n +
+ * extra_len always suffices for CBOR, kvp_pickle_block_bound for pickle);
+ * *len is written only on success.
  */
 int kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
                          const int64_t *tokens, size_t n, const uint8_t *extra,

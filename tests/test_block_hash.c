@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "common/block_hash.h"
+#include "common/pickle.h"
 
 static struct kvp_hasher *
 seeded(void)
@@ -331,6 +332,125 @@ test_block_hash_keys_longer_than_the_limit_are_refused(void **state)
 	}
 }
 
+/* ---- sha256: SHA-256 of pickle protocol 5 (spec 6.5, scenarios H0-H4) ---- */
+
+static struct kvp_hasher *
+seeded_pickle(void)
+{
+	struct kvp_hasher *h = NULL;
+	assert_ok(kvp_hasher_create_algo("0", KVP_HASH_SHA256, &h));
+	assert_int_equal(kvp_hasher_algo(h), KVP_HASH_SHA256);
+	return h;
+}
+
+static void
+test_block_hash_sha256_h0_h1_h2_pickle_bytes_and_digests(void **state)
+{
+	struct kvp_hasher *h = seeded_pickle();
+	int64_t tok[32];
+	uint8_t h1[32], h2[32], in[256];
+	size_t inlen = 0;
+
+	(void)state;
+	assert_hex(kvp_hasher_none_hash(h), 32,
+	           "1973e23848344dc43a988a9b478663803cfffe1243480253f9a3cf004b14aa7c");
+	assert_ok(kvp_pickle_str("0", in, sizeof(in), &inlen));
+	assert_hex(in, inlen, "80059505000000000000008c013094" "2e");
+	for (int i = 0; i < 32; i++)
+		tok[i] = i;
+	assert_ok(kvp_hash_block(h, NULL, tok, 16, NULL, 0, h1));
+	assert_hex(h1, 32, "6358e31578a64b75ebe28cdb99d3beae65de82a2087321dc6ec84ae048faaaa6");
+	assert_ok(kvp_hash_block_input(h, h1, tok + 16, 16, NULL, 0, in, sizeof(in), &inlen));
+	assert_hex(in, inlen,
+	           "8005954a0000000000000043206358e31578a64b75ebe28cdb99d3beae65de82a2087321dc6ec8"
+	           "4ae048faaaa694284b104b114b124b134b144b154b164b174b184b194b1a4b1b4b1c4b1d4b1e"
+	           "4b1f74944e87942e");
+	assert_ok(kvp_hash_block(h, h1, tok + 16, 16, NULL, 0, h2));
+	assert_hex(h2, 32, "3c3c50f324aefbdfbb124dfdc541efac3e94e59c40f4be08afe70601eeca92c8");
+	/* The request hasher chains the same way. */
+	uint8_t out[64];
+	size_t n = 0;
+	assert_ok(kvp_hash_request(h, NULL, tok, 32, 16, NULL, 0, out, 2, &n));
+	assert_int_equal(n, 2);
+	assert_memory_equal(out, h1, 32);
+	assert_memory_equal(out + 32, h2, 32);
+	/* One byte short of the exact pickle: refused. */
+	assert_status(kvp_hash_block_input(h, h1, tok + 16, 16, NULL, 0, in, 84, &inlen),
+	              KVP_EINVAL);
+	kvp_hasher_destroy(h);
+}
+
+static void
+test_block_hash_sha256_h3_h4_extra_keys_and_int_widths(void **state)
+{
+	struct kvp_hasher *h = seeded_pickle();
+	const struct kvp_mm_feature mm[] = {{"aaa", 0, 4}};
+	const struct kvp_request_keys k = {.lora_name = "my-lora", .mm = mm, .num_mm = 1,
+	                                   .cache_salt = "salt1"};
+	uint8_t buf[128], out[32], parent[32];
+	size_t len = 0;
+	int64_t idx = 0;
+	const int64_t tok[] = {0, 23, 24, 255, 256, 65535, 65536, 4294967295LL,
+	                       4294967296LL, -1, -24, -25, 151643};
+	const uint8_t extra[] = {0x81, 0x82, 0x63, 'b', 'b', 'b', 0x24};
+
+	(void)state;
+	assert_ok(kvp_extra_keys_encode(&k, 0, 4, &idx, buf, sizeof(buf), &len));
+	assert_ok(kvp_hash_block(h, NULL, (int64_t[]){1, 2, 3, 4}, 4, buf, len, out));
+	assert_hex(out, 32, "3d90bd638ff50afd3a8e2fba0f24c7532e3c3ad20d5f249d7a588f4d95122e38");
+	for (int i = 0; i < 32; i++)
+		parent[i] = (uint8_t)i;
+	assert_ok(kvp_hash_block(h, parent, tok, N_ELEMS(tok), extra, sizeof(extra), out));
+	assert_hex(out, 32, "483fb1af2dffd647d1c4aeb7938ed4c339846987e45eca973f7ae71453f6f1ec");
+	/* Extra keys that are not one CBOR item are refused, not hashed. */
+	const uint8_t two[] = {0xf6, 0xf6}, cut[] = {0x82, 0x01};
+	assert_status(kvp_hash_block(h, parent, tok, 1, two, sizeof(two), out), KVP_EINVAL);
+	assert_status(kvp_hash_block(h, parent, tok, 1, cut, sizeof(cut), out), KVP_EINVAL);
+	kvp_hasher_destroy(h);
+}
+
+/* LONG1 for int64 extremes, as CPython's encode_long writes them. */
+static void
+test_block_hash_sha256_long1_minimal_twos_complement(void **state)
+{
+	uint8_t nh[32] = {0}, in[128];
+	size_t len = 0;
+	const int64_t tok[] = {INT64_MIN, INT64_MAX, -2147483649LL, 2147483648LL,
+	                       -549755813888LL};
+
+	(void)state;
+	assert_ok(kvp_pickle_block(nh, 32, tok, N_ELEMS(tok), NULL, 0, in, sizeof(in), &len));
+	/* pickle.dumps((bytes(32), (-2**63, 2**63-1, -2**31-1, 2**31, -2**39), None), 5) */
+	assert_hex(in, len,
+	           "80059553000000000000004320000000000000000000000000000000000000000000000000000000"
+	           "000000000094288a0800000000000000808a08ffffffffffffff7f8a05ffffff7fff8a0500000080"
+	           "008a05000000008074944e87942e");
+	assert_status(kvp_pickle_block(nh, 32, tok, N_ELEMS(tok), NULL, 0, in, len - 1, &len),
+	              KVP_EINVAL);
+	assert_status(kvp_pickle_block(NULL, 32, tok, 1, NULL, 0, in, sizeof(in), &len),
+	              KVP_EINVAL);
+}
+
+static void
+test_block_hash_algorithm_names_round_trip(void **state)
+{
+	enum kvp_hash_algo a;
+	struct kvp_hasher *h = NULL;
+
+	(void)state;
+	assert_ok(kvp_hash_algo_parse("sha256", &a));
+	assert_int_equal(a, KVP_HASH_SHA256);
+	assert_string_equal(kvp_hash_algo_name(a), "sha256");
+	assert_ok(kvp_hash_algo_parse("sha256_cbor", &a));
+	assert_int_equal(a, KVP_HASH_SHA256_CBOR);
+	assert_status(kvp_hash_algo_parse("xxhash", &a), KVP_ENOTSUP);
+	assert_status(kvp_hash_algo_parse("xxhash_cbor", &a), KVP_ENOTSUP);
+	assert_status(kvp_hash_algo_parse("SHA256", &a), KVP_EINVAL);
+	assert_null(kvp_hash_algo_name((enum kvp_hash_algo)7));
+	assert_status(kvp_hasher_create_algo("0", (enum kvp_hash_algo)7, &h), KVP_EINVAL);
+	assert_null(h);
+}
+
 int
 main(void)
 {
@@ -347,6 +467,10 @@ main(void)
 		cmocka_unit_test(test_block_hash_h7_coarse_key_event_id),
 		cmocka_unit_test(test_block_hash_bad_arguments_are_einval),
 		cmocka_unit_test(test_block_hash_large_block_crosses_chunk_boundary),
+		cmocka_unit_test(test_block_hash_sha256_h0_h1_h2_pickle_bytes_and_digests),
+		cmocka_unit_test(test_block_hash_sha256_h3_h4_extra_keys_and_int_widths),
+		cmocka_unit_test(test_block_hash_sha256_long1_minimal_twos_complement),
+		cmocka_unit_test(test_block_hash_algorithm_names_round_trip),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

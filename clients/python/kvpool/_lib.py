@@ -175,6 +175,8 @@ kvp_client_write_blocks = _fn("kvp_client_write_blocks", c_int, CLIENT, I32P, c_
                               c_size_t)
 kvp_client_copy_blocks = _fn("kvp_client_copy_blocks", c_int, CLIENT, I32P, I32P, c_size_t)
 kvp_hasher_create = _fn("kvp_hasher_create", c_int, c_char_p, POINTER(c_void_p))
+kvp_hasher_create_algo = _fn("kvp_hasher_create_algo", c_int, c_char_p, c_int, POINTER(c_void_p))
+kvp_hash_algo_parse = _fn("kvp_hash_algo_parse", c_int, c_char_p, POINTER(c_int))
 kvp_hasher_destroy = _fn("kvp_hasher_destroy", None, c_void_p)
 kvp_hasher_none_hash = _fn("kvp_hasher_none_hash", U8P, c_void_p)
 kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys), I64P, c_size_t,

@@ -297,16 +297,24 @@ class Client:
 
 
 class Hasher:
-    """vLLM's block hashes (sha256_cbor), the same bytes the daemon computes.
-    seed: PYTHONHASHSEED's role (NONE_HASH = sha256(cbor(seed)))."""
+    """vLLM's block hashes, the same bytes the daemon computes.
+    seed: PYTHONHASHSEED's role (NONE_HASH = hash_fn(seed)); None: random.
+    algorithm: vLLM's --prefix-caching-hash-algo, "sha256_cbor" (the
+    default, as kvpoold's) or "sha256" (vLLM's default, pickle bytes)."""
 
-    def __init__(self, seed):
-        self._h = c_void_p()
-        rv = L.kvp_hasher_create(seed.encode() if isinstance(seed, str) else seed,
-                                 byref(self._h))
+    def __init__(self, seed, algorithm="sha256_cbor"):
+        self._h = None
+        algo = ctypes.c_int()
+        rv = L.kvp_hash_algo_parse(algorithm.encode(), byref(algo))
         if rv != 0:
-            self._h = None
+            _raise(rv, "unknown hash algorithm %r" % (algorithm,))
+        h = c_void_p()
+        rv = L.kvp_hasher_create_algo(seed.encode() if isinstance(seed, str) else seed,
+                                      algo.value, byref(h))
+        if rv != 0:
             _raise(rv, "cannot create a hasher")
+        self._h = h
+        self.algorithm = algorithm
 
     @property
     def none_hash(self):
