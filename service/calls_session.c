@@ -81,7 +81,7 @@ pool_info(struct call *c)
 	info->name = p->cfg.name;
 	info->num_blocks = kvp_pool_num_blocks(p->pool);
 	info->hash_block_size = kvp_pool_hash_block_size(p->pool);
-	info->hash_algorithm = "sha256_cbor";
+	info->hash_algorithm = (char *)kvp_hash_algo_name(kvp_hasher_algo(p->hasher));
 	info->none_hash_fingerprint.data = p->none_fp;
 	info->none_hash_fingerprint.len = sizeof(p->none_fp);
 	info->prefix_caching = kvp_pool_caching_enabled(p->pool);

@@ -3,6 +3,7 @@
 
 #include "service/config.h"
 #include "service/config_impl.h"
+#include "common/kvp_status.h"
 #include "common/kvp_version.h"
 #include "gpu/executor.h"
 
@@ -31,7 +32,8 @@ static const struct setting {
 	                 "hash_block_size (one group: its block size; several: their GCD), "
 	                 "caching (on; off: no prefix caching), "
 	                 "block_size (16, or the largest group's), max_model_len (8192), "
-	                 "seed (NONE_HASH seed; absent: random), token_file, medium (CPU; events' "
+	                 "seed (NONE_HASH seed; absent: random), hash_algo (sha256_cbor; or "
+	                 "sha256, vLLM's default: pickle bytes), token_file, medium (CPU; events' "
 	                 "medium without an executor), dp_rank and model (vLLM wire; default the "
 	                 "pool's position and name), and the executor's executor, device, layers, "
 	                 "heads, head_size, dtype, layout, memory (default: the global settings "
@@ -235,6 +237,16 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 				rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &p.max_model_len);
 			else if (strcmp(k, "seed") == 0)
 				rv = kvpd_cfg_copy_str(p.seed, sizeof(p.seed), v), p.has_seed = true;
+			else if (strcmp(k, "hash_algo") == 0) {
+				int hr = kvp_hash_algo_parse(v, &p.hash_algo);
+				if (hr == KVP_ENOTSUP) {
+					fprintf(st->err, "kvpoold: pool hash_algo=%s is vLLM's but not "
+					                 "kvpool's (16-byte digests); use sha256 or "
+					                 "sha256_cbor\n", v);
+					return -1;
+				}
+				rv = hr == KVP_OK ? 0 : -1;
+			}
 			else if (strcmp(k, "token_file") == 0)
 				rv = read_token(v, p.token, st->err);
 			else if (strcmp(k, "medium") == 0)
@@ -609,12 +621,13 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		if (kvp_group_specs_format(p->groups, p->num_groups, groups, sizeof(groups)) != 0)
 			snprintf(groups, sizeof(groups), "(%u groups)", p->num_groups);
 		fprintf(out, "pool = name=%s,blocks=%s,groups=%s,hash_block_size=%u,caching=%s,"
-		             "block_size=%u,max_model_len=%u,medium=%s,seed=%s,"
+		             "block_size=%u,max_model_len=%u,medium=%s,seed=%s,hash_algo=%s,"
 		             "dp_rank=%d,model=%s,token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
 		             "layout=%s,memory=%s\n",
 		        p->name, p->num_blocks ? blocks : "(from memory)", groups, p->hash_block_size,
 		        p->caching ? "on" : "off", p->block_size,
 		        p->max_model_len, p->medium, p->has_seed ? p->seed : "(random)",
+		        kvp_hash_algo_name(p->hash_algo),
 		        p->dp_rank < 0 ? (int)i : p->dp_rank, p->model[0] ? p->model : p->name,
 		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,
 		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)");

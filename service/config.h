@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/block_hash.h"
 #include "common/group_spec.h"
 
 #define KVPD_MAX_POOLS 16
@@ -56,6 +57,7 @@ struct kvpd_pool_config {
 	uint32_t max_model_len;
 	bool has_seed;
 	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: random */
+	enum kvp_hash_algo hash_algo; /* vLLM's --prefix-caching-hash-algo; default sha256_cbor */
 	char token[KVPD_TOKEN_MAX]; /* empty: no auth token needed */
 	char medium[16];           /* events' medium without an executor */
 	int32_t dp_rank;           /* vLLM wire: data-parallel rank; -1: the pool's position */

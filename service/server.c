@@ -153,7 +153,8 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 		snprintf(err, err_len, "pool %s: cannot allocate a mutex", pc->name);
 		return KVP_ENOMEM;
 	}
-	if ((rv = kvp_hasher_create(pc->has_seed ? pc->seed : NULL, &p->hasher)) != KVP_OK ||
+	if ((rv = kvp_hasher_create_algo(pc->has_seed ? pc->seed : NULL, pc->hash_algo,
+	                                 &p->hasher)) != KVP_OK ||
 	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
 	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));

@@ -35,6 +35,7 @@ setup(void **state)
 		"--pool", "name=qwen3next,blocks=40,seed=0,groups=full:4+mamba:8",
 		"--pool", "name=nocache,blocks=12,caching=off,groups=full:4+mamba:64",
 		"--pool", "name=coarse,blocks=16,seed=0,groups=full:8,hash_block_size=4",
+		"--pool", "name=pickle,blocks=16,seed=0,hash_algo=sha256",
 		NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
@@ -265,6 +266,39 @@ test_service_hybrid_caching_off_and_coarse_blocks(void **state)
 	kvp_client_close(c);
 }
 
+/* hash_algo=sha256: the daemon hashes pickle bytes (scenarios H1, H2), not CBOR. */
+static void
+test_service_hybrid_sha256_pickle_pool_hashes_as_vllm(void **state)
+{
+	struct kvp_client *c = open_pool("pickle");
+	struct kvp_client_slots_result res;
+	int32_t ids[64];
+	int64_t tok[33];
+	uint8_t h[2 * 32];
+	uint32_t nb = 0, nt = 0;
+
+	(void)state;
+	assert_string_equal(kvp_client_info(c)->hash_algorithm, "sha256");
+	for (int i = 0; i < 33; i++)
+		tok[i] = i;
+	prefill(c, 1, tok, 33, ids, &res);
+	assert_ids(ids, res.num_new_blocks, 1, 2, 3);
+	kvp_test_unhex("6358e31578a64b75ebe28cdb99d3beae65de82a2087321dc6ec84ae048faaaa6"
+	               "3c3c50f324aefbdfbb124dfdc541efac3e94e59c40f4be08afe70601eeca92c8",
+	               h, sizeof(h));
+	struct kvp_client_lookup q = {.hashes = h, .num_hashes = 2};
+	assert_ok(kvp_client_lookup(c, &q, ids, 64, &nb, &nt));
+	assert_int_equal(nt, 32);
+	assert_ids(ids, nb, 1, 2);
+	/* sha256_cbor's H1 is not what this pool stored. */
+	kvp_test_unhex("d830de3d42c00f25a2949b5d12d98642664a44872c1614c5b0147556276afc9c", h, 32);
+	q.num_hashes = 1;
+	assert_ok(kvp_client_lookup(c, &q, ids, 64, &nb, &nt));
+	assert_int_equal(nb, 0);
+	assert_ok(kvp_client_free_request(c, 1, false));
+	kvp_client_close(c);
+}
+
 int
 main(void)
 {
@@ -274,6 +308,7 @@ main(void)
 		cmocka_unit_test(test_service_hybrid_llama4_chunked_local),
 		cmocka_unit_test(test_service_hybrid_qwen3next_mamba),
 		cmocka_unit_test(test_service_hybrid_caching_off_and_coarse_blocks),
+		cmocka_unit_test(test_service_hybrid_sha256_pickle_pool_hashes_as_vllm),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
