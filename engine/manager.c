@@ -41,9 +41,12 @@ struct kvp_mgr {
 	uint32_t num_attn;             /* full attention first, as vLLM sorts them */
 	struct attn_group attn[KVP_MGR_MAX_GROUPS];
 	bool simple_hybrid;            /* 1 full + 1 other: one pass of the fixed point */
+	bool all_full;                 /* only full attention: nothing skipped or masked */
 	uint32_t lcm;
 	bool *cache_mask;              /* cache_full_blocks mask scratch */
 	size_t mask_cap;
+	int32_t *hit_ids;              /* the search's hits, group g at g * hit_stride */
+	size_t hit_cap, hit_stride;
 	uint32_t hash_bs;
 	uint32_t max_model_len;
 	uint32_t max_requests;
@@ -169,6 +172,7 @@ split_attention_groups(struct kvp_mgr *m)
 		}
 	}
 	m->simple_hybrid = m->num_attn == 2 && m->spec[m->attn[0].gids[0]].kind == KVP_GROUP_FULL;
+	m->all_full = m->num_attn == 1 && m->spec[0].kind == KVP_GROUP_FULL;
 }
 
 int
@@ -238,6 +242,7 @@ kvp_mgr_destroy(struct kvp_mgr *m)
 	}
 	free(m->slots);
 	free(m->cache_mask);
+	free(m->hit_ids);
 	free(m);
 }
 
@@ -371,27 +376,35 @@ kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens,
 /* ---- find_longest_cache_hit ---- */
 
 struct probe_ctx {
-	const struct kvp_mgr *m;
+	struct kvp_mgr *m;
 	const struct request *r;
 	const struct attn_group *ag;
 	uint32_t k;
 };
 
+/*
+ * Looks block i up in every group of the attention group and keeps the ids:
+ * every block of a search's final hit [first, len) was probed as a hit by
+ * that search, so the caller copies the hit without looking it up again.
+ */
 static bool
 probe(void *ctx, size_t i)
 {
 	const struct probe_ctx *p = ctx;
 	int32_t ids[KVP_MGR_MAX_GROUPS];
 
-	if (i >= p->r->num_hashes / p->k)
+	if (i >= p->r->num_hashes / p->k ||
+	    kvp_pool_get_cached_block(p->m->pool, coarse(p->r, p->k, i),
+	                              (size_t)p->k * KVP_HASH_LEN, p->ag->gids, p->ag->n,
+	                              ids) != KVP_OK)
 		return false;
-	return kvp_pool_get_cached_block(p->m->pool, coarse(p->r, p->k, i),
-	                                 (size_t)p->k * KVP_HASH_LEN, p->ag->gids, p->ag->n,
-	                                 ids) == KVP_OK;
+	for (uint32_t j = 0; j < p->ag->n; j++)
+		p->m->hit_ids[p->ag->gids[j] * p->m->hit_stride + i] = ids[j];
+	return true;
 }
 
 static struct kvp_grp_hit
-search(const struct kvp_mgr *m, const struct request *r, uint32_t a, size_t max_len,
+search(struct kvp_mgr *m, const struct request *r, uint32_t a, size_t max_len,
        uint32_t align)
 {
 	const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
@@ -407,7 +420,7 @@ search(const struct kvp_mgr *m, const struct request *r, uint32_t a, size_t max_
  * each group's hit (length and leading nulls) to hit[g]; returns the tokens.
  */
 static size_t
-longest_hit(const struct kvp_mgr *m, const struct request *r, size_t max_len,
+longest_hit(struct kvp_mgr *m, const struct request *r, size_t max_len,
             struct kvp_grp_hit *hit)
 {
 	struct kvp_grp_hit res[KVP_MGR_MAX_GROUPS];
@@ -461,19 +474,26 @@ kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *
 	if ((r = find(m, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	lookup = kvp_pool_caching_enabled(m->pool) && !r->skip_reading;
-	if (lookup)
+	if (lookup) {
+		/* A probed block index is below the request's fine hash count. */
+		size_t stride = r->num_hashes + 1;
+		int rv = grow((void **)&m->hit_ids, &m->hit_cap, stride * m->num_groups,
+		              sizeof(int32_t));
+		if (rv != KVP_OK)
+			return rv;
+		m->hit_stride = stride;
 		len = longest_hit(m, r, r->num_tokens - 1, hit);
+	}
 	for (uint32_t g = 0; g < m->num_groups && len > 0; g++)
 		if (hit[g].len > cap || (hit[g].len > 0 && (out == NULL || out[g] == NULL)))
 			return KVP_EINVAL;
 	for (uint32_t g = 0; g < m->num_groups && len > 0; g++) {
-		uint32_t k = m->spec[g].block_size / m->hash_bs;
-		for (size_t i = 0; i < hit[g].len; i++) {
+		const int32_t *ids = m->hit_ids + g * m->hit_stride;
+		for (size_t i = 0; i < hit[g].first && i < hit[g].len; i++)
 			out[g][i] = KVP_NULL_BLOCK;
-			if (i >= hit[g].first)
-				(void)kvp_pool_get_cached_block(m->pool, coarse(r, k, i),
-				                                (size_t)k * KVP_HASH_LEN, &g, 1, &out[g][i]);
-		}
+		if (hit[g].len > hit[g].first)
+			memcpy(out[g] + hit[g].first, ids + hit[g].first,
+			       (hit[g].len - hit[g].first) * sizeof(int32_t));
 	}
 	if (lookup) {
 		if (r->num_preemptions > 0) {
@@ -569,6 +589,8 @@ reserve_step(struct kvp_mgr *m, struct request *r, const struct kvp_grp_plan *pl
 		if (len > mask_need)
 			mask_need = len;
 	}
+	if (m->all_full)
+		return KVP_OK; /* full attention caches every block: no mask */
 	return grow((void **)&m->cache_mask, &m->mask_cap, mask_need, sizeof(bool));
 }
 
@@ -585,8 +607,8 @@ cache_step(struct kvp_mgr *m, struct request *r, size_t to_cache)
 		uint32_t full = (uint32_t)(to_cache / bs);
 		if (gb->num_cached >= full)
 			continue;
-		bool masked = kvp_grp_cache_mask(&m->spec[g], m->lcm, gb->num_cached, full,
-		                                 m->cache_mask);
+		bool masked = !m->all_full && kvp_grp_cache_mask(&m->spec[g], m->lcm, gb->num_cached,
+		                                                 full, m->cache_mask);
 		struct kvp_cache_args ca = {
 			.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
 			.token_ids = r->tokens, .num_tokens = r->num_tokens,
@@ -627,7 +649,7 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 	    (rv = reserve_step(m, r, plan)))
 		return rv;
 	/* vLLM frees what left the window first, even if the step is refused. */
-	for (uint32_t g = 0; g < m->num_groups; g++)
+	for (uint32_t g = 0; g < m->num_groups && !m->all_full; g++)
 		kvp_grp_remove_skipped(&m->spec[g], &r->groups[g], m->pool, total_computed);
 	if (to_allocate > kvp_pool_num_free(m->pool)) {
 		m->stats.alloc_failures++;
