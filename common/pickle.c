@@ -41,7 +41,10 @@ put(struct pk *w, const void *p, size_t n)
 static void
 put1(struct pk *w, uint8_t c)
 {
-	put(w, &c, 1);
+	if (w->len < w->cap)
+		w->b[w->len++] = c;
+	else
+		w->bad = true;
 }
 
 static void
@@ -114,20 +117,38 @@ end(struct pk *w, size_t *len)
 	return KVP_OK;
 }
 
-/* save_long: the smallest of BININT1, BININT2, BININT, else LONG1 (encode_long). */
+/*
+ * save_long: the smallest of BININT1, BININT2, BININT, else LONG1
+ * (encode_long). Token ids come here by the thousand: one room check, then
+ * plain stores.
+ */
 static void
 pk_int(struct pk *w, int64_t v)
 {
+	uint8_t *p;
+
 	boundary(w);
-	if (v >= 0 && v <= 0xff) {
-		put1(w, OP_BININT1);
-		put1(w, (uint8_t)v);
-	} else if (v >= 0 && v <= 0xffff) {
-		put1(w, OP_BININT2);
-		put_le(w, (uint64_t)v, 2);
+	if (w->bad || w->cap - w->len < 10) {
+		w->bad = true;
+		return;
+	}
+	p = w->b + w->len;
+	if (v >= 0 && v <= INT32_MAX) {
+		/* Without branches on the size: token sizes are random, mispredictions dear. */
+		static const uint8_t op[3] = {OP_BININT1, OP_BININT2, OP_BININT};
+		static const uint8_t len[3] = {2, 3, 5};
+		uint32_t u = (uint32_t)v;
+		unsigned cls = (u > 0xff) + (u > 0xffff);
+		p[0] = op[cls];
+		for (int i = 0; i < 4; i++)
+			p[1 + i] = (uint8_t)(u >> (8 * i)); /* the unused bytes are overwritten */
+		w->len += len[cls];
 	} else if (v >= INT32_MIN && v <= INT32_MAX) {
-		put1(w, OP_BININT);
-		put_le(w, (uint32_t)(int32_t)v, 4);
+		uint32_t u = (uint32_t)(int32_t)v;
+		p[0] = OP_BININT;
+		for (int i = 0; i < 4; i++)
+			p[1 + i] = (uint8_t)(u >> (8 * i));
+		w->len += 5;
 	} else {
 		uint64_t mag = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
 		size_t bits = 64 - (size_t)__builtin_clzll(mag), n = bits / 8 + 1;
@@ -138,9 +159,10 @@ pk_int(struct pk *w, int64_t v)
 		/* a negative number drops a redundant sign byte */
 		if (v < 0 && n > 1 && t[n - 1] == 0xff && (t[n - 2] & 0x80))
 			n--;
-		put1(w, OP_LONG1);
-		put1(w, (uint8_t)n);
-		put(w, t, n);
+		p[0] = OP_LONG1;
+		p[1] = (uint8_t)n;
+		memcpy(p + 2, t, n);
+		w->len += 2 + n;
 	}
 }
 
