@@ -559,9 +559,9 @@ plan_step(struct kvp_mgr *m, const struct request *r, const struct kvp_alloc_arg
 	*to_allocate = 0;
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		uint32_t bs = m->spec[g].block_size;
-		size_t nh = hit / bs;
+		size_t nh = hit > 0 ? hit / bs : 0; /* a decode step has no hit: no division */
 		const int32_t *hits = nh ? a->computed_blocks[g] : NULL;
-		if (hit % bs != 0 || (nh > 0 && hits == NULL))
+		if ((hit > 0 && hit % bs != 0) || (nh > 0 && hits == NULL))
 			return KVP_EINVAL;
 		if (nh > 0 && (rv = check_hits(m, r, g, hits, nh)) != KVP_OK)
 			return rv;
@@ -584,7 +584,7 @@ reserve_step(struct kvp_mgr *m, struct request *r, const struct kvp_grp_plan *pl
 
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		size_t len = plan[g].max_len > r->groups[g].n ? plan[g].max_len : r->groups[g].n;
-		if ((rv = kvp_grp_reserve(&r->groups[g], len)) != KVP_OK)
+		if (len > r->groups[g].cap && (rv = kvp_grp_reserve(&r->groups[g], len)) != KVP_OK)
 			return rv;
 		if (len > mask_need)
 			mask_need = len;
@@ -604,9 +604,10 @@ cache_step(struct kvp_mgr *m, struct request *r, size_t to_cache)
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		struct kvp_grp_blocks *gb = &r->groups[g];
 		uint32_t bs = m->spec[g].block_size;
-		uint32_t full = (uint32_t)(to_cache / bs);
-		if (gb->num_cached >= full)
+		/* Most decode steps complete no block: decided without dividing. */
+		if ((size_t)(gb->num_cached + 1) * bs > to_cache)
 			continue;
+		uint32_t full = (uint32_t)(to_cache / bs);
 		bool masked = !m->all_full && kvp_grp_cache_mask(&m->spec[g], m->lcm, gb->num_cached,
 		                                                 full, m->cache_mask);
 		struct kvp_cache_args ca = {
