@@ -70,6 +70,9 @@ static const struct setting {
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
 	{"max-sessions", "N", "most sessions per pool. Default 1024"},
 	{"drain-ms", "MS", "on SIGTERM, time allowed for in-flight calls. Default 5000"},
+	{"send-timeout-ms", "MS", "a reply its peer has not taken within this long closes that "
+	                          "connection, so a peer that does not read cannot hold the "
+	                          "request contexts. Default 5000"},
 	{"executor", "KIND", "each pool's KV memory: cpu (host memory), cuda, auto (cuda if a device "
 	                     "is usable, else cpu) or none (bookkeeping only). Default cpu"},
 	{"device", "N", "CUDA device ordinal for cuda and auto. Default 0"},
@@ -349,6 +352,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_parse_u32(v, 1, 1u << 20, &c->max_sessions);
 	} else if (strcmp(name, "drain-ms") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 0, 600000, &c->drain_ms);
+	} else if (strcmp(name, "send-timeout-ms") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 10, 600000, &c->send_timeout_ms);
 	} else if (strcmp(name, "tls-cert") == 0) {
 		rv = kvpd_cfg_copy_str(c->tls_cert, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-key") == 0) {
@@ -500,6 +505,7 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	c->max_ids = 65536;
 	c->max_sessions = 1024;
 	c->drain_ms = 5000;
+	c->send_timeout_ms = 5000;
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
 	c->exec.layers = 2;
 	c->exec.heads = 2;
@@ -647,8 +653,9 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		fprintf(out, "vllm-events = none\n");
 	}
 	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
-	             "max-sessions = %u\ndrain-ms = %u\n",
-	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms);
+	             "max-sessions = %u\ndrain-ms = %u\nsend-timeout-ms = %u\n",
+	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms,
+	        c->send_timeout_ms);
 	fprintf(out, "executor = %s\ndevice = %d\nkv-layers = %u\nkv-heads = %u\nkv-head-size = %u\n"
 	             "kv-dtype = %s\nkv-layout = %s\nkv-memory = %s\n",
 	        c->exec.backend, c->exec.device, c->exec.layers, c->exec.heads, c->exec.head_size,

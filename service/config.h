@@ -93,6 +93,7 @@ struct kvpd_config {
 	uint32_t max_ids;          /* ids or tokens per call */
 	uint32_t max_sessions;     /* per pool */
 	uint32_t drain_ms;         /* graceful shutdown budget */
+	uint32_t send_timeout_ms;  /* a reply not taken within this closes its connection */
 	char tls_cert[KVPD_PATH_MAX], tls_key[KVPD_PATH_MAX], tls_ca[KVPD_PATH_MAX];
 	struct kvpd_exec_settings exec; /* every pool's defaults */
 	bool quiet;

@@ -21,6 +21,7 @@ struct worker {
 	nng_ctx ctx;
 	nng_aio *aio;
 	int state;
+	nng_pipe pipe;         /* the connection the reply in flight goes to */
 };
 
 struct kvpd_transport {
@@ -36,6 +37,8 @@ struct kvpd_transport {
 	atomic_int in_flight;
 	atomic_bool closing;
 	atomic_uint_fast64_t served;
+	nng_duration send_timeout;
+	atomic_uint last_cut;           /* the connection last closed for not reading */
 };
 
 /* The reply goes straight into a new nng message: large replies are written once. */
@@ -71,6 +74,7 @@ worker_cb(void *arg)
 		}
 		atomic_fetch_add(&t->in_flight, 1);
 		msg = nng_aio_get_msg(w->aio);
+		w->pipe = nng_msg_get_pipe(msg);
 		nng_msg *reply = NULL;
 		struct kvpd_sink sink = {.alloc = msg_sink, .ctx = &reply};
 		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
@@ -87,14 +91,29 @@ worker_cb(void *arg)
 		nng_msg_chop(reply, nng_msg_len(reply) - sink.len);
 		nng_aio_set_msg(w->aio, reply);
 		w->state = SEND;
+		/*
+		 * A peer that stops reading fills its socket buffer; without a
+		 * bound, each reply to it would hold a context forever and every
+		 * other client would wait. Past the bound the connection goes:
+		 * its other pending replies fail at once and free their contexts.
+		 */
+		nng_aio_set_timeout(w->aio, t->send_timeout);
 		nng_ctx_send(w->ctx, w->aio);
 		return;
 	case SEND:
-		if (nng_aio_result(w->aio) != 0)
+		if ((rv = nng_aio_result(w->aio)) != 0) {
 			nng_msg_free(nng_aio_get_msg(w->aio));
-		else
+			/* Its other timed-out replies close it again: log it once. */
+			unsigned id = (unsigned)nng_pipe_id(w->pipe);
+			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0 &&
+			    nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id)
+				fprintf(stderr, "kvpoold: closed connection %d: it took no reply for %d ms\n",
+				        nng_pipe_id(w->pipe), (int)t->send_timeout);
+		} else {
 			atomic_fetch_add(&t->served, 1);
+		}
 		atomic_fetch_sub(&t->in_flight, 1);
+		nng_aio_set_timeout(w->aio, NNG_DURATION_INFINITE); /* receiving waits */
 		w->state = RECV;
 		if (!atomic_load(&t->closing))
 			nng_ctx_recv(w->ctx, w->aio);
@@ -145,6 +164,7 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		return KVP_ENOMEM;
 	}
 	t->srv = srv;
+	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
 	if ((rv = nng_rep0_open(&t->sock)) != 0) {
 		snprintf(err, len, "cannot open a REP socket: %s", nng_strerror(rv));
 		free(t);

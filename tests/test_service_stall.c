@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A peer that never reads its replies (issue #15, item 1): with no token it
+ * pipelines framed requests over tcp://127.0.0.1 and stops reading, so its
+ * replies fill the socket and each further reply would hold a request
+ * context. The daemon must close that connection after --send-timeout-ms
+ * and keep serving everyone else. Loopback only; bounded in time.
+ */
+#include "daemon_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include "kvp_test.h"
+
+#include "clients/c/kvpool.h"
+
+static char ipc_url[256], tcp_url[256];
+static pid_t daemon_pid;
+
+static int
+setup(void **state)
+{
+	(void)state;
+	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
+	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none", "--events",
+	                      "none", "--pool", "name=default,blocks=64", "--contexts", "4",
+	                      "--send-timeout-ms", "300", NULL};
+	daemon_pid = daemon_start(args);
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+}
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Connects to the daemon's tcp port as an SP REQ peer with a tiny receive buffer. */
+static int
+raw_req_connect(void)
+{
+	int port = atoi(strrchr(tcp_url, ':') + 1), fd = -1, small = 1024;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	uint8_t hello[8] = {0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00}, peer[8];
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (int i = 0; i < 100; i++) {
+		fd = socket(AF_INET, SOCK_STREAM, 0);
+		assert_true(fd >= 0);
+		(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+			break;
+		close(fd);
+		fd = -1;
+		nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+	}
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, hello, sizeof(hello)), (ssize_t)sizeof(hello));
+	assert_int_equal(read(fd, peer, sizeof(peer)), (ssize_t)sizeof(peer));
+	assert_int_equal(peer[5], 0x31); /* REP */
+	return fd;
+}
+
+/*
+ * Pipelines undecodable requests (each earns an error reply) for about a
+ * second, or until the daemon closes the connection (*closed).
+ */
+static size_t
+flood(int fd, bool *closed)
+{
+	uint8_t frame[8 + 4 + 16];
+	size_t sent = 0, off = 0;
+	double until = now_s() + 1.0;
+
+	assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+	memset(frame, 0, sizeof(frame));
+	frame[7] = 4 + 16; /* 64-bit big-endian length */
+	memset(frame + 12, 0xff, 16);
+	while (now_s() < until && sent < 200000) {
+		if (off == 0) {
+			uint32_t id = 0x80000000u | (uint32_t)sent;
+			for (int i = 0; i < 4; i++)
+				frame[8 + i] = (uint8_t)(id >> (24 - 8 * i));
+		}
+		ssize_t w = send(fd, frame + off, sizeof(frame) - off, MSG_NOSIGNAL);
+		if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+			*closed = true;
+			break;
+		}
+		if (w < 0) {
+			assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+			(void)poll(&p, 1, 20);
+			continue;
+		}
+		off += (size_t)w;
+		if (off == sizeof(frame)) {
+			off = 0;
+			sent++;
+		}
+	}
+	return sent;
+}
+
+static void
+test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "default", .timeout_ms = 1000,
+	                               .retries = 0};
+	struct kvp_client *c = NULL;
+	struct kvp_client_stats st;
+	int rv = KVP_EBUSY;
+
+	(void)state;
+	for (int i = 0; i < 100 && rv != KVP_OK; i++) {
+		rv = kvp_client_open(&o, &c);
+		if (rv != KVP_OK)
+			nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+	}
+	assert_ok(rv);
+	int fd = raw_req_connect();
+	bool closed = false;
+	size_t sent = flood(fd, &closed);
+	print_message("non-reading peer pipelined %zu requests%s\n", sent,
+	              closed ? ", then the daemon closed it" : "");
+	assert_true(sent > 1000);
+
+	/* Everyone else is served again within a few send timeouts. */
+	double t0 = now_s(), served_at = -1;
+	while (now_s() - t0 < 8.0) {
+		if (kvp_client_stats(c, &st) == KVP_OK) {
+			served_at = now_s() - t0;
+			break;
+		}
+	}
+	print_message("another client served %.2f s after the flood\n", served_at);
+	assert_true(served_at >= 0);
+	assert_true(served_at < 5.0);
+	/* And keeps being served while the peer stays connected and silent. */
+	for (int i = 0; i < 20; i++)
+		assert_ok(kvp_client_stats(c, &st));
+
+	/* The daemon closed the silent peer's connection: reading drains to EOF or a reset. */
+	assert_int_equal(fcntl(fd, F_SETFL, 0), 0);
+	(void)closed;
+	struct timeval tv = {.tv_sec = 5};
+	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	char buf[65536];
+	ssize_t r;
+	while ((r = read(fd, buf, sizeof(buf))) > 0)
+		;
+	assert_true(r == 0 || (r < 0 && errno == ECONNRESET));
+	close(fd);
+	kvp_client_close(c);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
