@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/time.h>
 
 #include "kvp_test.h"
 
@@ -74,21 +73,22 @@ raw_req_connect(void)
 }
 
 /*
- * Pipelines undecodable requests (each earns an error reply) for about a
- * second, or until the daemon closes the connection (*closed).
+ * Pipelines undecodable requests (each earns an error reply) and never
+ * reads, until the daemon closes the connection (*closed) or 20 s pass.
+ * However loaded the machine, the replies eventually fill the socket.
  */
 static size_t
 flood(int fd, bool *closed)
 {
 	uint8_t frame[8 + 4 + 16];
 	size_t sent = 0, off = 0;
-	double until = now_s() + 1.0;
+	double until = now_s() + 20.0;
 
 	assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
 	memset(frame, 0, sizeof(frame));
 	frame[7] = 4 + 16; /* 64-bit big-endian length */
 	memset(frame + 12, 0xff, 16);
-	while (now_s() < until && sent < 200000) {
+	while (now_s() < until) {
 		if (off == 0) {
 			uint32_t id = 0x80000000u | (uint32_t)sent;
 			for (int i = 0; i < 4; i++)
@@ -134,34 +134,22 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 	bool closed = false;
 	size_t sent = flood(fd, &closed);
 	print_message("non-reading peer pipelined %zu requests%s\n", sent,
-	              closed ? ", then the daemon closed it" : "");
-	assert_true(sent > 1000);
+	              closed ? ", then the daemon closed it" : " and was never cut off");
+	/* Without a send bound the daemon waits on this peer forever (and so does everyone). */
+	assert_true(closed);
 
-	/* Everyone else is served again within a few send timeouts. */
+	/* Everyone else is served again at once. */
 	double t0 = now_s(), served_at = -1;
-	while (now_s() - t0 < 8.0) {
+	while (now_s() - t0 < 5.0) {
 		if (kvp_client_stats(c, &st) == KVP_OK) {
 			served_at = now_s() - t0;
 			break;
 		}
 	}
-	print_message("another client served %.2f s after the flood\n", served_at);
+	print_message("another client served %.2f s after the cut\n", served_at);
 	assert_true(served_at >= 0);
-	assert_true(served_at < 5.0);
-	/* And keeps being served while the peer stays connected and silent. */
 	for (int i = 0; i < 20; i++)
 		assert_ok(kvp_client_stats(c, &st));
-
-	/* The daemon closed the silent peer's connection: reading drains to EOF or a reset. */
-	assert_int_equal(fcntl(fd, F_SETFL, 0), 0);
-	(void)closed;
-	struct timeval tv = {.tv_sec = 5};
-	(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	char buf[65536];
-	ssize_t r;
-	while ((r = read(fd, buf, sizeof(buf))) > 0)
-		;
-	assert_true(r == 0 || (r < 0 && errno == ECONNRESET));
 	close(fd);
 	kvp_client_close(c);
 }
