@@ -7,25 +7,7 @@
 #include "common/kvp_status.h"
 #include "common/map_key.h"
 #include "engine/group_mgr.h"
-
-struct request {
-	uint64_t id;
-	int64_t *tokens;
-	size_t num_tokens, tok_cap;
-	uint8_t *hashes;       /* fine hashes, KVP_HASH_LEN each */
-	size_t num_hashes, hash_cap;
-	size_t num_computed;
-	uint32_t num_preemptions;
-	bool skip_reading;
-	bool has_lora_id;
-	int64_t lora_id;
-	/* Owned copies of the extra-key sources; keys points into them. */
-	struct kvp_request_keys keys;
-	bool has_keys;
-	char *strings;         /* lora name, salt and mm identifiers, back to back */
-	struct kvp_mm_feature *mm;
-	struct kvp_grp_blocks groups[KVP_MGR_MAX_GROUPS];
-};
+#include "engine/mgr_request.h"
 
 /* vLLM's attention groups: groups with identical specs, searched together. */
 struct attn_group {
@@ -50,79 +32,9 @@ struct kvp_mgr {
 	uint32_t hash_bs;
 	uint32_t max_model_len;
 	uint32_t max_requests;
-	/* Requests: open addressing on the id, backward-shift deletion. */
-	struct request **slots;
-	uint32_t mask;
-	uint32_t count;
+	struct kvp_mreq_table requests;
 	struct kvp_mgr_stats stats;
 };
-
-/* ---- the request table ---- */
-
-static uint32_t
-id_hash(uint64_t x)
-{
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdull;
-	x ^= x >> 33;
-	return (uint32_t)x;
-}
-
-static struct request *
-find(const struct kvp_mgr *m, uint64_t id)
-{
-	for (uint32_t i = id_hash(id) & m->mask;; i = (i + 1) & m->mask) {
-		struct request *r = m->slots[i];
-		if (r == NULL || r->id == id)
-			return r;
-	}
-}
-
-static void
-table_insert(struct kvp_mgr *m, struct request *r)
-{
-	uint32_t i = id_hash(r->id) & m->mask;
-	while (m->slots[i] != NULL)
-		i = (i + 1) & m->mask;
-	m->slots[i] = r;
-	m->count++;
-}
-
-static void
-table_remove(struct kvp_mgr *m, uint64_t id)
-{
-	uint32_t i = id_hash(id) & m->mask, j;
-
-	while (m->slots[i]->id != id)
-		i = (i + 1) & m->mask;
-	for (j = i;;) {
-		j = (j + 1) & m->mask;
-		if (m->slots[j] == NULL)
-			break;
-		uint32_t home = id_hash(m->slots[j]->id) & m->mask;
-		int stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-		if (!stays) {
-			m->slots[i] = m->slots[j];
-			i = j;
-		}
-	}
-	m->slots[i] = NULL;
-	m->count--;
-}
-
-static void
-request_destroy(struct request *r)
-{
-	if (r == NULL)
-		return;
-	for (int g = 0; g < KVP_MGR_MAX_GROUPS; g++)
-		free(r->groups[g].ids);
-	free(r->tokens);
-	free(r->hashes);
-	free(r->strings);
-	free(r->mm);
-	free(r);
-}
 
 /* ---- helpers ---- */
 
@@ -145,7 +57,7 @@ grow(void **p, size_t *cap, size_t need, size_t elem)
 
 /* The coarse hash of group block i: k fine hashes, contiguous already. */
 static const uint8_t *
-coarse(const struct request *r, uint32_t k, size_t i)
+coarse(const struct kvp_mreq *r, uint32_t k, size_t i)
 {
 	return r->hashes + i * k * KVP_HASH_LEN;
 }
@@ -181,7 +93,6 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 {
 	struct kvp_group_spec spec[KVP_MGR_MAX_GROUPS];
 	struct kvp_mgr *m;
-	uint64_t nslots = 16;
 
 	if (pool == NULL || hasher == NULL || cfg == NULL || out == NULL ||
 	    cfg->num_groups == 0 || cfg->num_groups > KVP_MGR_MAX_GROUPS ||
@@ -203,17 +114,15 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 		if ((uint64_t)(spec[g].block_size / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(pool))
 			return KVP_EINVAL;
 	uint32_t maxr = cfg->max_requests ? cfg->max_requests : 65536;
+	int rv;
 	if (maxr > (1u << 30))
 		return KVP_EINVAL;
-	while (nslots < 2ull * maxr)
-		nslots <<= 1;
 	if ((m = calloc(1, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	if ((m->slots = calloc(nslots, sizeof(*m->slots))) == NULL) {
+	if ((rv = kvp_mreq_table_init(&m->requests, maxr)) != KVP_OK) {
 		free(m);
-		return KVP_ENOMEM;
+		return rv;
 	}
-	m->mask = (uint32_t)(nslots - 1);
 	m->pool = pool;
 	m->hasher = hasher;
 	m->num_groups = cfg->num_groups;
@@ -227,20 +136,20 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 	return KVP_OK;
 }
 
-static void release_blocks(struct kvp_mgr *m, struct request *r);
+static void release_blocks(struct kvp_mgr *m, struct kvp_mreq *r);
 
 void
 kvp_mgr_destroy(struct kvp_mgr *m)
 {
 	if (m == NULL)
 		return;
-	for (uint32_t i = 0; i <= m->mask; i++) {
-		if (m->slots[i] != NULL) {
-			release_blocks(m, m->slots[i]);
-			request_destroy(m->slots[i]);
+	for (uint32_t i = 0; i <= m->requests.mask; i++) {
+		if (m->requests.slots[i] != NULL) {
+			release_blocks(m, m->requests.slots[i]);
+			kvp_mreq_destroy(m->requests.slots[i]);
 		}
 	}
-	free(m->slots);
+	kvp_mreq_table_fini(&m->requests);
 	free(m->cache_mask);
 	free(m->hit_ids);
 	free(m);
@@ -248,53 +157,9 @@ kvp_mgr_destroy(struct kvp_mgr *m)
 
 /* ---- requests ---- */
 
-static int
-copy_keys(struct request *r, const struct kvp_request_keys *k)
-{
-	size_t total = 0;
-	char *s;
-
-	if (k == NULL)
-		return KVP_OK;
-	total += k->lora_name ? strlen(k->lora_name) + 1 : 0;
-	total += k->cache_salt ? strlen(k->cache_salt) + 1 : 0;
-	for (size_t i = 0; i < k->num_mm; i++)
-		total += strlen(k->mm[i].identifier) + 1;
-	if ((r->strings = s = malloc(total ? total : 1)) == NULL)
-		return KVP_ENOMEM;
-	if (k->num_mm && (r->mm = malloc(k->num_mm * sizeof(*r->mm))) == NULL)
-		return KVP_ENOMEM;
-#define DUP(dst, src)                                  \
-	do {                                           \
-		size_t l_ = strlen(src) + 1;           \
-		memcpy(s, (src), l_);                  \
-		(dst) = s;                             \
-		s += l_;                               \
-	} while (0)
-	if (k->lora_name)
-		DUP(r->keys.lora_name, k->lora_name);
-	if (k->cache_salt)
-		DUP(r->keys.cache_salt, k->cache_salt);
-	for (size_t i = 0; i < k->num_mm; i++) {
-		r->mm[i] = k->mm[i];
-		DUP(r->mm[i].identifier, k->mm[i].identifier);
-	}
-#undef DUP
-	r->keys.mm = r->mm;
-	r->keys.num_mm = k->num_mm;
-	r->has_keys = true;
-	return KVP_OK;
-}
-
-static const struct kvp_request_keys *
-keys_of(const struct request *r)
-{
-	return r->has_keys ? &r->keys : NULL;
-}
-
 /* Hashes the request's newly completed fine blocks. */
 static int
-extend_hashes(struct kvp_mgr *m, struct request *r)
+extend_hashes(struct kvp_mgr *m, struct kvp_mreq *r)
 {
 	size_t full = r->num_tokens / m->hash_bs, n = 0;
 	int rv;
@@ -305,7 +170,7 @@ extend_hashes(struct kvp_mgr *m, struct request *r)
 	rv = grow((void **)&r->hashes, &r->hash_cap, full, KVP_HASH_LEN);
 	if (rv != KVP_OK)
 		return rv;
-	rv = kvp_hash_request(m->hasher, keys_of(r), r->tokens, r->num_tokens, m->hash_bs,
+	rv = kvp_hash_request(m->hasher, kvp_mreq_keys(r), r->tokens, r->num_tokens, m->hash_bs,
 	                      r->hashes, r->num_hashes,
 	                      r->hashes + r->num_hashes * KVP_HASH_LEN, full - r->num_hashes, &n);
 	if (rv == KVP_OK)
@@ -316,50 +181,46 @@ extend_hashes(struct kvp_mgr *m, struct request *r)
 int
 kvp_mgr_add_request(struct kvp_mgr *m, uint64_t req_id, const struct kvp_request_desc *d)
 {
-	struct request *r;
+	struct kvp_mreq *r;
 	int rv;
 
 	if (m == NULL || d == NULL || d->num_prompt == 0 || d->prompt == NULL ||
 	    d->num_prompt > m->max_model_len || kvp_request_keys_validate(d->keys) != KVP_OK)
 		return KVP_EINVAL;
-	if (find(m, req_id) != NULL)
+	if (kvp_mreq_table_find(&m->requests, req_id) != NULL)
 		return KVP_ESTATE;
-	if (m->count >= m->max_requests)
+	if (m->requests.count >= m->max_requests)
 		return KVP_EBUSY;
-	if ((r = calloc(1, sizeof(*r))) == NULL)
-		return KVP_ENOMEM;
-	r->id = req_id;
-	for (int g = 0; g < KVP_MGR_MAX_GROUPS; g++)
-		kvp_grp_blocks_reset(&r->groups[g]);
+	if ((rv = kvp_mreq_create(req_id, d->keys, &r)) != KVP_OK)
+		return rv;
 	r->skip_reading = d->skip_reading_prefix_cache;
 	r->has_lora_id = d->has_lora_id;
 	r->lora_id = d->lora_id;
-	if ((rv = copy_keys(r, d->keys)) != KVP_OK ||
-	    (rv = grow((void **)&r->tokens, &r->tok_cap, d->num_prompt, sizeof(int64_t))) != KVP_OK) {
-		request_destroy(r);
+	if ((rv = grow((void **)&r->tokens, &r->tok_cap, d->num_prompt, sizeof(int64_t))) != KVP_OK) {
+		kvp_mreq_destroy(r);
 		return rv;
 	}
 	memcpy(r->tokens, d->prompt, d->num_prompt * sizeof(int64_t));
 	r->num_tokens = d->num_prompt;
 	if ((rv = extend_hashes(m, r)) != KVP_OK) {
-		request_destroy(r);
+		kvp_mreq_destroy(r);
 		return rv;
 	}
-	table_insert(m, r);
-	m->stats.active_requests = m->count;
+	kvp_mreq_table_insert(&m->requests, r);
+	m->stats.active_requests = m->requests.count;
 	return KVP_OK;
 }
 
 int
 kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens, size_t n)
 {
-	struct request *r;
+	struct kvp_mreq *r;
 	size_t old;
 	int rv;
 
 	if (m == NULL || (tokens == NULL && n > 0))
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	if (n > m->max_model_len - r->num_tokens)
 		return KVP_EINVAL;
@@ -377,7 +238,7 @@ kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens,
 
 struct probe_ctx {
 	struct kvp_mgr *m;
-	const struct request *r;
+	const struct kvp_mreq *r;
 	const struct attn_group *ag;
 	uint32_t k;
 };
@@ -404,7 +265,7 @@ probe(void *ctx, size_t i)
 }
 
 static struct kvp_grp_hit
-search(struct kvp_mgr *m, const struct request *r, uint32_t a, size_t max_len,
+search(struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t a, size_t max_len,
        uint32_t align)
 {
 	const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
@@ -420,7 +281,7 @@ search(struct kvp_mgr *m, const struct request *r, uint32_t a, size_t max_len,
  * each group's hit (length and leading nulls) to hit[g]; returns the tokens.
  */
 static size_t
-longest_hit(struct kvp_mgr *m, const struct request *r, size_t max_len,
+longest_hit(struct kvp_mgr *m, const struct kvp_mreq *r, size_t max_len,
             struct kvp_grp_hit *hit)
 {
 	struct kvp_grp_hit res[KVP_MGR_MAX_GROUPS];
@@ -465,13 +326,13 @@ kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *
                             size_t cap, uint32_t *hit_tokens)
 {
 	struct kvp_grp_hit hit[KVP_MGR_MAX_GROUPS];
-	struct request *r;
+	struct kvp_mreq *r;
 	size_t len = 0;
 	bool lookup;
 
 	if (m == NULL || hit_tokens == NULL)
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	lookup = kvp_pool_caching_enabled(m->pool) && !r->skip_reading;
 	if (lookup) {
@@ -518,7 +379,7 @@ kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *
  * carry null blocks where vLLM's hit lists do.
  */
 static int
-check_hits(const struct kvp_mgr *m, const struct request *r, uint32_t g, const int32_t *ids,
+check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const int32_t *ids,
            size_t nh)
 {
 	uint32_t k = m->spec[g].block_size / m->hash_bs;
@@ -542,7 +403,7 @@ check_hits(const struct kvp_mgr *m, const struct request *r, uint32_t g, const i
 
 /* Validates the step and plans every group; changes nothing. */
 static int
-plan_step(struct kvp_mgr *m, const struct request *r, const struct kvp_alloc_args *a,
+plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_args *a,
           int32_t *const *new_blocks, size_t cap, size_t local, size_t need, size_t main,
           struct kvp_grp_plan *plan, uint64_t *to_allocate)
 {
@@ -577,7 +438,7 @@ plan_step(struct kvp_mgr *m, const struct request *r, const struct kvp_alloc_arg
 
 /* Every buffer the step can need, before anything changes. */
 static int
-reserve_step(struct kvp_mgr *m, struct request *r, const struct kvp_grp_plan *plan)
+reserve_step(struct kvp_mgr *m, struct kvp_mreq *r, const struct kvp_grp_plan *plan)
 {
 	size_t mask_need = 0;
 	int rv;
@@ -596,7 +457,7 @@ reserve_step(struct kvp_mgr *m, struct request *r, const struct kvp_grp_plan *pl
 
 /* cache_blocks: every group up to the same LCM-aligned token count. */
 static int
-cache_step(struct kvp_mgr *m, struct request *r, size_t to_cache)
+cache_step(struct kvp_mgr *m, struct kvp_mreq *r, size_t to_cache)
 {
 	int rv;
 
@@ -613,7 +474,7 @@ cache_step(struct kvp_mgr *m, struct request *r, size_t to_cache)
 		struct kvp_cache_args ca = {
 			.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
 			.token_ids = r->tokens, .num_tokens = r->num_tokens,
-			.keys = keys_of(r), .has_lora_id = r->has_lora_id, .lora_id = r->lora_id,
+			.keys = kvp_mreq_keys(r), .has_lora_id = r->has_lora_id, .lora_id = r->lora_id,
 			.num_cached_blocks = gb->num_cached, .num_full_blocks = full,
 			.block_size = bs, .group_id = g, .block_mask = masked ? m->cache_mask : NULL,
 		};
@@ -630,14 +491,14 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
                        int32_t *const *new_blocks, size_t cap, size_t *counts)
 {
 	struct kvp_grp_plan plan[KVP_MGR_MAX_GROUPS];
-	struct request *r;
+	struct kvp_mreq *r;
 	size_t local, total_computed, main, need;
 	uint64_t to_allocate;
 	int rv;
 
 	if (m == NULL || a == NULL || counts == NULL || a->num_new_tokens == 0)
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	local = r->num_computed + a->num_new_computed_tokens;
 	total_computed = local < m->max_model_len ? local : m->max_model_len;
@@ -674,7 +535,7 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 
 /* Frees each group's blocks in reverse order (deepest evicted first). */
 static void
-release_blocks(struct kvp_mgr *m, struct request *r)
+release_blocks(struct kvp_mgr *m, struct kvp_mreq *r)
 {
 	for (uint32_t g = 0; g < m->num_groups; g++)
 		kvp_grp_free(&r->groups[g], m->pool);
@@ -684,11 +545,11 @@ release_blocks(struct kvp_mgr *m, struct request *r)
 int
 kvp_mgr_preempt(struct kvp_mgr *m, uint64_t req_id)
 {
-	struct request *r;
+	struct kvp_mreq *r;
 
 	if (m == NULL)
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	release_blocks(m, r);
 	r->num_preemptions++;
@@ -698,16 +559,16 @@ kvp_mgr_preempt(struct kvp_mgr *m, uint64_t req_id)
 int
 kvp_mgr_free_request(struct kvp_mgr *m, uint64_t req_id)
 {
-	struct request *r;
+	struct kvp_mreq *r;
 
 	if (m == NULL)
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	release_blocks(m, r);
-	table_remove(m, req_id);
-	request_destroy(r);
-	m->stats.active_requests = m->count;
+	kvp_mreq_table_remove(&m->requests, req_id);
+	kvp_mreq_destroy(r);
+	m->stats.active_requests = m->requests.count;
 	return KVP_OK;
 }
 
@@ -715,11 +576,11 @@ int
 kvp_mgr_request_blocks(const struct kvp_mgr *m, uint64_t req_id, uint32_t g,
                        const int32_t **ids, size_t *n)
 {
-	const struct request *r;
+	const struct kvp_mreq *r;
 
 	if (m == NULL || ids == NULL || n == NULL || g >= m->num_groups)
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	*ids = r->groups[g].ids;
 	*n = r->groups[g].n;
@@ -730,11 +591,11 @@ int
 kvp_mgr_request_info(const struct kvp_mgr *m, uint64_t req_id, size_t *num_tokens,
                      size_t *num_computed, size_t *num_hashes)
 {
-	const struct request *r;
+	const struct kvp_mreq *r;
 
 	if (m == NULL)
 		return KVP_EINVAL;
-	if ((r = find(m, req_id)) == NULL)
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
 	if (num_tokens)
 		*num_tokens = r->num_tokens;
