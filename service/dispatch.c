@@ -36,6 +36,8 @@ kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Repl
 	out->result_case = KVPOOL__V1__REPLY__RESULT_BATCH;
 	out->batch = r;
 	r->replies = replies;
+	int first_rv = KVP_OK;
+	size_t first = 0, failed = 0;
 	for (size_t i = 0; i < m->n_calls; i++) {
 		const Kvpool__V1__BatchCall *bc = m->calls[i];
 		Kvpool__V1__Reply *sub = NEW(c, Kvpool__V1__Reply, kvpool__v1__reply__descriptor);
@@ -48,18 +50,30 @@ kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Repl
 		         : !op->batchable ? kvpd_fail(c, KVP_EINVAL, "%s cannot be batched", op->name)
 		                          : op->run(c, bc->allocate, sub);
 		sub->status = (Kvpool__V1__Status)rv;
-		if (rv != KVP_OK) {
-			/* The failing call's reply carries its own detail; the batch's says which. */
-			char *d = kvpd_scratch(c, sizeof(c->detail));
-			if (d != NULL) {
-				memcpy(d, c->detail, sizeof(c->detail));
-				sub->detail = d;
-				snprintf(c->detail, sizeof(c->detail), "batch stopped at call %zu", i);
-			}
-			return rv; /* the batch stops at its first failure */
+		if (rv == KVP_OK)
+			continue;
+		/* A failed call's reply carries its own detail and no result. */
+		sub->result_case = KVPOOL__V1__REPLY__RESULT__NOT_SET;
+		char *d = kvpd_scratch(c, strlen(c->detail) + 1);
+		if (d != NULL) {
+			memcpy(d, c->detail, strlen(c->detail) + 1);
+			sub->detail = d;
 		}
+		if (failed++ == 0) {
+			first_rv = rv;
+			first = i;
+		}
+		if (!m->continue_on_error || rv == KVP_ENOMEM)
+			break; /* stop at the first failure (always when memory ran out) */
 	}
-	return KVP_OK;
+	if (failed == 0)
+		return KVP_OK;
+	if (m->continue_on_error)
+		snprintf(c->detail, sizeof(c->detail), "%zu of %zu calls failed, the first at call %zu",
+		         failed, m->n_calls, first);
+	else
+		snprintf(c->detail, sizeof(c->detail), "batch stopped at call %zu", first);
+	return first_rv;
 }
 
 int

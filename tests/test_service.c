@@ -809,6 +809,99 @@ run_tool(const char *program, const char *args, char *out, size_t cap)
 }
 
 /* --version and help answer at once, without dialing (the URL leads nowhere). */
+/* A scheduler step whose middle request does not fit goes on past it. */
+static void
+test_service_batch_continues_past_refused_calls(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "tiny", 0);
+	struct kvp_batch *b = NULL;
+	struct kvp_batch_result r;
+	struct kvp_client_stats st;
+	int64_t p1[32], p2[12], p3[4], probe[32];
+	size_t run, req_bytes, rep_bytes;
+
+	(void)state;
+	for (int i = 0; i < 32; i++)
+		p1[i] = 9000 + i;
+	for (int i = 0; i < 12; i++)
+		p2[i] = 9100 + i;
+	for (int i = 0; i < 4; i++)
+		p3[i] = 9200 + i;
+	assert_ok(kvp_client_stats(c, &st));
+	uint32_t free0 = st.num_free;
+	if (free0 < 3 || free0 > 7)
+		fail_msg("tiny pool has %u free blocks; the test needs 3 to 7", free0);
+	uint32_t n1 = free0 - 2; /* blocks of 4 tokens: leaves 2 free */
+	assert_ok(kvp_batch_create(&b));
+	assert_status(kvp_batch_set_flags(b, 0x80), KVP_EINVAL);
+	assert_ok(kvp_batch_set_flags(b, KVP_BATCH_CONTINUE | KVP_BATCH_BORROW));
+	struct kvp_client_slots a1 = {.request_id = 11, .prompt = p1, .num_prompt = 4 * n1,
+	                              .use_prefix_cache = true};
+	struct kvp_client_slots a2 = {.request_id = 12, .prompt = p2, .num_prompt = 12,
+	                              .use_prefix_cache = true}; /* 3 blocks: refused */
+	struct kvp_client_slots a3 = {.request_id = 13, .prompt = p3, .num_prompt = 4,
+	                              .use_prefix_cache = true};
+	/* Borrowed: the lookup reads probe when the batch is sent, not now. */
+	memset(probe, 0, sizeof(probe));
+	struct kvp_client_lookup q = {.tokens = probe, .num_tokens = 4 * n1};
+	assert_ok(kvp_batch_allocate_slots(b, &a1));
+	assert_ok(kvp_batch_allocate_slots(b, &a2));
+	assert_ok(kvp_batch_allocate_slots(b, &a3));
+	assert_ok(kvp_batch_stats(b));
+	assert_ok(kvp_batch_get_computed_blocks(b, 11));
+	assert_ok(kvp_batch_lookup(b, &q));
+	memcpy(probe, p1, sizeof(probe));
+	assert_status(kvp_client_batch(c, b, &run), KVP_ENOSPACE);
+	assert_int_equal(run, 6);
+	assert_non_null(strstr(kvp_client_last_detail(c), "1 of 6 calls failed, the first at call 1"));
+	assert_ok(kvp_batch_result(b, 0, &r));
+	assert_ok(r.status);
+	assert_int_equal(r.num_block_ids, n1);
+	assert_int_equal(r.slots.num_scheduled_tokens, 4 * n1);
+	assert_int_equal(r.slots.num_computed_tokens, 4 * n1);
+	assert_int_equal(r.slots.hit_tokens, 0);
+	assert_int_equal(r.slots.num_groups, 1);
+	assert_int_equal(r.slots.new_blocks_per_group[0], n1);
+	assert_ok(kvp_batch_result(b, 1, &r));
+	assert_status(r.status, KVP_ENOSPACE);
+	assert_false(r.has_block_ids);
+	assert_true(r.detail[0] != '\0');
+	assert_ok(kvp_batch_result(b, 2, &r));
+	assert_ok(r.status);
+	assert_int_equal(r.num_block_ids, 1);
+	assert_ok(kvp_batch_result(b, 3, &r));
+	assert_true(r.has_stats);
+	assert_int_equal(r.stats.num_free, 1);
+	assert_int_equal(r.stats.active_requests, 2); /* the refused request was not added */
+	assert_ok(kvp_batch_result(b, 4, &r)); /* its own hit: all but the last token's block */
+	assert_int_equal(r.slots.hit_tokens, 4 * (n1 - 1));
+	assert_int_equal(r.num_block_ids, n1 - 1);
+	assert_ok(kvp_batch_result(b, 5, &r));
+	assert_int_equal(r.count, n1); /* the borrowed tokens as they were at send time */
+	assert_int_equal(r.num_hashes, n1);
+	assert_status(kvp_batch_result(b, 6, &r), KVP_ENOTFOUND);
+	assert_status(r.status, KVP_ENOTFOUND);
+	assert_ok(kvp_batch_wire_bytes(b, &req_bytes, &rep_bytes));
+	assert_true(req_bytes > 4 * n1 + 12 && rep_bytes > 0);
+
+	/* Copied (no BORROW): changing the caller's array after adding changes nothing. */
+	kvp_batch_clear(b);
+	assert_ok(kvp_batch_set_flags(b, 0));
+	memcpy(probe, p1, sizeof(probe));
+	assert_ok(kvp_batch_lookup(b, &q));
+	probe[0] = -1;
+	assert_ok(kvp_batch_free_request(b, 11, false));
+	assert_ok(kvp_batch_free_request(b, 13, false));
+	assert_ok(kvp_client_batch(c, b, &run));
+	assert_ok(kvp_batch_result(b, 0, &r));
+	assert_int_equal(r.count, n1);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, free0);
+	assert_int_equal(st.active_requests, 0);
+	kvp_batch_destroy(b);
+	kvp_client_close(c);
+}
+
 static void
 test_service_kvpoolctl_version_and_help_do_not_dial(void **state)
 {
@@ -1023,6 +1116,7 @@ main(void)
 		cmocka_unit_test(test_service_session_limit_is_busy),
 		cmocka_unit_test(test_service_request_level_calls_share_prefixes),
 		cmocka_unit_test(test_service_refused_first_allocate_slots_leaves_no_request),
+		cmocka_unit_test(test_service_batch_continues_past_refused_calls),
 		cmocka_unit_test(test_service_kvpoolctl_version_and_help_do_not_dial),
 		cmocka_unit_test(test_service_admin_endpoints_serve_health_and_metrics),
 		cmocka_unit_test(test_service_eight_concurrent_clients_keep_invariants),

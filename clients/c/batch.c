@@ -16,12 +16,91 @@
 
 /* ---- batches ---- */
 
+/* Bump allocation in chunks, reset (not freed) when the batch is cleared. */
+struct chunk {
+	struct chunk *next;
+	size_t size, used;
+	_Alignas(16) unsigned char data[];
+};
+struct arena {
+	struct chunk *head, *cur;
+};
+#define CHUNK_MIN (64u * 1024u)
+
+static void *
+arena_alloc(struct arena *a, size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	if (n == 0)
+		n = 16;
+	for (struct chunk *k = a->cur; k != NULL; k = k->next) {
+		if (k->size - k->used >= n) {
+			void *p = k->data + k->used;
+			k->used += n;
+			a->cur = k;
+			return p;
+		}
+		if (k->next == NULL || k->next->used != 0)
+			break;
+	}
+	size_t size = n > CHUNK_MIN ? n : CHUNK_MIN;
+	struct chunk *k = malloc(sizeof(*k) + size);
+	if (k == NULL)
+		return NULL;
+	k->size = size;
+	k->used = n;
+	/* After the current chunk, so later chunks keep their place for reuse. */
+	if (a->cur == NULL) {
+		k->next = a->head;
+		a->head = k;
+	} else {
+		k->next = a->cur->next;
+		a->cur->next = k;
+	}
+	a->cur = k;
+	return k->data;
+}
+
+static void
+arena_reset(struct arena *a)
+{
+	for (struct chunk *k = a->head; k != NULL; k = k->next)
+		k->used = 0;
+	a->cur = a->head;
+}
+
+static void
+arena_fini(struct arena *a)
+{
+	while (a->head != NULL) {
+		struct chunk *k = a->head;
+		a->head = k->next;
+		free(k);
+	}
+	a->cur = NULL;
+}
+
+/* protobuf-c's allocator over an arena: the reply is dropped all at once. */
+static void *
+pb_alloc(void *ctx, size_t n)
+{
+	return arena_alloc(ctx, n);
+}
+static void
+pb_free(void *ctx, void *p)
+{
+	(void)ctx;
+	(void)p;
+}
+
 struct kvp_batch {
 	Kvpool__V1__BatchCall **calls;
 	size_t n, cap;
-	void **owned;               /* every copy the calls point into */
-	size_t nowned, capowned;
-	Kvpool__V1__Reply *reply;   /* the last send's reply */
+	unsigned flags;
+	struct arena args;          /* the calls and every copy they point into */
+	struct arena results;       /* the last send's decoded reply */
+	Kvpool__V1__Reply *reply;   /* the last send's reply, in results */
+	size_t sent_bytes, reply_bytes;
 };
 
 int
@@ -33,17 +112,21 @@ kvp_batch_create(struct kvp_batch **out)
 	return *out ? KVP_OK : KVP_ENOMEM;
 }
 
+static void
+drop_results(struct kvp_batch *b)
+{
+	arena_reset(&b->results);
+	b->reply = NULL;
+}
+
 void
 kvp_batch_clear(struct kvp_batch *b)
 {
 	if (b == NULL)
 		return;
-	for (size_t i = 0; i < b->nowned; i++)
-		free(b->owned[i]);
-	b->nowned = 0;
+	arena_reset(&b->args);
 	b->n = 0;
-	kvpool__v1__reply__free_unpacked(b->reply, NULL);
-	b->reply = NULL;
+	drop_results(b);
 }
 
 void
@@ -51,9 +134,9 @@ kvp_batch_destroy(struct kvp_batch *b)
 {
 	if (b == NULL)
 		return;
-	kvp_batch_clear(b);
+	arena_fini(&b->args);
+	arena_fini(&b->results);
 	free(b->calls);
-	free(b->owned);
 	free(b);
 }
 
@@ -63,33 +146,48 @@ kvp_batch_count(const struct kvp_batch *b)
 	return b ? b->n : 0;
 }
 
-/* A zeroed allocation the batch frees; NULL on ENOMEM. */
+int
+kvp_batch_set_flags(struct kvp_batch *b, unsigned flags)
+{
+	if (b == NULL || (flags & ~(KVP_BATCH_CONTINUE | KVP_BATCH_BORROW)) != 0)
+		return KVP_EINVAL;
+	b->flags = flags;
+	return KVP_OK;
+}
+
+/* A zeroed allocation the batch owns (a copy of src if not NULL); NULL on ENOMEM. */
 static void *
 own(struct kvp_batch *b, const void *src, size_t n)
 {
-	void *p;
-	if (b->nowned == b->capowned) {
-		size_t cap = b->capowned ? b->capowned * 2 : 32;
-		void **np = realloc(b->owned, cap * sizeof(*np));
-		if (np == NULL)
-			return NULL;
-		b->owned = np;
-		b->capowned = cap;
-	}
-	if ((p = calloc(1, n ? n : 1)) == NULL)
+	void *p = arena_alloc(&b->args, n);
+	if (p == NULL)
 		return NULL;
 	if (src != NULL && n > 0)
 		memcpy(p, src, n);
-	b->owned[b->nowned++] = p;
+	else
+		memset(p, 0, n ? n : 1);
 	return p;
+}
+
+/* The caller's array: referenced under KVP_BATCH_BORROW, else copied. */
+static void *
+ref(struct kvp_batch *b, const void *src, size_t n)
+{
+	if ((b->flags & KVP_BATCH_BORROW) && src != NULL)
+		return (void *)(uintptr_t)src;
+	return own(b, src, n);
 }
 
 static char *
 own_str(struct kvp_batch *b, const char *s)
 {
-	return s ? own(b, s, strlen(s) + 1) : NULL;
+	return s ? ref(b, s, strlen(s) + 1) : NULL;
 }
 
+/*
+ * A new call, not yet in the list: an adder fills it and push()es it only
+ * when everything it needs was allocated, so a failed adder adds nothing.
+ */
 static Kvpool__V1__BatchCall *
 new_call(struct kvp_batch *b)
 {
@@ -105,10 +203,17 @@ new_call(struct kvp_batch *b)
 	if ((call = own(b, NULL, sizeof(*call))) == NULL)
 		return NULL;
 	kvpool__v1__batch_call__init(call);
-	b->calls[b->n++] = call;
-	kvpool__v1__reply__free_unpacked(b->reply, NULL); /* results no longer match */
-	b->reply = NULL;
 	return call;
+}
+
+static int
+push(struct kvp_batch *b, Kvpool__V1__BatchCall *call, int which, void *msg)
+{
+	call->call_case = (Kvpool__V1__BatchCall__CallCase)which;
+	call->allocate = msg; /* the oneof's members share one pointer */
+	b->calls[b->n++] = call;
+	drop_results(b); /* results no longer match */
+	return KVP_OK;
 }
 
 /* Deep copy of request keys into the batch. */
@@ -145,45 +250,30 @@ kvp_batch_allocate(struct kvp_batch *b, uint32_t n)
 		return KVP_ENOMEM;
 	kvpool__v1__allocate_request__init(m);
 	m->num_blocks = n;
-	call->call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE;
-	call->allocate = m;
-	return KVP_OK;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE, m);
 }
 
+/* Touch, Free and Evict requests share one layout: a repeated id list. */
 static int
 batch_ids(struct kvp_batch *b, int which, const int32_t *ids, size_t n)
 {
 	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__FreeRequest *m;
 	int32_t *copy;
 	if (b == NULL || (ids == NULL && n > 0))
 		return KVP_EINVAL;
-	if ((call = new_call(b)) == NULL || (copy = own(b, ids, n * sizeof(*ids))) == NULL)
+	if ((call = new_call(b)) == NULL || (copy = ref(b, ids, n * sizeof(*ids))) == NULL ||
+	    (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	/* Touch, Free and Evict requests share one layout: a repeated id list. */
-	void *m = own(b, NULL, sizeof(Kvpool__V1__FreeRequest));
-	if (m == NULL)
-		return KVP_ENOMEM;
-	call->call_case = (Kvpool__V1__BatchCall__CallCase)which;
-	if (which == KVPOOL__V1__BATCH_CALL__CALL_TOUCH) {
-		Kvpool__V1__TouchRequest *t = m;
-		kvpool__v1__touch_request__init(t);
-		t->block_ids = copy;
-		t->n_block_ids = n;
-		call->touch = t;
-	} else if (which == KVPOOL__V1__BATCH_CALL__CALL_FREE) {
-		Kvpool__V1__FreeRequest *f = m;
-		kvpool__v1__free_request__init(f);
-		f->block_ids = copy;
-		f->n_block_ids = n;
-		call->free = f;
-	} else {
-		Kvpool__V1__EvictRequest *e = m;
-		kvpool__v1__evict_request__init(e);
-		e->block_ids = copy;
-		e->n_block_ids = n;
-		call->evict = e;
-	}
-	return KVP_OK;
+	if (which == KVPOOL__V1__BATCH_CALL__CALL_TOUCH)
+		kvpool__v1__touch_request__init((Kvpool__V1__TouchRequest *)m);
+	else if (which == KVPOOL__V1__BATCH_CALL__CALL_FREE)
+		kvpool__v1__free_request__init(m);
+	else
+		kvpool__v1__evict_request__init((Kvpool__V1__EvictRequest *)m);
+	m->block_ids = copy;
+	m->n_block_ids = n;
+	return push(b, call, which, m);
 }
 
 int
@@ -214,7 +304,7 @@ kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
 	kvpool__v1__cache_request__init(m);
-	m->block_ids = own(b, a->block_ids, a->num_block_ids * sizeof(int32_t));
+	m->block_ids = ref(b, a->block_ids, a->num_block_ids * sizeof(int32_t));
 	m->n_block_ids = a->num_block_ids;
 	m->num_cached_blocks = a->num_cached_blocks;
 	m->num_full_blocks = a->num_full_blocks;
@@ -222,14 +312,14 @@ kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 	m->block_size = a->block_size;
 	if (a->hashes) {
 		m->block_hashes.len = a->num_hashes * KVP_HASH_LEN;
-		m->block_hashes.data = own(b, a->hashes, m->block_hashes.len);
+		m->block_hashes.data = ref(b, a->hashes, m->block_hashes.len);
 	}
 	if (a->tokens) {
-		m->token_ids = own(b, a->tokens, a->num_tokens * sizeof(int64_t));
+		m->token_ids = ref(b, a->tokens, a->num_tokens * sizeof(int64_t));
 		m->n_token_ids = a->num_tokens;
 	}
 	if (a->parent_hash) {
-		if ((m->parent_hash.data = own(b, a->parent_hash, KVP_HASH_LEN)) == NULL)
+		if ((m->parent_hash.data = ref(b, a->parent_hash, KVP_HASH_LEN)) == NULL)
 			return KVP_ENOMEM;
 		m->parent_hash.len = KVP_HASH_LEN;
 	}
@@ -239,9 +329,7 @@ kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 	if (m->block_ids == NULL || (a->hashes && m->block_hashes.data == NULL) ||
 	    (a->tokens && m->token_ids == NULL))
 		return KVP_ENOMEM;
-	call->call_case = KVPOOL__V1__BATCH_CALL__CALL_CACHE;
-	call->cache = m;
-	return KVP_OK;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_CACHE, m);
 }
 
 int
@@ -256,25 +344,23 @@ kvp_batch_lookup(struct kvp_batch *b, const struct kvp_client_lookup *q)
 	kvpool__v1__lookup_request__init(m);
 	if (q->hashes) {
 		m->block_hashes.len = q->num_hashes * KVP_HASH_LEN;
-		if ((m->block_hashes.data = own(b, q->hashes, m->block_hashes.len)) == NULL)
+		if ((m->block_hashes.data = ref(b, q->hashes, m->block_hashes.len)) == NULL)
 			return KVP_ENOMEM;
 	}
 	if (q->tokens) {
-		if ((m->token_ids = own(b, q->tokens, q->num_tokens * sizeof(int64_t))) == NULL)
+		if ((m->token_ids = ref(b, q->tokens, q->num_tokens * sizeof(int64_t))) == NULL)
 			return KVP_ENOMEM;
 		m->n_token_ids = q->num_tokens;
 	}
 	if (q->group_ids) {
-		if ((m->group_ids = own(b, q->group_ids, q->num_groups * sizeof(uint32_t))) == NULL)
+		if ((m->group_ids = ref(b, q->group_ids, q->num_groups * sizeof(uint32_t))) == NULL)
 			return KVP_ENOMEM;
 		m->n_group_ids = q->num_groups;
 	}
 	m->block_size = q->block_size;
 	if (q->keys && (m->keys = own_keys(b, q->keys, false, 0)) == NULL)
 		return KVP_ENOMEM;
-	call->call_case = KVPOOL__V1__BATCH_CALL__CALL_LOOKUP;
-	call->lookup = m;
-	return KVP_OK;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_LOOKUP, m);
 }
 
 int
@@ -289,12 +375,12 @@ kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a)
 	kvpool__v1__allocate_slots_request__init(m);
 	m->request_id = a->request_id;
 	if (a->prompt) {
-		if ((m->prompt_token_ids = own(b, a->prompt, a->num_prompt * sizeof(int64_t))) == NULL)
+		if ((m->prompt_token_ids = ref(b, a->prompt, a->num_prompt * sizeof(int64_t))) == NULL)
 			return KVP_ENOMEM;
 		m->n_prompt_token_ids = a->num_prompt;
 	}
 	if (a->new_tokens) {
-		m->new_token_ids = own(b, a->new_tokens, a->num_new_token_ids * sizeof(int64_t));
+		m->new_token_ids = ref(b, a->new_tokens, a->num_new_token_ids * sizeof(int64_t));
 		if (m->new_token_ids == NULL)
 			return KVP_ENOMEM;
 		m->n_new_token_ids = a->num_new_token_ids;
@@ -307,9 +393,7 @@ kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a)
 	if ((a->keys || a->has_lora_id) &&
 	    (m->keys = own_keys(b, a->keys, a->has_lora_id, a->lora_id)) == NULL)
 		return KVP_ENOMEM;
-	call->call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS;
-	call->allocate_slots = m;
-	return KVP_OK;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS, m);
 }
 
 int
@@ -324,9 +408,34 @@ kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preempt)
 	kvpool__v1__free_request_request__init(m);
 	m->request_id = request_id;
 	m->preempt = preempt;
-	call->call_case = KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST;
-	call->free_request = m;
-	return KVP_OK;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST, m);
+}
+
+int
+kvp_batch_get_computed_blocks(struct kvp_batch *b, uint64_t request_id)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__GetComputedBlocksRequest *m;
+	if (b == NULL)
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__get_computed_blocks_request__init(m);
+	m->request_id = request_id;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_GET_COMPUTED_BLOCKS, m);
+}
+
+int
+kvp_batch_stats(struct kvp_batch *b)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__StatsRequest *m;
+	if (b == NULL)
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__stats_request__init(m);
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_STATS, m);
 }
 
 int
@@ -334,35 +443,59 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 {
 	Kvpool__V1__BatchRequest m = KVPOOL__V1__BATCH_REQUEST__INIT;
 	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	ProtobufCAllocator pb = {pb_alloc, pb_free, &b->results};
 	nng_msg *msg = NULL;
 	int rv;
 
 	if (c == NULL || b == NULL || num_run == NULL)
 		return KVP_EINVAL;
 	*num_run = 0;
-	kvpool__v1__reply__free_unpacked(b->reply, NULL);
-	b->reply = NULL;
+	drop_results(b);
+	b->sent_bytes = b->reply_bytes = 0;
 	m.calls = b->calls;
 	m.n_calls = b->n;
+	m.continue_on_error = (b->flags & KVP_BATCH_CONTINUE) != 0;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
 	rq.batch = &m;
 	/* Like call(), but a failed batch still carries the replies of what ran. */
 	if ((rv = kvp_client_send_(c, &rq, &msg)) != KVP_OK)
 		return rv;
-	b->reply = kvpool__v1__reply__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
+	b->sent_bytes = c->last_sent;
+	b->reply_bytes = nng_msg_len(msg);
+	/* Decoded into the batch's arena: no allocation per reply once it has grown. */
+	b->reply = kvpool__v1__reply__unpack(&pb, nng_msg_len(msg), nng_msg_body(msg));
 	nng_msg_free(msg);
-	if (b->reply == NULL)
+	if (b->reply == NULL) {
+		drop_results(b);
 		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
+	}
+	if (b->reply->call_id != rq.call_id && b->reply->call_id != 0) {
+		drop_results(b);
+		return set_detail(c, KVP_EINTERNAL, "reply to another call", NULL);
+	}
 	rv = kvp_wire_status(b->reply->status);
 	if (b->reply->result_case == KVPOOL__V1__REPLY__RESULT_BATCH) {
 		*num_run = b->reply->batch->n_replies;
-		if (*num_run > 0 && rv != KVP_OK) {
-			const Kvpool__V1__Reply *last = b->reply->batch->replies[*num_run - 1];
-			set_detail(c, rv, "%s", last->detail);
+		if (*num_run > b->n) {
+			drop_results(b);
+			*num_run = 0;
+			return set_detail(c, KVP_EINTERNAL, "more replies than calls in the batch", NULL);
 		}
-	} else if (rv != KVP_OK) {
-		set_detail(c, rv, "%s", b->reply->detail);
 	}
+	c->detail[0] = '\0';
+	if (rv == KVP_OK)
+		return rv;
+	/* The batch's words (which call) and the failed call's own (why). */
+	const char *why = "";
+	for (size_t i = 0; i < *num_run; i++) {
+		const Kvpool__V1__Reply *sub = b->reply->batch->replies[i];
+		if (kvp_wire_status(sub->status) != KVP_OK) {
+			why = sub->detail ? sub->detail : "";
+			break;
+		}
+	}
+	snprintf(c->detail, sizeof(c->detail), "%s%s%s", b->reply->detail ? b->reply->detail : "",
+	         why[0] ? ": " : "", why);
 	return rv;
 }
 
@@ -385,24 +518,81 @@ kvp_batch_status(const struct kvp_batch *b, size_t i)
 int
 kvp_batch_block_ids(const struct kvp_batch *b, size_t i, const int32_t **ids, size_t *n)
 {
-	const Kvpool__V1__Reply *r = batch_reply(b, i);
-	if (r == NULL || ids == NULL || n == NULL)
+	struct kvp_batch_result res;
+	if (ids == NULL || n == NULL || kvp_batch_result(b, i, &res) != KVP_OK ||
+	    res.status != KVP_OK || !res.has_block_ids)
 		return KVP_ENOTFOUND;
-	switch (r->result_case) {
-	case KVPOOL__V1__REPLY__RESULT_ALLOCATE:
-		*ids = r->allocate->block_ids;
-		*n = r->allocate->n_block_ids;
-		return KVP_OK;
-	case KVPOOL__V1__REPLY__RESULT_LOOKUP:
-		*ids = r->lookup->block_ids;
-		*n = r->lookup->n_block_ids;
-		return KVP_OK;
-	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS:
-		*ids = r->allocate_slots->new_block_ids;
-		*n = r->allocate_slots->n_new_block_ids;
-		return KVP_OK;
-	default:
-		return KVP_ENOTFOUND;
-	}
+	*ids = res.block_ids;
+	*n = res.num_block_ids;
+	return KVP_OK;
 }
 
+int
+kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *out)
+{
+	const Kvpool__V1__Reply *r = batch_reply(b, i);
+	if (out == NULL)
+		return KVP_EINVAL;
+	memset(out, 0, sizeof(*out));
+	out->detail = "";
+	if (r == NULL) {
+		out->status = KVP_ENOTFOUND;
+		return KVP_ENOTFOUND;
+	}
+	out->status = kvp_wire_status(r->status);
+	if (r->detail != NULL)
+		out->detail = r->detail;
+	switch (r->result_case) {
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE:
+		out->has_block_ids = true;
+		out->block_ids = r->allocate->block_ids;
+		out->num_block_ids = r->allocate->n_block_ids;
+		break;
+	case KVPOOL__V1__REPLY__RESULT_CACHE:
+		out->count = r->cache->num_stored;
+		break;
+	case KVPOOL__V1__REPLY__RESULT_EVICT:
+		out->count = r->evict->num_evicted;
+		break;
+	case KVPOOL__V1__REPLY__RESULT_LOOKUP:
+		out->has_block_ids = true;
+		out->block_ids = r->lookup->block_ids;
+		out->num_block_ids = r->lookup->n_block_ids;
+		out->count = r->lookup->num_hit_blocks;
+		out->slots.hit_tokens = r->lookup->hit_tokens;
+		out->hashes = r->lookup->block_hashes.data;
+		out->num_hashes = r->lookup->block_hashes.len / KVP_HASH_LEN;
+		break;
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS: {
+		const Kvpool__V1__AllocateSlotsReply *s = r->allocate_slots;
+		out->has_block_ids = true;
+		out->block_ids = s->new_block_ids;
+		out->num_block_ids = s->n_new_block_ids;
+		kvp_client_slots_from_(s, &out->slots);
+		break;
+	}
+	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS:
+		out->has_block_ids = true;
+		out->block_ids = r->get_computed_blocks->block_ids;
+		out->num_block_ids = r->get_computed_blocks->n_block_ids;
+		out->slots.hit_tokens = r->get_computed_blocks->hit_tokens;
+		break;
+	case KVPOOL__V1__REPLY__RESULT_STATS:
+		out->has_stats = true;
+		kvp_client_stats_from_(r->stats, &out->stats);
+		break;
+	default:
+		break;
+	}
+	return KVP_OK;
+}
+
+int
+kvp_batch_wire_bytes(const struct kvp_batch *b, size_t *request, size_t *reply)
+{
+	if (b == NULL || request == NULL || reply == NULL)
+		return KVP_EINVAL;
+	*request = b->sent_bytes;
+	*reply = b->reply_bytes;
+	return KVP_OK;
+}

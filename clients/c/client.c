@@ -43,6 +43,7 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 			kvpool__v1__request__pack(rq, nng_msg_body(msg));
 		else if (len > 0)
 			memcpy(nng_msg_body(msg), req, len);
+		c->last_sent = len;
 		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
 			nng_msg_free(msg);
 			if (rv == NNG_ETIMEDOUT)
@@ -525,22 +526,9 @@ kvp_client_heartbeat(struct kvp_client *c)
 	return rv;
 }
 
-int
-kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
+void
+kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out)
 {
-	Kvpool__V1__StatsRequest m = KVPOOL__V1__STATS_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL || out == NULL)
-		return KVP_EINVAL;
-	CALL(c, stats, STATS, &m, r);
-	if (rv != KVP_OK)
-		return rv;
-	if (r->result_case != KVPOOL__V1__REPLY__RESULT_STATS) {
-		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINTERNAL, "stats: unexpected reply", NULL);
-	}
-	const Kvpool__V1__StatsReply *s = r->stats;
 	out->num_blocks = s->num_blocks;
 	out->num_free = s->num_free;
 	out->num_cached_blocks = s->num_cached_blocks;
@@ -558,8 +546,38 @@ kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
 	out->leases_expired = s->leases_expired;
 	out->events_emitted = s->events_emitted;
 	out->active_requests = s->active_requests;
+}
+
+int
+kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
+{
+	Kvpool__V1__StatsRequest m = KVPOOL__V1__STATS_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || out == NULL)
+		return KVP_EINVAL;
+	CALL(c, stats, STATS, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_STATS) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINTERNAL, "stats: unexpected reply", NULL);
+	}
+	kvp_client_stats_from_(r->stats, out);
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
+}
+
+void
+kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s, struct kvp_client_slots_result *res)
+{
+	res->hit_tokens = s->hit_tokens;
+	res->num_scheduled_tokens = s->num_scheduled_tokens;
+	res->num_computed_tokens = s->num_computed_tokens;
+	res->num_new_blocks = s->n_new_block_ids;
+	res->num_groups = 0;
+	for (size_t g = 0; g < s->n_new_blocks_per_group && g < KVP_MAX_GROUPS; g++)
+		res->new_blocks_per_group[res->num_groups++] = s->new_blocks_per_group[g];
 }
 
 int
@@ -598,13 +616,7 @@ kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a
 	}
 	if (s->n_new_block_ids > 0)
 		memcpy(new_blocks, s->new_block_ids, s->n_new_block_ids * sizeof(*new_blocks));
-	res->hit_tokens = s->hit_tokens;
-	res->num_scheduled_tokens = s->num_scheduled_tokens;
-	res->num_computed_tokens = s->num_computed_tokens;
-	res->num_new_blocks = s->n_new_block_ids;
-	res->num_groups = 0;
-	for (size_t g = 0; g < s->n_new_blocks_per_group && g < KVP_MAX_GROUPS; g++)
-		res->new_blocks_per_group[res->num_groups++] = s->new_blocks_per_group[g];
+	kvp_client_slots_from_(s, res);
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
 }

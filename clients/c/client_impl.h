@@ -22,6 +22,7 @@ struct kvp_client {
 	uint64_t session;
 	uint64_t next_call_id;
 	uint32_t timeout_ms, retries;
+	size_t last_sent;           /* bytes of the last request sent */
 	struct kvp_client_info info;
 	char detail[512];
 };
@@ -45,5 +46,10 @@ int kvp_client_send_(struct kvp_client *c, Kvpool__V1__Request *rq, nng_msg **re
 /* Decodes a reply message as kvp_client_call_ does (and frees the message). */
 int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,
                        Kvpool__V1__Reply **out);
+
+/* Reply messages to the public structs, shared by the single calls and batches. */
+void kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out);
+void kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s,
+                            struct kvp_client_slots_result *out);
 
 #endif /* KVPOOL_CLIENT_IMPL_H */

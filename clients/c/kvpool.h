@@ -186,13 +186,6 @@ int kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, in
                                    size_t cap, size_t *num_ids, uint32_t *hit_tokens);
 
 /*
- * A batch: several calls sent as one Batch, executed in order under the
- * pool's lock, stopping at the first failure (a scheduler step in one round
- * trip). The builder copies every argument, so the caller's buffers may be
- * reused at once. After kvp_client_batch(), each executed call's status and
- * results stay readable until the batch is cleared, sent again or destroyed.
- */
-/*
  * The data plane: block contents in the pool's executor. A block's payload
  * is its 2 x layers chunks back to back (layer 0 K, layer 0 V, layer 1 K,
  * ...), each one block of one layer in the pool's cache layout; a list of
@@ -234,13 +227,33 @@ int kvp_client_write_tokens(struct kvp_client *c, bool all_layers, uint32_t laye
                             const int64_t *slots, size_t n, const void *k, const void *v,
                             size_t kv_len);
 
+/*
+ * A batch: several calls sent as one Batch, executed in order under the
+ * pool's lock (a scheduler step in one round trip). By default execution
+ * stops at the first call that fails; with KVP_BATCH_CONTINUE every call
+ * runs and each has its own status (a request that does not fit is refused,
+ * changing nothing, and the step goes on). The builder copies every
+ * argument, so the caller's buffers may be reused at once; with
+ * KVP_BATCH_BORROW it references the caller's arrays and strings instead
+ * (token ids, block ids, hashes, keys), which must then stay unchanged until
+ * the batch is sent. After kvp_client_batch(), each executed call's status
+ * and results stay readable until the batch changes, is sent again, cleared
+ * or destroyed. A batch reused step after step allocates nothing once it has
+ * grown to its largest step.
+ */
 struct kvp_batch;
 int kvp_batch_create(struct kvp_batch **out);
 void kvp_batch_destroy(struct kvp_batch *b);
-/* Drops every call and result, keeping the batch for reuse. */
+/* Drops every call and result, keeping the batch (and its flags) for reuse. */
 void kvp_batch_clear(struct kvp_batch *b);
 size_t kvp_batch_count(const struct kvp_batch *b);
-/* Each adder returns KVP_OK, KVP_EINVAL (bad arguments) or KVP_ENOMEM. */
+
+#define KVP_BATCH_CONTINUE 0x1u /* run every call even after one fails */
+#define KVP_BATCH_BORROW 0x2u   /* reference the caller's arrays instead of copying */
+/* Sets the flags for the calls added from now on and the next sends. KVP_EINVAL: unknown flag. */
+int kvp_batch_set_flags(struct kvp_batch *b, unsigned flags);
+
+/* Each adder returns KVP_OK, KVP_EINVAL (bad arguments) or KVP_ENOMEM (nothing added). */
 int kvp_batch_allocate(struct kvp_batch *b, uint32_t n);
 int kvp_batch_touch(struct kvp_batch *b, const int32_t *ids, size_t n);
 int kvp_batch_free(struct kvp_batch *b, const int32_t *ids, size_t n);
@@ -249,19 +262,43 @@ int kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a);
 int kvp_batch_lookup(struct kvp_batch *b, const struct kvp_client_lookup *q);
 int kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a);
 int kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preempt);
+int kvp_batch_get_computed_blocks(struct kvp_batch *b, uint64_t request_id);
+int kvp_batch_stats(struct kvp_batch *b);
 /*
- * Sends the batch. Returns KVP_OK if every call succeeded, else the status of
- * the call that stopped it (transport errors as for any call); *num_run gets
- * how many calls ran (the failing one included).
+ * Sends the batch. Returns KVP_OK if every call succeeded, else the status
+ * of the first call that failed (transport errors as for any call; the
+ * detail names the call and gives its reason); *num_run gets how many calls
+ * ran (the failing one included; every call with KVP_BATCH_CONTINUE).
  */
 int kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run);
 /* Call i's status after a send (KVP_ENOTFOUND if it did not run). */
 int kvp_batch_status(const struct kvp_batch *b, size_t i);
 /*
- * Call i's block ids: an allocate's new blocks, a lookup's hits (group after
- * group), an allocate_slots' new blocks. Valid until the batch changes.
+ * Call i's block ids: an allocate's new blocks, a lookup's or a
+ * get_computed_blocks' hits (group after group), an allocate_slots' new
+ * blocks. KVP_ENOTFOUND if it did not run, failed, or has none.
  */
 int kvp_batch_block_ids(const struct kvp_batch *b, size_t i, const int32_t **ids, size_t *n);
+
+/* Everything call i returned. Pointers are valid until the batch changes. */
+struct kvp_batch_result {
+	int status;                 /* KVP_ENOTFOUND: the call did not run */
+	const char *detail;         /* the daemon's reason when it failed, else "" */
+	bool has_block_ids;         /* allocate, lookup, allocate_slots, get_computed_blocks */
+	const int32_t *block_ids;   /* as kvp_batch_block_ids */
+	size_t num_block_ids;
+	uint32_t count;             /* cache: blocks stored; evict: evicted; lookup: hit blocks */
+	/* allocate_slots: all of it; lookup and get_computed_blocks: hit_tokens */
+	struct kvp_client_slots_result slots;
+	const uint8_t *hashes;      /* lookup of tokens: the fine hashes computed */
+	size_t num_hashes;
+	bool has_stats;
+	struct kvp_client_stats stats; /* stats */
+};
+/* KVP_OK (out filled), KVP_ENOTFOUND (call i did not run: out->status says so), KVP_EINVAL. */
+int kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *out);
+/* The last send's request and reply sizes on the wire, in bytes (0 before a send). */
+int kvp_batch_wire_bytes(const struct kvp_batch *b, size_t *request, size_t *reply);
 
 /* ---- the event stream's repair (see subscriber.h for the subscriber) ---- */
 
