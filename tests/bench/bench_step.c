@@ -1,0 +1,817 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvp-bench-step: S256, a continuous-batching scheduler step reduced to its
+ * KV-cache calls (../shared/reference/step-workload-s256.md), run three ways
+ * in one process and one run, so the ratios compare like with like:
+ *
+ *   engine   the step in process on kvp_mgr (the floor for the daemon's work)
+ *   remote   the step as one Batch to a real kvpoold over ipc:// (what a
+ *            remote scheduler pays: building, encoding, the round trip, the
+ *            daemon's work, decoding)
+ *   raw      a raw nng REQ/REP round trip of the remote step's request and
+ *            reply sizes (the floor for the transport)
+ *
+ * Each in two variants, events off and on (engine: take_events once per
+ * step; remote: a daemon with an event publisher, against one with none).
+ * Prints S256's correctness values and checks them against the reference
+ * table when W and N are one of its rows; exits 1 on a mismatch or a failed
+ * call. Aim (issue #16): remote <= 1.5 x (engine + raw).
+ *
+ * usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]
+ *                       [--only engine|remote] [--events off|on] [KVPOOLD]
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <dirent.h>
+#include <inttypes.h>
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "clients/c/kvpool.h"
+#include "engine/manager.h"
+#include "engine/pool.h"
+
+#define RUNNING 256
+#define FINISH 8
+#define ARRIVE 8
+#define PROMPT 1024
+#define SYS 512
+#define NUM_SYS 4
+#define NUM_BLOCKS 32768
+#define BS 16
+#define VOCAB 151643
+#define LIVE_RING 1024 /* > RUNNING + ARRIVE: request a's slot is a % LIVE_RING */
+#define MAX_NEW (PROMPT / BS + 2)
+#define NONE_FP "c5a1a573d87aa336"
+
+/* ---- the workload (not timed) ---- */
+
+static uint64_t
+mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint64_t seed;
+
+static int64_t
+tok(uint64_t d, uint64_t r, uint64_t j)
+{
+	return (int64_t)(mix64(((d << 60) | (r << 20) | j) ^ mix64(seed)) % VOCAB);
+}
+
+static uint64_t
+fnv_words(uint64_t h, const uint32_t *w, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ w[i]) * 0x100000001b3ull;
+	return h;
+}
+
+#define FNV_OFFSET 0xcbf29ce484222325ull
+
+/* Per step: who decodes (with which token), who finishes, who arrives (with which prompt). */
+struct step {
+	uint64_t dec[RUNNING];
+	int64_t dec_tok[RUNNING];
+	size_t ndec;
+	uint64_t fin[FINISH];
+	size_t nfin;
+	uint64_t arr[ARRIVE];
+	int64_t prompt[ARRIVE][PROMPT];
+};
+
+struct wl {
+	uint64_t run[RUNNING + ARRIVE];  /* R, oldest first */
+	size_t nrun;
+	uint32_t ndecoded[LIVE_RING];
+	uint64_t next_arrival, steps;
+	/* the correctness values */
+	uint64_t digest, hit_tokens, num_events;
+};
+
+static void
+wl_init(struct wl *w)
+{
+	memset(w, 0, sizeof(*w));
+	w->digest = FNV_OFFSET;
+}
+
+/* Fills st with step w->steps and advances R (as the step will leave it). */
+static void
+wl_next(struct wl *w, struct step *st)
+{
+	st->ndec = w->nrun;
+	for (size_t i = 0; i < w->nrun; i++) {
+		uint64_t a = w->run[i];
+		st->dec[i] = a;
+		st->dec_tok[i] = tok(3, a, w->ndecoded[a % LIVE_RING]++);
+	}
+	st->nfin = 0;
+	if (w->nrun == RUNNING) {
+		for (size_t i = 0; i < FINISH; i++)
+			st->fin[st->nfin++] = w->run[i];
+		memmove(w->run, w->run + FINISH, (RUNNING - FINISH) * sizeof(w->run[0]));
+		w->nrun -= FINISH;
+	}
+	for (size_t i = 0; i < ARRIVE; i++) {
+		uint64_t a = w->next_arrival++;
+		st->arr[i] = a;
+		for (int j = 0; j < SYS; j++)
+			st->prompt[i][j] = tok(1, a % NUM_SYS, (uint64_t)j);
+		for (int j = 0; j < PROMPT - SYS; j++)
+			st->prompt[i][SYS + j] = tok(2, a, (uint64_t)j);
+		w->ndecoded[a % LIVE_RING] = 0;
+		w->run[w->nrun++] = a;
+	}
+	w->steps++;
+}
+
+/* The spec's test vectors: a wrong generator would make every check meaningless. */
+static int
+check_vectors(void)
+{
+	uint64_t saved = seed;
+	int ok = 1;
+	seed = 0;
+	ok &= mix64(1) == 0x5692161d100b05e5ull;
+	ok &= tok(1, 0, 0) == 125541 && tok(1, 0, 1) == 60544 && tok(1, 0, 3) == 60801;
+	ok &= tok(1, 3, 511) == 114152;
+	ok &= tok(2, 0, 0) == 54735 && tok(2, 0, 3) == 28307 && tok(2, 9, 0) == 44061;
+	ok &= tok(3, 0, 0) == 2465 && tok(3, 0, 3) == 87009;
+	seed = 1;
+	ok &= tok(1, 0, 0) == 126858 && tok(1, 0, 3) == 102889;
+	uint32_t words[] = {2, 7, 9};
+	ok &= fnv_words(FNV_OFFSET, words, 3) == 0xea95df1875d692ddull;
+	seed = saved;
+	return ok;
+}
+
+/* ---- results ---- */
+
+struct checks {
+	uint64_t steps, arrivals, running, hit_tokens, blocks_in_use, free, cached_blocks,
+		cached_keys, digest, num_events, removed;
+	char hash_set[17], none_fp[17];
+};
+
+struct timing {
+	double *wall, *cpu, *build; /* per timed step, seconds */
+	double daemon_cpu;          /* per step, seconds (mean over the timed steps) */
+	size_t req_bytes, rep_bytes;
+};
+
+static const struct {
+	uint64_t w, n, hit, digest, events, removed;
+	const char *hash_set;
+} REF[] = {
+	{160, 16, 718848, 0x2a53be8b46c0e851ull, 18929, 15089, "052a51ed4bab8d4e"},
+	{200, 8, 849920, 0xd2fa29ffeed1f691ull, 28401, 23793, "d44e4d691b8a54e4"},
+	{256, 256, 2095104, 0x374a8c0702277bb4ull, 118385, 106481, "79d01f9baf79a6c2"},
+};
+
+static void
+hex8(const uint8_t *b, char out[17])
+{
+	for (int i = 0; i < 8; i++)
+		snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static int
+cmp_hash(const void *a, const void *b)
+{
+	return memcmp(a, b, KVP_HASH_LEN);
+}
+
+/* First 8 bytes of SHA-256 over the sorted 32-byte hashes. */
+static int
+hash_set(struct kvp_hasher *h, uint8_t *hashes, size_t n, char out[17])
+{
+	uint8_t d[KVP_HASH_LEN];
+	qsort(hashes, n, KVP_HASH_LEN, cmp_hash);
+	if (kvp_hash_raw(h, hashes, n * KVP_HASH_LEN, d) != KVP_OK)
+		return -1;
+	hex8(d, out);
+	return 0;
+}
+
+/* Prints the checks; returns 0 if they match the reference row for (w, n) (or none exists). */
+static int
+report_checks(const char *what, const struct checks *c, uint64_t w, uint64_t n, bool events)
+{
+	int bad = 0;
+	printf("%s: steps=%" PRIu64 " arrivals=%" PRIu64 " running=%" PRIu64 " hit_tokens=%" PRIu64
+	       " blocks_in_use=%" PRIu64 " free=%" PRIu64 " cached_blocks=%" PRIu64
+	       " cached_keys=%" PRIu64 " digest=%016" PRIx64 " hash_set=%s none_fp=%s",
+	       what, c->steps, c->arrivals, c->running, c->hit_tokens, c->blocks_in_use, c->free,
+	       c->cached_blocks, c->cached_keys, c->digest, c->hash_set, c->none_fp);
+	if (events)
+		printf(" num_events=%" PRIu64, c->num_events);
+	printf(" evicted=%" PRIu64 "\n", c->removed);
+	bad |= c->running != RUNNING || c->steps != w + n || c->arrivals != 8 * (w + n);
+	bad |= strcmp(c->none_fp, NONE_FP) != 0;
+	if (seed == 0 && w >= 31)
+		bad |= c->blocks_in_use != 8688 || c->free != 24079 || c->cached_blocks != 32527 ||
+		       c->cached_keys != 32527;
+	for (size_t i = 0; seed == 0 && i < sizeof(REF) / sizeof(REF[0]); i++) {
+		if (REF[i].w != w || REF[i].n != n)
+			continue;
+		bad |= c->hit_tokens != REF[i].hit || c->digest != REF[i].digest ||
+		       strcmp(c->hash_set, REF[i].hash_set) != 0 || c->removed != REF[i].removed;
+		if (events)
+			bad |= c->num_events != REF[i].events;
+		printf("%s: checked against the reference row W=%" PRIu64 " N=%" PRIu64 ": %s\n", what,
+		       w, n, bad ? "MISMATCH" : "ok");
+	}
+	if (bad)
+		fprintf(stderr, "bench: %s: correctness values differ from S256's\n", what);
+	return bad;
+}
+
+static double
+thread_cpu(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A process's CPU time over all its threads, from schedstat (seconds). */
+static double
+proc_cpu(pid_t pid)
+{
+	char path[64];
+	double sum = 0;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (d == NULL)
+		return -1;
+	for (struct dirent *e; (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		char p2[400];
+		unsigned long long ns = 0;
+		snprintf(p2, sizeof(p2), "%s/%s/schedstat", path, e->d_name);
+		FILE *f = fopen(p2, "r");
+		if (f == NULL)
+			continue;
+		if (fscanf(f, "%llu", &ns) == 1)
+			sum += (double)ns / 1e9;
+		fclose(f);
+	}
+	closedir(d);
+	return sum;
+}
+
+/* ---- engine: the step in process ---- */
+
+static int
+run_engine(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, struct checks *c)
+{
+	struct kvp_pool_config pc = {.num_blocks = NUM_BLOCKS, .hash_block_size = BS,
+	                             .enable_caching = true, .enable_events = events};
+	uint32_t bsz[1] = {BS};
+	struct kvp_mgr_config mc = {.num_groups = 1, .block_sizes = bsz, .max_model_len = 8192};
+	struct kvp_pool *pool = NULL;
+	struct kvp_hasher *h = NULL;
+	struct kvp_mgr *m = NULL;
+	struct kvp_event_batch evb;
+	struct step *st = malloc(sizeof(*st));
+	struct wl w;
+	int32_t blocks[MAX_NEW + 64], hit[MAX_NEW];
+	int32_t *const nb[1] = {blocks};
+	int32_t *const hb[1] = {hit};
+	int rv = -1;
+
+	kvp_event_batch_init(&evb);
+	wl_init(&w);
+	if (st == NULL || kvp_hasher_create(seed == 0 ? "0" : "1", &h) != KVP_OK ||
+	    kvp_pool_create(&pc, &pool) != KVP_OK || kvp_mgr_create(pool, h, &mc, &m) != KVP_OK)
+		goto out;
+	for (uint64_t s = 0; s < w_steps + n_steps; s++) {
+		wl_next(&w, st);
+		bool timed = s >= w_steps;
+		double t0 = now(), c0 = thread_cpu();
+		for (size_t i = 0; i < st->ndec; i++) {
+			struct kvp_alloc_args a = {.num_new_tokens = 1};
+			size_t cnt[1];
+			if (kvp_mgr_append_tokens(m, st->dec[i], &st->dec_tok[i], 1) != KVP_OK ||
+			    kvp_mgr_allocate_slots(m, st->dec[i], &a, nb, MAX_NEW, cnt) != KVP_OK)
+				goto out;
+			uint32_t words[MAX_NEW + 1];
+			words[0] = (uint32_t)cnt[0];
+			for (size_t k = 0; k < cnt[0]; k++)
+				words[k + 1] = (uint32_t)blocks[k];
+			w.digest = fnv_words(w.digest, words, cnt[0] + 1);
+		}
+		for (size_t i = 0; i < st->nfin; i++)
+			if (kvp_mgr_free_request(m, st->fin[i]) != KVP_OK)
+				goto out;
+		for (size_t i = 0; i < ARRIVE; i++) {
+			struct kvp_request_desc d = {.prompt = st->prompt[i], .num_prompt = PROMPT};
+			uint32_t ht;
+			size_t cnt[1];
+			if (kvp_mgr_add_request(m, st->arr[i], &d) != KVP_OK ||
+			    kvp_mgr_get_computed_blocks(m, st->arr[i], hb, MAX_NEW, &ht) != KVP_OK)
+				goto out;
+			struct kvp_alloc_args a = {.num_new_tokens = PROMPT - ht,
+			                           .num_new_computed_tokens = ht,
+			                           .computed_blocks = ht ? (const int32_t *const *)hb : NULL};
+			if (kvp_mgr_allocate_slots(m, st->arr[i], &a, nb, MAX_NEW, cnt) != KVP_OK)
+				goto out;
+			uint32_t words[MAX_NEW + 1];
+			words[0] = (uint32_t)cnt[0];
+			for (size_t k = 0; k < cnt[0]; k++)
+				words[k + 1] = (uint32_t)blocks[k];
+			w.digest = fnv_words(w.digest, words, cnt[0] + 1);
+			w.hit_tokens += ht;
+		}
+		if (events) {
+			if (kvp_mgr_take_events(m, &evb) != KVP_OK)
+				goto out;
+			w.num_events += kvp_event_batch_count(&evb);
+		}
+		if (timed) {
+			t->wall[s - w_steps] = now() - t0;
+			t->cpu[s - w_steps] = thread_cpu() - c0;
+			t->build[s - w_steps] = 0;
+		}
+	}
+	/* The checks. */
+	struct kvp_pool_stats ps;
+	kvp_pool_get_stats(pool, &ps);
+	c->steps = w.steps;
+	c->arrivals = w.next_arrival;
+	c->running = w.nrun;
+	c->hit_tokens = w.hit_tokens;
+	c->free = kvp_pool_num_free(pool);
+	c->blocks_in_use = NUM_BLOCKS - 1 - c->free;
+	c->cached_blocks = kvp_pool_num_cached_blocks(pool);
+	c->cached_keys = kvp_pool_num_cached_keys(pool);
+	c->digest = w.digest;
+	c->num_events = w.num_events;
+	c->removed = ps.blocks_evicted;
+	uint8_t *hs = malloc((size_t)NUM_BLOCKS * KVP_HASH_LEN), fp[KVP_HASH_LEN];
+	size_t n = 0;
+	for (int32_t id = 1; hs != NULL && id < NUM_BLOCKS; id++) {
+		size_t len;
+		const uint8_t *k = kvp_pool_block_key(pool, id, &len);
+		if (k != NULL && len >= KVP_HASH_LEN)
+			memcpy(hs + KVP_HASH_LEN * n++, k, KVP_HASH_LEN);
+	}
+	if (hs == NULL || hash_set(h, hs, n, c->hash_set) != 0 ||
+	    kvp_hash_raw(h, kvp_hasher_none_hash(h), KVP_HASH_LEN, fp) != KVP_OK) {
+		free(hs);
+		goto out;
+	}
+	free(hs);
+	hex8(fp, c->none_fp);
+	t->daemon_cpu = 0;
+	rv = 0;
+out:
+	if (rv != 0)
+		fprintf(stderr, "bench: engine step failed at step %" PRIu64 "\n", w.steps);
+	kvp_event_batch_fini(&evb);
+	kvp_mgr_destroy(m);
+	kvp_pool_destroy(pool);
+	kvp_hasher_destroy(h);
+	free(st);
+	return rv;
+}
+
+/* ---- remote: the step as one Batch ---- */
+
+static int
+cmp_size(const void *a, const void *b)
+{
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	return (x > y) - (x < y);
+}
+
+static int
+run_remote(const char *url, pid_t daemon, uint64_t w_steps, uint64_t n_steps, bool events,
+           struct timing *t, struct checks *c)
+{
+	struct kvp_client_options o = {.url = url, .pool = "s256", .timeout_ms = 30000};
+	struct kvp_client *cl = NULL;
+	struct kvp_batch *b = NULL;
+	struct kvp_client_stats cs;
+	struct kvp_snapshot *snap = NULL;
+	struct kvp_hasher *h = NULL;
+	struct step *st = malloc(sizeof(*st));
+	struct wl w;
+	double dcpu0 = 0;
+	size_t *req = calloc(n_steps ? n_steps : 1, sizeof(*req));
+	size_t *rep = calloc(n_steps ? n_steps : 1, sizeof(*rep));
+	int rv = -1;
+
+	wl_init(&w);
+	if (st == NULL || req == NULL || rep == NULL || kvp_client_open(&o, &cl) != KVP_OK ||
+	    kvp_batch_create(&b) != KVP_OK ||
+	    kvp_batch_set_flags(b, KVP_BATCH_CONTINUE | KVP_BATCH_BORROW) != KVP_OK) {
+		fprintf(stderr, "bench: cannot open a session on %s: %s\n", url,
+		        cl ? kvp_client_last_detail(cl) : "see above");
+		goto out;
+	}
+	for (uint64_t s = 0; s < w_steps + n_steps; s++) {
+		wl_next(&w, st);
+		bool timed = s >= w_steps;
+		if (s == w_steps)
+			dcpu0 = proc_cpu(daemon);
+		double t0 = now(), c0 = thread_cpu();
+		size_t run;
+		kvp_batch_clear(b);
+		for (size_t i = 0; i < st->ndec; i++) {
+			struct kvp_client_slots a = {.request_id = st->dec[i], .new_tokens = &st->dec_tok[i],
+			                             .num_new_token_ids = 1, .num_new_tokens = 1};
+			if (kvp_batch_allocate_slots(b, &a) != KVP_OK)
+				goto out;
+		}
+		for (size_t i = 0; i < st->nfin; i++)
+			if (kvp_batch_free_request(b, st->fin[i], false) != KVP_OK)
+				goto out;
+		for (size_t i = 0; i < ARRIVE; i++) {
+			struct kvp_client_slots a = {.request_id = st->arr[i], .prompt = st->prompt[i],
+			                             .num_prompt = PROMPT, .use_prefix_cache = true};
+			if (kvp_batch_allocate_slots(b, &a) != KVP_OK)
+				goto out;
+		}
+		double t1 = now();
+		if (kvp_client_batch(cl, b, &run) != KVP_OK) {
+			fprintf(stderr, "bench: step %" PRIu64 ": %s\n", s, kvp_client_last_detail(cl));
+			goto out;
+		}
+		/* Every call's results: the digest words and the arrivals' hits. */
+		size_t ncalls = kvp_batch_count(b);
+		for (size_t i = 0; i < ncalls; i++) {
+			struct kvp_batch_result r;
+			if (kvp_batch_result(b, i, &r) != KVP_OK || r.status != KVP_OK)
+				goto out;
+			if (i >= st->ndec && i < st->ndec + st->nfin)
+				continue; /* frees add nothing */
+			uint32_t words[MAX_NEW + 1];
+			if (r.num_block_ids > MAX_NEW)
+				goto out;
+			words[0] = (uint32_t)r.num_block_ids;
+			for (size_t k = 0; k < r.num_block_ids; k++)
+				words[k + 1] = (uint32_t)r.block_ids[k];
+			w.digest = fnv_words(w.digest, words, r.num_block_ids + 1);
+			if (i >= st->ndec + st->nfin)
+				w.hit_tokens += r.slots.hit_tokens;
+		}
+		if (timed) {
+			uint64_t k = s - w_steps;
+			t->wall[k] = now() - t0;
+			t->cpu[k] = thread_cpu() - c0;
+			t->build[k] = t1 - t0;
+			kvp_batch_wire_bytes(b, &req[k], &rep[k]);
+		}
+	}
+	t->daemon_cpu = (proc_cpu(daemon) - dcpu0) / (double)(n_steps ? n_steps : 1);
+	qsort(req, n_steps, sizeof(*req), cmp_size);
+	qsort(rep, n_steps, sizeof(*rep), cmp_size);
+	t->req_bytes = req[n_steps / 2];
+	t->rep_bytes = rep[n_steps / 2];
+	/* The checks, from Stats and a Snapshot. */
+	if (kvp_client_stats(cl, &cs) != KVP_OK || kvp_client_snapshot(cl, &snap) != KVP_OK ||
+	    kvp_hasher_create(NULL, &h) != KVP_OK)
+		goto out;
+	c->steps = w.steps;
+	c->arrivals = w.next_arrival;
+	c->running = w.nrun;
+	c->hit_tokens = w.hit_tokens;
+	c->free = cs.num_free;
+	c->blocks_in_use = NUM_BLOCKS - 1 - cs.num_free;
+	c->cached_blocks = cs.num_cached_blocks;
+	c->cached_keys = cs.num_cached_keys;
+	c->digest = w.digest;
+	c->num_events = cs.events_emitted;
+	c->removed = cs.blocks_evicted;
+	hex8(kvp_client_info(cl)->none_hash_fingerprint, c->none_fp);
+	size_t n = 0;
+	for (size_t i = 0; i < snap->num_entries; i++)
+		n += snap->entries[i].num_blocks;
+	uint8_t *hs = malloc((n ? n : 1) * KVP_HASH_LEN);
+	size_t k = 0;
+	for (size_t i = 0; hs != NULL && i < snap->num_entries; i++)
+		for (uint32_t j = 0; j < snap->entries[i].num_blocks; j++)
+			memcpy(hs + KVP_HASH_LEN * k++, snap->entries[i].hash, KVP_HASH_LEN);
+	if (hs == NULL || hash_set(h, hs, n, c->hash_set) != 0) {
+		free(hs);
+		goto out;
+	}
+	free(hs);
+	(void)events;
+	rv = 0;
+out:
+	if (rv != 0)
+		fprintf(stderr, "bench: remote step failed at step %" PRIu64 "%s%s\n", w.steps,
+		        cl ? ": " : "", cl ? kvp_client_last_detail(cl) : "");
+	kvp_snapshot_free(snap);
+	kvp_hasher_destroy(h);
+	kvp_batch_destroy(b);
+	kvp_client_close(cl);
+	free(st);
+	free(req);
+	free(rep);
+	return rv;
+}
+
+/* ---- raw: nng REQ/REP round trips of the step's sizes ---- */
+
+struct echo {
+	nng_socket sock;
+	size_t reply_len;
+	pthread_t th;
+};
+
+static void *
+echo_main(void *arg)
+{
+	struct echo *e = arg;
+	uint8_t *out = calloc(1, e->reply_len ? e->reply_len : 1);
+	for (;;) {
+		nng_msg *m;
+		if (out == NULL || nng_recvmsg(e->sock, &m, 0) != 0)
+			break;
+		/* Reply with a message of the reply's size, built as the daemon builds one. */
+		nng_msg_free(m);
+		if (nng_msg_alloc(&m, e->reply_len) != 0)
+			break;
+		memcpy(nng_msg_body(m), out, e->reply_len);
+		if (nng_sendmsg(e->sock, m, 0) != 0) {
+			nng_msg_free(m);
+			break;
+		}
+	}
+	free(out);
+	return NULL;
+}
+
+static int
+run_raw(const char *url, size_t req_len, size_t rep_len, uint64_t n, double *wall)
+{
+	struct echo e = {.reply_len = rep_len};
+	nng_socket s;
+	uint8_t *req = calloc(1, req_len ? req_len : 1);
+	int rv = -1;
+
+	if (req == NULL || nng_rep0_open(&e.sock) != 0)
+		goto out;
+	if (nng_listen(e.sock, url, NULL, 0) != 0 ||
+	    pthread_create(&e.th, NULL, echo_main, &e) != 0) {
+		nng_close(e.sock);
+		goto out;
+	}
+	if (nng_req0_open(&s) == 0 && nng_dial(s, url, NULL, 0) == 0) {
+		rv = 0;
+		for (uint64_t i = 0; i < n + 16 && rv == 0; i++) {
+			double t0 = now();
+			nng_msg *m;
+			if (nng_msg_alloc(&m, req_len) != 0) {
+				rv = -1;
+				break;
+			}
+			memcpy(nng_msg_body(m), req, req_len);
+			if (nng_sendmsg(s, m, 0) != 0 || nng_recvmsg(s, &m, 0) != 0) {
+				rv = -1;
+				break;
+			}
+			nng_msg_free(m);
+			if (i >= 16) /* after a warm-up */
+				wall[i - 16] = now() - t0;
+		}
+		nng_close(s);
+	}
+	nng_close(e.sock);
+	pthread_join(e.th, NULL);
+out:
+	free(req);
+	return rv;
+}
+
+/* ---- the daemons ---- */
+
+static pid_t
+start_daemon(const char *path, const char *url, const char *events)
+{
+	pid_t child = fork();
+	if (child == 0) {
+		execl(path, path, "--quiet", "--rpc", url, "--admin", "none", "--events", events,
+		      "--executor", "none", "--pool",
+		      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
+		      "--lease-ms", "600000", "--max-msg-bytes", "67108864", (char *)NULL);
+		_exit(127);
+	}
+	return child;
+}
+
+static int
+stop_daemon(pid_t pid)
+{
+	int status = 0;
+	if (pid <= 0)
+		return -1;
+	kill(pid, SIGTERM);
+	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return -1;
+	return 0;
+}
+
+/* ---- main ---- */
+
+struct stat3 {
+	double p10, p50, p90;
+};
+
+static struct stat3
+stats_of(double *v, uint64_t n)
+{
+	struct stat3 s = {0, 0, 0};
+	if (n == 0)
+		return s;
+	qsort(v, n, sizeof(*v), cmp_d);
+	s.p10 = v[n / 10] * 1e6;
+	s.p50 = v[n / 2] * 1e6; /* the upper middle for an even count */
+	s.p90 = v[n * 9 / 10] * 1e6;
+	return s;
+}
+
+static void
+usage(FILE *f)
+{
+	fprintf(f, "usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]\n"
+	           "                      [--only engine|remote] [--events off|on] [KVPOOLD]\n"
+	           "S256 (step-workload-s256.md): the scheduler step in process, as one Batch to\n"
+	           "kvpoold over ipc://, and a raw nng round trip of its sizes, in one run.\n"
+	           "Defaults: W=256 N=256 (--quick: 160 and 16), 1 round, both event variants.\n");
+}
+
+static int
+parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+	if (s == NULL || *s == '\0' || *s == '-')
+		return -1;
+	v = strtoull(s, &end, 10);
+	if (*end != '\0' || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *daemon = KVPOOLD_PATH, *only = NULL, *ev_only = NULL;
+	uint64_t w = 256, n = 256, rounds = 1;
+	int failed = 0;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		if (strcmp(a, "--quick") == 0) {
+			w = 160;
+			n = 16;
+		} else if (strcmp(a, "--warmup") == 0 && parse_u64(v, 32, 100000, &w) == 0) {
+			i++;
+		} else if (strcmp(a, "--steps") == 0 && parse_u64(v, 1, 100000, &n) == 0) {
+			i++;
+		} else if (strcmp(a, "--rounds") == 0 && parse_u64(v, 1, 100, &rounds) == 0) {
+			i++;
+		} else if (strcmp(a, "--only") == 0 && v &&
+		           (strcmp(v, "engine") == 0 || strcmp(v, "remote") == 0)) {
+			only = argv[++i];
+		} else if (strcmp(a, "--events") == 0 && v &&
+		           (strcmp(v, "off") == 0 || strcmp(v, "on") == 0)) {
+			ev_only = argv[++i];
+		} else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+			usage(stdout);
+			return 0;
+		} else if (a[0] != '-' && i == argc - 1) {
+			daemon = a;
+		} else {
+			fprintf(stderr, "kvp-bench-step: bad argument '%s'%s\n", a,
+			        v || a[0] != '-' ? "" : " (missing value)");
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (!check_vectors()) {
+		fprintf(stderr, "bench: the token generator does not match S256's test vectors\n");
+		return 1;
+	}
+	bool do_engine = only == NULL || strcmp(only, "engine") == 0;
+	bool do_remote = only == NULL || strcmp(only, "remote") == 0;
+	int pid = (int)getpid();
+	char url_off[96], url_on[96], url_ev[96], url_raw[96];
+	snprintf(url_off, sizeof(url_off), "ipc:///tmp/kvpool-step-%d-off.ipc", pid);
+	snprintf(url_on, sizeof(url_on), "ipc:///tmp/kvpool-step-%d-on.ipc", pid);
+	snprintf(url_ev, sizeof(url_ev), "ipc:///tmp/kvpool-step-%d-ev.ipc", pid);
+	snprintf(url_raw, sizeof(url_raw), "ipc:///tmp/kvpool-step-%d-raw.ipc", pid);
+	/* fork+exec before the first nng call: nng is not fork-safe. */
+	pid_t d_off = -1, d_on = -1;
+	bool ev_off = ev_only == NULL || strcmp(ev_only, "off") == 0;
+	bool ev_on = ev_only == NULL || strcmp(ev_only, "on") == 0;
+	if (do_remote && ev_off)
+		d_off = start_daemon(daemon, url_off, "none");
+	if (do_remote && ev_on)
+		d_on = start_daemon(daemon, url_on, url_ev);
+	if (do_remote)
+		nanosleep(&(struct timespec){0, 300000000}, NULL);
+
+	printf("kvp-bench-step: S256, W=%" PRIu64 " warm-up + N=%" PRIu64 " timed steps, %" PRIu64
+	       " round(s); 272 request calls per step; us per step (p10 / median / p90)\n\n",
+	       w, n, rounds);
+	double *wall = calloc(n, sizeof(double)), *cpu = calloc(n, sizeof(double)),
+	       *build = calloc(n, sizeof(double)), *raw = calloc(n, sizeof(double));
+	if (wall == NULL || cpu == NULL || build == NULL || raw == NULL)
+		return 1;
+	struct timing t = {.wall = wall, .cpu = cpu, .build = build};
+	for (int e = 0; e < 2; e++) {
+		bool events = e == 1;
+		if ((events && !ev_on) || (!events && !ev_off))
+			continue;
+		double eng_med[100], rem_med[100], raw_med[100], dcpu[100], ccpu[100], bld[100];
+		size_t req_b = 0, rep_b = 0;
+		for (uint64_t r = 0; r < rounds; r++) {
+			struct checks c;
+			eng_med[r] = rem_med[r] = raw_med[r] = dcpu[r] = ccpu[r] = bld[r] = 0;
+			if (do_engine) {
+				memset(&c, 0, sizeof(c));
+				if (run_engine(w, n, events, &t, &c) != 0)
+					return 1;
+				eng_med[r] = stats_of(wall, n).p50;
+				if (r == 0)
+					failed |= report_checks(events ? "engine, events on" : "engine, events off",
+					                        &c, w, n, events);
+			}
+			if (do_remote) {
+				memset(&c, 0, sizeof(c));
+				if (run_remote(events ? url_on : url_off, events ? d_on : d_off, w, n, events, &t,
+				               &c) != 0) {
+					failed = 1;
+					break;
+				}
+				struct stat3 sw = stats_of(wall, n);
+				rem_med[r] = sw.p50;
+				ccpu[r] = stats_of(cpu, n).p50;
+				bld[r] = stats_of(build, n).p50;
+				dcpu[r] = t.daemon_cpu * 1e6;
+				req_b = t.req_bytes;
+				rep_b = t.rep_bytes;
+				if (r == 0)
+					failed |= report_checks(events ? "remote, events on" : "remote, events off",
+					                        &c, w, n, events);
+				printf("round %" PRIu64 ", events %s: remote p10 %.0f / p50 %.0f / p90 %.0f us",
+				       r + 1, events ? "on" : "off", sw.p10, sw.p50, sw.p90);
+				if (run_raw(url_raw, req_b, rep_b, n, raw) != 0) {
+					fprintf(stderr, "bench: the raw nng round trip failed\n");
+					failed = 1;
+					break;
+				}
+				raw_med[r] = stats_of(raw, n).p50;
+				printf(", raw %.0f us, engine %.0f us\n", raw_med[r], eng_med[r]);
+			}
+		}
+		if (failed)
+			break;
+		double E = median(eng_med, (int)rounds), R = median(rem_med, (int)rounds);
+		double X = median(raw_med, (int)rounds), D = median(dcpu, (int)rounds);
+		double C = median(ccpu, (int)rounds), B = median(bld, (int)rounds);
+		printf("\n| events %s | us per step | us per call |\n|---|---|---|\n", events ? "on" : "off");
+		if (do_engine)
+			printf("| engine, in process (floor for the daemon) | %.0f | %.2f |\n", E, E / 272);
+		if (do_remote) {
+			printf("| remote, one Batch over ipc:// (client-observed) | %.0f | %.2f |\n", R, R / 272);
+			printf("| - daemon CPU (mean) | %.0f | %.2f |\n", D, D / 272);
+			printf("| - client CPU (median) | %.0f | %.2f |\n", C, C / 272);
+			printf("| - client building the batch (median) | %.0f | %.2f |\n", B, B / 272);
+			printf("| raw nng REQ/REP, %zu B request, %zu B reply | %.0f | |\n", req_b, rep_b, X);
+		}
+		if (do_engine && do_remote)
+			printf("\nremote / (engine + raw) = %.2f (aim <= 1.5); daemon CPU / engine = %.2f\n\n",
+			       R / (E + X), D / E);
+	}
+	free(wall);
+	free(cpu);
+	free(build);
+	free(raw);
+	if ((d_off > 0 && stop_daemon(d_off) != 0) || (d_on > 0 && stop_daemon(d_on) != 0)) {
+		fprintf(stderr, "bench: a daemon did not stop cleanly\n");
+		failed = 1;
+	}
+	return failed ? 1 : 0;
+}
