@@ -19,6 +19,9 @@ kvpd_h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Re
 
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (!c->p->events_on)
+		return kvpd_fail(c, KVP_ENOTSUP, "pool %s records no events: this daemon has no "
+		                 "publisher (events and vllm-events are none)", c->p->cfg.name);
 	r->epoch = st->epoch;
 	r->next_seq = st->next_seq;
 	r->oldest_seq = kvpd_stream_oldest(st);

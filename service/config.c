@@ -42,7 +42,8 @@ static const struct setting {
 	{"admin", "URL", "HTTP admin endpoint for /healthz, /readyz and /metrics, or 'none'. "
 	                 "Default http://127.0.0.1:9471"},
 	{"events", "URL", "PUB endpoint for the pools' event batches (ipc://, tcp://, tls+tcp://), "
-	                  "or 'none'. Default ipc:///tmp/kvpool-events.ipc"},
+	                  "or 'none' (with vllm-events none too, pools record no events and Replay "
+	                  "answers NOT_SUPPORTED). Default ipc:///tmp/kvpool-events.ipc"},
 	{"replay-batches", "N", "event batches each pool keeps for Replay. Default 10000"},
 	{"vllm-events", "URL", "also publish vLLM's ZMQ event wire (PUB) for llm-d, Dynamo and "
 	                       "vLLM's subscribers, or 'none'. Binds if URL has * or :: or is "

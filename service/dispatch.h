@@ -56,6 +56,7 @@ struct kvpd_pool {
 	size_t num_sessions, cap_sessions;
 	uint8_t none_fp[8];
 	struct kvpd_stream stream;      /* epoch, seq, replay ring, publisher */
+	bool events_on;                 /* a publisher consumes events (else none are recorded) */
 	uint64_t next_mgr_id;           /* pool-wide ids for the manager's requests */
 	struct kvpd_pool_counters counters;
 	struct kvpd_arena arena;

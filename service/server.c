@@ -121,9 +121,15 @@ static int
 pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_pool_config *pc,
           char *err, size_t err_len)
 {
+	/*
+	 * Events cost encoding and a replay ring on every call; a daemon with no
+	 * publisher (events and vllm-events both none) has no one to read them,
+	 * so its pools record none and Replay answers NOT_SUPPORTED.
+	 */
+	bool events_on = cfg->events[0] != '\0' || cfg->vllm.endpoint[0] != '\0';
 	struct kvp_pool_config kc = {
 		.hash_block_size = pc->hash_block_size, .enable_caching = pc->caching,
-		.enable_events = true,
+		.enable_events = events_on,
 	};
 	struct kvp_mgr_config mc = {.num_groups = pc->num_groups, .groups = p->cfg.groups,
 	                            .max_model_len = pc->max_model_len,
@@ -132,6 +138,7 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 
 	memset(p, 0, sizeof(*p));
 	p->cfg = *pc;
+	p->events_on = events_on;
 	if ((rv = exec_init(p, err, err_len)) != KVP_OK)
 		return rv;
 	kc.num_blocks = p->cfg.num_blocks;

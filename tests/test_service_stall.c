@@ -154,11 +154,52 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 	kvp_client_close(c);
 }
 
+static void
+each_batch(void *ctx, const uint8_t *b, size_t len)
+{
+	(void)b;
+	(void)len;
+	++*(int *)ctx;
+}
+
+/* This daemon has no publisher (events none): it records no events and says so. */
+static void
+test_service_without_publisher_records_no_events(void **state)
+{
+	struct kvp_client_options o = {.url = ipc_url, .timeout_ms = 3000};
+	struct kvp_client *c = NULL;
+	struct kvp_client_stats st;
+	struct kvp_client_slots_result res;
+	int32_t ids[8];
+	int64_t prompt[40];
+	bool available = true;
+	uint64_t next = 7;
+	int calls = 0;
+
+	(void)state;
+	for (int i = 0; i < 40; i++)
+		prompt[i] = 300 + i;
+	assert_ok(kvp_client_open(&o, &c));
+	struct kvp_client_slots a = {.request_id = 1, .prompt = prompt, .num_prompt = 40};
+	assert_ok(kvp_client_allocate_slots(c, &a, ids, 8, &res)); /* caches 2 blocks */
+	assert_ok(kvp_client_free_request(c, 1, false));
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_cached_blocks, 2);
+	assert_int_equal(st.events_emitted, 0);
+	assert_status(kvp_client_replay(c, kvp_client_info(c)->event_epoch, 0, &available, &next,
+	                                each_batch, &calls),
+	              KVP_ENOTSUP);
+	assert_non_null(strstr(kvp_client_last_detail(c), "records no events"));
+	assert_int_equal(calls, 0);
+	kvp_client_close(c);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
+		cmocka_unit_test(test_service_without_publisher_records_no_events),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
