@@ -402,9 +402,10 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 		char detail[KVP_WIRE_MAX_NAME + 32];
 		snprintf(detail, sizeof(detail), "no pool named '%.128s'", rq->pool);
 		rv = error_reply(rq->call_id, KVP_EUNKNOWNPOOL, detail, sink);
-		kvpool__v1__request__free_unpacked(rq, al);
 		if (arena)
 			arena_reset(arena);
+		else
+			kvpool__v1__request__free_unpacked(rq, NULL);
 		return rv;
 	}
 	struct timespec t0, t1;
@@ -419,9 +420,11 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	p->counters.latency[b]++;
 	p->counters.latency_sum += secs;
 	nng_mtx_unlock(p->lock);
-	kvpool__v1__request__free_unpacked(rq, al);
+	/* Decoded into the arena: its reset frees it all, no walk of the message. */
 	if (arena)
 		arena_reset(arena);
+	else
+		kvpool__v1__request__free_unpacked(rq, NULL);
 	if (rv != KVP_OK)
 		return error_reply(0, rv, "out of memory", sink);
 	return KVP_OK;
