@@ -10,6 +10,9 @@
  *            daemon's work, decoding)
  *   raw      a raw nng REQ/REP round trip of the remote step's request and
  *            reply sizes (the floor for the transport)
+ *   core     the daemon's own work on the step's encoded Batch, in process
+ *            with no transport (kvpd_server_handle: decode, dispatch, encode;
+ *            the part of remote that is ours; deterministic under callgrind)
  *
  * Each in two variants, events off and on (engine: take_events once per
  * step; remote: a daemon with an event publisher, against one with none).
@@ -18,7 +21,7 @@
  * call. Aim (issue #16): remote <= 1.5 x (engine + raw).
  *
  * usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]
- *                       [--only engine|remote] [--events off|on] [KVPOOLD]
+ *                       [--only engine|remote|core] [--events off|on] [KVPOOLD]
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -40,6 +43,9 @@
 #include "clients/c/kvpool.h"
 #include "engine/manager.h"
 #include "engine/pool.h"
+#include "kvpool.pb-c.h"
+#include "service/config.h"
+#include "service/server.h"
 
 #define RUNNING 256
 #define FINISH 8
@@ -529,6 +535,200 @@ out:
 	return rv;
 }
 
+/* ---- core: the daemon's handling of the encoded step, in process ---- */
+
+static struct kvpd_server *
+core_create(bool events)
+{
+	struct kvpd_config cfg;
+	struct kvpd_server *srv = NULL;
+	char err[512];
+	char *argv[] = {"kvpoold", "--quiet", "--executor", "none", "--admin", "none", "--events",
+	                events ? "ipc:///tmp/kvpool-step-core.ipc" : "none", "--pool",
+	                "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
+	                "--lease-ms", "600000", "--max-msg-bytes", "67108864", NULL};
+	FILE *devnull = fopen("/dev/null", "w");
+	int rv = kvpd_config_load(&cfg, (int)(sizeof(argv) / sizeof(argv[0])) - 1, argv, NULL, devnull,
+	                          devnull);
+	if (devnull)
+		fclose(devnull);
+	if (rv != 0 || kvpd_server_create(&cfg, &srv, err, sizeof(err)) != KVP_OK) {
+		fprintf(stderr, "bench: core: %s\n", rv ? "bad configuration" : err);
+		return NULL;
+	}
+	return srv;
+}
+
+/* One request through the daemon's handler; the decoded reply (caller frees) or NULL. */
+static Kvpool__V1__Reply *
+core_call(struct kvpd_server *srv, Kvpool__V1__Request *rq, double *secs)
+{
+	size_t n = kvpool__v1__request__get_packed_size(rq);
+	uint8_t *req = malloc(n ? n : 1), *rep = NULL;
+	size_t rlen = 0;
+	Kvpool__V1__Reply *r = NULL;
+	if (req == NULL)
+		return NULL;
+	kvpool__v1__request__pack(rq, req);
+	double t0 = now();
+	int rv = kvpd_server_handle(srv, req, n, 1000, &rep, &rlen);
+	if (secs)
+		*secs = now() - t0;
+	if (rv == KVP_OK)
+		r = kvpool__v1__reply__unpack(NULL, rlen, rep);
+	free(req);
+	free(rep);
+	return r;
+}
+
+static int
+run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, struct checks *c)
+{
+	struct kvpd_server *srv = core_create(events);
+	struct step *st = malloc(sizeof(*st));
+	enum { MAXC = RUNNING + FINISH + ARRIVE };
+	Kvpool__V1__BatchCall *calls = calloc(MAXC, sizeof(*calls)), *cp[MAXC];
+	Kvpool__V1__AllocateSlotsRequest *as = calloc(MAXC, sizeof(*as));
+	Kvpool__V1__FreeRequestRequest fr[FINISH];
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest hello = KVPOOL__V1__HELLO_REQUEST__INIT;
+	Kvpool__V1__BatchRequest br = KVPOOL__V1__BATCH_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	struct kvp_hasher *h = NULL;
+	struct wl w;
+	int rv = -1;
+
+	wl_init(&w);
+	if (srv == NULL || st == NULL || calls == NULL || as == NULL ||
+	    kvp_hasher_create(NULL, &h) != KVP_OK)
+		goto out;
+	hello.protocol_version = 1;
+	rq.pool = "s256";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &hello;
+	if ((r = core_call(srv, &rq, NULL)) == NULL || r->status != 0)
+		goto out;
+	rq.session_id = r->hello->session_id;
+	hex8(r->hello->pool->none_hash_fingerprint.data, c->none_fp);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	r = NULL;
+	for (uint64_t s = 0; s < w_steps + n_steps; s++) {
+		wl_next(&w, st);
+		size_t k = 0;
+		for (size_t i = 0; i < st->ndec; i++, k++) {
+			kvpool__v1__allocate_slots_request__init(&as[k]);
+			as[k].request_id = st->dec[i];
+			as[k].new_token_ids = &st->dec_tok[i];
+			as[k].n_new_token_ids = 1;
+			as[k].num_new_tokens = 1;
+			kvpool__v1__batch_call__init(&calls[k]);
+			calls[k].call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS;
+			calls[k].allocate_slots = &as[k];
+		}
+		for (size_t i = 0; i < st->nfin; i++, k++) {
+			kvpool__v1__free_request_request__init(&fr[i]);
+			fr[i].request_id = st->fin[i];
+			kvpool__v1__batch_call__init(&calls[k]);
+			calls[k].call_case = KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST;
+			calls[k].free_request = &fr[i];
+		}
+		for (size_t i = 0; i < ARRIVE; i++, k++) {
+			kvpool__v1__allocate_slots_request__init(&as[k]);
+			as[k].request_id = st->arr[i];
+			as[k].prompt_token_ids = st->prompt[i];
+			as[k].n_prompt_token_ids = PROMPT;
+			as[k].use_prefix_cache = true;
+			kvpool__v1__batch_call__init(&calls[k]);
+			calls[k].call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS;
+			calls[k].allocate_slots = &as[k];
+		}
+		for (size_t i = 0; i < k; i++)
+			cp[i] = &calls[i];
+		br.calls = cp;
+		br.n_calls = k;
+		br.continue_on_error = true;
+		rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
+		rq.batch = &br;
+		rq.call_id = s + 1;
+		double secs = 0;
+		if ((r = core_call(srv, &rq, &secs)) == NULL || r->status != 0 ||
+		    r->result_case != KVPOOL__V1__REPLY__RESULT_BATCH || r->batch->n_replies != k) {
+			fprintf(stderr, "bench: core: step %" PRIu64 ": %s\n", s,
+			        r ? r->detail : "no reply");
+			goto out;
+		}
+		for (size_t i = 0; i < k; i++) {
+			if (i >= st->ndec && i < st->ndec + st->nfin)
+				continue;
+			const Kvpool__V1__AllocateSlotsReply *a = r->batch->replies[i]->allocate_slots;
+			if (a == NULL || a->n_new_block_ids > MAX_NEW)
+				goto out;
+			uint32_t words[MAX_NEW + 1];
+			words[0] = (uint32_t)a->n_new_block_ids;
+			for (size_t j = 0; j < a->n_new_block_ids; j++)
+				words[j + 1] = (uint32_t)a->new_block_ids[j];
+			w.digest = fnv_words(w.digest, words, a->n_new_block_ids + 1);
+			if (i >= st->ndec + st->nfin)
+				w.hit_tokens += a->hit_tokens;
+		}
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		r = NULL;
+		if (s >= w_steps) {
+			t->wall[s - w_steps] = secs;
+			t->cpu[s - w_steps] = secs;
+			t->build[s - w_steps] = 0;
+		}
+	}
+	/* The checks, from Stats and a Snapshot through the same handler. */
+	Kvpool__V1__StatsRequest sr = KVPOOL__V1__STATS_REQUEST__INIT;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_STATS;
+	rq.stats = &sr;
+	if ((r = core_call(srv, &rq, NULL)) == NULL || r->status != 0)
+		goto out;
+	c->steps = w.steps;
+	c->arrivals = w.next_arrival;
+	c->running = w.nrun;
+	c->hit_tokens = w.hit_tokens;
+	c->free = r->stats->num_free;
+	c->blocks_in_use = NUM_BLOCKS - 1 - r->stats->num_free;
+	c->cached_blocks = r->stats->num_cached_blocks;
+	c->cached_keys = r->stats->num_cached_keys;
+	c->digest = w.digest;
+	c->num_events = r->stats->events_emitted;
+	c->removed = r->stats->blocks_evicted;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	Kvpool__V1__SnapshotRequest snr = KVPOOL__V1__SNAPSHOT_REQUEST__INIT;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_SNAPSHOT;
+	rq.snapshot = &snr;
+	if ((r = core_call(srv, &rq, NULL)) == NULL || r->status != 0)
+		goto out;
+	size_t n = 0;
+	for (size_t i = 0; i < r->snapshot->n_entries; i++)
+		n += r->snapshot->entries[i]->num_blocks;
+	uint8_t *hs = malloc((n ? n : 1) * KVP_HASH_LEN);
+	size_t k = 0;
+	for (size_t i = 0; hs != NULL && i < r->snapshot->n_entries; i++)
+		for (uint32_t j = 0; j < r->snapshot->entries[i]->num_blocks; j++)
+			memcpy(hs + KVP_HASH_LEN * k++, r->snapshot->entries[i]->hash.data, KVP_HASH_LEN);
+	if (hs == NULL || hash_set(h, hs, n, c->hash_set) != 0) {
+		free(hs);
+		goto out;
+	}
+	free(hs);
+	t->daemon_cpu = 0;
+	rv = 0;
+out:
+	if (rv != 0)
+		fprintf(stderr, "bench: core step failed at step %" PRIu64 "\n", w.steps);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	kvp_hasher_destroy(h);
+	kvpd_server_destroy(srv);
+	free(calls);
+	free(as);
+	free(st);
+	return rv;
+}
+
 /* ---- raw: nng REQ/REP round trips of the step's sizes ---- */
 
 struct echo {
@@ -653,9 +853,10 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]\n"
-	           "                      [--only engine|remote] [--events off|on] [KVPOOLD]\n"
-	           "S256 (step-workload-s256.md): the scheduler step in process, as one Batch to\n"
-	           "kvpoold over ipc://, and a raw nng round trip of its sizes, in one run.\n"
+	           "                      [--only engine|remote|core] [--events off|on] [KVPOOLD]\n"
+	           "S256 (step-workload-s256.md): the scheduler step in process on the engine, the\n"
+	           "daemon's handling of it in process (core), as one Batch to kvpoold over ipc://,\n"
+	           "and a raw nng round trip of its sizes, in one run.\n"
 	           "Defaults: W=256 N=256 (--quick: 160 and 16), 1 round, both event variants.\n");
 }
 
@@ -692,7 +893,8 @@ main(int argc, char **argv)
 		} else if (strcmp(a, "--rounds") == 0 && parse_u64(v, 1, 100, &rounds) == 0) {
 			i++;
 		} else if (strcmp(a, "--only") == 0 && v &&
-		           (strcmp(v, "engine") == 0 || strcmp(v, "remote") == 0)) {
+		           (strcmp(v, "engine") == 0 || strcmp(v, "remote") == 0 ||
+		            strcmp(v, "core") == 0)) {
 			only = argv[++i];
 		} else if (strcmp(a, "--events") == 0 && v &&
 		           (strcmp(v, "off") == 0 || strcmp(v, "on") == 0)) {
@@ -715,6 +917,7 @@ main(int argc, char **argv)
 	}
 	bool do_engine = only == NULL || strcmp(only, "engine") == 0;
 	bool do_remote = only == NULL || strcmp(only, "remote") == 0;
+	bool do_core = only == NULL || strcmp(only, "core") == 0;
 	int pid = (int)getpid();
 	char url_off[96], url_on[96], url_ev[96], url_raw[96];
 	snprintf(url_off, sizeof(url_off), "ipc:///tmp/kvpool-step-%d-off.ipc", pid);
@@ -745,10 +948,11 @@ main(int argc, char **argv)
 		if ((events && !ev_on) || (!events && !ev_off))
 			continue;
 		double eng_med[100], rem_med[100], raw_med[100], dcpu[100], ccpu[100], bld[100];
+		double core_med[100];
 		size_t req_b = 0, rep_b = 0;
 		for (uint64_t r = 0; r < rounds; r++) {
 			struct checks c;
-			eng_med[r] = rem_med[r] = raw_med[r] = dcpu[r] = ccpu[r] = bld[r] = 0;
+			eng_med[r] = rem_med[r] = raw_med[r] = dcpu[r] = ccpu[r] = bld[r] = core_med[r] = 0;
 			if (do_engine) {
 				memset(&c, 0, sizeof(c));
 				if (run_engine(w, n, events, &t, &c) != 0)
@@ -757,6 +961,15 @@ main(int argc, char **argv)
 				if (r == 0)
 					failed |= report_checks(events ? "engine, events on" : "engine, events off",
 					                        &c, w, n, events);
+			}
+			if (do_core) {
+				memset(&c, 0, sizeof(c));
+				if (run_core(w, n, events, &t, &c) != 0)
+					return 1;
+				core_med[r] = stats_of(wall, n).p50;
+				if (r == 0)
+					failed |= report_checks(events ? "core, events on" : "core, events off", &c,
+					                        w, n, events);
 			}
 			if (do_remote) {
 				memset(&c, 0, sizeof(c));
@@ -791,9 +1004,13 @@ main(int argc, char **argv)
 		double E = median(eng_med, (int)rounds), R = median(rem_med, (int)rounds);
 		double X = median(raw_med, (int)rounds), D = median(dcpu, (int)rounds);
 		double C = median(ccpu, (int)rounds), B = median(bld, (int)rounds);
+		double K = median(core_med, (int)rounds);
 		printf("\n| events %s | us per step | us per call |\n|---|---|---|\n", events ? "on" : "off");
 		if (do_engine)
 			printf("| engine, in process (floor for the daemon) | %.0f | %.2f |\n", E, E / 272);
+		if (do_core)
+			printf("| daemon core, in process: decode + calls + encode | %.0f | %.2f |\n", K,
+			       K / 272);
 		if (do_remote) {
 			printf("| remote, one Batch over ipc:// (client-observed) | %.0f | %.2f |\n", R, R / 272);
 			printf("| - daemon CPU (mean) | %.0f | %.2f |\n", D, D / 272);
@@ -802,8 +1019,11 @@ main(int argc, char **argv)
 			printf("| raw nng REQ/REP, %zu B request, %zu B reply | %.0f | |\n", req_b, rep_b, X);
 		}
 		if (do_engine && do_remote)
-			printf("\nremote / (engine + raw) = %.2f (aim <= 1.5); daemon CPU / engine = %.2f\n\n",
+			printf("\nremote / (engine + raw) = %.2f (aim <= 1.5); daemon CPU / engine = %.2f",
 			       R / (E + X), D / E);
+		if (do_engine && do_core)
+			printf("%score / engine = %.2f", do_remote ? "; " : "\n", K / E);
+		printf("\n\n");
 	}
 	free(wall);
 	free(cpu);
