@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "proto/pb_write.h"
 #include "service/call.h"
 #include "gpu/executor.h"
 #include "common/kvp_status.h"
@@ -109,28 +110,6 @@ kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,
 	return KVP_OK;
 }
 
-static size_t
-varint_len(uint64_t v)
-{
-	size_t n = 1;
-	while (v >= 0x80) {
-		v >>= 7;
-		n++;
-	}
-	return n;
-}
-
-static uint8_t *
-put_varint(uint8_t *p, uint64_t v)
-{
-	while (v >= 0x80) {
-		*p++ = (uint8_t)(v | 0x80);
-		v >>= 7;
-	}
-	*p++ = (uint8_t)v;
-	return p;
-}
-
 /*
  * Writes the whole successful ReadBlocks reply into the call's sink, the
  * executor reading the blocks straight into their place in the outgoing
@@ -142,8 +121,8 @@ static int
 read_in_place(struct call *c, const int32_t *ids, size_t n, uint64_t bb)
 {
 	uint64_t plen = n * bb, clen = 4 * (uint64_t)n;
-	uint64_t inner = 1 + varint_len(plen) + plen + 1 + varint_len(clen) + clen;
-	uint64_t total = (c->call_id ? 1 + varint_len(c->call_id) : 0) + 2 + varint_len(inner) + inner;
+	uint64_t inner = 1 + kvp_pb_varint_len(plen) + plen + 1 + kvp_pb_varint_len(clen) + clen;
+	uint64_t total = (c->call_id ? 1 + kvp_pb_varint_len(c->call_id) : 0) + 2 + kvp_pb_varint_len(inner) + inner;
 	uint8_t *buf = c->sink->alloc(c->sink->ctx, total), *p, *payload;
 	int rv;
 
@@ -152,17 +131,17 @@ read_in_place(struct call *c, const int32_t *ids, size_t n, uint64_t bb)
 	p = buf;
 	if (c->call_id) {
 		*p++ = 0x08; /* field 1, varint */
-		p = put_varint(p, c->call_id);
+		p = kvp_pb_put_varint(p, c->call_id);
 	}
 	*p++ = 0xe2; /* field 28, length-delimited: (28 << 3 | 2) as a varint */
 	*p++ = 0x01;
-	p = put_varint(p, inner);
+	p = kvp_pb_put_varint(p, inner);
 	*p++ = 0x0a; /* payload: field 1, length-delimited */
-	p = put_varint(p, plen);
+	p = kvp_pb_put_varint(p, plen);
 	payload = p;
 	p += plen;
 	*p++ = 0x12; /* crc32c: field 2, packed */
-	p = put_varint(p, clen);
+	p = kvp_pb_put_varint(p, clen);
 	if ((rv = kvp_exec_read_blocks(c->p->exec, ids, n, payload, plen)) != KVP_OK)
 		return exec_fail(c, rv, "read");
 	for (size_t i = 0; i < n; i++) {

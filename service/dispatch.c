@@ -77,18 +77,6 @@ kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Repl
 }
 
 int
-kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
-{
-	size_t n = kvpool__v1__reply__get_packed_size(r);
-	uint8_t *buf = sink->alloc(sink->ctx, n);
-	if (buf == NULL)
-		return KVP_ENOMEM;
-	sink->buf = buf;
-	sink->len = kvpool__v1__reply__pack(r, buf);
-	return KVP_OK;
-}
-
-int
 kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
               struct kvpd_sink *sink)
 {

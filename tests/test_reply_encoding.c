@@ -12,6 +12,7 @@
 #include "service/config.h"
 #include "common/crc32c.h"
 #include "kvpool.pb-c.h"
+#include "service/dispatch.h"
 #include "service/server.h"
 
 static struct kvpd_server *srv;
@@ -139,6 +140,140 @@ read_reply_is_protobuf_c_bytes(void **state)
 }
 
 /* The executor's configuration: per-pool settings over global ones, and sizing. */
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t
+next_rand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+/* A value of every varint width, zero and negative (int32 fields) included. */
+static uint64_t
+rand_wide(void)
+{
+	switch (next_rand() % 5) {
+	case 0:
+		return 0;
+	case 1:
+		return next_rand() % 128;
+	case 2:
+		return next_rand() % 20000;
+	default:
+		return next_rand() >> (next_rand() % 64);
+	}
+}
+
+static void *
+sink_malloc(void *ctx, size_t len)
+{
+	uint8_t **buf = ctx;
+	free(*buf);
+	*buf = malloc(len ? len : 1);
+	return *buf;
+}
+
+/* Batch replies are written by hand (service/reply_pack.c): protobuf-c's bytes, exactly. */
+static void
+batch_reply_is_protobuf_c_bytes(void **state)
+{
+	enum { MAXSUB = 40, MAXIDS = 70 };
+	static const char *details[] = {NULL, "", "no space", "a longer detail, well past one byte of "
+	                                                      "length and then some more text to cross 127 "
+	                                                      "bytes of length so the varint takes two"};
+	(void)state;
+	for (int iter = 0; iter < 600; iter++) {
+		Kvpool__V1__Reply top = KVPOOL__V1__REPLY__INIT, sub[MAXSUB], *subp[MAXSUB];
+		Kvpool__V1__BatchReply batch = KVPOOL__V1__BATCH_REPLY__INIT;
+		Kvpool__V1__AllocateSlotsReply as[MAXSUB];
+		Kvpool__V1__GetComputedBlocksReply gc[MAXSUB];
+		Kvpool__V1__FreeRequestReply fr = KVPOOL__V1__FREE_REQUEST_REPLY__INIT;
+		Kvpool__V1__StatsReply st[MAXSUB];
+		Kvpool__V1__AllocateReply al[MAXSUB];
+		int32_t ids[MAXSUB][MAXIDS];
+		uint32_t per[MAXSUB][4];
+		size_t n = next_rand() % MAXSUB;
+
+		top.call_id = rand_wide();
+		top.status = (Kvpool__V1__Status)(next_rand() % 3 == 0 ? next_rand() % 14 : 0);
+		top.detail = (char *)details[next_rand() % 4];
+		top.result_case = KVPOOL__V1__REPLY__RESULT_BATCH;
+		top.batch = &batch;
+		batch.replies = subp;
+		batch.n_replies = n;
+		for (size_t i = 0; i < n; i++) {
+			Kvpool__V1__Reply *r = &sub[i];
+			kvpool__v1__reply__init(r);
+			subp[i] = r;
+			r->status = (Kvpool__V1__Status)(next_rand() % 4 == 0 ? next_rand() % 14 : 0);
+			r->detail = (char *)details[next_rand() % 4];
+			size_t nid = next_rand() % MAXIDS;
+			for (size_t k = 0; k < nid; k++)
+				ids[i][k] = (int32_t)(next_rand() % 7 == 0 ? -(int64_t)(next_rand() % 5) - 1
+				                                           : (int64_t)(rand_wide() % 2147483647u));
+			for (size_t k = 0; k < 4; k++)
+				per[i][k] = (uint32_t)rand_wide();
+			switch (next_rand() % 6) {
+			case 0:
+				break; /* a failed call: status and detail only */
+			case 1:
+			case 2:
+				kvpool__v1__allocate_slots_reply__init(&as[i]);
+				as[i].hit_tokens = (uint32_t)rand_wide();
+				as[i].new_block_ids = ids[i];
+				as[i].n_new_block_ids = nid;
+				as[i].new_blocks_per_group = per[i];
+				as[i].n_new_blocks_per_group = next_rand() % 5;
+				as[i].num_scheduled_tokens = (uint32_t)rand_wide();
+				as[i].num_computed_tokens = (uint32_t)rand_wide();
+				r->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS;
+				r->allocate_slots = &as[i];
+				break;
+			case 3:
+				r->result_case = KVPOOL__V1__REPLY__RESULT_FREE_REQUEST;
+				r->free_request = &fr;
+				break;
+			case 4:
+				kvpool__v1__get_computed_blocks_reply__init(&gc[i]);
+				gc[i].hit_tokens = (uint32_t)rand_wide();
+				gc[i].block_ids = ids[i];
+				gc[i].n_block_ids = nid;
+				r->result_case = KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS;
+				r->get_computed_blocks = &gc[i];
+				break;
+			default: /* kinds protobuf-c packs in place */
+				if (next_rand() % 2) {
+					kvpool__v1__stats_reply__init(&st[i]);
+					st[i].num_free = (uint32_t)rand_wide();
+					st[i].usage = 0.25;
+					st[i].prefix_hits = rand_wide();
+					r->result_case = KVPOOL__V1__REPLY__RESULT_STATS;
+					r->stats = &st[i];
+				} else {
+					kvpool__v1__allocate_reply__init(&al[i]);
+					al[i].block_ids = ids[i];
+					al[i].n_block_ids = nid;
+					r->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE;
+					r->allocate = &al[i];
+				}
+			}
+		}
+		uint8_t *mine = NULL;
+		struct kvpd_sink sink = {.alloc = sink_malloc, .ctx = &mine};
+		assert_ok(kvpd_pack_reply(&top, &sink));
+		size_t want_len = kvpool__v1__reply__get_packed_size(&top);
+		uint8_t *want = malloc(want_len);
+		assert_int_equal(kvpool__v1__reply__pack(&top, want), want_len);
+		if (sink.len != want_len || memcmp(sink.buf, want, want_len) != 0)
+			fail_msg("iteration %d: %zu bytes by hand, protobuf-c %zu", iter, sink.len, want_len);
+		free(want);
+		free(mine);
+	}
+}
+
 static void
 executor_settings(void **state)
 {
@@ -200,6 +335,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(read_reply_is_protobuf_c_bytes),
+		cmocka_unit_test(batch_reply_is_protobuf_c_bytes),
 		cmocka_unit_test(executor_settings),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

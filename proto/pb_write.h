@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * pb_write.h: the few protobuf wire primitives kvpool writes by hand where
+ * protobuf-c's descriptor-driven packer is too slow (replies on the hot
+ * path). Every user is held to protobuf-c's own bytes by a test.
+ */
+#ifndef KVP_PB_WRITE_H
+#define KVP_PB_WRITE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Wire types. */
+#define KVP_PB_VARINT 0u
+#define KVP_PB_LEN 2u
+
+/* Bytes of v as a varint. */
+static inline size_t
+kvp_pb_varint_len(uint64_t v)
+{
+	size_t n = 1;
+	while (v >= 0x80) {
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+static inline uint8_t *
+kvp_pb_put_varint(uint8_t *p, uint64_t v)
+{
+	while (v >= 0x80) {
+		*p++ = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	*p++ = (uint8_t)v;
+	return p;
+}
+
+/* An int32 field's varint: negative values take 10 bytes, sign-extended. */
+static inline uint64_t
+kvp_pb_int32(int32_t v)
+{
+	return (uint64_t)(int64_t)v;
+}
+
+static inline size_t
+kvp_pb_tag_len(uint32_t field)
+{
+	return kvp_pb_varint_len((uint64_t)field << 3);
+}
+
+static inline uint8_t *
+kvp_pb_put_tag(uint8_t *p, uint32_t field, uint32_t wire_type)
+{
+	return kvp_pb_put_varint(p, (uint64_t)field << 3 | wire_type);
+}
+
+/* A length-delimited field of len bytes, tag and length included. */
+static inline size_t
+kvp_pb_len_field(uint32_t field, size_t len)
+{
+	return kvp_pb_tag_len(field) + kvp_pb_varint_len(len) + len;
+}
+
+/* A proto3 scalar varint field: absent when 0. */
+static inline size_t
+kvp_pb_varint_field(uint32_t field, uint64_t v)
+{
+	return v ? kvp_pb_tag_len(field) + kvp_pb_varint_len(v) : 0;
+}
+
+static inline uint8_t *
+kvp_pb_put_varint_field(uint8_t *p, uint32_t field, uint64_t v)
+{
+	if (v == 0)
+		return p;
+	p = kvp_pb_put_tag(p, field, KVP_PB_VARINT);
+	return kvp_pb_put_varint(p, v);
+}
+
+#endif /* KVP_PB_WRITE_H */
