@@ -172,11 +172,19 @@ kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s)
 	int32_t *ids;
 
 	/* The session's requests first, newest first: each frees its blocks tail first. */
-	while (s->num_reqs > 0) {
-		struct kvpd_request_ref *r = &s->reqs[s->num_reqs - 1];
-		(void)kvp_mgr_free_request(p->mgr, r->mgr_id);
-		s->num_reqs--;
+	size_t nr = 0;
+	uint64_t *reqs = kvpd_session_take_requests(s, &nr);
+	if (reqs == NULL && s->num_reqs > 0) {
+		/* No memory to order them: free them as they lie, rather than leak them. */
+		for (size_t i = 0; i < s->cap_reqs; i++)
+			if (s->reqs[i].mgr_id != 0)
+				(void)kvp_mgr_free_request(p->mgr, s->reqs[i].mgr_id);
+		memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
+		s->num_reqs = 0;
 	}
+	for (size_t i = 0; i < nr; i++)
+		(void)kvp_mgr_free_request(p->mgr, reqs[i]);
+	free(reqs);
 	ids = kvpd_session_all_newest_first(s, &n);
 
 	/* One block at a time, newest first, as the scheduler would have freed them. */

@@ -234,28 +234,55 @@ kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *r
 	s->cache_next = (s->cache_next + 1) % KVPD_REPLY_CACHE;
 }
 
+static uint32_t
+req_slot(uint64_t client_id, size_t mask)
+{
+	uint64_t x = client_id * 0x9e3779b97f4a7c15ull;
+	return (uint32_t)((x ^ (x >> 29)) & mask);
+}
+
 uint64_t
 kvpd_session_request(const struct kvpd_session *s, uint64_t client_id)
 {
-	for (size_t i = 0; i < s->num_reqs; i++)
-		if (s->reqs[i].client_id == client_id)
-			return s->reqs[i].mgr_id;
-	return 0;
+	if (s->cap_reqs == 0)
+		return 0;
+	size_t mask = s->cap_reqs - 1;
+	for (size_t i = req_slot(client_id, mask);; i = (i + 1) & mask) {
+		const struct kvpd_request_ref *r = &s->reqs[i];
+		if (r->mgr_id == 0 || r->client_id == client_id)
+			return r->mgr_id;
+	}
+}
+
+static void
+req_put(struct kvpd_request_ref *tab, size_t mask, uint64_t client_id, uint64_t mgr_id)
+{
+	size_t i = req_slot(client_id, mask);
+	while (tab[i].mgr_id != 0)
+		i = (i + 1) & mask;
+	tab[i].client_id = client_id;
+	tab[i].mgr_id = mgr_id;
 }
 
 int
 kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_t mgr_id)
 {
-	if (s->num_reqs == s->cap_reqs) {
-		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 8;
-		struct kvpd_request_ref *r = realloc(s->reqs, cap * sizeof(*r));
-		if (r == NULL)
+	if (mgr_id == 0)
+		return KVP_EINVAL;
+	/* At most half full, so probes stay short and always end. */
+	if (2 * (s->num_reqs + 1) > s->cap_reqs) {
+		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 16;
+		struct kvpd_request_ref *t = calloc(cap, sizeof(*t));
+		if (t == NULL)
 			return KVP_ENOMEM;
-		s->reqs = r;
+		for (size_t i = 0; i < s->cap_reqs; i++)
+			if (s->reqs[i].mgr_id != 0)
+				req_put(t, cap - 1, s->reqs[i].client_id, s->reqs[i].mgr_id);
+		free(s->reqs);
+		s->reqs = t;
 		s->cap_reqs = cap;
 	}
-	s->reqs[s->num_reqs].client_id = client_id;
-	s->reqs[s->num_reqs].mgr_id = mgr_id;
+	req_put(s->reqs, s->cap_reqs - 1, client_id, mgr_id);
 	s->num_reqs++;
 	return KVP_OK;
 }
@@ -263,11 +290,48 @@ kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_t mg
 void
 kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id)
 {
-	for (size_t i = 0; i < s->num_reqs; i++)
-		if (s->reqs[i].client_id == client_id) {
-			/* Keep creation order: release walks it newest first. */
-			memmove(&s->reqs[i], &s->reqs[i + 1], (s->num_reqs - i - 1) * sizeof(*s->reqs));
-			s->num_reqs--;
-			return;
+	if (s->cap_reqs == 0)
+		return;
+	size_t mask = s->cap_reqs - 1, i = req_slot(client_id, mask);
+	while (s->reqs[i].mgr_id != 0 && s->reqs[i].client_id != client_id)
+		i = (i + 1) & mask;
+	if (s->reqs[i].mgr_id == 0)
+		return;
+	/* Backward-shift deletion: later entries of the probe run move up. */
+	for (size_t j = (i + 1) & mask; s->reqs[j].mgr_id != 0; j = (j + 1) & mask) {
+		size_t home = req_slot(s->reqs[j].client_id, mask);
+		bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+		if (!stays) {
+			s->reqs[i] = s->reqs[j];
+			i = j;
 		}
+	}
+	s->reqs[i].mgr_id = 0;
+	s->num_reqs--;
+}
+
+static int
+newest_first(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return (x < y) - (x > y);
+}
+
+uint64_t *
+kvpd_session_take_requests(struct kvpd_session *s, size_t *n)
+{
+	uint64_t *ids;
+	size_t k = 0;
+
+	*n = 0;
+	if (s->num_reqs == 0 || (ids = malloc(s->num_reqs * sizeof(*ids))) == NULL)
+		return NULL;
+	for (size_t i = 0; i < s->cap_reqs; i++)
+		if (s->reqs[i].mgr_id != 0)
+			ids[k++] = s->reqs[i].mgr_id;
+	qsort(ids, k, sizeof(*ids), newest_first);
+	memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
+	s->num_reqs = 0;
+	*n = k;
+	return ids;
 }

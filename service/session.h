@@ -35,11 +35,15 @@ struct kvpd_session {
 	uint64_t held;        /* references in total */
 	int32_t *log;         /* acquisition order; may hold released entries */
 	size_t log_len, log_cap;
-	/* requests this session created: its ids -> the manager's (pool-wide) ids */
+	/*
+	 * Requests this session created: its ids -> the manager's (pool-wide,
+	 * increasing, so also creation order). Open addressing, mgr_id 0 empty:
+	 * every request call looks one up, so a scan was O(requests) per call.
+	 */
 	struct kvpd_request_ref {
 		uint64_t client_id, mgr_id;
 	} *reqs;
-	size_t num_reqs, cap_reqs;
+	size_t num_reqs, cap_reqs; /* cap_reqs: 0 or a power of two */
 	struct kvpd_cached_reply cache[KVPD_REPLY_CACHE];
 	unsigned cache_next;
 	size_t cache_bytes;
@@ -73,6 +77,12 @@ uint64_t kvpd_session_request(const struct kvpd_session *s, uint64_t client_id);
 int kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_t mgr_id);
 /* Forgets a request mapping (no-op if absent). */
 void kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id);
+/*
+ * Takes every request mapping out of the session, newest first, into a new
+ * array of manager ids; *n gets the count. NULL only when n == 0 or on
+ * ENOMEM (then the mappings stay).
+ */
+uint64_t *kvpd_session_take_requests(struct kvpd_session *s, size_t *n);
 
 /* A stored reply for call_id, or NULL. */
 const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,
