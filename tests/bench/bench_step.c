@@ -88,6 +88,19 @@ fnv_words(uint64_t h, const uint32_t *w, size_t n)
 
 #define FNV_OFFSET 0xcbf29ce484222325ull
 
+/* One allocate_slots call's digest words: how many new blocks, then their ids. */
+static uint64_t
+digest_call(uint64_t h, const int32_t *ids, size_t n)
+{
+	uint32_t count = (uint32_t)n;
+	h = fnv_words(h, &count, 1);
+	for (size_t k = 0; k < n; k++) {
+		uint32_t id = (uint32_t)ids[k];
+		h = fnv_words(h, &id, 1);
+	}
+	return h;
+}
+
 /* Per step: who decodes (with which token), who finishes, who arrives (with which prompt). */
 struct step {
 	uint64_t dec[RUNNING];
@@ -316,11 +329,7 @@ run_engine(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, st
 			if (kvp_mgr_append_tokens(m, st->dec[i], &st->dec_tok[i], 1) != KVP_OK ||
 			    kvp_mgr_allocate_slots(m, st->dec[i], &a, nb, MAX_NEW, cnt) != KVP_OK)
 				goto out;
-			uint32_t words[MAX_NEW + 1];
-			words[0] = (uint32_t)cnt[0];
-			for (size_t k = 0; k < cnt[0]; k++)
-				words[k + 1] = (uint32_t)blocks[k];
-			w.digest = fnv_words(w.digest, words, cnt[0] + 1);
+			w.digest = digest_call(w.digest, blocks, cnt[0]);
 		}
 		for (size_t i = 0; i < st->nfin; i++)
 			if (kvp_mgr_free_request(m, st->fin[i]) != KVP_OK)
@@ -337,11 +346,7 @@ run_engine(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, st
 			                           .computed_blocks = ht ? (const int32_t *const *)hb : NULL};
 			if (kvp_mgr_allocate_slots(m, st->arr[i], &a, nb, MAX_NEW, cnt) != KVP_OK)
 				goto out;
-			uint32_t words[MAX_NEW + 1];
-			words[0] = (uint32_t)cnt[0];
-			for (size_t k = 0; k < cnt[0]; k++)
-				words[k + 1] = (uint32_t)blocks[k];
-			w.digest = fnv_words(w.digest, words, cnt[0] + 1);
+			w.digest = digest_call(w.digest, blocks, cnt[0]);
 			w.hit_tokens += ht;
 		}
 		if (events) {
@@ -467,13 +472,7 @@ run_remote(const char *url, pid_t daemon, uint64_t w_steps, uint64_t n_steps, bo
 				goto out;
 			if (i >= st->ndec && i < st->ndec + st->nfin)
 				continue; /* frees add nothing */
-			uint32_t words[MAX_NEW + 1];
-			if (r.num_block_ids > MAX_NEW)
-				goto out;
-			words[0] = (uint32_t)r.num_block_ids;
-			for (size_t k = 0; k < r.num_block_ids; k++)
-				words[k + 1] = (uint32_t)r.block_ids[k];
-			w.digest = fnv_words(w.digest, words, r.num_block_ids + 1);
+			w.digest = digest_call(w.digest, r.block_ids, r.num_block_ids);
 			if (i >= st->ndec + st->nfin)
 				w.hit_tokens += r.slots.hit_tokens;
 		}
@@ -661,13 +660,9 @@ run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, stru
 			if (i >= st->ndec && i < st->ndec + st->nfin)
 				continue;
 			const Kvpool__V1__AllocateSlotsReply *a = r->batch->replies[i]->allocate_slots;
-			if (a == NULL || a->n_new_block_ids > MAX_NEW)
+			if (a == NULL)
 				goto out;
-			uint32_t words[MAX_NEW + 1];
-			words[0] = (uint32_t)a->n_new_block_ids;
-			for (size_t j = 0; j < a->n_new_block_ids; j++)
-				words[j + 1] = (uint32_t)a->new_block_ids[j];
-			w.digest = fnv_words(w.digest, words, a->n_new_block_ids + 1);
+			w.digest = digest_call(w.digest, a->new_block_ids, a->n_new_block_ids);
 			if (i >= st->ndec + st->nfin)
 				w.hit_tokens += a->hit_tokens;
 		}
