@@ -165,6 +165,12 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	return KVP_OK;
 }
 
+static void
+free_request(void *mgr, uint64_t mgr_id)
+{
+	(void)kvp_mgr_free_request(mgr, mgr_id);
+}
+
 size_t
 kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s)
 {
@@ -172,19 +178,7 @@ kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s)
 	int32_t *ids;
 
 	/* The session's requests first, newest first: each frees its blocks tail first. */
-	size_t nr = 0;
-	uint64_t *reqs = kvpd_session_take_requests(s, &nr);
-	if (reqs == NULL && s->num_reqs > 0) {
-		/* No memory to order them: free them as they lie, rather than leak them. */
-		for (size_t i = 0; i < s->cap_reqs; i++)
-			if (s->reqs[i].mgr_id != 0)
-				(void)kvp_mgr_free_request(p->mgr, s->reqs[i].mgr_id);
-		memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
-		s->num_reqs = 0;
-	}
-	for (size_t i = 0; i < nr; i++)
-		(void)kvp_mgr_free_request(p->mgr, reqs[i]);
-	free(reqs);
+	kvpd_session_end_requests(s, free_request, p->mgr);
 	ids = kvpd_session_all_newest_first(s, &n);
 
 	/* One block at a time, newest first, as the scheduler would have freed them. */

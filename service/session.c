@@ -313,25 +313,23 @@ kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id)
 static int
 newest_first(const void *a, const void *b)
 {
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	uint64_t x = ((const struct kvpd_request_ref *)a)->mgr_id;
+	uint64_t y = ((const struct kvpd_request_ref *)b)->mgr_id;
 	return (x < y) - (x > y);
 }
 
-uint64_t *
-kvpd_session_take_requests(struct kvpd_session *s, size_t *n)
+void
+kvpd_session_end_requests(struct kvpd_session *s, void (*fn)(void *ctx, uint64_t mgr_id),
+                          void *ctx)
 {
-	uint64_t *ids;
 	size_t k = 0;
-
-	*n = 0;
-	if (s->num_reqs == 0 || (ids = malloc(s->num_reqs * sizeof(*ids))) == NULL)
-		return NULL;
 	for (size_t i = 0; i < s->cap_reqs; i++)
 		if (s->reqs[i].mgr_id != 0)
-			ids[k++] = s->reqs[i].mgr_id;
-	qsort(ids, k, sizeof(*ids), newest_first);
-	memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
+			s->reqs[k++] = s->reqs[i];
+	qsort(s->reqs, k, sizeof(*s->reqs), newest_first);
+	for (size_t i = 0; i < k; i++)
+		fn(ctx, s->reqs[i].mgr_id);
+	if (s->cap_reqs > 0)
+		memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
 	s->num_reqs = 0;
-	*n = k;
-	return ids;
 }

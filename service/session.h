@@ -78,11 +78,12 @@ int kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_
 /* Forgets a request mapping (no-op if absent). */
 void kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id);
 /*
- * Takes every request mapping out of the session, newest first, into a new
- * array of manager ids; *n gets the count. NULL only when n == 0 or on
- * ENOMEM (then the mappings stay).
+ * Ends every request mapping: calls fn(ctx, mgr_id) for each, newest first
+ * (sorted in the table's own storage: nothing to allocate, nothing to fail),
+ * and leaves the table empty.
  */
-uint64_t *kvpd_session_take_requests(struct kvpd_session *s, size_t *n);
+void kvpd_session_end_requests(struct kvpd_session *s, void (*fn)(void *ctx, uint64_t mgr_id),
+                               void *ctx);
 
 /* A stored reply for call_id, or NULL. */
 const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,

@@ -18,10 +18,21 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint64_t
 next_rand(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return kvp_test_rand(&rng);
+}
+
+struct ended {
+	uint64_t ids[MODEL];
+	size_t n;
+};
+
+static void
+on_end(void *ctx, uint64_t mgr_id)
+{
+	struct ended *e = ctx;
+	if (e->n < MODEL)
+		e->ids[e->n] = mgr_id;
+	e->n++;
 }
 
 static void
@@ -67,18 +78,21 @@ test_session_request_table_matches_a_model(void **state)
 	}
 	for (size_t i = 0; i < n; i++)
 		assert_int_equal(kvpd_session_request(s, client[i]), mgr[i]);
-	/* A session's end takes them all, newest (highest manager id) first. */
-	size_t got = 0;
-	uint64_t *all = kvpd_session_take_requests(s, &got);
-	assert_int_equal(got, n);
-	for (size_t i = 1; i < got; i++)
-		assert_true(all[i - 1] > all[i]);
-	free(all);
+	/* A session's end hands them all over, newest (highest manager id) first. */
+	struct ended e = {.n = 0};
+	kvpd_session_end_requests(s, on_end, &e);
+	assert_int_equal(e.n, n);
+	for (size_t i = 1; i < e.n; i++)
+		assert_true(e.ids[i - 1] > e.ids[i]);
 	assert_int_equal(s->num_reqs, 0);
 	for (size_t i = 0; i < n; i++)
 		assert_int_equal(kvpd_session_request(s, client[i]), 0);
-	assert_null(kvpd_session_take_requests(s, &got));
-	assert_int_equal(got, 0);
+	e.n = 0;
+	kvpd_session_end_requests(s, on_end, &e);
+	assert_int_equal(e.n, 0);
+	/* The table works again after its end. */
+	assert_ok(kvpd_session_add_request(s, 42, 1000));
+	assert_int_equal(kvpd_session_request(s, 42), 1000);
 	kvpd_session_destroy(s);
 }
 
