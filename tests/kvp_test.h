@@ -74,4 +74,15 @@ kvp_test_unhex(const char *hex, uint8_t *out, size_t cap)
 	return n;
 }
 
+/* xorshift64: the seeded generator of the randomized tests (state never 0). */
+static inline uint64_t
+kvp_test_rand(uint64_t *state)
+{
+	uint64_t x = *state;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *state = x;
+}
+
 #endif /* KVP_TEST_H */

@@ -49,9 +49,7 @@ static int64_t tokens[NTOK];
 static uint32_t
 rnd(uint32_t n)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
+	kvp_test_rand(&rng);
 	return n ? (uint32_t)(rng % n) : 0;
 }
 

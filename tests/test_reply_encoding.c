@@ -145,10 +145,7 @@ static uint64_t rng = 88172645463325252ull;
 static uint64_t
 next_rand(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return kvp_test_rand(&rng);
 }
 
 /* A value of every varint width, zero and negative (int32 fields) included. */
