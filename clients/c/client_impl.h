@@ -47,6 +47,13 @@ int kvp_client_send_(struct kvp_client *c, Kvpool__V1__Request *rq, nng_msg **re
 int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,
                        Kvpool__V1__Reply **out);
 
+/* Declares rq and rv and makes the call: rq.field = msg, reply in r. */
+#define KVP_CLIENT_CALL(c, field, CASE, msg, r)                       \
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;           \
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_##CASE;              \
+	rq.field = (msg);                                             \
+	int rv = kvp_client_call_((c), &rq, &(r))
+
 /* Reply messages to the public structs, shared by the single calls and batches. */
 void kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out);
 void kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s,
