@@ -323,13 +323,14 @@ kvpd_session_end_requests(struct kvpd_session *s, void (*fn)(void *ctx, uint64_t
                           void *ctx)
 {
 	size_t k = 0;
+	if (s->cap_reqs == 0)
+		return; /* never had a request: no table */
 	for (size_t i = 0; i < s->cap_reqs; i++)
 		if (s->reqs[i].mgr_id != 0)
 			s->reqs[k++] = s->reqs[i];
 	qsort(s->reqs, k, sizeof(*s->reqs), newest_first);
 	for (size_t i = 0; i < k; i++)
 		fn(ctx, s->reqs[i].mgr_id);
-	if (s->cap_reqs > 0)
-		memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
+	memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
 	s->num_reqs = 0;
 }

@@ -94,6 +94,13 @@ test_session_request_table_matches_a_model(void **state)
 	assert_ok(kvpd_session_add_request(s, 42, 1000));
 	assert_int_equal(kvpd_session_request(s, 42), 1000);
 	kvpd_session_destroy(s);
+	/* A session that never made a request has no table to end. */
+	struct kvpd_session *empty = kvpd_session_create(2, 1000, "empty", 0);
+	assert_non_null(empty);
+	e.n = 0;
+	kvpd_session_end_requests(empty, on_end, &e);
+	assert_int_equal(e.n, 0);
+	kvpd_session_destroy(empty);
 }
 
 int
