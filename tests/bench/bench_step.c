@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -804,6 +805,8 @@ start_daemon(const char *path, const char *url, const char *events)
 {
 	pid_t child = fork();
 	if (child == 0) {
+		/* A bench that dies (a crash, ^C) takes its daemons with it. */
+		(void)prctl(PR_SET_PDEATHSIG, SIGTERM);
 		execl(path, path, "--quiet", "--rpc", url, "--admin", "none", "--events", events,
 		      "--executor", "none", "--pool",
 		      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
