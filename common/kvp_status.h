@@ -30,7 +30,8 @@
 	X(KVP_ERANGE, 12, "OUT_OF_RANGE", "block id out of range")                     \
 	X(KVP_ENOMEM, 13, "NO_MEMORY", "out of memory")                                \
 	X(KVP_ENOTSUP, 14, "NOT_SUPPORTED", "not supported")                           \
-	X(KVP_ENODEVICE, 15, "NO_DEVICE", "no usable accelerator device")
+	X(KVP_ENODEVICE, 15, "NO_DEVICE", "no usable accelerator device")              \
+	X(KVP_EUNAVAILABLE, 16, "UNAVAILABLE", "cannot connect to the daemon")
 
 enum kvp_status {
 #define KVP_STATUS_ENUM_(name, num, wire, text) name = num,
@@ -39,7 +40,7 @@ enum kvp_status {
 };
 
 /* Number of codes; valid codes are 0 .. KVP_STATUS_COUNT-1. */
-#define KVP_STATUS_COUNT 16
+#define KVP_STATUS_COUNT 17
 
 /* Returns the human text of a status ("unknown status" for any other int). */
 const char *kvp_strerror(int status);

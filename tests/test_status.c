@@ -23,6 +23,7 @@ test_status_numbers_match_wire_contract(void **state)
 	assert_int_equal(KVP_ENOMEM, 13);
 	assert_int_equal(KVP_ENOTSUP, 14);
 	assert_int_equal(KVP_ENODEVICE, 15);
+	assert_int_equal(KVP_EUNAVAILABLE, 16);
 }
 
 static void

@@ -208,25 +208,84 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 	}
 }
 
+static _Thread_local char open_detail[512];
+
+const char *
+kvp_client_open_detail(void)
+{
+	return open_detail;
+}
+
+static void
+on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	struct kvp_client *c = arg;
+	(void)p;
+	(void)ev;
+	nng_mtx_lock(c->mtx);
+	c->connected = true;
+	nng_cv_wake(c->cv);
+	nng_mtx_unlock(c->mtx);
+}
+
+/*
+ * Waits up to ms for the dialer's first connection. Without one, nothing
+ * would answer: say so now rather than after every retry of Hello.
+ */
+static int
+wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
+{
+	nng_time until = nng_clock() + ms;
+	bool up;
+	nng_mtx_lock(c->mtx);
+	while (!c->connected && nng_cv_until(c->cv, until) != NNG_ETIMEDOUT)
+		;
+	up = c->connected;
+	nng_mtx_unlock(c->mtx);
+	if (up)
+		return KVP_OK;
+	snprintf(c->detail, sizeof(c->detail),
+	         "cannot connect to %s within %u ms: no kvpoold listening (is it running?)%s", url,
+	         ms, strncmp(url, "tls+", 4) == 0 ? ", or the TLS handshake failed (certificates?)"
+	                                          : "");
+	return KVP_EUNAVAILABLE;
+}
+
 int
 kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 {
 	struct kvp_client *c;
 	int rv;
 
-	if (o == NULL || o->url == NULL || out == NULL ||
-	    (o->pool && strlen(o->pool) >= KVP_WIRE_MAX_NAME))
+	open_detail[0] = '\0';
+	if (o == NULL || o->url == NULL || out == NULL) {
+		snprintf(open_detail, sizeof(open_detail), "no options, URL or result pointer");
 		return KVP_EINVAL;
-	if ((c = calloc(1, sizeof(*c))) == NULL)
+	}
+	if (o->pool && strlen(o->pool) >= KVP_WIRE_MAX_NAME) {
+		snprintf(open_detail, sizeof(open_detail), "pool name longer than %d bytes",
+		         KVP_WIRE_MAX_NAME - 1);
+		return KVP_EINVAL;
+	}
+	if ((c = calloc(1, sizeof(*c))) == NULL) {
+		snprintf(open_detail, sizeof(open_detail), "out of memory");
 		return KVP_ENOMEM;
+	}
 	snprintf(c->pool, sizeof(c->pool), "%s", o->pool ? o->pool : "default");
 	c->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
 	c->retries = o->retries ? o->retries : 2;
 	c->next_call_id = ((uint64_t)nng_random() << 32 | nng_random()) | 1;
-	if ((rv = nng_req0_open(&c->sock)) != 0) {
+	if (nng_mtx_alloc(&c->mtx) != 0 || nng_cv_alloc(&c->cv, c->mtx) != 0 ||
+	    nng_req0_open(&c->sock) != 0) {
+		if (c->cv)
+			nng_cv_free(c->cv);
+		if (c->mtx)
+			nng_mtx_free(c->mtx);
 		free(c);
+		snprintf(open_detail, sizeof(open_detail), "cannot open an nng socket");
 		return KVP_EINTERNAL;
 	}
+	(void)nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, on_pipe, c);
 	/* Replies can be as large as requests: bound what we accept too. */
 	(void)nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
 	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, (nng_duration)c->timeout_ms);
@@ -249,6 +308,10 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 		rv = set_detail(c, KVP_EINTERNAL, "dial: %s", nng_strerror(rv));
 		goto fail;
 	}
+	uint32_t wait_ms = o->connect_timeout_ms ? o->connect_timeout_ms
+	                                         : c->timeout_ms * (c->retries + 1);
+	if ((rv = wait_connected(c, o->url, wait_ms)) != KVP_OK)
+		goto fail;
 	if (o->session_id != 0) {
 		/* Resume: a Heartbeat checks the session and brings the pool's description. */
 		Kvpool__V1__Request hq = KVPOOL__V1__REQUEST__INIT;
@@ -296,6 +359,7 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	*out = c;
 	return KVP_OK;
 fail:
+	snprintf(open_detail, sizeof(open_detail), "%s", c->detail[0] ? c->detail : kvp_strerror(rv));
 	kvp_client_detach(c);
 	return rv;
 }
@@ -305,9 +369,11 @@ kvp_client_detach(struct kvp_client *c)
 {
 	if (c == NULL)
 		return;
-	nng_close(c->sock);
+	nng_close(c->sock); /* after it, no pipe callback runs */
 	if (c->tls)
 		nng_tls_config_free(c->tls);
+	nng_cv_free(c->cv);
+	nng_mtx_free(c->mtx);
 	free(c);
 }
 

@@ -9,6 +9,8 @@
 
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
+#include <nng/supplemental/util/platform.h>
+#include <stdbool.h>
 
 #include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
@@ -25,6 +27,10 @@ struct kvp_client {
 	size_t last_sent;           /* bytes of the last request sent */
 	struct kvp_client_info info;
 	char detail[512];
+	/* Set by the pipe callback when a connection is up (kvp_client_open waits on it). */
+	nng_mtx *mtx;
+	nng_cv *cv;
+	bool connected;
 };
 
 /* Sets the detail (fmt with one %s for arg) and returns status. */

@@ -40,6 +40,10 @@ struct kvp_client_options {
 	uint64_t session_id;        /* non-zero: resume this session instead of Hello (a
 	                             * Heartbeat checks it and fetches the pool's info;
 	                             * an unknown session: KVP_EUNAUTH) */
+	uint32_t connect_timeout_ms; /* how long kvp_client_open waits for a first
+	                              * connection before KVP_EUNAVAILABLE; 0:
+	                              * timeout_ms x (retries + 1), which also lets a
+	                              * daemon that is still starting come up */
 };
 
 /* What Hello said about the pool and the session. */
@@ -86,11 +90,20 @@ struct kvp_client_stats {
 struct kvp_client;
 
 /*
- * Connects and opens a session. KVP_EINVAL (no URL), KVP_EUNAUTH (token),
- * KVP_EUNKNOWNPOOL, KVP_EVERSION, KVP_EBUSY (the daemon's session limit),
- * KVP_EINTERNAL (transport: cannot dial, TLS files), KVP_ENOMEM.
+ * Connects and opens a session. KVP_EINVAL (no URL, a bad URL),
+ * KVP_EUNAVAILABLE (no connection within connect_timeout_ms: no daemon
+ * listening, or a TLS handshake refused), KVP_EUNAUTH (no token, a wrong
+ * token, a session that is gone: the detail says which), KVP_EUNKNOWNPOOL,
+ * KVP_EVERSION, KVP_EBUSY (no reply in time, or the daemon's session limit),
+ * KVP_EINTERNAL (TLS files), KVP_ENOMEM. On failure there is no client:
+ * kvp_client_open_detail() has the text.
  */
 int kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out);
+/*
+ * Why this thread's last kvp_client_open failed (the daemon's detail or the
+ * library's), "" if it succeeded. Valid until this thread's next open.
+ */
+const char *kvp_client_open_detail(void);
 /* Says Goodbye (releasing the session's blocks) and closes. NULL: no-op. */
 void kvp_client_close(struct kvp_client *c);
 /* Closes without Goodbye: the session and its blocks live until the lease ends. */

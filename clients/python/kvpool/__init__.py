@@ -10,7 +10,7 @@ Built on libkvpool.so through ctypes: nothing is compiled at install time.
 """
 from .errors import (BY_STATUS, Busy, Internal, InvalidArgument, KvpoolError, MessageTooLarge,
                      NoDevice, NoMemory, NoSpace, NotFound, NotOwner, NotSupported, OutOfRange,
-                     Unauthenticated, UnknownPool, UnsupportedVersion, WrongState)
+                     Unauthenticated, Unavailable, UnknownPool, UnsupportedVersion, WrongState)
 from .client import Client, Hasher, SlotsResult
 from . import _lib
 
@@ -20,4 +20,4 @@ library_path = _lib.path
 __all__ = ["Client", "Hasher", "SlotsResult", "KvpoolError", "InvalidArgument", "NoSpace",
            "NotFound", "WrongState", "NotOwner", "UnknownPool", "UnsupportedVersion",
            "MessageTooLarge", "Unauthenticated", "Busy", "Internal", "OutOfRange", "NoMemory",
-           "NotSupported", "NoDevice", "BY_STATUS", "library_path"]
+           "NotSupported", "NoDevice", "Unavailable", "BY_STATUS", "library_path"]

@@ -49,7 +49,7 @@ class Options(Structure):
                 ("client_name", c_char_p), ("lease_ms", c_uint32), ("timeout_ms", c_uint32),
                 ("retries", c_uint32), ("tls_ca_file", c_char_p), ("tls_cert_file", c_char_p),
                 ("tls_key_file", c_char_p), ("tls_server_name", c_char_p),
-                ("session_id", c_uint64)]
+                ("session_id", c_uint64), ("connect_timeout_ms", c_uint32)]
 
 
 class Executor(Structure):

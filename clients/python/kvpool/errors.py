@@ -76,7 +76,12 @@ class NoDevice(KvpoolError):
     status = 15
 
 
+class Unavailable(KvpoolError, ConnectionError):
+    """No daemon could be reached within the connect timeout (is kvpoold running?)."""
+    status = 16
+
+
 BY_STATUS = {cls.status: cls for cls in (
     InvalidArgument, NoSpace, NotFound, WrongState, NotOwner, UnknownPool, UnsupportedVersion,
     MessageTooLarge, Unauthenticated, Busy, Internal, OutOfRange, NoMemory, NotSupported,
-    NoDevice)}
+    NoDevice, Unavailable)}
