@@ -1,0 +1,122 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kvpoold's log lines: text and json forms, escaping, long records, the rate limit. */
+#define _POSIX_C_SOURCE 200809L
+#include "kvp_test.h"
+
+#include <cjson/cJSON.h>
+#include <string.h>
+
+#include "service/log.h"
+
+/* 2026-11-22T10:00:00.123Z */
+#define WALL 1795341600123ull
+
+static void
+test_log_text_line_has_time_level_component_and_fields(void **state)
+{
+	char buf[512];
+	struct kvpd_log_field f[] = {{"pool", "default"}, {"reason", "wrong token=x"}, {"e", ""}};
+	(void)state;
+	size_t n = kvpd_log_format_line(buf, sizeof(buf), KVPD_LOG_TEXT, WALL, KVPD_WARN, "auth",
+	                                "refused\nauthentication", f, 3);
+	assert_int_equal(n, strlen(buf));
+	assert_string_equal(buf, "2026-11-22T10:00:00.123Z warn  auth: refused authentication "
+	                         "pool=default reason=\"wrong token=x\" e=\"\"\n");
+}
+
+static void
+test_log_json_line_is_one_valid_object(void **state)
+{
+	char buf[1024];
+	/* Quotes, backslashes, control bytes and a byte that is not UTF-8. */
+	struct kvpd_log_field f[] = {{"peer", "127.0.0.1:5"}, {"client", "a\"b\\c\x01\xff\xc3\xa9"}};
+	(void)state;
+	kvpd_log_format_line(buf, sizeof(buf), KVPD_LOG_JSON, WALL, KVPD_INFO, "session",
+	                     "lease \"expired\"", f, 2);
+	assert_int_equal(strchr(buf, '\n') - buf, (long)strlen(buf) - 1); /* one line */
+	cJSON *o = cJSON_Parse(buf);
+	assert_non_null(o);
+	assert_string_equal(cJSON_GetObjectItem(o, "ts")->valuestring, "2026-11-22T10:00:00.123Z");
+	assert_string_equal(cJSON_GetObjectItem(o, "level")->valuestring, "info");
+	assert_string_equal(cJSON_GetObjectItem(o, "component")->valuestring, "session");
+	assert_string_equal(cJSON_GetObjectItem(o, "msg")->valuestring, "lease \"expired\"");
+	assert_string_equal(cJSON_GetObjectItem(o, "peer")->valuestring, "127.0.0.1:5");
+	assert_string_equal(cJSON_GetObjectItem(o, "client")->valuestring, "a\"b\\c\x01?\xc3\xa9");
+	cJSON_Delete(o);
+}
+
+/* A record longer than the line: text ends in "...", json stays one valid object. */
+static void
+test_log_long_records_are_cut_whole(void **state)
+{
+	static char big[5000], buf[256];
+	(void)state;
+	memset(big, 'x', sizeof(big) - 1);
+	struct kvpd_log_field f[] = {{"detail", big}};
+	size_t n = kvpd_log_format_line(buf, sizeof(buf), KVPD_LOG_TEXT, WALL, KVPD_ERROR, "main",
+	                                "m", f, 1);
+	assert_int_equal(n, sizeof(buf) - 1);
+	assert_int_equal(strlen(buf), n);
+	assert_string_equal(buf + n - 4, "...\n");
+	n = kvpd_log_format_line(buf, sizeof(buf), KVPD_LOG_JSON, WALL, KVPD_ERROR, "main", "m", f, 1);
+	assert_int_equal(strlen(buf), n);
+	cJSON *o = cJSON_Parse(buf);
+	assert_non_null(o);
+	assert_non_null(strstr(cJSON_GetObjectItem(o, "msg")->valuestring, "cut"));
+	assert_string_equal(cJSON_GetObjectItem(o, "level")->valuestring, "error");
+	cJSON_Delete(o);
+}
+
+static void
+test_log_levels_and_formats_parse(void **state)
+{
+	(void)state;
+	assert_int_equal(kvpd_log_level_parse("debug"), KVPD_DEBUG);
+	assert_int_equal(kvpd_log_level_parse("warning"), KVPD_WARN);
+	assert_int_equal(kvpd_log_level_parse("error"), KVPD_ERROR);
+	assert_int_equal(kvpd_log_level_parse("INFO"), -1);
+	assert_int_equal(kvpd_log_level_parse(NULL), -1);
+	assert_int_equal(kvpd_log_format_parse("json"), KVPD_LOG_JSON);
+	assert_int_equal(kvpd_log_format_parse("yaml"), -1);
+	/* Below the least level nothing is written. */
+	char out[256] = "";
+	FILE *f = fmemopen(out, sizeof(out) - 1, "w");
+	assert_non_null(f);
+	kvpd_log_setup(f, KVPD_WARN, KVPD_LOG_TEXT);
+	kvpd_logf(KVPD_INFO, "t", "quiet %d", 1);
+	kvpd_logf(KVPD_ERROR, "t", "loud %d", 2);
+	fclose(f);
+	kvpd_log_setup(stderr, KVPD_INFO, KVPD_LOG_TEXT);
+	assert_null(strstr(out, "quiet"));
+	assert_non_null(strstr(out, " error t: loud 2\n"));
+}
+
+/* A peer that causes a thousand refusals a second gets five lines, and the next says how many were not. */
+static void
+test_log_limit_bounds_lines_and_counts_the_rest(void **state)
+{
+	struct kvpd_log_limit lim = {.per_window = 5, .window_ms = 1000};
+	uint64_t dropped = 99;
+	int written = 0;
+	(void)state;
+	for (int i = 0; i < 1000; i++)
+		if (kvpd_log_limit_take(&lim, 10000 + (uint64_t)i / 2, &dropped))
+			written++;
+	assert_int_equal(written, 5);
+	assert_int_equal(dropped, 0);
+	assert_true(kvpd_log_limit_take(&lim, 11000, &dropped));
+	assert_int_equal(dropped, 995);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_log_text_line_has_time_level_component_and_fields),
+		cmocka_unit_test(test_log_json_line_is_one_valid_object),
+		cmocka_unit_test(test_log_long_records_are_cut_whole),
+		cmocka_unit_test(test_log_levels_and_formats_parse),
+		cmocka_unit_test(test_log_limit_bounds_lines_and_counts_the_rest),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
