@@ -129,7 +129,11 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	if (m->protocol_version != KVP_PROTOCOL_VERSION)
 		return kvpd_fail(c, KVP_EVERSION, "protocol version %u; this daemon speaks %u",
 		            m->protocol_version, KVP_PROTOCOL_VERSION);
-	if (!token_ok(p->cfg.token, m->auth_token ? m->auth_token : ""))
+	const char *tok = m->auth_token ? m->auth_token : "";
+	if (p->cfg.token[0] != '\0' && tok[0] == '\0')
+		return kvpd_fail(c, KVP_EUNAUTH, "pool %s needs an auth token and none was given",
+		                 p->cfg.name);
+	if (!token_ok(p->cfg.token, tok))
 		return kvpd_fail(c, KVP_EUNAUTH, "wrong auth token for pool %s", p->cfg.name);
 	if (p->num_sessions >= p->limits.max_sessions)
 		return kvpd_fail(c, KVP_EBUSY, "pool %s has %zu sessions, the limit", p->cfg.name,
@@ -191,10 +195,27 @@ kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s)
 	return n;
 }
 
+const struct kvpd_gone_session *
+kvpd_pool_find_gone(const struct kvpd_pool *p, uint64_t id)
+{
+	uint64_t n = p->gone_total < KVPD_GONE_KEEP ? p->gone_total : KVPD_GONE_KEEP;
+	for (uint64_t k = 1; k <= n; k++) { /* newest first */
+		const struct kvpd_gone_session *g = &p->gone[(p->gone_total - k) % KVPD_GONE_KEEP];
+		if (g->id == id)
+			return g;
+	}
+	return NULL;
+}
+
 static void
-drop_session(struct kvpd_pool *p, size_t index)
+drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why, uint64_t now_ms)
 {
 	struct kvpd_session *s = p->sessions[index];
+	struct kvpd_gone_session *g = &p->gone[p->gone_total++ % KVPD_GONE_KEEP];
+	*g = (struct kvpd_gone_session){.id = s->id, .at_ms = now_ms, .released = s->held,
+	                                .lease_ms = s->lease_ms, .requests = (uint32_t)s->num_reqs,
+	                                .why = (uint8_t)why};
+	memcpy(g->client, s->client, sizeof(g->client));
 	kvpd_pool_release_session(p, s);
 	kvpd_session_destroy(s);
 	p->sessions[index] = p->sessions[--p->num_sessions];
@@ -207,7 +228,7 @@ kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms)
 	for (size_t i = 0; i < p->num_sessions;) {
 		struct kvpd_session *s = p->sessions[i];
 		if (now_ms - s->last_seen_ms > s->lease_ms && now_ms > s->last_seen_ms) {
-			drop_session(p, i);
+			drop_session(p, i, KVPD_GONE_EXPIRED, now_ms);
 			p->counters.leases_expired++;
 			n++;
 		} else {
@@ -242,7 +263,7 @@ kvpd_h_goodbye(struct call *c, const Kvpool__V1__GoodbyeRequest *m, Kvpool__V1__
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	r->references_released = (uint32_t)c->sess->held;
-	drop_session(c->p, c->sess_index);
+	drop_session(c->p, c->sess_index, KVPD_GONE_GOODBYE, c->now_ms);
 	c->sess = NULL;
 	c->p->counters.goodbyes++;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_GOODBYE;

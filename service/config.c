@@ -3,6 +3,7 @@
 
 #include "service/config.h"
 #include "service/config_impl.h"
+#include "service/log.h"
 #include "common/kvp_status.h"
 #include "common/kvp_version.h"
 #include "gpu/executor.h"
@@ -90,10 +91,24 @@ static const struct setting {
 	{"tls-key", "PATH", "PEM private key for tls+tcp:// endpoints"},
 	{"tls-ca", "PATH", "PEM CA bundle: when set, clients must present a certificate it signs"},
 	{"config", "PATH", "read settings from a file of `name = value` lines (# comments)"},
-	{"quiet", NULL, "do not print the effective configuration at start"},
+	{"log-level", "LEVEL", "least level logged: debug, info, warn or error. Default info"},
+	{"log-format", "FORM", "log lines as text or json (one object a line, for log pipelines). "
+	                       "Default text"},
+	{"quiet", NULL, "do not log the effective configuration at start"},
+	{"check-config", NULL, "check flags, environment and config file (pools, groups, memory "
+	                       "budget, TLS files, endpoints) without binding or allocating; print "
+	                       "every problem and exit 2, or the configuration and exit 0"},
 	{"help", NULL, "print this help"},
 	{"version", NULL, "print the version and the commit it was built from"},
 };
+
+/* --help, --version and --check-config are actions: no variable, no file line. */
+static bool
+is_setting(const char *name)
+{
+	return strcmp(name, "help") != 0 && strcmp(name, "version") != 0 &&
+	       strcmp(name, "check-config") != 0;
+}
 
 /* KVPOOL_<NAME>: upper case, '-' as '_'. */
 static void
@@ -119,12 +134,12 @@ kvpd_config_usage(FILE *out)
 		         settings[i].arg ? settings[i].arg : "");
 		fprintf(out, "  %-24s %s\n", lhs, settings[i].help);
 	}
-	/* The variables, from the same table: one per setting but --help and --version. */
+	/* The variables, from the same table: one per setting, none for the actions. */
 	fprintf(out, "\nEnvironment:");
 	size_t col = 12;
 	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
 		char var[64];
-		if (strcmp(settings[i].name, "help") == 0 || strcmp(settings[i].name, "version") == 0)
+		if (!is_setting(settings[i].name))
 			continue;
 		env_name(settings[i].name, var, sizeof(var));
 		if (col + strlen(var) + 2 > 100) {
@@ -189,6 +204,8 @@ struct state {
 	bool rpc_replaced;
 	char global_token[KVPD_TOKEN_MAX];
 	bool has_global_token;
+	bool check;        /* --check-config: go on past problems, counting them */
+	unsigned problems;
 	FILE *err;
 };
 
@@ -377,6 +394,14 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_copy_str(c->exec.layout, sizeof(c->exec.layout), v);
 	} else if (strcmp(name, "kv-memory") == 0) {
 		rv = kvpd_cfg_copy_str(c->exec.memory, sizeof(c->exec.memory), v && strcmp(v, "none") == 0 ? "" : v);
+	} else if (strcmp(name, "log-level") == 0) {
+		int l = kvpd_log_level_parse(v);
+		if ((rv = l < 0 ? -1 : 0) == 0)
+			c->log_level = l;
+	} else if (strcmp(name, "log-format") == 0) {
+		int f = kvpd_log_format_parse(v);
+		if ((rv = f < 0 ? -1 : 0) == 0)
+			c->log_format = f;
 	} else if (strcmp(name, "quiet") == 0) {
 		c->quiet = v == NULL || strcmp(v, "0") != 0;
 		rv = 0;
@@ -453,6 +478,10 @@ load_file(struct kvpd_config *c, const char *path, struct state *st, FILE *err)
 				continue;
 			}
 			fprintf(err, "kvpoold: %s:%d: expected name = value\n", path, lineno);
+			if (st->check) {
+				st->problems++;
+				continue;
+			}
 			fclose(f);
 			return -1;
 		}
@@ -464,6 +493,10 @@ load_file(struct kvpd_config *c, const char *path, struct state *st, FILE *err)
 			v++;
 		if (apply(c, k, v, st, err) != 0) {
 			fprintf(err, "kvpoold: (at %s:%d)\n", path, lineno);
+			if (st->check) {
+				st->problems++;
+				continue;
+			}
 			fclose(f);
 			return -1;
 		}
@@ -481,6 +514,14 @@ env_get(char **envp, const char *name)
 			return *e + n + 1;
 	return NULL;
 }
+
+/* A problem: stop at the first, or with --check-config count it and go on. */
+#define PROBLEM()                     \
+	do {                          \
+		if (!st.check)        \
+			return -1;    \
+		st.problems++;        \
+	} while (0)
 
 int
 kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
@@ -508,6 +549,8 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	c->drain_ms = 5000;
 	c->send_timeout_ms = 5000;
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
+	c->log_level = KVPD_INFO;
+	c->log_format = KVPD_LOG_TEXT;
 	c->exec.layers = 2;
 	c->exec.heads = 2;
 	c->exec.head_size = 64;
@@ -528,11 +571,13 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		}
 		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
 			cfgfile = argv[i + 1];
+		if (strcmp(argv[i], "--check-config") == 0)
+			st.check = c->check_config = true;
 	}
 	if (cfgfile == NULL)
 		cfgfile = env_get(envp, "KVPOOL_CONFIG");
 	if (cfgfile && load_file(c, cfgfile, &st, err) != 0)
-		return -1;
+		PROBLEM();
 
 	/* Environment: each setting's KVPOOL_ variable, over the file. */
 	st.pools_replaced = st.rpc_replaced = false;
@@ -540,21 +585,23 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		char var[64];
 		env_name(settings[i].name, var, sizeof(var));
 		const char *v = env_get(envp, var);
-		if (v == NULL || strcmp(settings[i].name, "config") == 0 ||
-		    strcmp(settings[i].name, "help") == 0 || strcmp(settings[i].name, "version") == 0)
+		if (v == NULL || strcmp(settings[i].name, "config") == 0 || !is_setting(settings[i].name))
 			continue;
 		if (strcmp(settings[i].name, "pool") == 0 || strcmp(settings[i].name, "rpc") == 0) {
 			char list[8192], *save = NULL;
 			if (kvpd_cfg_copy_str(list, sizeof(list), v) != 0) {
 				fprintf(err, "kvpoold: %s is longer than %zu bytes\n", var, sizeof(list) - 1);
-				return -1;
+				PROBLEM();
+				continue;
 			}
 			for (char *t = strtok_r(list, ";", &save); t; t = strtok_r(NULL, ";", &save))
-				if (apply(c, settings[i].name, t, &st, err) != 0)
-					return -1;
+				if (apply(c, settings[i].name, t, &st, err) != 0) {
+					fprintf(err, "kvpoold: (from %s)\n", var);
+					PROBLEM();
+				}
 		} else if (apply(c, settings[i].name, v, &st, err) != 0) {
 			fprintf(err, "kvpoold: (from %s)\n", var);
-			return -1;
+			PROBLEM();
 		}
 	}
 
@@ -565,13 +612,15 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		char name[64];
 		if (strncmp(a, "--", 2) != 0) {
 			fprintf(err, "kvpoold: unexpected argument '%s' (see --help)\n", a);
-			return -1;
+			PROBLEM();
+			continue;
 		}
 		const char *eq = strchr(a + 2, '=');
 		size_t nl = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
 		if (nl >= sizeof(name)) {
 			fprintf(err, "kvpoold: unknown setting '%s'\n", a);
-			return -1;
+			PROBLEM();
+			continue;
 		}
 		memcpy(name, a + 2, nl);
 		name[nl] = '\0';
@@ -580,14 +629,15 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		else if (takes_arg(name)) {
 			if (i + 1 >= argc) {
 				fprintf(err, "kvpoold: --%s needs a value\n", name);
-				return -1;
+				PROBLEM();
+				continue;
 			}
 			v = argv[++i];
 		}
-		if (strcmp(name, "config") == 0)
+		if (strcmp(name, "config") == 0 || strcmp(name, "check-config") == 0)
 			continue;
 		if (apply(c, name, v, &st, err) != 0)
-			return -1;
+			PROBLEM();
 	}
 	if (st.has_global_token)
 		for (size_t i = 0; i < c->num_pools; i++)
@@ -596,24 +646,33 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	for (size_t i = 0; i < c->num_pools; i++)
 		if (kvpd_cfg_resolve_groups(&c->pools[i], err) != 0 ||
 		    kvpd_cfg_resolve_exec(c, &c->pools[i], err) != 0)
-			return -1;
+			PROBLEM();
 	if (kvpd_cfg_resolve_vllm(c, err) != 0)
-		return -1;
+		PROBLEM();
 	if ((c->tls_cert[0] != '\0') != (c->tls_key[0] != '\0')) {
 		fprintf(err, "kvpoold: tls-cert and tls-key go together\n");
-		return -1;
+		PROBLEM();
 	}
 	if (strncmp(c->events, "tls+", 4) == 0 && c->tls_cert[0] == '\0') {
 		fprintf(err, "kvpoold: %s needs tls-cert and tls-key\n", c->events);
-		return -1;
+		PROBLEM();
 	}
 	for (size_t i = 0; i < c->num_rpc; i++)
 		if (strncmp(c->rpc[i], "tls+", 4) == 0 && c->tls_cert[0] == '\0') {
 			fprintf(err, "kvpoold: %s needs tls-cert and tls-key\n", c->rpc[i]);
+			PROBLEM();
+		}
+	if (st.check) {
+		st.problems += kvpd_cfg_check_more(c, err);
+		if (st.problems > 0) {
+			fprintf(err, "kvpoold: %u problem(s) in the configuration\n", st.problems);
 			return -1;
 		}
+	}
 	return 0;
 }
+
+#undef PROBLEM
 
 void
 kvpd_config_print(const struct kvpd_config *c, FILE *out)

@@ -97,12 +97,17 @@ struct kvpd_config {
 	char tls_cert[KVPD_PATH_MAX], tls_key[KVPD_PATH_MAX], tls_ca[KVPD_PATH_MAX];
 	struct kvpd_exec_settings exec; /* every pool's defaults */
 	bool quiet;
+	int log_level;             /* enum kvpd_log_level */
+	int log_format;            /* enum kvpd_log_format */
+	bool check_config;         /* --check-config: check, print, exit */
 };
 
 /*
  * Builds the configuration from argv and the environment. Returns 0 on
  * success, 1 if --help or --version was printed (to out), -1 on an error (a message
- * naming the setting was written to err).
+ * naming the setting was written to err). With --check-config (c->check_config)
+ * it goes on past a problem and runs kvpd_cfg_check_more's checks, so err gets
+ * every problem, then a count, and -1; 0 means the configuration is good.
  */
 int kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out,
                      FILE *err);

@@ -40,4 +40,12 @@ int kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char
  */
 int kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err);
 
+/*
+ * --check-config's checks past parsing (config_check.c): TLS files readable,
+ * endpoints parse with a scheme kvpoold serves and an ipc directory that
+ * exists, pools' KV memory within this machine's. Prints each problem;
+ * returns how many. Binds nothing, allocates no pool memory.
+ */
+unsigned kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err);
+
 #endif /* KVPD_CONFIG_IMPL_H */

@@ -76,6 +76,28 @@ kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Repl
 	return first_rv;
 }
 
+/* Why a call's session is not there: never opened, ended, or its lease ran out. */
+static int
+no_session(struct call *c, uint64_t id, uint64_t now_ms)
+{
+	const struct kvpd_gone_session *g = kvpd_pool_find_gone(c->p, id);
+	const char *pool = c->p->cfg.name;
+	unsigned long long sid = (unsigned long long)id;
+
+	if (id == 0)
+		return kvpd_fail(c, KVP_EUNAUTH, "no session given on pool %s (call Hello first)", pool);
+	if (g == NULL)
+		return kvpd_fail(c, KVP_EUNAUTH, "no session %llu on pool %s (never opened here, or "
+		                 "ended long ago; call Hello)", sid, pool);
+	if (g->why == KVPD_GONE_GOODBYE)
+		return kvpd_fail(c, KVP_EUNAUTH, "session %llu on pool %s was ended by Goodbye %llu ms "
+		                 "ago (call Hello)", sid, pool, (unsigned long long)(now_ms - g->at_ms));
+	return kvpd_fail(c, KVP_EUNAUTH, "session %llu on pool %s expired %llu ms ago: no call "
+	                 "for its %u ms lease; its %llu block reference(s) were released (call Hello)",
+	                 sid, pool, (unsigned long long)(now_ms - g->at_ms), g->lease_ms,
+	                 (unsigned long long)g->released);
+}
+
 int
 kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
               struct kvpd_sink *sink)
@@ -90,8 +112,7 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	if (op != NULL && (op->flags & KVPD_CALL_NO_SESSION)) {
 		rv = op->run(&c, rq->allocate, &out);
 	} else if ((c.sess = kvpd_pool_find_session(p, rq->session_id, &c.sess_index)) == NULL) {
-		rv = kvpd_fail(&c, KVP_EUNAUTH, "no session %llu on pool %s (Hello first; leases expire)",
-		               (unsigned long long)rq->session_id, p->cfg.name);
+		rv = no_session(&c, rq->session_id, now_ms);
 	} else {
 		c.sess->last_seen_ms = now_ms;
 		const struct kvpd_cached_reply *cached =
@@ -115,6 +136,11 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 		/* An error reply carries no result, except a batch's partial list. */
 		if (out.result_case != KVPOOL__V1__REPLY__RESULT_BATCH)
 			out.result_case = KVPOOL__V1__REPLY__RESULT__NOT_SET;
+	}
+	if (rv == KVP_EUNAUTH) { /* for the transport's log, with the peer's address */
+		sink->auth_refused = true;
+		snprintf(sink->auth_pool, sizeof(sink->auth_pool), "%s", p->cfg.name);
+		snprintf(sink->auth_why, sizeof(sink->auth_why), "%s", c.detail);
 	}
 	out.call_id = rq->call_id;
 	out.status = (Kvpool__V1__Status)rv;

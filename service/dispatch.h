@@ -60,7 +60,12 @@ struct kvpd_pool {
 	uint64_t next_mgr_id;           /* pool-wide ids for the manager's requests */
 	struct kvpd_pool_counters counters;
 	struct kvpd_arena arena;
+	struct kvpd_gone_session gone[KVPD_GONE_KEEP]; /* ring: ended sessions */
+	uint64_t gone_total;                           /* ends so far; the next goes at % KEEP */
 };
+
+/* The ended session id, if the pool still remembers it; else NULL. */
+const struct kvpd_gone_session *kvpd_pool_find_gone(const struct kvpd_pool *p, uint64_t id);
 
 struct kvpd_server {
 	struct kvpd_config cfg;

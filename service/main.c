@@ -15,10 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "service/admin.h"
 #include "service/config.h"
 #include "common/kvp_status.h"
+#include "common/kvp_version.h"
+#include "service/log.h"
 #include "service/server.h"
 #include "service/transport.h"
 #include "service/vllm_pub.h"
@@ -29,7 +32,67 @@ static atomic_bool ready;
 struct reaper {
 	struct kvpd_server *srv;
 	uint32_t period_ms;
+	uint64_t gone_seen[KVPD_MAX_POOLS]; /* sessions ended so far, per pool */
 };
+
+/* Logs the sessions that ended since last time: expiries at info, the rest at debug. */
+static void
+log_gone(struct reaper *r)
+{
+	for (size_t i = 0; i < kvpd_server_num_pools(r->srv); i++) {
+		struct kvpd_gone_session g[16];
+		size_t n;
+		while ((n = kvpd_server_gone(r->srv, i, &r->gone_seen[i], g, 16)) > 0) {
+			for (size_t k = 0; k < n; k++) {
+				char id[24], refs[24], reqs[24], lease[24];
+				snprintf(id, sizeof(id), "%llu", (unsigned long long)g[k].id);
+				snprintf(refs, sizeof(refs), "%llu", (unsigned long long)g[k].released);
+				snprintf(reqs, sizeof(reqs), "%u", g[k].requests);
+				snprintf(lease, sizeof(lease), "%u", g[k].lease_ms);
+				struct kvpd_log_field f[] = {
+					{"pool", kvpd_server_pool_name(r->srv, i)}, {"session", id},
+					{"client", g[k].client}, {"lease_ms", lease},
+					{"references_released", refs}, {"requests_ended", reqs}};
+				bool expired = g[k].why == KVPD_GONE_EXPIRED;
+				kvpd_log_fields(expired ? KVPD_INFO : KVPD_DEBUG, "session",
+				                expired ? "lease expired; session ended and its blocks "
+				                          "released"
+				                        : "session ended",
+				                f, sizeof(f) / sizeof(f[0]));
+			}
+		}
+	}
+}
+
+/* The effective configuration, one record per setting. */
+static void
+log_config(const struct kvpd_config *cfg)
+{
+	char *text = NULL, *save = NULL;
+	size_t len = 0;
+	FILE *mem = open_memstream(&text, &len);
+	if (mem == NULL)
+		return;
+	kvpd_config_print(cfg, mem);
+	fclose(mem);
+	for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *eq = strstr(line, " = ");
+		if (eq == NULL)
+			continue;
+		*eq = '\0';
+		struct kvpd_log_field f[] = {{"name", line}, {"value", eq + 3}};
+		kvpd_log_fields(KVPD_INFO, "config", "effective setting", f, 2);
+	}
+	free(text);
+}
+
+static int
+fail(const char *what, const char *err)
+{
+	struct kvpd_log_field f[] = {{"error", err}};
+	kvpd_log_fields(KVPD_ERROR, "main", what, f, 1);
+	return 1;
+}
 
 /* Ends expired sessions a few times per lease; publishes the streams' ticks. */
 static void
@@ -40,9 +103,8 @@ reaper_main(void *arg)
 	while (!atomic_load(&stopping)) {
 		for (uint32_t t = 0; t < r->period_ms && !atomic_load(&stopping); t += 20)
 			nng_msleep(20);
-		size_t n = kvpd_server_expire(r->srv, nng_clock());
-		if (n > 0)
-			fprintf(stderr, "kvpoold: %zu session(s) expired; their blocks were released\n", n);
+		(void)kvpd_server_expire(r->srv, nng_clock());
+		log_gone(r);
 		/* Idle streams still tell subscribers their epoch and next seq. */
 		if (nng_clock() - last_tick >= 1000) {
 			kvpd_server_tick(r->srv);
@@ -67,10 +129,22 @@ main(int argc, char **argv, char **envp)
 	rv = kvpd_config_load(&cfg, argc, argv, envp, stdout, stderr);
 	if (rv != 0)
 		return rv > 0 ? 0 : 2;
-	if (!cfg.quiet) {
-		printf("kvpoold: effective configuration\n");
+	if (cfg.check_config) {
+		printf("kvpoold: the configuration is good; it would run with:\n");
 		kvpd_config_print(&cfg, stdout);
+		return 0;
 	}
+	kvpd_log_setup(stderr, (enum kvpd_log_level)cfg.log_level,
+	               (enum kvpd_log_format)cfg.log_format);
+	{
+		char pid[24];
+		snprintf(pid, sizeof(pid), "%d", (int)getpid());
+		struct kvpd_log_field f[] = {
+			{"version", KVP_VERSION}, {"commit", KVP_GIT_COMMIT}, {"pid", pid}};
+		kvpd_log_fields(KVPD_INFO, "main", "starting", f, 3);
+	}
+	if (!cfg.quiet)
+		log_config(&cfg);
 	/* Block the stop signals in every thread (nng's inherit this mask) and
 	 * take them synchronously below. */
 	sigemptyset(&sigs);
@@ -78,73 +152,76 @@ main(int argc, char **argv, char **envp)
 	sigaddset(&sigs, SIGINT);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-	if ((rv = kvpd_server_create(&cfg, &srv, err, sizeof(err))) != KVP_OK) {
-		fprintf(stderr, "kvpoold: %s\n", err);
-		return 1;
+	if ((rv = kvpd_server_create(&cfg, &srv, err, sizeof(err))) != KVP_OK)
+		return fail("cannot create the pools", err);
+	for (size_t i = 0; i < kvpd_server_num_pools(srv); i++) {
+		struct kvpd_log_field f[] = {{"pool", kvpd_server_pool_name(srv, i)},
+		                             {"executor", kvpd_server_pool_note(srv, i)}};
+		kvpd_log_fields(KVPD_INFO, "pool", "pool created", f, 2);
 	}
-	for (size_t i = 0; i < kvpd_server_num_pools(srv); i++)
-		printf("kvpoold: pool %s: %s\n", kvpd_server_pool_name(srv, i),
-		       kvpd_server_pool_note(srv, i));
 	/* The vLLM wire first, so it carries the batches of the very first call. */
 	if ((rv = kvpd_vllm_open(srv, &cfg, &vllm, err, sizeof(err))) != KVP_OK) {
-		fprintf(stderr, "kvpoold: %s\n", err);
 		kvpd_server_destroy(srv);
-		return 1;
+		return fail("cannot open the vLLM event wire", err);
 	}
 	if ((rv = kvpd_transport_open(srv, &cfg, &tr, err, sizeof(err))) != KVP_OK) {
-		fprintf(stderr, "kvpoold: %s\n", err);
 		kvpd_vllm_close(vllm);
 		kvpd_server_destroy(srv);
-		return 1;
+		return fail("cannot listen", err);
 	}
 	if (cfg.admin[0] != '\0' &&
 	    kvpd_admin_open(srv, cfg.admin, &ready, &admin, err, sizeof(err)) != KVP_OK) {
-		fprintf(stderr, "kvpoold: %s\n", err);
 		kvpd_transport_close(tr, 0);
 		kvpd_vllm_close(vllm);
 		kvpd_server_destroy(srv);
-		return 1;
+		return fail("cannot open the admin endpoint", err);
 	}
-	struct reaper r = {.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
+	static struct reaper r;
+	r = (struct reaper){.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
 	if (r.period_ms > 250)
 		r.period_ms = 250; /* also the tick's resolution */
 	if (nng_thread_create(&reaper_thr, reaper_main, &r) != 0) {
-		fprintf(stderr, "kvpoold: cannot start the lease reaper\n");
 		kvpd_admin_close(admin);
 		kvpd_transport_close(tr, 0);
 		kvpd_vllm_close(vllm);
 		kvpd_server_destroy(srv);
-		return 1;
+		return fail("cannot start the lease reaper", "out of threads");
 	}
 	atomic_store(&ready, true);
-	printf("kvpoold: ready: %zu pool(s) on", cfg.num_pools);
-	for (size_t i = 0; i < cfg.num_rpc; i++)
-		printf(" %s", cfg.rpc[i]);
-	if (admin)
-		printf(", admin %s", cfg.admin);
-	if (vllm)
-		printf(", vLLM events %s%s%s", cfg.vllm.endpoint, cfg.vllm.replay[0] ? " replay " : "",
-		       cfg.vllm.replay);
-	printf("\n");
-	fflush(stdout);
+	{
+		char pools[24], rpc[2048] = "";
+		size_t k = 0;
+		snprintf(pools, sizeof(pools), "%zu", cfg.num_pools);
+		for (size_t i = 0; i < cfg.num_rpc && k < sizeof(rpc); i++)
+			k += (size_t)snprintf(rpc + k, sizeof(rpc) - k, "%s%s", i ? " " : "", cfg.rpc[i]);
+		struct kvpd_log_field f[] = {
+			{"pools", pools}, {"rpc", rpc}, {"events", cfg.events[0] ? cfg.events : "none"},
+			{"admin", admin ? cfg.admin : "none"},
+			{"vllm_events", vllm ? cfg.vllm.endpoint : "none"},
+			{"vllm_replay", vllm && cfg.vllm.replay[0] ? cfg.vllm.replay : "none"}};
+		kvpd_log_fields(KVPD_INFO, "main", "ready", f, sizeof(f) / sizeof(f[0]));
+	}
 
 	sigwait(&sigs, &sig);
-	printf("kvpoold: %s: draining (up to %u ms)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-	       cfg.drain_ms);
-	fflush(stdout);
+	{
+		char drain[24];
+		snprintf(drain, sizeof(drain), "%u", cfg.drain_ms);
+		struct kvpd_log_field f[] = {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+		                             {"drain_ms", drain}};
+		kvpd_log_fields(KVPD_INFO, "main", "draining", f, 2);
+	}
 	atomic_store(&ready, false); /* /readyz turns 503 while draining */
 	kvpd_transport_close(tr, cfg.drain_ms);
 	kvpd_admin_close(admin);
 	atomic_store(&stopping, true);
 	nng_thread_destroy(reaper_thr);
 	kvpd_vllm_close(vllm); /* after the reaper: expiries publish too */
+	log_gone(&r);
 	char detail[256] = "";
 	rv = kvpd_server_check(srv, detail, sizeof(detail));
 	kvpd_server_destroy(srv);
-	if (rv != KVP_OK) {
-		fprintf(stderr, "kvpoold: invariant broken at exit: %s\n", detail);
-		return 1;
-	}
-	printf("kvpoold: stopped cleanly\n");
+	if (rv != KVP_OK)
+		return fail("invariant broken at exit", detail);
+	kvpd_log_fields(KVPD_INFO, "main", "stopped cleanly", NULL, 0);
 	return 0;
 }

@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* /metrics: every pool's gauges and counters in Prometheus text format. */
+#define _DEFAULT_SOURCE
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "common/kvp_status.h"
 #include "common/kvp_version.h"
@@ -48,6 +52,69 @@ static void
 help(struct out *o, const char *name, const char *type, const char *text)
 {
 	put(o, "# HELP %s %s\n# TYPE %s %s\n", name, text, name, type);
+}
+
+/*
+ * The standard process_* metrics (Prometheus client conventions) from
+ * /proc/self: resident and virtual memory, CPU seconds, open and maximum
+ * file descriptors, start time. A value /proc does not give is left out.
+ */
+static void
+kvpd_metrics_process(struct out *o)
+{
+	char buf[2048];
+	FILE *f = fopen("/proc/self/stat", "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+
+	if (f)
+		fclose(f);
+	buf[n] = '\0';
+	/* Fields after the command name, which may hold spaces: skip past its ')'. */
+	char *p = strrchr(buf, ')');
+	unsigned long long utime = 0, stime = 0, start = 0, vsize = 0, rss = 0;
+	if (p != NULL && tck > 0 && page > 0 &&
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d "
+	                  "%*d %*d %llu %llu %llu", &utime, &stime, &start, &vsize, &rss) == 5) {
+		help(o, "process_cpu_seconds_total", "counter", "User and system CPU time spent.");
+		put(o, "process_cpu_seconds_total %.2f\n", (double)(utime + stime) / (double)tck);
+		help(o, "process_virtual_memory_bytes", "gauge", "Virtual memory size.");
+		put(o, "process_virtual_memory_bytes %llu\n", vsize);
+		help(o, "process_resident_memory_bytes", "gauge", "Resident memory size.");
+		put(o, "process_resident_memory_bytes %llu\n", rss * (unsigned long long)page);
+		/* Start time: boot time (btime in /proc/stat) plus the ticks after boot. */
+		FILE *st = fopen("/proc/stat", "r");
+		unsigned long long btime = 0;
+		bool have = false;
+		while (st && fgets(buf, sizeof(buf), st))
+			if (sscanf(buf, "btime %llu", &btime) == 1) {
+				have = true;
+				break;
+			}
+		if (st)
+			fclose(st);
+		if (have) {
+			help(o, "process_start_time_seconds", "gauge",
+			     "Start time of the process since the epoch, in seconds.");
+			put(o, "process_start_time_seconds %.2f\n",
+			    (double)btime + (double)start / (double)tck);
+		}
+	}
+	DIR *d = opendir("/proc/self/fd");
+	if (d != NULL) {
+		unsigned long fds = 0;
+		for (struct dirent *e; (e = readdir(d)) != NULL;)
+			if (e->d_name[0] != '.')
+				fds++;
+		closedir(d);
+		help(o, "process_open_fds", "gauge", "Open file descriptors.");
+		put(o, "process_open_fds %lu\n", fds > 0 ? fds - 1 : 0); /* not opendir's own */
+	}
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+		help(o, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+		put(o, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+	}
 }
 
 char *
@@ -149,23 +216,34 @@ kvpd_metrics_render(struct kvpd_server *s)
 					    kvpd_server_pool_name(s, i), kvpd_call_name(call),
 					    kvp_status_wire_name(st), (unsigned long long)c[i].by_call[call][st]);
 	help(&o, "kvpool_rpc_latency_seconds", "histogram",
-	     "Time to handle an RPC, lock wait included, network excluded.");
+	     "Time to handle an RPC by call, lock wait included, network excluded.");
 	for (size_t i = 0; i < np; i++) {
-		uint64_t cum = 0;
-		for (int b = 0; b < KVPD_LATENCY_BUCKETS; b++) {
-			cum += c[i].latency[b];
-			if (b < KVPD_LATENCY_BUCKETS - 1)
-				put(&o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",le=\"%g\"} %llu\n",
-				    kvpd_server_pool_name(s, i), kvpd_latency_bounds[b], (unsigned long long)cum);
-			else
-				put(&o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",le=\"+Inf\"} %llu\n",
-				    kvpd_server_pool_name(s, i), (unsigned long long)cum);
+		const char *pool = kvpd_server_pool_name(s, i);
+		for (int call = 0; call < KVPD_NUM_CALLS; call++) {
+			const uint64_t *lat = c[i].latency[call];
+			uint64_t cum = 0, total = 0;
+			for (int b = 0; b < KVPD_LATENCY_BUCKETS; b++)
+				total += lat[b];
+			if (total == 0 || kvpd_call_name(call) == NULL)
+				continue;
+			const char *name = kvpd_call_name(call);
+			for (int b = 0; b < KVPD_LATENCY_BUCKETS; b++) {
+				char le[32];
+				cum += lat[b];
+				if (b < KVPD_LATENCY_BUCKETS - 1)
+					snprintf(le, sizeof(le), "%g", kvpd_latency_bounds[b]);
+				else
+					snprintf(le, sizeof(le), "+Inf");
+				put(&o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",call=\"%s\",le=\"%s\"} "
+				        "%llu\n", pool, name, le, (unsigned long long)cum);
+			}
+			put(&o, "kvpool_rpc_latency_seconds_sum{pool=\"%s\",call=\"%s\"} %.9f\n", pool,
+			    name, c[i].latency_sum[call]);
+			put(&o, "kvpool_rpc_latency_seconds_count{pool=\"%s\",call=\"%s\"} %llu\n", pool,
+			    name, (unsigned long long)cum);
 		}
-		put(&o, "kvpool_rpc_latency_seconds_sum{pool=\"%s\"} %.9f\n", kvpd_server_pool_name(s, i),
-		    c[i].latency_sum);
-		put(&o, "kvpool_rpc_latency_seconds_count{pool=\"%s\"} %llu\n",
-		    kvpd_server_pool_name(s, i), (unsigned long long)cum);
 	}
+	kvpd_metrics_process(&o);
 #undef GAUGE
 #undef COUNTER
 #undef COUNTER_WHERE

@@ -414,11 +414,14 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	rv = kvpd_dispatch(p, rq, now_ms, sink);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-	int b = 0;
-	while (b < KVPD_LATENCY_BUCKETS - 1 && secs > kvpd_latency_bounds[b])
-		b++;
-	p->counters.latency[b]++;
-	p->counters.latency_sum += secs;
+	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
+	if (op != NULL) { /* a call with no row was refused, and is not a call */
+		int b = 0, row = (int)kvpd_call_index(op);
+		while (b < KVPD_LATENCY_BUCKETS - 1 && secs > kvpd_latency_bounds[b])
+			b++;
+		p->counters.latency[row][b]++;
+		p->counters.latency_sum[row] += secs;
+	}
 	nng_mtx_unlock(p->lock);
 	/* Decoded into the arena: its reset frees it all, no walk of the message. */
 	if (arena)
@@ -441,6 +444,23 @@ kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms)
 		n += kvpd_pool_expire(p, now_ms);
 		nng_mtx_unlock(p->lock);
 	}
+	return n;
+}
+
+size_t
+kvpd_server_gone(struct kvpd_server *s, size_t i, uint64_t *cursor,
+                 struct kvpd_gone_session *out, size_t cap)
+{
+	size_t n = 0;
+	if (s == NULL || i >= s->num_pools || cursor == NULL || (out == NULL && cap > 0))
+		return 0;
+	struct kvpd_pool *p = &s->pools[i];
+	nng_mtx_lock(p->lock);
+	if (p->gone_total - *cursor > KVPD_GONE_KEEP || *cursor > p->gone_total)
+		*cursor = p->gone_total > KVPD_GONE_KEEP ? p->gone_total - KVPD_GONE_KEEP : 0;
+	for (; n < cap && *cursor < p->gone_total; n++, (*cursor)++)
+		out[n] = p->gone[*cursor % KVPD_GONE_KEEP];
+	nng_mtx_unlock(p->lock);
 	return n;
 }
 

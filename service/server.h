@@ -22,13 +22,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/kvp_status.h"
 #include "service/calls.h"
 #include "service/config.h"
 #include "service/stream.h"
 
 struct kvpd_server;
 
-#define KVPD_NUM_STATUS 16
+#define KVPD_NUM_STATUS KVP_STATUS_COUNT
 #define KVPD_LATENCY_BUCKETS 14
 
 /* Upper bounds (seconds) of the call latency histogram's buckets; the last is +Inf. */
@@ -42,8 +43,9 @@ struct kvpd_pool_counters {
 	uint64_t event_batches, replays_served, replays_refused, snapshots;
 	uint64_t bytes_read, bytes_written;                /* block contents moved by data calls */
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call table row][status] */
-	uint64_t latency[KVPD_LATENCY_BUCKETS];            /* handling time, not the network */
-	double latency_sum;
+	/* Handling time by call (table row), lock wait included, not the network. */
+	uint64_t latency[KVPD_NUM_CALLS][KVPD_LATENCY_BUCKETS];
+	double latency_sum[KVPD_NUM_CALLS];
 	uint32_t sessions;                                 /* open now */
 	bool vllm_on;                                      /* a vLLM-wire publisher is attached */
 	uint64_t vllm_batches, vllm_bytes, vllm_replays, vllm_bad_replay_requests,
@@ -83,6 +85,10 @@ struct kvpd_sink {
 	void *ctx;
 	uint8_t *buf;
 	size_t len;
+	/* Set by the call: it was refused UNAUTHENTICATED, why (for the log; no secrets). */
+	bool auth_refused;
+	char auth_pool[KVPD_NAME_MAX];
+	char auth_why[256];
 };
 
 /* kvpd_server_handle with the reply written through sink. KVP_OK or KVP_ENOMEM. */
@@ -119,6 +125,30 @@ void kvpd_server_tick(struct kvpd_server *s);
 
 /* Checks every pool's invariants; KVP_OK or KVP_EINTERNAL with a reason. */
 int kvpd_server_check(struct kvpd_server *s, char *detail, size_t len);
+
+/*
+ * Sessions that ended (Goodbye or an expired lease), newest last: each pool
+ * keeps the last KVPD_GONE_KEEP, so the log can say what an expiry released
+ * and a call on a session that is gone can say why it is gone.
+ */
+#define KVPD_GONE_KEEP 64
+enum kvpd_gone_why { KVPD_GONE_GOODBYE = 1, KVPD_GONE_EXPIRED = 2 };
+struct kvpd_gone_session {
+	uint64_t id;
+	uint64_t at_ms;        /* when, on the daemon's monotonic clock */
+	uint64_t released;     /* block references it still held */
+	uint32_t lease_ms;
+	uint32_t requests;     /* requests it still had (ended with it) */
+	uint8_t why;           /* enum kvpd_gone_why */
+	char client[64];
+};
+/*
+ * Copies up to cap of pool i's sessions that ended after *cursor (a count
+ * of ended sessions; start at 0) into out and advances *cursor. Ends older
+ * than the last KVPD_GONE_KEEP are skipped. Returns how many were copied.
+ */
+size_t kvpd_server_gone(struct kvpd_server *s, size_t i, uint64_t *cursor,
+                        struct kvpd_gone_session *out, size_t cap);
 
 /* Number of hosted pools, and a pool's name and counters (copied under its lock). */
 size_t kvpd_server_num_pools(const struct kvpd_server *s);

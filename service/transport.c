@@ -11,8 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <arpa/inet.h>
+
 #include "common/kvp_status.h"
 #include "proto/wire.h"
+#include "service/log.h"
 
 enum { RECV, SEND };
 
@@ -39,7 +42,53 @@ struct kvpd_transport {
 	atomic_uint_fast64_t served;
 	nng_duration send_timeout;
 	atomic_uint last_cut;           /* the connection last closed for not reading */
+	struct kvpd_log_limit auth_log; /* refused authentication: a peer can cause many */
 };
+
+/* A connection's peer as text: ip:port, [ip6]:port, or the ipc path. */
+static void
+peer_name(nng_pipe p, char *buf, size_t cap)
+{
+	nng_sockaddr sa;
+	char ip[INET6_ADDRSTRLEN] = "?";
+
+	snprintf(buf, cap, "unknown");
+	if (nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) != 0)
+		return;
+	switch (sa.s_family) {
+	case NNG_AF_INET:
+		inet_ntop(AF_INET, &sa.s_in.sa_addr, ip, sizeof(ip));
+		snprintf(buf, cap, "%s:%u", ip, (unsigned)ntohs(sa.s_in.sa_port));
+		break;
+	case NNG_AF_INET6:
+		inet_ntop(AF_INET6, sa.s_in6.sa_addr, ip, sizeof(ip));
+		snprintf(buf, cap, "[%s]:%u", ip, (unsigned)ntohs(sa.s_in6.sa_port));
+		break;
+	case NNG_AF_IPC:
+		snprintf(buf, cap, "ipc:%s", sa.s_ipc.sa_path[0] ? sa.s_ipc.sa_path : "(local)");
+		break;
+	default:
+		break;
+	}
+}
+
+/* A refused authentication, at most a few lines a second whatever a peer sends. */
+static void
+log_auth_refused(struct kvpd_transport *t, nng_pipe p, const struct kvpd_sink *sink)
+{
+	uint64_t dropped = 0;
+	char peer[160], conn[24], more[24];
+	if (!kvpd_log_enabled(KVPD_WARN) ||
+	    !kvpd_log_limit_take(&t->auth_log, (uint64_t)nng_clock(), &dropped))
+		return;
+	peer_name(p, peer, sizeof(peer));
+	snprintf(conn, sizeof(conn), "%u", (unsigned)nng_pipe_id(p));
+	snprintf(more, sizeof(more), "%llu", (unsigned long long)dropped);
+	struct kvpd_log_field f[] = {{"pool", sink->auth_pool}, {"peer", peer},
+	                             {"connection", conn}, {"reason", sink->auth_why},
+	                             {"not_logged_before", more}};
+	kvpd_log_fields(KVPD_WARN, "auth", "refused authentication", f, dropped ? 5 : 4);
+}
 
 /* The reply goes straight into a new nng message: large replies are written once. */
 static void *
@@ -80,6 +129,8 @@ worker_cb(void *arg)
 		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
 		                           &sink);
 		nng_msg_free(msg);
+		if (sink.auth_refused)
+			log_auth_refused(t, w->pipe, &sink);
 		if (rv != KVP_OK || reply == NULL) {
 			/* Not even an error reply fits in memory: drop it; the client retries. */
 			if (reply)
@@ -105,10 +156,18 @@ worker_cb(void *arg)
 			nng_msg_free(nng_aio_get_msg(w->aio));
 			/* Its other timed-out replies close it again: log it once. */
 			unsigned id = (unsigned)nng_pipe_id(w->pipe);
+			char peer[160] = "", conn[24], ms[24];
+			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0)
+				peer_name(w->pipe, peer, sizeof(peer)); /* before it closes */
 			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0 &&
-			    nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id)
-				fprintf(stderr, "kvpoold: closed connection %d: it took no reply for %d ms\n",
-				        nng_pipe_id(w->pipe), (int)t->send_timeout);
+			    nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id) {
+				snprintf(conn, sizeof(conn), "%u", id);
+				snprintf(ms, sizeof(ms), "%d", (int)t->send_timeout);
+				struct kvpd_log_field f[] = {
+					{"connection", conn}, {"peer", peer}, {"send_timeout_ms", ms}};
+				kvpd_log_fields(KVPD_WARN, "transport",
+				                "closed a connection that took no reply", f, 3);
+			}
 		} else {
 			atomic_fetch_add(&t->served, 1);
 		}
@@ -164,6 +223,7 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		return KVP_ENOMEM;
 	}
 	t->srv = srv;
+	t->auth_log = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
 	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
 	if ((rv = nng_rep0_open(&t->sock)) != 0) {
 		snprintf(err, len, "cannot open a REP socket: %s", nng_strerror(rv));

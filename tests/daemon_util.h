@@ -22,9 +22,12 @@
 #include <time.h>
 #include <unistd.h>
 
-/* argv: extra kvpoold arguments, NULL-terminated. Returns the child's pid. */
+/*
+ * argv: extra kvpoold arguments, NULL-terminated; log_path: a file for its
+ * stderr (its log), or NULL to share the test's. Returns the child's pid.
+ */
 static inline pid_t
-daemon_start(const char *const *args)
+daemon_start_log(const char *const *args, const char *log_path)
 {
 	const char *argv[64];
 	size_t n = 0;
@@ -37,10 +40,18 @@ daemon_start(const char *const *args)
 	if (pid == 0) {
 		/* If the test dies (an assertion, a sanitizer), the daemon goes too. */
 		prctl(PR_SET_PDEATHSIG, SIGTERM);
+		if (log_path != NULL && freopen(log_path, "w", stderr) == NULL)
+			_exit(126);
 		execv(KVPOOLD_PATH, (char *const *)argv);
 		_exit(127);
 	}
 	return pid;
+}
+
+static inline pid_t
+daemon_start(const char *const *args)
+{
+	return daemon_start_log(args, NULL);
 }
 
 /* SIGTERM, then waits up to 10 s. Returns the exit status, or -1. */

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "service/config.h"
+#include "service/log.h"
 
 static FILE *sink;
 
@@ -225,6 +226,97 @@ test_config_vllm_wire(void **state)
 	assert_int_equal(load(&c, unk, NULL), -1);
 }
 
+/* Loads with err captured into msg (cap bytes). */
+static int
+load_err(struct kvpd_config *c, char **argv, char **envp, char *msg, size_t cap)
+{
+	int argc = 0;
+	while (argv[argc])
+		argc++;
+	memset(msg, 0, cap);
+	FILE *err = fmemopen(msg, cap - 1, "w");
+	assert_non_null(err);
+	int rv = kvpd_config_load(c, argc, argv, envp, sink, err);
+	fclose(err);
+	return rv;
+}
+
+static int
+count(const char *hay, const char *needle)
+{
+	int n = 0;
+	for (const char *p = hay; (p = strstr(p, needle)) != NULL; p++)
+		n++;
+	return n;
+}
+
+/* --log-level and --log-format: parsed like every setting, refused when unknown. */
+static void
+test_config_log_settings(void **state)
+{
+	struct kvpd_config c;
+	(void)state;
+	char *dflt[] = {"kvpoold", NULL};
+	assert_int_equal(load(&c, dflt, NULL), 0);
+	assert_int_equal(c.log_level, KVPD_INFO);
+	assert_int_equal(c.log_format, KVPD_LOG_TEXT);
+	char *set[] = {"kvpoold", "--log-level", "warn", NULL};
+	char *envp[] = {"KVPOOL_LOG_FORMAT=json", NULL};
+	assert_int_equal(load(&c, set, envp), 0);
+	assert_int_equal(c.log_level, KVPD_WARN);
+	assert_int_equal(c.log_format, KVPD_LOG_JSON);
+	char *bad[] = {"kvpoold", "--log-level", "loud", NULL};
+	assert_int_equal(load(&c, bad, NULL), -1);
+	char *badf[] = {"kvpoold", "--log-format", "xml", NULL};
+	assert_int_equal(load(&c, badf, NULL), -1);
+	/* The actions have no variable: KVPOOL_CHECK_CONFIG does nothing. */
+	char *chk[] = {"KVPOOL_CHECK_CONFIG=1", NULL};
+	assert_int_equal(load(&c, dflt, chk), 0);
+	assert_false(c.check_config);
+}
+
+/* --check-config: every problem of every source, not just the first; a good one passes. */
+static void
+test_config_check_reports_every_problem(void **state)
+{
+	struct kvpd_config c;
+	static char msg[8192];
+	char path[64];
+	(void)state;
+	snprintf(path, sizeof(path), "/tmp/kvpool-check-%d.conf", (int)getpid());
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs("lease-ms = 5\nnot a setting line\npool = name=ok,blocks=64\n", f);
+	fclose(f);
+	char *envp[] = {"KVPOOL_CONTEXTS=0", NULL};
+	char *argv[] = {"kvpoold", "--check-config", "--config", path, "--max-ids", "x",
+	                "--pool", "name=w,groups=full:16+sliding_window:16:0",
+	                "--tls-cert", "/nonexistent/cert.pem", "--tls-key", "/nonexistent/key.pem",
+	                "--rpc", "ipc:///nonexistent-dir/k.ipc", "--rpc", "udp://127.0.0.1:1",
+	                "--admin", "ftp://127.0.0.1:1", "--pool",
+	                "name=huge,blocks=1073741824,layers=1024,heads=64,head_size=256", NULL};
+	assert_int_equal(load_err(&c, argv, envp, msg, sizeof(msg)), -1);
+	const char *want[] = {
+		"bad value for lease-ms", "expected name = value", "KVPOOL_CONTEXTS",
+		"bad value for max-ids", "sliding_window", "tls-cert /nonexistent/cert.pem",
+		"tls-key /nonexistent/key.pem", "cannot create a socket in /nonexistent-dir",
+		"scheme udp", "scheme ftp", "host memory", "problem(s) in the configuration"};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		if (strstr(msg, want[i]) == NULL)
+			fail_msg("--check-config did not report '%s'; it said:\n%s", want[i], msg);
+	assert_int_equal(count(msg, "problem(s) in the configuration"), 1);
+	/* Without --check-config the first problem stops it: one message. */
+	assert_int_equal(load_err(&c, argv + 1, envp, msg, sizeof(msg)), -1);
+	assert_null(strstr(msg, "problem(s)"));
+	/* A good configuration passes the check and says so by returning 0. */
+	char *good[] = {"kvpoold", "--check-config", "--pool", "name=g,blocks=64", "--rpc",
+	                "ipc:///tmp/kvpool-check.ipc", "--admin", "http://127.0.0.1:9471", NULL};
+	assert_int_equal(load_err(&c, good, NULL, msg, sizeof(msg)), 0);
+	assert_true(c.check_config);
+	assert_string_equal(msg, "");
+	unlink(path);
+}
+
 int
 main(void)
 {
@@ -234,6 +326,8 @@ main(void)
 		cmocka_unit_test(test_config_bad_settings_are_refused),
 		cmocka_unit_test(test_config_long_lines_devices_and_directories_are_refused),
 		cmocka_unit_test(test_config_vllm_wire),
+		cmocka_unit_test(test_config_log_settings),
+		cmocka_unit_test(test_config_check_reports_every_problem),
 	};
 	sink = fopen("/dev/null", "w");
 	int rv = cmocka_run_group_tests(tests, NULL, NULL);

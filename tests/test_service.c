@@ -20,7 +20,7 @@
 #include "proto/wire.h"
 
 static char ipc_url[256], tcp_url[256], admin_url[64], token_pool[256], token_path[96],
-	events_url[96];
+	events_url[96], log_path[96];
 static pid_t daemon_pid;
 
 static int
@@ -43,9 +43,10 @@ setup(void **state)
 	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",
 	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
 	                      "--max-ids", "64", "--max-sessions", "12", "--max-msg-bytes", "65536",
-	                      "--lease-ms", "5000", NULL};
+	                      "--lease-ms", "5000", "--log-format", "json", NULL};
 	setenv("KVPOOL_TOKEN", "", 1);
-	daemon_pid = daemon_start(args);
+	snprintf(log_path, sizeof(log_path), "/tmp/kvpool-test-%d.log", (int)getpid());
+	daemon_pid = daemon_start_log(args, log_path);
 	return daemon_pid > 0 ? 0 : -1;
 }
 
@@ -55,7 +56,16 @@ teardown(void **state)
 	(void)state;
 	unlink(token_path);
 	/* The daemon checks its invariants on the way out: exit 0 means they held. */
-	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+	int rv = daemon_stop(daemon_pid) == 0 ? 0 : -1;
+	/* Its log, for whoever reads the test's output. */
+	FILE *f = fopen(log_path, "r");
+	char line[4096];
+	while (f && fgets(line, sizeof(line), f))
+		fputs(line, stderr);
+	if (f)
+		fclose(f);
+	unlink(log_path);
+	return rv;
 }
 
 static struct kvp_client *
@@ -221,6 +231,96 @@ test_service_token_is_checked_per_pool(void **state)
 	struct kvp_client_options bad = {.url = "bogus://x"};
 	assert_status(kvp_client_open(&bad, &c), KVP_EINVAL);
 	assert_status(kvp_client_open(NULL, &c), KVP_EINVAL);
+}
+
+/* The daemon's log so far, into buf. */
+static void
+read_log(char *buf, size_t cap)
+{
+	FILE *f = fopen(log_path, "r");
+	size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+	buf[n] = '\0';
+	if (f)
+		fclose(f);
+}
+
+/* Each refusal says which it is; the daemon logs them with the peer, never the token. */
+static void
+test_service_refusals_say_why(void **state)
+{
+	static char log[1 << 20];
+	struct kvp_client_options o = {.url = tcp_url, .pool = "locked", .timeout_ms = 2000};
+	struct kvp_client *c = NULL;
+
+	(void)state;
+	assert_status(kvp_client_open(&o, &c), KVP_EUNAUTH);
+	assert_non_null(strstr(kvp_client_open_detail(), "needs an auth token and none was given"));
+	o.token = "wrong-s3cret";
+	assert_status(kvp_client_open(&o, &c), KVP_EUNAUTH);
+	assert_non_null(strstr(kvp_client_open_detail(), "wrong auth token for pool locked"));
+	assert_null(c);
+	/* Sessions: never opened, ended by Goodbye, lease expired. */
+	struct kvp_client_options r = {.url = ipc_url, .pool = "default", .timeout_ms = 2000,
+	                               .session_id = 12345};
+	assert_status(kvp_client_open(&r, &c), KVP_EUNAUTH);
+	assert_non_null(strstr(kvp_client_open_detail(), "never opened here"));
+	struct kvp_client *g = open_on(ipc_url, "default", 0);
+	r.session_id = kvp_client_info(g)->session_id;
+	kvp_client_close(g);
+	assert_status(kvp_client_open(&r, &c), KVP_EUNAUTH);
+	assert_non_null(strstr(kvp_client_open_detail(), "was ended by Goodbye"));
+	struct kvp_client *e = open_on(ipc_url, "default", 200);
+	int32_t ids[2];
+	assert_ok(kvp_client_allocate(e, 2, ids));
+	r.session_id = kvp_client_info(e)->session_id;
+	kvp_client_detach(e); /* gone without Goodbye */
+	int rv = KVP_OK;
+	for (int i = 0; i < 10; i++) {
+		sleep_ms(500); /* past the 200 ms lease and the reaper's 250 ms round */
+		if ((rv = kvp_client_open(&r, &c)) != KVP_OK)
+			break;
+		kvp_client_detach(c); /* our resume kept it alive: let it lapse */
+		c = NULL;
+	}
+	assert_status(rv, KVP_EUNAUTH);
+	assert_non_null(strstr(kvp_client_open_detail(), "expired"));
+	assert_non_null(strstr(kvp_client_open_detail(), "its 2 block reference(s) were released"));
+	/* The log: the expiry with what it released, refusals with a peer, no token. */
+	for (int i = 0; i < 40; i++) {
+		read_log(log, sizeof(log));
+		if (strstr(log, "\"references_released\":\"2\"") != NULL)
+			break;
+		sleep_ms(50);
+	}
+	assert_non_null(strstr(log, "\"msg\":\"lease expired; session ended and its blocks released\""));
+	assert_non_null(strstr(log, "\"references_released\":\"2\""));
+	assert_non_null(strstr(log, "\"msg\":\"refused authentication\""));
+	assert_non_null(strstr(log, "\"peer\":\""));
+	assert_null(strstr(log, "s3cret"));
+	assert_non_null(strstr(log, "\"level\":\"info\",\"component\":\"main\",\"msg\":\"ready\""));
+}
+
+/* No daemon: KVP_EUNAVAILABLE within the connect timeout, not BUSY after every retry. */
+static void
+test_service_no_daemon_is_unavailable_not_busy(void **state)
+{
+	char url[96];
+	struct kvp_client *c = NULL;
+	(void)state;
+	snprintf(url, sizeof(url), "ipc:///tmp/kvpool-nobody-%d.ipc", (int)getpid());
+	const char *urls[] = {url, "tcp://127.0.0.1:1"};
+	for (int i = 0; i < 2; i++) {
+		struct kvp_client_options o = {.url = urls[i], .connect_timeout_ms = 300};
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		assert_status(kvp_client_open(&o, &c), KVP_EUNAVAILABLE);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+		assert_true(s >= 0.25 && s < 2.0);
+		assert_null(c);
+		assert_non_null(strstr(kvp_client_open_detail(), "no kvpoold listening"));
+		assert_non_null(strstr(kvp_client_open_detail(), urls[i]));
+	}
 }
 
 static void
@@ -947,7 +1047,23 @@ test_service_admin_endpoints_serve_health_and_metrics(void **state)
 	assert_non_null(strstr(body, "kvpool_blocks{pool=\"tiny\"} 8\n"));
 	assert_non_null(strstr(body, "kvpool_rpc_calls_total{pool=\"default\",call=\"free\",status=\"NOT_OWNER\"} "));
 	assert_non_null(strstr(body, "kvpool_rpc_calls_total{pool=\"default\",call=\"allocate\",status=\"OK\"}"));
-	assert_non_null(strstr(body, "kvpool_rpc_latency_seconds_bucket{pool=\"default\",le=\"+Inf\"}"));
+	assert_non_null(strstr(body, "kvpool_rpc_latency_seconds_bucket{pool=\"default\","
+	                             "call=\"allocate\",le=\"+Inf\"} "));
+	assert_non_null(strstr(body, "kvpool_rpc_latency_seconds_count{pool=\"default\","
+	                             "call=\"free\"} "));
+	/* The standard process metrics, with values that can be true of a live daemon. */
+	const char *rss = strstr(body, "\nprocess_resident_memory_bytes ");
+	assert_non_null(rss);
+	assert_true(strtod(rss + 31, NULL) > 1e6);
+	const char *fds = strstr(body, "\nprocess_open_fds ");
+	assert_non_null(fds);
+	assert_true(strtod(fds + 18, NULL) >= 3);
+	const char *start = strstr(body, "\nprocess_start_time_seconds ");
+	assert_non_null(start);
+	double age = (double)time(NULL) - strtod(start + 28, NULL);
+	assert_true(age > -5 && age < 600);
+	assert_non_null(strstr(body, "\nprocess_cpu_seconds_total "));
+	assert_non_null(strstr(body, "\nprocess_max_fds "));
 	assert_non_null(strstr(body, "kvpool_sessions{pool=\"default\"} "));
 	kvp_client_close(c);
 }
@@ -1103,6 +1219,8 @@ main(void)
 		cmocka_unit_test(test_service_block_calls_match_engine_scenarios_ipc),
 		cmocka_unit_test(test_service_block_calls_match_engine_scenarios_tcp),
 		cmocka_unit_test(test_service_token_is_checked_per_pool),
+		cmocka_unit_test(test_service_refusals_say_why),
+		cmocka_unit_test(test_service_no_daemon_is_unavailable_not_busy),
 		cmocka_unit_test(test_service_cache_from_parent_hash_matches_full_chain),
 		cmocka_unit_test(test_service_batch_builder_runs_a_scheduler_step),
 		cmocka_unit_test(test_service_ownership_is_per_session),
