@@ -1024,6 +1024,51 @@ test_service_kvpoolctl_version_and_help_do_not_dial(void **state)
 	assert_string_equal(out, "kvpoold " KVP_VERSION " (commit " KVP_GIT_COMMIT ")\n");
 }
 
+/* kvpoolctl: exit codes 0-4 as documented, and with --json every error one object on stdout. */
+static void
+test_service_kvpoolctl_exit_codes_and_json_errors(void **state)
+{
+	static char out[8192];
+	char args[512];
+	const struct {
+		const char *args;
+		int code;
+		const char *json; /* in --json's stdout */
+	} cases[] = {
+		{"--url ipc:///nonexistent/k.ipc --connect-timeout-ms 200 stats", 3,
+		 "\"status\":\"KVP_EUNAVAILABLE\",\"error\":\"unreachable\",\"exit_code\":3"},
+		{"alloc -3", 2, "\"error\":\"usage\",\"exit_code\":2,\"detail\":\"alloc: '-3' is "
+		                "not a count"},
+		{"alloc abc", 2, "\"command\":\"alloc\",\"status\":\"KVP_EINVAL\""},
+		{"-u x stats", 2, "unknown option -u"},
+		{"stats --tokens 1", 2, "stats does not take --tokens"},
+		{"free 1,-2", 2, "not a list of non-negative integers"},
+		{"--timeout-ms -1 stats", 2, "--timeout-ms: '-1' is not a whole number"},
+		{"frobnicate", 2, "unknown command 'frobnicate'"},
+		{"--url %s --pool locked stats", 1,
+		 "\"status\":\"KVP_EUNAUTH\",\"error\":\"refused\",\"exit_code\":1"},
+		{"--url %s --pool nosuch stats", 1, "\"status\":\"KVP_EUNKNOWNPOOL\""},
+		{"--url %s --pool default write --blocks 1 --in /nonexistent/in", 4,
+		 "\"error\":\"local\",\"exit_code\":4"},
+		{"--url %s --pool default stats", 0, "\"command\":\"stats\",\"num_blocks\":10"},
+	};
+	(void)state;
+	for (size_t i = 0; i < N_ELEMS(cases); i++) {
+		char a[256];
+		snprintf(a, sizeof(a), cases[i].args, ipc_url);
+		/* Text first: the exit code, nothing on stdout but a success's output. */
+		assert_int_equal(run_tool(KVPOOLCTL_PATH, a, out, sizeof(out)), cases[i].code);
+		if (cases[i].code != 0)
+			assert_string_equal(out, "");
+		/* Then --json: the same code, one object on one line. */
+		snprintf(args, sizeof(args), "--json %s", a);
+		int code = run_tool(KVPOOLCTL_PATH, args, out, sizeof(out));
+		if (code != cases[i].code || strstr(out, cases[i].json) == NULL ||
+		    out[0] != '{' || strchr(out, '\n') != out + strlen(out) - 1)
+			fail_msg("kvpoolctl %s: exit %d, stdout %s", args, code, out);
+	}
+}
+
 static void
 test_service_admin_endpoints_serve_health_and_metrics(void **state)
 {
@@ -1236,6 +1281,7 @@ main(void)
 		cmocka_unit_test(test_service_refused_first_allocate_slots_leaves_no_request),
 		cmocka_unit_test(test_service_batch_continues_past_refused_calls),
 		cmocka_unit_test(test_service_kvpoolctl_version_and_help_do_not_dial),
+		cmocka_unit_test(test_service_kvpoolctl_exit_codes_and_json_errors),
 		cmocka_unit_test(test_service_admin_endpoints_serve_health_and_metrics),
 		cmocka_unit_test(test_service_eight_concurrent_clients_keep_invariants),
 		cmocka_unit_test(test_service_dead_client_process_blocks_released_after_lease),
