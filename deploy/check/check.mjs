@@ -115,7 +115,7 @@ for (const file of files) {
     confs.set(cm.data[key], { where, env: c.env ?? [] });
     const get = (k) => conf.filter(([n]) => n === k).map(([, v]) => v);
     for (const [name] of conf)
-      check(settings.has(name) && name !== "config" && name !== "help" && name !== "version",
+      check(settings.has(name) && !["config", "help", "version", "check-config"].includes(name),
             `${where}: setting '${name}' in ${key} is one kvpoold --help documents`);
     for (const e of c.env ?? [])
       if (e.name.startsWith("KVPOOL_"))

@@ -80,6 +80,8 @@ contexts = {{ int64 .Values.daemon.contexts }}
 max-msg-bytes = {{ int64 .Values.daemon.maxMsgBytes }}
 max-sessions = {{ int64 .Values.daemon.maxSessions }}
 replay-batches = {{ int64 .Values.daemon.replayBatches }}
+log-level = {{ .Values.daemon.logLevel }}
+log-format = {{ .Values.daemon.logFormat }}
 {{- if .Values.tls.enabled }}
 tls-cert = /etc/kvpool/tls/tls.crt
 tls-key = /etc/kvpool/tls/tls.key
