@@ -154,6 +154,7 @@ kvp_client_open = _fn("kvp_client_open", c_int, POINTER(Options), POINTER(CLIENT
 kvp_client_close = _fn("kvp_client_close", None, CLIENT)
 kvp_client_info = _fn("kvp_client_info", POINTER(Info), CLIENT)
 kvp_client_last_detail = _fn("kvp_client_last_detail", c_char_p, CLIENT)
+kvp_client_open_detail = _fn("kvp_client_open_detail", c_char_p)
 kvp_client_allocate = _fn("kvp_client_allocate", c_int, CLIENT, c_uint32, I32P)
 kvp_client_touch = _fn("kvp_client_touch", c_int, CLIENT, I32P, c_size_t)
 kvp_client_free = _fn("kvp_client_free", c_int, CLIENT, I32P, c_size_t)

@@ -101,7 +101,8 @@ class Client:
     (kvpool.NoSpace, kvpool.NotOwner, ...) with the daemon's detail."""
 
     def __init__(self, url, pool=None, token=None, *, timeout_ms=5000, retries=2,
-                 lease_ms=0, client_name="kvpool-python", tls=None, session_id=0):
+                 lease_ms=0, client_name="kvpool-python", tls=None, session_id=0,
+                 connect_timeout_ms=0):
         tls = tls or {}
         unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name"}
         if unknown:
@@ -112,12 +113,13 @@ class Client:
                          enc(tls.get("key_file")), enc(tls.get("server_name"))]
         s = self._strings
         o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
-                      s[7], session_id)
+                      s[7], session_id, connect_timeout_ms)
         self._c = L.CLIENT()
         rv = L.kvp_client_open(byref(o), byref(self._c))
         if rv != 0:
             self._c = None
-            _raise(rv, f"cannot open a session with pool {pool or 'default'} at {url}")
+            why = L.kvp_client_open_detail().decode(errors="replace")
+            _raise(rv, f"cannot open a session with pool {pool or 'default'} at {url}: {why}")
         i = L.kvp_client_info(self._c).contents
         ex = i.executor
         self.info = {

@@ -39,7 +39,7 @@ def daemon(tmp_path_factory):
         try:
             kvpool.Client(url, pool="kv", timeout_ms=500, retries=0).close()
             break
-        except kvpool.Busy:
+        except (kvpool.Busy, kvpool.Unavailable):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError("kvpoold did not start")

@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvpool's Python package against a real kvpoold over ipc://."""
+import time
+
 import pytest
 
 import kvpool
@@ -78,6 +80,22 @@ def test_refusals_raise_typed_errors(daemon):
     c.close()  # idempotent
     with pytest.raises(kvpool.KvpoolError):
         c.allocate(1)
+
+
+def test_no_daemon_is_unavailable_with_the_reason(tmp_path):
+    url = f"ipc://{tmp_path}/nobody.ipc"
+    t0 = time.monotonic()
+    with pytest.raises(kvpool.Unavailable) as e:
+        kvpool.Client(url, connect_timeout_ms=200)
+    assert time.monotonic() - t0 < 2.0
+    assert isinstance(e.value, ConnectionError)
+    assert "no kvpoold listening" in str(e.value) and url in str(e.value)
+
+
+def test_open_refusals_carry_the_daemons_reason(daemon):
+    with pytest.raises(kvpool.Unauthenticated) as e:
+        kvpool.Client(daemon, pool="kv", session_id=12345)
+    assert "never opened here" in str(e.value)
 
 
 def test_data_plane_buffers(daemon):
