@@ -135,9 +135,12 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 		                 p->cfg.name);
 	if (!token_ok(p->cfg.token, tok))
 		return kvpd_fail(c, KVP_EUNAUTH, "wrong auth token for pool %s", p->cfg.name);
-	if (p->num_sessions >= p->limits.max_sessions)
-		return kvpd_fail(c, KVP_EBUSY, "pool %s has %zu sessions, the limit", p->cfg.name,
-		            p->num_sessions);
+	if (p->num_sessions >= p->limits.max_sessions) {
+		kvpd_fail(c, KVP_EBUSY, "pool %s has %zu sessions, the limit", p->cfg.name,
+		          p->num_sessions);
+		kvpd_sink_refusal(c->sink, KVPD_REFUSED_SESSION_LIMIT, p->cfg.name, c->detail);
+		return KVP_EBUSY;
+	}
 	if (p->num_sessions == p->cap_sessions) {
 		size_t cap = p->cap_sessions ? p->cap_sessions * 2 : 8;
 		struct kvpd_session **ns = realloc(p->sessions, cap * sizeof(*ns));

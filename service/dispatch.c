@@ -137,11 +137,8 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 		if (out.result_case != KVPOOL__V1__REPLY__RESULT_BATCH)
 			out.result_case = KVPOOL__V1__REPLY__RESULT__NOT_SET;
 	}
-	if (rv == KVP_EUNAUTH) { /* for the transport's log, with the peer's address */
-		sink->auth_refused = true;
-		snprintf(sink->auth_pool, sizeof(sink->auth_pool), "%s", p->cfg.name);
-		snprintf(sink->auth_why, sizeof(sink->auth_why), "%s", c.detail);
-	}
+	if (rv == KVP_EUNAUTH) /* for the transport's log, with the peer's address */
+		kvpd_sink_refusal(sink, KVPD_REFUSED_AUTH, p->cfg.name, c.detail);
 	out.call_id = rq->call_id;
 	out.status = (Kvpool__V1__Status)rv;
 	out.detail = rv == KVP_OK ? "" : c.detail;

@@ -387,8 +387,13 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 
 	sink->buf = NULL;
 	sink->len = 0;
-	if (len > s->cfg.max_msg_bytes)
+	if (len > s->cfg.max_msg_bytes) {
+		char why[96];
+		snprintf(why, sizeof(why), "a %zu-byte request; max-msg-bytes is %u", len,
+		         s->cfg.max_msg_bytes);
+		kvpd_sink_refusal(sink, KVPD_REFUSED_TOO_LARGE, "", why);
 		return error_reply(0, KVP_ETOOLARGE, "request larger than max-msg-bytes", sink);
+	}
 	struct decode_arena *arena = arena_get();
 	ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = arena};
 	ProtobufCAllocator *al = arena ? &alloc : NULL;
@@ -445,6 +450,17 @@ kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms)
 		nng_mtx_unlock(p->lock);
 	}
 	return n;
+}
+
+void
+kvpd_sink_refusal(struct kvpd_sink *sink, enum kvpd_refusal kind, const char *pool,
+                  const char *why)
+{
+	if (sink == NULL)
+		return;
+	sink->refusal = (uint8_t)kind;
+	snprintf(sink->refusal_pool, sizeof(sink->refusal_pool), "%s", pool ? pool : "");
+	snprintf(sink->refusal_why, sizeof(sink->refusal_why), "%s", why ? why : "");
 }
 
 size_t

@@ -85,11 +85,18 @@ struct kvpd_sink {
 	void *ctx;
 	uint8_t *buf;
 	size_t len;
-	/* Set by the call: it was refused UNAUTHENTICATED, why (for the log; no secrets). */
-	bool auth_refused;
-	char auth_pool[KVPD_NAME_MAX];
-	char auth_why[256];
+	/* Set by the call when its refusal is worth an operator's attention (for the log). */
+	uint8_t refusal;                  /* enum kvpd_refusal; 0: none */
+	char refusal_pool[KVPD_NAME_MAX];
+	char refusal_why[256];            /* the reply's detail: never a secret */
 };
+
+enum kvpd_refusal { KVPD_REFUSED_AUTH = 1, KVPD_REFUSED_SESSION_LIMIT, KVPD_REFUSED_TOO_LARGE };
+#define KVPD_NUM_REFUSALS 4
+
+/* Records a refusal in the sink for the transport's log. */
+void kvpd_sink_refusal(struct kvpd_sink *sink, enum kvpd_refusal kind, const char *pool,
+                       const char *why);
 
 /* kvpd_server_handle with the reply written through sink. KVP_OK or KVP_ENOMEM. */
 int kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,

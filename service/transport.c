@@ -42,7 +42,8 @@ struct kvpd_transport {
 	atomic_uint_fast64_t served;
 	nng_duration send_timeout;
 	atomic_uint last_cut;           /* the connection last closed for not reading */
-	struct kvpd_log_limit auth_log; /* refused authentication: a peer can cause many */
+	/* Refusals a peer can cause by the thousand: a few lines a second of each kind. */
+	struct kvpd_log_limit refusal_log[KVPD_NUM_REFUSALS];
 };
 
 /* A connection's peer as text: ip:port, [ip6]:port, or the ipc path. */
@@ -72,22 +73,29 @@ peer_name(nng_pipe p, char *buf, size_t cap)
 	}
 }
 
-/* A refused authentication, at most a few lines a second whatever a peer sends. */
+/* A refusal worth an operator's eye, at most a few lines a second whatever a peer sends. */
 static void
-log_auth_refused(struct kvpd_transport *t, nng_pipe p, const struct kvpd_sink *sink)
+log_refusal(struct kvpd_transport *t, nng_pipe p, const struct kvpd_sink *sink)
 {
+	static const char *const what[KVPD_NUM_REFUSALS][2] = {
+		{"", ""},
+		{"auth", "refused authentication"},
+		{"session", "refused a session: the pool is at --max-sessions"},
+		{"transport", "refused a request larger than --max-msg-bytes"},
+	};
 	uint64_t dropped = 0;
 	char peer[160], conn[24], more[24];
-	if (!kvpd_log_enabled(KVPD_WARN) ||
-	    !kvpd_log_limit_take(&t->auth_log, (uint64_t)nng_clock(), &dropped))
+	unsigned k = sink->refusal;
+	if (k == 0 || k >= KVPD_NUM_REFUSALS || !kvpd_log_enabled(KVPD_WARN) ||
+	    !kvpd_log_limit_take(&t->refusal_log[k], (uint64_t)nng_clock(), &dropped))
 		return;
 	peer_name(p, peer, sizeof(peer));
 	snprintf(conn, sizeof(conn), "%u", (unsigned)nng_pipe_id(p));
 	snprintf(more, sizeof(more), "%llu", (unsigned long long)dropped);
-	struct kvpd_log_field f[] = {{"pool", sink->auth_pool}, {"peer", peer},
-	                             {"connection", conn}, {"reason", sink->auth_why},
+	struct kvpd_log_field f[] = {{"pool", sink->refusal_pool}, {"peer", peer},
+	                             {"connection", conn}, {"reason", sink->refusal_why},
 	                             {"not_logged_before", more}};
-	kvpd_log_fields(KVPD_WARN, "auth", "refused authentication", f, dropped ? 5 : 4);
+	kvpd_log_fields(KVPD_WARN, what[k][0], what[k][1], f, dropped ? 5 : 4);
 }
 
 /* The reply goes straight into a new nng message: large replies are written once. */
@@ -129,8 +137,8 @@ worker_cb(void *arg)
 		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
 		                           &sink);
 		nng_msg_free(msg);
-		if (sink.auth_refused)
-			log_auth_refused(t, w->pipe, &sink);
+		if (sink.refusal)
+			log_refusal(t, w->pipe, &sink);
 		if (rv != KVP_OK || reply == NULL) {
 			/* Not even an error reply fits in memory: drop it; the client retries. */
 			if (reply)
@@ -223,7 +231,8 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		return KVP_ENOMEM;
 	}
 	t->srv = srv;
-	t->auth_log = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
+	for (int k = 0; k < KVPD_NUM_REFUSALS; k++)
+		t->refusal_log[k] = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
 	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
 	if ((rv = nng_rep0_open(&t->sock)) != 0) {
 		snprintf(err, len, "cannot open a REP socket: %s", nng_strerror(rv));

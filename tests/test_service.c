@@ -285,6 +285,22 @@ test_service_refusals_say_why(void **state)
 	assert_status(rv, KVP_EUNAUTH);
 	assert_non_null(strstr(kvp_client_open_detail(), "expired"));
 	assert_non_null(strstr(kvp_client_open_detail(), "its 2 block reference(s) were released"));
+	/* The other refusals an operator should see: the session limit, an oversized request. */
+	struct kvp_client *many[13] = {0};
+	struct kvp_client_options t = {.url = ipc_url, .pool = "tiny", .timeout_ms = 2000};
+	int opened = 0;
+	for (; opened < 13; opened++)
+		if ((rv = kvp_client_open(&t, &many[opened])) != KVP_OK)
+			break;
+	assert_status(rv, KVP_EBUSY);
+	assert_non_null(strstr(kvp_client_open_detail(), "the limit"));
+	static uint8_t huge[70000];
+	uint8_t *reply = NULL;
+	size_t reply_len = 0;
+	assert_ok(kvp_client_raw(many[0], huge, sizeof(huge), &reply, &reply_len));
+	free(reply);
+	for (int i = 0; i < opened; i++)
+		kvp_client_close(many[i]);
 	/* The log: the expiry with what it released, refusals with a peer, no token. */
 	for (int i = 0; i < 40; i++) {
 		read_log(log, sizeof(log));
@@ -297,6 +313,8 @@ test_service_refusals_say_why(void **state)
 	assert_non_null(strstr(log, "\"msg\":\"refused authentication\""));
 	assert_non_null(strstr(log, "\"peer\":\""));
 	assert_null(strstr(log, "s3cret"));
+	assert_non_null(strstr(log, "\"msg\":\"refused a session: the pool is at --max-sessions\""));
+	assert_non_null(strstr(log, "\"msg\":\"refused a request larger than --max-msg-bytes\""));
 	assert_non_null(strstr(log, "\"level\":\"info\",\"component\":\"main\",\"msg\":\"ready\""));
 }
 
