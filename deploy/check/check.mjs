@@ -54,7 +54,7 @@ for (const p of ["/healthz", "/readyz", "/metrics"])
   check(adminPaths.has(p), `--help documents ${p}`);
 // Every documented setting has its variable, and the other way round.
 for (const s of settings)
-  if (s !== "help" && s !== "version")
+  if (!["help", "version", "check-config"].includes(s)) // actions, not settings
     check(envVars.has("KVPOOL_" + s.toUpperCase().replaceAll("-", "_")), `--help lists the variable of --${s}`);
 
 function parseConf(text) {
