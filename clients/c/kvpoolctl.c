@@ -17,7 +17,6 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
-#include <limits.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,10 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/c/kvpool.h"
+#include "clients/c/kvpoolctl.h"
 #include "common/kvp_version.h"
-#include "clients/c/subscriber.h"
-#include "clients/c/vllm_watch.h"
 
 static int
 parse_i64_list(const char *s, int64_t **out, size_t *n)
@@ -77,32 +74,8 @@ bad:
 	return -1;
 }
 
-static int32_t *
-to_ids(const int64_t *v, size_t n)
-{
-	int32_t *ids = malloc((n ? n : 1) * sizeof(*ids));
-	for (size_t i = 0; ids && i < n; i++)
-		ids[i] = v[i] < INT32_MIN || v[i] > INT32_MAX ? -1 : (int32_t)v[i];
-	return ids;
-}
 
-static cJSON *
-ids_json(const int32_t *ids, size_t n)
-{
-	cJSON *a = cJSON_CreateArray();
-	for (size_t i = 0; i < n; i++)
-		cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
-	return a;
-}
 
-static void
-print_ids(const char *label, const int32_t *ids, size_t n)
-{
-	printf("%s", label);
-	for (size_t i = 0; i < n; i++)
-		printf("%s%d", i ? " " : "", ids[i]);
-	printf("\n");
-}
 
 static char *
 read_token_file(const char *path)
@@ -120,169 +93,14 @@ read_token_file(const char *path)
 	return buf;
 }
 
-/* ---- events ---- */
-
-struct follow {
-	const char *pool;
-	unsigned long printed, max;
-};
-
-static void
-hex_into(char *dst, const uint8_t *b, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		snprintf(dst + 2 * i, 3, "%02x", b[i]);
-	dst[2 * n] = '\0';
-}
-
-static void
-print_event(struct follow *f, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
-            const struct kvp_event *ev)
-{
-	cJSON *o = cJSON_CreateObject(), *hashes = cJSON_CreateArray(), *ids = cJSON_CreateArray();
-	char buf[2 * 1024 + 1], num[24];
-	static const char *const names[] = {"", "BlockStored", "BlockRemoved", "AllBlocksCleared"};
-
-	cJSON_AddStringToObject(o, "pool", pool);
-	snprintf(num, sizeof(num), "%" PRIu64, epoch);
-	cJSON_AddStringToObject(o, "epoch", num);
-	cJSON_AddNumberToObject(o, "seq", (double)seq);
-	cJSON_AddNumberToObject(o, "ts", (double)ts / 1e9);
-	cJSON_AddStringToObject(o, "type", names[ev->type]);
-	for (uint32_t h = 0; h < ev->num_hashes && ev->hash_len <= 1024; h++) {
-		const uint8_t *p = ev->hashes + (size_t)h * ev->hash_len;
-		hex_into(buf, p, ev->hash_len);
-		cJSON_AddItemToArray(hashes, cJSON_CreateString(buf));
-		snprintf(num, sizeof(num), "%" PRIu64, kvp_hash_event_id(p, ev->hash_len));
-		cJSON_AddItemToArray(ids, cJSON_CreateString(num)); /* u64: strings, not doubles */
-	}
-	if (ev->type != KVP_EVENT_ALL_CLEARED) {
-		cJSON_AddItemToObject(o, "block_hashes", hashes);
-		cJSON_AddItemToObject(o, "block_hash_ids", ids);
-		cJSON_AddStringToObject(o, "medium", ev->medium ? ev->medium : "");
-		cJSON_AddNumberToObject(o, "group_idx", ev->group_idx);
-	} else {
-		cJSON_Delete(hashes);
-		cJSON_Delete(ids);
-	}
-	if (ev->type == KVP_EVENT_BLOCK_STORED) {
-		if (ev->parent && ev->hash_len <= 1024) {
-			hex_into(buf, ev->parent, ev->hash_len);
-			cJSON_AddStringToObject(o, "parent_block_hash", buf);
-		} else {
-			cJSON_AddNullToObject(o, "parent_block_hash");
-		}
-		cJSON *toks = cJSON_CreateArray(), *extra = cJSON_CreateArray();
-		for (uint32_t t = 0; t < ev->num_tokens; t++)
-			cJSON_AddItemToArray(toks, cJSON_CreateNumber((double)ev->token_ids[t]));
-		cJSON_AddItemToObject(o, "token_ids", toks);
-		cJSON_AddNumberToObject(o, "block_size", ev->block_size);
-		if (ev->has_lora_id)
-			cJSON_AddNumberToObject(o, "lora_id", (double)ev->lora_id);
-		else
-			cJSON_AddNullToObject(o, "lora_id");
-		if (ev->lora_name)
-			cJSON_AddStringToObject(o, "lora_name", ev->lora_name);
-		else
-			cJSON_AddNullToObject(o, "lora_name");
-		for (uint32_t h = 0; h < ev->num_hashes; h++) {
-			uint32_t a = ev->extra_key_offsets[h], b = ev->extra_key_offsets[h + 1];
-			if (b - a <= 1024) {
-				hex_into(buf, ev->extra_keys + a, b - a);
-				cJSON_AddItemToArray(extra, cJSON_CreateString(buf)); /* canonical CBOR */
-			}
-		}
-		cJSON_AddItemToObject(o, "extra_keys_cbor", extra);
-		cJSON_AddStringToObject(o, "kv_cache_spec_kind", ev->spec_kind ? ev->spec_kind : "");
-	}
-	char *s = cJSON_PrintUnformatted(o);
-	if (s) {
-		printf("%s\n", s);
-		fflush(stdout);
-	}
-	free(s);
-	cJSON_Delete(o);
-	f->printed++;
-}
-
-static void
-on_events(void *ctx, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,
-         const struct kvp_event_batch *b)
-{
-	struct follow *f = ctx;
-	for (size_t i = 0; i < kvp_event_batch_count(b) && (f->max == 0 || f->printed < f->max); i++) {
-		struct kvp_event ev;
-		(void)kvp_event_batch_get(b, i, &ev);
-		print_event(f, pool, epoch, seq, ts, &ev);
-	}
-}
-
-static void
-on_reset(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
-         const struct kvp_snapshot_entry *e, size_t n)
-{
-	char ep[24];
-	(void)ctx;
-	(void)e;
-	snprintf(ep, sizeof(ep), "%" PRIu64, epoch);
-	printf("{\"pool\":\"%s\",\"epoch\":\"%s\",\"next_seq\":%" PRIu64
-	       ",\"type\":\"Reset\",\"cached_entries\":%zu}\n", pool, ep, next_seq, n);
-	fflush(stdout);
-}
-
-/* Reads a whole file into a new buffer. NULL (errno set) on failure. */
-static unsigned char *
-slurp(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	unsigned char *buf = NULL;
-	long n;
-	if (f == NULL)
-		return NULL;
-	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-	    (buf = malloc((size_t)n + 1)) != NULL && fread(buf, 1, (size_t)n, f) == (size_t)n) {
-		*len = (size_t)n;
-	} else {
-		free(buf);
-		buf = NULL;
-	}
-	fclose(f);
-	return buf;
-}
-
-/* ---- the invocation: options, commands, exit codes ---- */
-
-enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_UNREACHABLE = 3, EXIT_LOCAL = 4 };
 static const char *const exit_kind[] = {"ok", "refused", "usage", "unreachable", "local"};
 
-struct ctl {
-	struct kvp_client_options o;
-	const struct command *cmd;
-	const char *cmd_name;
-	bool json;
-	/* command options */
-	const char *blocks, *tokens, *to, *in, *out, *events_url, *lora, *salt, *token_file;
-	const char *vllm_url, *replay_url, *topic;
-	bool follow, bind, help, version;
-	uint64_t from;
-	bool has_from;
-	uint32_t num_cached, count;
-	/* positional words after the command */
-	char **pos;
-	size_t npos;
-	/* parsed before dialing */
-	int64_t *ids, *toks, *dst;
-	size_t nids, ntoks, ndst;
-	uint32_t alloc_n;
-	struct kvp_request_keys keys;
-	/* after dialing */
-	struct kvp_client *c;
-	cJSON *j;
-	int reported;   /* the exit code of the error fail() printed */
-};
+
+
+
 
 /* One error, as a line on stderr or, with --json, one object on stdout. Returns code. */
-static int __attribute__((format(printf, 4, 5)))
+int
 fail(struct ctl *x, int code, int status, const char *fmt, ...)
 {
 	char msg[1024];
@@ -311,31 +129,22 @@ fail(struct ctl *x, int code, int status, const char *fmt, ...)
 	return code;
 }
 
-#define usage_error(x, ...) fail((x), EXIT_USAGE, KVP_EINVAL, __VA_ARGS__)
 
 /* The exit code of a status from the library or the daemon. */
-static int
+int
 exit_of(int status)
 {
 	return status == KVP_OK ? EXIT_OK : status == KVP_EUNAVAILABLE ? EXIT_UNREACHABLE : EXIT_REFUSED;
 }
 
 /* A failed call: the daemon's (or library's) status and detail. */
-static int
+int
 refused(struct ctl *x, int status, const char *detail)
 {
 	return fail(x, exit_of(status), status, "%s: %s%s%s", kvp_status_name(status),
 	            kvp_strerror(status), detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
-/* Commands, each a bit in the options' `only` masks. */
-enum {
-	C_INFO = 1u << 0, C_STATS = 1u << 1, C_SESSION = 1u << 2, C_END = 1u << 3,
-	C_ALLOC = 1u << 4, C_FREE = 1u << 5, C_TOUCH = 1u << 6, C_EVICT = 1u << 7,
-	C_RESET = 1u << 8, C_CACHE = 1u << 9, C_LOOKUP = 1u << 10, C_SNAPSHOT = 1u << 11,
-	C_READ = 1u << 12, C_WRITE = 1u << 13, C_COPY = 1u << 14, C_EVENTS = 1u << 15,
-	C_VLLM = 1u << 16, C_HELP = 1u << 17,
-};
 
 enum opt_kind { O_FLAG, O_STR, O_U32, O_U64 };
 static const struct opt {
@@ -393,22 +202,7 @@ static const struct opt {
 #undef F
 };
 
-struct command {
-	const char *name, *args, *help;
-	unsigned bit;
-	int (*run)(struct ctl *x); /* a kvp status; called with x->c open unless NO_DIAL */
-};
 
-static int run_info(struct ctl *x);
-static int run_stats(struct ctl *x);
-static int run_end(struct ctl *x);
-static int run_alloc(struct ctl *x);
-static int run_ids(struct ctl *x);
-static int run_reset(struct ctl *x);
-static int run_cache(struct ctl *x);
-static int run_lookup(struct ctl *x);
-static int run_snapshot(struct ctl *x);
-static int run_data(struct ctl *x);
 
 /* Commands that dial on their own (or not at all) have no run. */
 static const struct command commands[] = {
@@ -688,393 +482,6 @@ check_args(struct ctl *x)
 	return 0;
 }
 
-/* ---- the commands ---- */
-
-static int
-run_info(struct ctl *x)
-{
-	const struct kvp_client_info *in = kvp_client_info(x->c);
-	cJSON *j = x->j;
-	bool info = x->cmd->bit == C_INFO;
-	char fp[17], sid[24];
-
-	for (int k = 0; k < 8; k++)
-		snprintf(fp + 2 * k, 3, "%02x", in->none_hash_fingerprint[k]);
-	cJSON_AddStringToObject(j, "pool", in->pool);
-	snprintf(sid, sizeof(sid), "%" PRIu64, in->session_id);
-	cJSON_AddStringToObject(j, "session_id", sid); /* 64 bits: not a JSON double */
-	cJSON_AddNumberToObject(j, "lease_ms", in->lease_ms);
-	cJSON_AddNumberToObject(j, "num_blocks", in->num_blocks);
-	cJSON_AddNumberToObject(j, "block_size", in->block_size);
-	cJSON_AddNumberToObject(j, "hash_block_size", in->hash_block_size);
-	cJSON_AddStringToObject(j, "hash_algorithm", in->hash_algorithm);
-	cJSON_AddBoolToObject(j, "prefix_caching", in->prefix_caching);
-	cJSON *ga = cJSON_AddArrayToObject(j, "groups");
-	for (uint32_t g = 0; g < in->num_groups; g++) {
-		const struct kvp_group_spec *s = &in->groups[g];
-		cJSON *go = cJSON_CreateObject();
-		cJSON_AddNumberToObject(go, "group_id", g);
-		cJSON_AddStringToObject(go, "kind", kvp_group_kind_name(s->kind));
-		cJSON_AddNumberToObject(go, "block_size", s->block_size);
-		if (s->kind == KVP_GROUP_SLIDING_WINDOW)
-			cJSON_AddNumberToObject(go, "sliding_window", s->window);
-		if (s->kind == KVP_GROUP_CHUNKED_LOCAL)
-			cJSON_AddNumberToObject(go, "attention_chunk_size", s->window);
-		if (s->kind == KVP_GROUP_MAMBA)
-			cJSON_AddStringToObject(go, "mamba_cache_mode", kvp_mamba_mode_name(s->mamba_mode));
-		cJSON_AddItemToArray(ga, go);
-	}
-	cJSON_AddStringToObject(j, "none_hash_fingerprint", fp);
-	cJSON_AddStringToObject(j, "medium", in->medium);
-	cJSON_AddNumberToObject(j, "max_model_len", in->max_model_len);
-	cJSON_AddNumberToObject(j, "max_ids_per_call", in->max_ids_per_call);
-	cJSON_AddNumberToObject(j, "max_msg_bytes", in->max_msg_bytes);
-	if (in->server_version[0])
-		cJSON_AddStringToObject(j, "server_version", in->server_version);
-	const struct kvp_client_executor *e = &in->executor;
-	if (e->backend[0]) {
-		cJSON *o = cJSON_AddObjectToObject(j, "executor");
-		cJSON_AddStringToObject(o, "backend", e->backend);
-		cJSON_AddNumberToObject(o, "num_layers", e->num_layers);
-		cJSON_AddNumberToObject(o, "num_heads", e->num_heads);
-		cJSON_AddNumberToObject(o, "head_size", e->head_size);
-		cJSON_AddStringToObject(o, "dtype", e->dtype);
-		cJSON_AddStringToObject(o, "layout", e->layout);
-		cJSON_AddNumberToObject(o, "block_bytes", (double)e->block_bytes);
-		cJSON_AddNumberToObject(o, "memory_bytes", (double)e->memory_bytes);
-	}
-	if (x->json)
-		return KVP_OK;
-	if (!info) {
-		printf("%" PRIu64 "\n", in->session_id);
-		return KVP_OK;
-	}
-	char groups[256];
-	if (kvp_group_specs_format(in->groups, in->num_groups, groups, sizeof(groups)) != KVP_OK)
-		snprintf(groups, sizeof(groups), "(%u groups)", in->num_groups);
-	if (e->backend[0])
-		printf("executor %s: %u layers x K,V x [%u tokens, %u heads, %u] %s (%s), %" PRIu64
-		       " bytes a block, %" PRIu64 " MiB in all\n", e->backend, e->num_layers,
-		       e->block_size, e->num_heads, e->head_size, e->dtype, e->layout, e->block_bytes,
-		       e->memory_bytes >> 20);
-	else
-		printf("executor: none (the pool keeps no block contents)\n");
-	printf("pool %s: %u blocks of %u tokens, %s (NONE_HASH fingerprint %s), medium %s, "
-	       "max_model_len %u, %u ids per call\n", in->pool, in->num_blocks, in->block_size,
-	       in->hash_algorithm, fp, in->medium, in->max_model_len, in->max_ids_per_call);
-	printf("groups %s (hash block size %u), prefix caching %s\n", groups, in->hash_block_size,
-	       in->prefix_caching ? "on" : "off");
-	if (in->server_version[0])
-		printf("kvpoold %s\n", in->server_version);
-	return KVP_OK;
-}
-
-static int
-run_stats(struct ctl *x)
-{
-	struct kvp_client_stats s;
-	int rv = kvp_client_stats(x->c, &s);
-	cJSON *j = x->j;
-	if (rv != KVP_OK)
-		return rv;
-	cJSON_AddNumberToObject(j, "num_blocks", s.num_blocks);
-	cJSON_AddNumberToObject(j, "num_free", s.num_free);
-	cJSON_AddNumberToObject(j, "num_cached_blocks", s.num_cached_blocks);
-	cJSON_AddNumberToObject(j, "num_cached_keys", s.num_cached_keys);
-	cJSON_AddNumberToObject(j, "usage", s.usage);
-	cJSON_AddNumberToObject(j, "blocks_allocated", (double)s.blocks_allocated);
-	cJSON_AddNumberToObject(j, "blocks_evicted", (double)s.blocks_evicted);
-	cJSON_AddNumberToObject(j, "alloc_failures", (double)s.alloc_failures);
-	cJSON_AddNumberToObject(j, "prefix_queries", (double)s.prefix_queries);
-	cJSON_AddNumberToObject(j, "prefix_hits", (double)s.prefix_hits);
-	cJSON_AddNumberToObject(j, "sessions", s.sessions);
-	cJSON_AddNumberToObject(j, "leases_expired", (double)s.leases_expired);
-	cJSON_AddNumberToObject(j, "events_emitted", (double)s.events_emitted);
-	cJSON_AddNumberToObject(j, "active_requests", s.active_requests);
-	if (!x->json)
-		printf("blocks %u, free %u, cached %u (%u keys), usage %.1f%%\n"
-		       "allocated %" PRIu64 ", evicted %" PRIu64 ", failed allocations %" PRIu64
-		       "\nprefix cache: %" PRIu64 " of %" PRIu64 " tokens hit\n"
-		       "sessions %u, leases expired %" PRIu64 ", events %" PRIu64 ", requests %u\n",
-		       s.num_blocks, s.num_free, s.num_cached_blocks, s.num_cached_keys,
-		       s.usage * 100.0, s.blocks_allocated, s.blocks_evicted, s.alloc_failures,
-		       s.prefix_hits, s.prefix_queries, s.sessions, s.leases_expired,
-		       s.events_emitted, s.active_requests);
-	return KVP_OK;
-}
-
-static int
-run_end(struct ctl *x)
-{
-	kvp_client_close(x->c); /* Goodbye */
-	x->c = NULL;
-	if (!x->json)
-		printf("session %" PRIu64 " ended\n", x->o.session_id);
-	return KVP_OK;
-}
-
-static int
-run_alloc(struct ctl *x)
-{
-	int32_t *ids = malloc(x->alloc_n * sizeof(*ids));
-	int rv;
-	if (ids == NULL)
-		return KVP_ENOMEM;
-	if ((rv = kvp_client_allocate(x->c, x->alloc_n, ids)) == KVP_OK) {
-		cJSON_AddItemToObject(x->j, "block_ids", ids_json(ids, x->alloc_n));
-		if (!x->json)
-			print_ids("", ids, x->alloc_n);
-		if (x->o.session_id == 0)
-			fprintf(stderr, "kvpoolctl: note: these blocks are released when this session "
-			                "ends; use `kvpoolctl session` and --session to keep them\n");
-	}
-	free(ids);
-	return rv;
-}
-
-static int
-run_ids(struct ctl *x)
-{
-	int32_t *ids = to_ids(x->ids, x->nids);
-	uint32_t evicted = 0;
-	int rv;
-	if (ids == NULL)
-		return KVP_ENOMEM;
-	if (x->cmd->bit == C_FREE)
-		rv = kvp_client_free(x->c, ids, x->nids);
-	else if (x->cmd->bit == C_TOUCH)
-		rv = kvp_client_touch(x->c, ids, x->nids);
-	else
-		rv = kvp_client_evict(x->c, ids, x->nids, &evicted);
-	if (rv == KVP_OK) {
-		cJSON_AddItemToObject(x->j, "block_ids", ids_json(ids, x->nids));
-		if (x->cmd->bit == C_EVICT)
-			cJSON_AddNumberToObject(x->j, "num_evicted", evicted);
-		if (!x->json && x->cmd->bit == C_EVICT)
-			printf("%u of %zu block(s) evicted\n", evicted, x->nids);
-		else if (!x->json)
-			printf("ok\n");
-	}
-	free(ids);
-	return rv;
-}
-
-static int
-run_reset(struct ctl *x)
-{
-	int rv = kvp_client_reset(x->c);
-	if (rv == KVP_OK && !x->json)
-		printf("prefix cache cleared\n");
-	return rv;
-}
-
-static int
-run_cache(struct ctl *x)
-{
-	int32_t *ids = to_ids(x->ids, x->nids);
-	uint32_t bs = kvp_client_info(x->c)->block_size, stored = 0;
-	int rv;
-	if (ids == NULL)
-		return KVP_ENOMEM;
-	if (bs == 0) {
-		/* A resumed session skipped Hello: ask a short-lived one. */
-		struct kvp_client_options oo = x->o;
-		struct kvp_client *tmp = NULL;
-		oo.session_id = 0;
-		if (kvp_client_open(&oo, &tmp) == KVP_OK)
-			bs = kvp_client_info(tmp)->block_size;
-		kvp_client_close(tmp);
-	}
-	uint32_t full = (uint32_t)(x->ntoks / (bs ? bs : 1));
-	if (full > x->nids)
-		full = (uint32_t)x->nids;
-	struct kvp_client_cache a = {.block_ids = ids, .num_block_ids = x->nids,
-	                             .num_cached_blocks = x->num_cached, .num_full_blocks = full,
-	                             .tokens = x->toks, .num_tokens = x->ntoks,
-	                             .keys = x->lora || x->salt ? &x->keys : NULL};
-	if ((rv = kvp_client_cache(x->c, &a, &stored)) == KVP_OK) {
-		cJSON_AddNumberToObject(x->j, "num_stored", stored);
-		if (!x->json)
-			printf("%u block(s) cached\n", stored);
-	}
-	free(ids);
-	return rv;
-}
-
-static int
-run_lookup(struct ctl *x)
-{
-	int32_t *hits = malloc((x->ntoks + 1) * sizeof(*hits));
-	uint32_t nh = 0, ht = 0;
-	int rv;
-	if (hits == NULL)
-		return KVP_ENOMEM;
-	struct kvp_client_lookup q = {.tokens = x->toks, .num_tokens = x->ntoks,
-	                              .keys = x->lora || x->salt ? &x->keys : NULL};
-	if ((rv = kvp_client_lookup(x->c, &q, hits, x->ntoks + 1, &nh, &ht)) == KVP_OK) {
-		cJSON_AddItemToObject(x->j, "block_ids", ids_json(hits, nh));
-		cJSON_AddNumberToObject(x->j, "hit_tokens", ht);
-		if (!x->json) {
-			printf("hit %u tokens in %u block(s): ", ht, nh);
-			print_ids("", hits, nh);
-		}
-	}
-	free(hits);
-	return rv;
-}
-
-static int
-run_snapshot(struct ctl *x)
-{
-	struct kvp_snapshot *snap = NULL;
-	int rv = kvp_client_snapshot(x->c, &snap);
-	if (rv != KVP_OK)
-		return rv;
-	cJSON *arr = cJSON_CreateArray();
-	char ep[24];
-	snprintf(ep, sizeof(ep), "%" PRIu64, snap->epoch);
-	cJSON_AddStringToObject(x->j, "epoch", ep);
-	cJSON_AddNumberToObject(x->j, "next_seq", (double)snap->next_seq);
-	for (size_t k = 0; k < snap->num_entries; k++) {
-		const struct kvp_snapshot_entry *e = &snap->entries[k];
-		cJSON *o = cJSON_CreateObject();
-		char hex[2 * 1024 + 1];
-		hex_into(hex, e->hash, e->hash_len < 1024 ? e->hash_len : 1024);
-		cJSON_AddStringToObject(o, "hash", hex);
-		cJSON_AddNumberToObject(o, "group", e->group_idx);
-		cJSON_AddNumberToObject(o, "blocks", e->num_blocks);
-		cJSON_AddItemToArray(arr, o);
-		if (!x->json)
-			printf("%s group %u blocks %u\n", hex, e->group_idx, e->num_blocks);
-	}
-	cJSON_AddItemToObject(x->j, "entries", arr);
-	if (!x->json)
-		printf("%zu cached (hash, group) entries; epoch %" PRIu64 ", next seq %" PRIu64 "\n",
-		       snap->num_entries, snap->epoch, snap->next_seq);
-	kvp_snapshot_free(snap);
-	return KVP_OK;
-}
-
-/* A local failure inside a command: reported here, the command returns this. */
-#define LOCAL_FAILURE (-1)
-
-/* read / write / copy: block contents to and from files. */
-static int
-run_data(struct ctl *x)
-{
-	uint64_t bb = kvp_client_info(x->c)->executor.block_bytes;
-	size_t n = x->nids, len = 0;
-	unsigned char *buf = NULL;
-	int32_t *ids = to_ids(x->ids, n), *dst = NULL;
-	uint32_t *crcs = NULL;
-	int rv = KVP_ENOMEM;
-
-	if (ids == NULL)
-		goto out;
-	if (bb == 0) {
-		fail(x, EXIT_REFUSED, KVP_ENOTSUP, "pool %s has no executor: it keeps no block contents",
-		     kvp_client_info(x->c)->pool);
-		rv = LOCAL_FAILURE;
-		goto out;
-	}
-	if (x->cmd->bit == C_COPY) {
-		if ((dst = to_ids(x->dst, n)) == NULL)
-			goto out;
-		if ((rv = kvp_client_copy_blocks(x->c, ids, dst, n)) == KVP_OK && !x->json)
-			printf("copied %zu block(s)\n", n);
-	} else if (x->cmd->bit == C_READ) {
-		FILE *f;
-		if ((buf = malloc(n * bb)) == NULL || (crcs = malloc(n * sizeof(*crcs))) == NULL)
-			goto out;
-		if ((rv = kvp_client_read_blocks(x->c, ids, n, buf, n * bb, crcs)) != KVP_OK)
-			goto out;
-		if ((f = fopen(x->out, "wb")) == NULL || fwrite(buf, 1, n * bb, f) != n * bb ||
-		    fclose(f) != 0) {
-			fail(x, EXIT_LOCAL, KVP_EINTERNAL, "cannot write %s: %s", x->out, strerror(errno));
-			rv = LOCAL_FAILURE;
-			goto out;
-		}
-		cJSON *arr = cJSON_AddArrayToObject(x->j, "crc32c");
-		for (size_t i = 0; i < n; i++) {
-			char h[9];
-			snprintf(h, sizeof(h), "%08x", crcs[i]);
-			cJSON_AddItemToArray(arr, cJSON_CreateString(h));
-		}
-		cJSON_AddNumberToObject(x->j, "bytes", (double)(n * bb));
-		if (!x->json)
-			printf("read %zu block(s), %" PRIu64 " bytes, checksums verified, to %s\n", n,
-			       (uint64_t)(n * bb), x->out);
-	} else {
-		if ((buf = slurp(x->in, &len)) == NULL) {
-			fail(x, EXIT_LOCAL, KVP_EINVAL, "cannot read %s: %s", x->in, strerror(errno));
-			rv = LOCAL_FAILURE;
-			goto out;
-		}
-		if (len != n * bb) {
-			fail(x, EXIT_USAGE, KVP_EINVAL, "%s has %zu bytes; %zu block(s) take %" PRIu64,
-			     x->in, len, n, (uint64_t)(n * bb));
-			rv = LOCAL_FAILURE;
-			goto out;
-		}
-		if ((rv = kvp_client_write_blocks(x->c, ids, n, buf, len)) == KVP_OK && !x->json)
-			printf("wrote %zu block(s), %zu bytes\n", n, len);
-	}
-	if (rv == KVP_OK)
-		cJSON_AddItemToObject(x->j, "block_ids", ids_json(ids, n));
-out:
-	free(ids);
-	free(dst);
-	free(buf);
-	free(crcs);
-	return rv;
-}
-
-static int
-follow_events(struct ctl *x)
-{
-	const struct kvp_client_options *o = &x->o;
-	const char *url = x->events_url ? x->events_url : "ipc:///tmp/kvpool-events.ipc";
-	struct follow f = {.pool = o->pool, .max = x->count};
-	struct kvp_sub_options so = {.events_url = url, .rpc_url = o->url, .pool = o->pool,
-	                             .token = o->token, .timeout_ms = o->timeout_ms,
-	                             .tls_ca_file = o->tls_ca_file, .tls_cert_file = o->tls_cert_file,
-	                             .tls_key_file = o->tls_key_file,
-	                             .tls_server_name = o->tls_server_name};
-	struct kvp_sub_handler h = {.ctx = &f, .reset = on_reset, .batch = on_events};
-	struct kvp_sub *sub = NULL;
-	int rv = kvp_sub_open(&so, &h, &sub);
-
-	if (rv != KVP_OK)
-		return fail(x, exit_of(rv), rv, "cannot follow %s (pool %s): %s", url, o->pool,
-		            kvp_strerror(rv));
-	/* Without --follow: what arrives within a second. */
-	for (int rounds = 0; x->follow || rounds < 10; rounds++) {
-		if ((rv = kvp_sub_poll(sub, 100)) != KVP_OK)
-			fprintf(stderr, "kvpoolctl: %s: %s\n", kvp_strerror(rv), kvp_sub_last_detail(sub));
-		if (x->count && f.printed >= x->count)
-			break;
-	}
-	kvp_sub_close(sub);
-	return EXIT_OK;
-}
-
-static int
-vllm_events(struct ctl *x)
-{
-	struct kvp_vllm_watch_options w = {
-		.url = x->vllm_url ? x->vllm_url : "tcp://127.0.0.1:5557",
-		.replay_url = x->replay_url,
-		.topic = x->topic ? x->topic : "",
-		.bind = x->bind,
-		.follow = x->follow,
-		.has_from = x->has_from,
-		.from = x->from,
-		.max = x->count,
-		.timeout_ms = x->o.timeout_ms ? (int)x->o.timeout_ms : 5000,
-	};
-	return kvp_vllm_watch(&w) == 0 ? EXIT_OK : EXIT_UNREACHABLE;
-}
-
 static int
 run(struct ctl *x)
 {
@@ -1082,9 +489,9 @@ run(struct ctl *x)
 	bool keep = x->cmd->bit == C_SESSION || x->o.session_id != 0;
 
 	if (x->cmd->bit == C_EVENTS)
-		return follow_events(x);
+		return ctl_follow_events(x);
 	if (x->cmd->bit == C_VLLM)
-		return vllm_events(x);
+		return ctl_vllm_events(x);
 	if ((rv = kvp_client_open(&x->o, &x->c)) != KVP_OK)
 		return fail(x, exit_of(rv), rv, "%s: pool %s at %s: %s", kvp_status_name(rv),
 		            x->o.pool, x->o.url, kvp_client_open_detail());
