@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The request-level calls (vLLM's KVCacheManager): AllocateSlots, FreeRequest, GetComputedBlocks. */
+#include "clients/c/kvpool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/c/client_impl.h"
+
+#define MAX_MM 256
+#define set_detail kvp_client_fail_
+#define CALL KVP_CLIENT_CALL
+
+void
+kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s, struct kvp_client_slots_result *res)
+{
+	res->hit_tokens = s->hit_tokens;
+	res->num_scheduled_tokens = s->num_scheduled_tokens;
+	res->num_computed_tokens = s->num_computed_tokens;
+	res->num_new_blocks = s->n_new_block_ids;
+	res->num_groups = 0;
+	for (size_t g = 0; g < s->n_new_blocks_per_group && g < KVP_MAX_GROUPS; g++)
+		res->new_blocks_per_group[res->num_groups++] = s->new_blocks_per_group[g];
+}
+
+int
+kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a,
+                          int32_t *new_blocks, size_t cap, struct kvp_client_slots_result *res)
+{
+	Kvpool__V1__AllocateSlotsRequest m = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[MAX_MM], *mmp[MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || a == NULL || res == NULL || (a->keys && a->keys->num_mm > MAX_MM))
+		return KVP_EINVAL;
+	m.request_id = a->request_id;
+	m.prompt_token_ids = (int64_t *)a->prompt;
+	m.n_prompt_token_ids = a->prompt ? a->num_prompt : 0;
+	m.new_token_ids = (int64_t *)a->new_tokens;
+	m.n_new_token_ids = a->new_tokens ? a->num_new_token_ids : 0;
+	m.num_new_tokens = a->num_new_tokens;
+	m.token_budget = a->token_budget;
+	m.num_lookahead_tokens = a->num_lookahead_tokens;
+	m.use_prefix_cache = a->use_prefix_cache;
+	m.delay_cache_blocks = a->delay_cache_blocks;
+	if (a->keys || a->has_lora_id) {
+		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	CALL(c, allocate_slots, ALLOCATE_SLOTS, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	const Kvpool__V1__AllocateSlotsReply *s = r->allocate_slots;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS || s->n_new_block_ids > cap) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINVAL, "allocate_slots: more new blocks than the buffer holds",
+		                  NULL);
+	}
+	if (s->n_new_block_ids > 0)
+		memcpy(new_blocks, s->new_block_ids, s->n_new_block_ids * sizeof(*new_blocks));
+	kvp_client_slots_from_(s, res);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_free_request(struct kvp_client *c, uint64_t request_id, bool preempt)
+{
+	Kvpool__V1__FreeRequestRequest m = KVPOOL__V1__FREE_REQUEST_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL)
+		return KVP_EINVAL;
+	m.request_id = request_id;
+	m.preempt = preempt;
+	CALL(c, free_request, FREE_REQUEST, &m, r);
+	if (rv == KVP_OK)
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	return rv;
+}
+
+int
+kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, int32_t *ids,
+                               size_t cap, size_t *num_ids, uint32_t *hit_tokens)
+{
+	Kvpool__V1__GetComputedBlocksRequest m = KVPOOL__V1__GET_COMPUTED_BLOCKS_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || num_ids == NULL || hit_tokens == NULL)
+		return KVP_EINVAL;
+	m.request_id = request_id;
+	CALL(c, get_computed_blocks, GET_COMPUTED_BLOCKS, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS || g->n_block_ids > cap) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return set_detail(c, KVP_EINVAL, "get_computed_blocks: buffer too small", NULL);
+	}
+	if (g->n_block_ids > 0)
+		memcpy(ids, g->block_ids, g->n_block_ids * sizeof(*ids));
+	*num_ids = g->n_block_ids;
+	*hit_tokens = g->hit_tokens;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
