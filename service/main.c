@@ -176,8 +176,7 @@ main(int argc, char **argv, char **envp)
 		kvpd_server_destroy(srv);
 		return fail("cannot open the admin endpoint", err);
 	}
-	static struct reaper r;
-	r = (struct reaper){.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
+	struct reaper r = {.srv = srv, .period_ms = cfg.lease_ms / 4 ? cfg.lease_ms / 4 : 25};
 	if (r.period_ms > 250)
 		r.period_ms = 250; /* also the tick's resolution */
 	if (nng_thread_create(&reaper_thr, reaper_main, &r) != 0) {
