@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/event_wire.h"
 #include "proto/wire.h"
 
 /* One followed pool: where its stream stands. */
@@ -61,120 +62,19 @@ rpc_again(struct kvp_sub *s, struct pool_state *ps, int rv)
 	return KVP_EBUSY; /* try the call again */
 }
 
-/* Static names for the spec kinds vLLM defines; the engine's events point at them. */
-static const char *
-kind_name(const char *k)
-{
-	static const char *const kinds[] = {
-		"full_attention", "sliding_window", "mla_attention", "mamba", "sliding_window_mla",
-		"chunked_local_attention", "sink_full_attention", "encoder_only_attention",
-		"cross_attention",
-	};
-	if (k == NULL || k[0] == '\0')
-		return NULL;
-	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
-		if (strcmp(k, kinds[i]) == 0)
-			return kinds[i];
-	return "unknown";
-}
-
-static int
-decode_event(const Kvpool__V1__Event *e, struct kvp_event_batch *out)
-{
-	if (e->event_case == KVPOOL__V1__EVENT__EVENT_CLEARED) {
-		if (kvp_event_batch_reserve(out, 1, 0) != KVP_OK)
-			return KVP_ENOMEM;
-		kvp_event_append_cleared(out);
-		return KVP_OK;
-	}
-	if (e->event_case == KVPOOL__V1__EVENT__EVENT_REMOVED) {
-		const Kvpool__V1__EventRemoved *m = e->removed;
-		size_t hl = m->hash_len;
-		if (hl == 0 || m->block_hashes.len % hl != 0)
-			return KVP_EINVAL;
-		size_t n = m->block_hashes.len / hl;
-		const char *medium = m->medium && m->medium[0] ? m->medium : NULL;
-		if (kvp_event_batch_reserve(out, n, n * kvp_event_removed_bytes(hl, medium)) != KVP_OK)
-			return KVP_ENOMEM;
-		for (size_t i = 0; i < n; i++)
-			kvp_event_append_removed(out, m->block_hashes.data + i * hl, hl, medium, m->group_idx);
-		return KVP_OK;
-	}
-	if (e->event_case != KVPOOL__V1__EVENT__EVENT_STORED)
-		return KVP_EINVAL;
-	const Kvpool__V1__EventStored *m = e->stored;
-	size_t hl = m->hash_len, n, extra = 0;
-	if (hl == 0 || m->block_hashes.len % hl != 0 ||
-	    (m->has_parent && m->parent_hash.len != hl))
-		return KVP_EINVAL;
-	n = m->block_hashes.len / hl;
-	if (m->n_extra_keys != n && m->n_extra_keys != 0)
-		return KVP_EINVAL;
-	for (size_t i = 0; i < m->n_extra_keys; i++)
-		extra += m->extra_keys[i].len ? m->extra_keys[i].len : 1;
-	if (m->n_extra_keys == 0)
-		extra = n;
-	const char *medium = m->medium && m->medium[0] ? m->medium : NULL;
-	const char *lora = m->lora_name && m->lora_name[0] ? m->lora_name : NULL;
-	if (kvp_event_batch_reserve(out, 1,
-	                            kvp_event_stored_bytes(n, hl, m->has_parent, m->n_token_ids, lora,
-	                                                   medium, extra)) != KVP_OK)
-		return KVP_ENOMEM;
-	struct kvp_stored_desc d = {
-		.hash_len = hl, .parent = m->has_parent ? m->parent_hash.data : NULL,
-		.token_ids = m->token_ids, .num_tokens = m->n_token_ids, .block_size = m->block_size,
-		.has_lora_id = m->has_lora_id, .lora_id = m->lora_id, .lora_name = lora,
-		.medium = medium, .group_idx = m->group_idx, .max_hashes = n,
-	};
-	kvp_event_stored_begin(out, &d);
-	for (size_t i = 0; i < n; i++) {
-		static const uint8_t none = 0xf6;
-		const uint8_t *x = &none;
-		size_t xl = 1;
-		if (m->n_extra_keys && m->extra_keys[i].len) {
-			x = m->extra_keys[i].data;
-			xl = m->extra_keys[i].len;
-		}
-		kvp_event_stored_add(out, m->block_hashes.data + i * hl, x, xl);
-	}
-	kvp_event_stored_end(out);
-	(void)kvp_event_batch_set_spec(out, kvp_event_batch_count(out) - 1, kind_name(m->spec_kind),
-	                               m->has_sliding_window, m->sliding_window);
-	return KVP_OK;
-}
-
-static int
-decode_batch(const uint8_t *bytes, size_t len, uint64_t *epoch, uint64_t *seq, uint64_t *ts,
-             bool *tick, struct kvp_event_batch *out)
-{
-	Kvpool__V1__EventBatch *b;
-	int rv = KVP_OK;
-
-	if ((b = kvpool__v1__event_batch__unpack(NULL, len, bytes)) == NULL)
-		return KVP_EINVAL;
-	kvp_event_batch_clear(out);
-	for (size_t i = 0; i < b->n_events && rv == KVP_OK; i++)
-		rv = decode_event(b->events[i], out);
-	*epoch = b->epoch;
-	*seq = b->seq;
-	*ts = b->ts_unix_ns;
-	*tick = b->tick;
-	kvpool__v1__event_batch__free_unpacked(b, NULL);
-	return rv;
-}
-
 int
 kvp_event_batch_decode(const uint8_t *bytes, size_t len, uint64_t *epoch, uint64_t *seq,
                        uint64_t *ts_unix_ns, struct kvp_event_batch *out)
 {
-	uint64_t ts;
-	bool tick;
+	struct kvp_wire_batch_hdr h;
 
 	if (bytes == NULL || out == NULL || epoch == NULL || seq == NULL)
 		return KVP_EINVAL;
-	int rv = decode_batch(bytes, len, epoch, seq, &ts, &tick, out);
+	int rv = kvp_wire_events_decode(bytes, len, &h, out);
+	*epoch = h.epoch;
+	*seq = h.seq;
 	if (rv == KVP_OK && ts_unix_ns)
-		*ts_unix_ns = ts;
+		*ts_unix_ns = h.ts_unix_ns;
 	return rv;
 }
 
@@ -216,17 +116,16 @@ replayed(void *ctx, const uint8_t *bytes, size_t len)
 {
 	struct kvp_sub *s = ctx;
 	struct pool_state *ps = s->cur;
-	uint64_t epoch, seq, ts;
-	bool tick;
+	struct kvp_wire_batch_hdr h;
 
 	if (s->replay_failed)
 		return;
-	if (decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events) != KVP_OK || tick ||
-	    epoch != ps->st.epoch || seq != ps->st.next_seq) {
+	if (kvp_wire_events_decode(bytes, len, &h, &s->events) != KVP_OK || h.tick ||
+	    h.epoch != ps->st.epoch || h.seq != ps->st.next_seq) {
 		s->replay_failed = 1; /* out of order or corrupt: fall back to a snapshot */
 		return;
 	}
-	deliver(s, ps, seq, ts);
+	deliver(s, ps, h.seq, h.ts_unix_ns);
 	ps->st.replayed++;
 }
 
@@ -271,46 +170,45 @@ handle(struct kvp_sub *s, const uint8_t *body, size_t len)
 {
 	struct pool_state *ps = pool_of(s, body, len);
 	const uint8_t *bytes;
-	uint64_t epoch, seq, ts;
-	bool tick;
+	struct kvp_wire_batch_hdr h;
 	int rv;
 
 	if (ps == NULL)
 		return KVP_OK; /* a pool we do not follow */
 	bytes = body + ps->topic_len;
 	len -= ps->topic_len;
-	if ((rv = decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events)) != KVP_OK) {
+	if ((rv = kvp_wire_events_decode(bytes, len, &h, &s->events)) != KVP_OK) {
 		snprintf(s->detail, sizeof(s->detail), "%s: a published batch did not decode",
 		         ps->name);
 		return rv;
 	}
 	/* A tick carries no events; its seq is the next batch's. */
-	uint64_t newest = tick ? seq : seq + 1;
+	uint64_t newest = h.tick ? h.seq : h.seq + 1;
 	if (newest > ps->newest_seen)
 		ps->newest_seen = newest;
-	if (epoch != ps->st.epoch) {
+	if (h.epoch != ps->st.epoch) {
 		/* The daemon restarted (or we started before it): start over. */
-		if ((rv = resync(s, ps)) != KVP_OK || tick || epoch != ps->st.epoch)
+		if ((rv = resync(s, ps)) != KVP_OK || h.tick || h.epoch != ps->st.epoch)
 			return rv; /* a tick, or an old epoch's straggler */
-		if ((rv = decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events)) != KVP_OK)
+		if ((rv = kvp_wire_events_decode(bytes, len, &h, &s->events)) != KVP_OK)
 			return rv;
 	}
-	if (tick)
-		return seq > ps->st.next_seq ? repair(s, ps, seq) : KVP_OK;
-	if (seq < ps->st.next_seq)
+	if (h.tick)
+		return h.seq > ps->st.next_seq ? repair(s, ps, h.seq) : KVP_OK;
+	if (h.seq < ps->st.next_seq)
 		return KVP_OK; /* already applied (replayed, or in the snapshot) */
-	if (seq > ps->st.next_seq) {
-		if ((rv = repair(s, ps, seq)) != KVP_OK)
+	if (h.seq > ps->st.next_seq) {
+		if ((rv = repair(s, ps, h.seq)) != KVP_OK)
 			return rv;
-		if (seq < ps->st.next_seq || epoch != ps->st.epoch)
+		if (h.seq < ps->st.next_seq || h.epoch != ps->st.epoch)
 			return KVP_OK;
-		if (seq > ps->st.next_seq)
+		if (h.seq > ps->st.next_seq)
 			return resync(s, ps);
 		/* The repair used s->events: decode this batch again. */
-		if ((rv = decode_batch(bytes, len, &epoch, &seq, &ts, &tick, &s->events)) != KVP_OK)
+		if ((rv = kvp_wire_events_decode(bytes, len, &h, &s->events)) != KVP_OK)
 			return rv;
 	}
-	deliver(s, ps, seq, ts);
+	deliver(s, ps, h.seq, h.ts_unix_ns);
 	return KVP_OK;
 }
 
