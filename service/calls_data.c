@@ -11,14 +11,12 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "proto/pb_write.h"
-#include "service/call.h"
-#include "gpu/executor.h"
+#include "common/crc32c.h"
 #include "common/kvp_status.h"
 #include "engine/pool.h"
-
-/* Room for the reply's envelope and per-block checksums besides the payload. */
-#define REPLY_OVERHEAD 4096u
+#include "gpu/executor.h"
+#include "proto/data_wire.h"
+#include "service/call.h"
 
 static int
 no_exec(struct call *c)
@@ -113,48 +111,26 @@ kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,
 /*
  * Writes the whole successful ReadBlocks reply into the call's sink, the
  * executor reading the blocks straight into their place in the outgoing
- * message: Reply{call_id = 1, read_blocks = 28 {payload = 1, crc32c = 2
- * (packed fixed32)}}, the bytes protobuf-c would produce (test_reply_encoding
- * compares them).
+ * message (proto/data_wire.h owns the bytes).
  */
 static int
 read_in_place(struct call *c, const int32_t *ids, size_t n, uint64_t bb)
 {
-	uint64_t plen = n * bb, clen = 4 * (uint64_t)n;
-	uint64_t inner = 1 + kvp_pb_varint_len(plen) + plen + 1 + kvp_pb_varint_len(clen) + clen;
-	uint64_t total = (c->call_id ? 1 + kvp_pb_varint_len(c->call_id) : 0) + 2 + kvp_pb_varint_len(inner) + inner;
+	size_t total = kvp_wire_read_reply_size(c->call_id, n, bb);
 	uint8_t *buf = c->sink->alloc(c->sink->ctx, total), *p, *payload;
 	int rv;
 
 	if (buf == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	p = buf;
-	if (c->call_id) {
-		*p++ = 0x08; /* field 1, varint */
-		p = kvp_pb_put_varint(p, c->call_id);
-	}
-	*p++ = 0xe2; /* field 28, length-delimited: (28 << 3 | 2) as a varint */
-	*p++ = 0x01;
-	p = kvp_pb_put_varint(p, inner);
-	*p++ = 0x0a; /* payload: field 1, length-delimited */
-	p = kvp_pb_put_varint(p, plen);
-	payload = p;
-	p += plen;
-	*p++ = 0x12; /* crc32c: field 2, packed */
-	p = kvp_pb_put_varint(p, clen);
-	if ((rv = kvp_exec_read_blocks(c->p->exec, ids, n, payload, plen)) != KVP_OK)
+	p = kvp_wire_read_reply_begin(buf, c->call_id, n, bb, &payload);
+	if ((rv = kvp_exec_read_blocks(c->p->exec, ids, n, payload, n * bb)) != KVP_OK)
 		return exec_fail(c, rv, "read");
-	for (size_t i = 0; i < n; i++) {
-		uint32_t crc = kvp_crc32c(0, payload + i * bb, bb);
-		*p++ = (uint8_t)crc;
-		*p++ = (uint8_t)(crc >> 8);
-		*p++ = (uint8_t)(crc >> 16);
-		*p++ = (uint8_t)(crc >> 24);
-	}
+	for (size_t i = 0; i < n; i++)
+		p = kvp_wire_put_crc(p, kvp_crc32c(0, payload + i * bb, bb));
 	c->sink->buf = buf;
 	c->sink->len = (size_t)(p - buf);
 	c->replied = true;
-	c->p->counters.bytes_read += plen;
+	c->p->counters.bytes_read += n * bb;
 	return KVP_OK;
 }
 
@@ -162,20 +138,20 @@ int
 kvpd_h_read_blocks(struct call *c, const Kvpool__V1__ReadBlocksRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__ReadBlocksReply *r;
-	uint64_t bb;
+	uint64_t bb, most;
 	int rv;
 
 	if ((rv = no_exec(c)) || (rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
 	    (rv = readable(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	bb = kvp_exec_block_bytes(c->p->exec);
-	if (m->n_block_ids * (bb + 5) + REPLY_OVERHEAD > c->p->limits.max_reply_bytes)
+	most = kvp_wire_blocks_per_call(c->p->limits.max_reply_bytes, 0, bb);
+	if (m->n_block_ids > most)
 		return kvpd_fail(c, KVP_ETOOLARGE,
 		                 "%zu blocks of %llu bytes exceed max-msg-bytes %zu: read at most %llu "
 		                 "per call",
 		                 m->n_block_ids, (unsigned long long)bb, c->p->limits.max_reply_bytes,
-		                 (unsigned long long)((c->p->limits.max_reply_bytes - REPLY_OVERHEAD) /
-		                                      (bb + 5)));
+		                 (unsigned long long)most);
 	if (m->n_block_ids > 0) /* ReadBlocks is never inside a Batch: the reply is the call's own */
 		return read_in_place(c, m->block_ids, m->n_block_ids, bb);
 	if ((r = NEW(c, Kvpool__V1__ReadBlocksReply, kvpool__v1__read_blocks_reply__descriptor)) == NULL)

@@ -6,9 +6,7 @@
 
 #include "clients/c/client_impl.h"
 #include "common/crc32c.h"
-
-/* Room left in every message for the envelope. */
-#define OVERHEAD 4096u
+#include "proto/data_wire.h"
 
 #define set_detail kvp_client_fail_
 #define call kvp_client_call_
@@ -25,11 +23,8 @@ have_exec(struct kvp_client *c)
 static size_t
 per_call(const struct kvp_client *c, uint64_t unit)
 {
-	uint64_t lim = c->info.max_msg_bytes ? c->info.max_msg_bytes : (8u << 20);
-	uint64_t k = lim > OVERHEAD ? (lim - OVERHEAD) / unit : 0;
-	if (c->info.max_ids_per_call && k > c->info.max_ids_per_call)
-		k = c->info.max_ids_per_call;
-	return (size_t)k;
+	uint64_t lim = c->info.max_msg_bytes ? c->info.max_msg_bytes : KVP_WIRE_DEFAULT_MAX_MSG;
+	return (size_t)kvp_wire_units_per_call(lim, c->info.max_ids_per_call, unit);
 }
 
 static int
@@ -56,94 +51,6 @@ part_failed(struct kvp_client *c, int rv, size_t from, size_t to, size_t n)
 		memcpy(c->detail, d, sizeof(d));
 	}
 	return rv;
-}
-
-/* Reads a varint at *p (< end); false if truncated or longer than 10 bytes. */
-static bool
-get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
-{
-	uint64_t x = 0;
-	for (int shift = 0; shift < 70 && *p < end; shift += 7) {
-		uint8_t b = *(*p)++;
-		x |= (uint64_t)(b & 0x7f) << shift;
-		if (!(b & 0x80)) {
-			*v = x;
-			return true;
-		}
-	}
-	return false;
-}
-
-/* Skips a field of the given wire type; false if malformed. */
-static bool
-skip_field(const uint8_t **p, const uint8_t *end, unsigned wt)
-{
-	uint64_t v;
-	switch (wt) {
-	case 0:
-		return get_varint(p, end, &v);
-	case 1:
-		return (size_t)(end - *p) >= 8 && (*p += 8, true);
-	case 2:
-		return get_varint(p, end, &v) && v <= (uint64_t)(end - *p) && (*p += v, true);
-	case 5:
-		return (size_t)(end - *p) >= 4 && (*p += 4, true);
-	default:
-		return false;
-	}
-}
-
-/*
- * Finds a successful ReadBlocks reply's payload and packed checksums in the
- * message itself, so the payload is copied once, into the caller's buffer.
- * false for anything else (an error status, another shape): the caller
- * then decodes the message the ordinary way.
- */
-static bool
-parse_read_reply(const uint8_t *b, size_t len, uint64_t call_id, const uint8_t **payload,
-                 uint64_t *plen, const uint8_t **crc, uint64_t *clen)
-{
-	const uint8_t *p = b, *end = b + len;
-	bool found = false;
-	uint64_t tag, v;
-	while (p < end) {
-		if (!get_varint(&p, end, &tag))
-			return false;
-		unsigned field = (unsigned)(tag >> 3), wt = (unsigned)(tag & 7);
-		if (field == 1 && wt == 0) {
-			if (!get_varint(&p, end, &v) || (v != call_id && v != 0))
-				return false;
-		} else if (field == 2 && wt == 0) {
-			if (!get_varint(&p, end, &v) || v != 0)
-				return false; /* an error status */
-		} else if (field == 28 && wt == 2) {
-			const uint8_t *q, *qend;
-			if (!get_varint(&p, end, &v) || v > (uint64_t)(end - p))
-				return false;
-			q = p;
-			qend = p + v;
-			p = qend;
-			*plen = *clen = 0;
-			*payload = *crc = q;
-			while (q < qend) {
-				if (!get_varint(&q, qend, &tag))
-					return false;
-				if (tag == 0x0a || tag == 0x12) {
-					if (!get_varint(&q, qend, &v) || v > (uint64_t)(qend - q))
-						return false;
-					*(tag == 0x0a ? payload : crc) = q;
-					*(tag == 0x0a ? plen : clen) = v;
-					q += v;
-				} else if (!skip_field(&q, qend, (unsigned)(tag & 7))) {
-					return false; /* unpacked checksums and the like: the slow path */
-				}
-			}
-			found = true;
-		} else if (!skip_field(&p, end, wt)) {
-			return false;
-		}
-	}
-	return found;
 }
 
 /*
@@ -260,7 +167,7 @@ plan(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf, size_t
 	*bb = c->info.executor.block_bytes;
 	if (n > SIZE_MAX / *bb || len != n * *bb)
 		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
-	if ((*step = per_call(c, *bb + 16)) == 0)
+	if ((*step = per_call(c, *bb + KVP_WIRE_BLOCK_EXTRA)) == 0)
 		return too_large(c, *bb + 16);
 	return KVP_OK;
 }
@@ -295,10 +202,7 @@ take_blocks(struct read_job *j, size_t at, size_t k, const uint8_t *pl, const ui
             const uint32_t *crc_words)
 {
 	for (size_t i = 0; i < k; i++) {
-		uint32_t want = crc_words ? crc_words[i]
-		                          : (uint32_t)crc[4 * i] | (uint32_t)crc[4 * i + 1] << 8 |
-		                                    (uint32_t)crc[4 * i + 2] << 16 |
-		                                    (uint32_t)crc[4 * i + 3] << 24;
+		uint32_t want = crc_words ? crc_words[i] : kvp_wire_get_crc(crc, i);
 		unsigned char *dst = j->buf + (at + i) * j->bb;
 		/* Copy first, then check the copy while it is still in cache. */
 		memcpy(dst, pl + i * j->bb, j->bb);
@@ -325,7 +229,7 @@ read_done(void *arg, size_t part, uint64_t call_id, nng_msg *msg)
 	Kvpool__V1__Reply *r = NULL;
 	int rv;
 
-	if (parse_read_reply(nng_msg_body(msg), nng_msg_len(msg), call_id, &pl, &plen, &cr, &clen)) {
+	if (kvp_wire_read_reply_parse(nng_msg_body(msg), nng_msg_len(msg), call_id, &pl, &plen, &cr, &clen)) {
 		/* The fast path: the payload is copied once, out of the message. */
 		rv = plen == k * j->bb && clen == 4 * k
 		             ? take_blocks(j, at, k, pl, cr, NULL)
@@ -425,7 +329,7 @@ kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32_t *
 		return KVP_EINVAL;
 	if ((rv = have_exec(c)) != KVP_OK)
 		return rv;
-	step = per_call(c, 16);
+	step = per_call(c, KVP_WIRE_BLOCK_EXTRA); /* a pair of ids */
 	for (size_t at = 0; at < n; at += step) {
 		size_t k = n - at < step ? n - at : step;
 		Kvpool__V1__CopyBlocksRequest m = KVPOOL__V1__COPY_BLOCKS_REQUEST__INIT;
@@ -470,7 +374,7 @@ kvp_client_write_tokens(struct kvp_client *c, bool all_layers, uint32_t layer,
 	nl = all_layers ? x->num_layers : 1;
 	if (n > SIZE_MAX / (tok * nl) || kv_len != n * tok * nl)
 		return set_detail(c, KVP_EINVAL, "K/V of the wrong size for these tokens", NULL);
-	if ((step = per_call(c, 2 * tok * nl + 16)) == 0)
+	if ((step = per_call(c, 2 * tok * nl + KVP_WIRE_BLOCK_EXTRA)) == 0)
 		return too_large(c, 2 * tok * nl + 16);
 	if (step < n && nl > 1) {
 		/* Parts of [layers][n][...] are gathered layer by layer into [layers][k][...]. */
