@@ -25,6 +25,13 @@
 #define KVP_WIRE_DEFAULT_MAX_IDS 65536u      /* ids (or tokens) per call */
 #define KVP_WIRE_MAX_NAME 128u               /* pool and client names */
 
+/* Where the daemon listens and the tools dial unless told otherwise. */
+#define KVP_DEFAULT_RPC_URL "ipc:///tmp/kvpool.ipc"
+#define KVP_DEFAULT_EVENTS_URL "ipc:///tmp/kvpool-events.ipc"
+#define KVP_DEFAULT_ADMIN_URL "http://127.0.0.1:9471"
+/* Where a vLLM-wire subscriber connects by default (vLLM's default port). */
+#define KVP_DEFAULT_VLLM_URL "tcp://127.0.0.1:5557"
+
 /* Converts a wire status to the engine's (the same numbers; unknown: internal). */
 int kvp_wire_status(Kvpool__V1__Status s);
 

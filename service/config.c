@@ -7,6 +7,7 @@
 #include "common/kvp_status.h"
 #include "common/kvp_version.h"
 #include "gpu/executor.h"
+#include "proto/wire.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -15,7 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DEFAULT_RPC "ipc:///tmp/kvpool.ipc"
 #define DEFAULT_POOL "name=default,blocks=4096,block_size=16"
 
 /* The settings, in --help order. */
@@ -25,7 +25,7 @@ static const struct setting {
 	const char *help;
 } settings[] = {
 	{"rpc", "URL", "RPC endpoint to listen on; repeatable (ipc://, tcp://, tls+tcp://). "
-	               "Default " DEFAULT_RPC},
+	               "Default " KVP_DEFAULT_RPC_URL},
 	{"pool", "SPEC", "a pool to host; repeatable. SPEC is NAME:BLOCKS[:BLOCK_SIZE] or "
 	                 "key=value pairs: name, blocks, groups (KV cache groups joined by '+': "
 	                 "full:BS, sliding_window:BS:WINDOW, chunked_local:BS:CHUNK, "
@@ -41,7 +41,7 @@ static const struct setting {
 	                 "below). blocks may be left out when a memory budget sizes the pool. "
 	                 "Default " DEFAULT_POOL},
 	{"admin", "URL", "HTTP admin endpoint for /healthz, /readyz and /metrics, or 'none'. "
-	                 "Default http://127.0.0.1:9471"},
+	                 "Default " KVP_DEFAULT_ADMIN_URL},
 	{"events", "URL", "PUB endpoint for the pools' event batches (ipc://, tcp://, tls+tcp://), "
 	                  "or 'none' (with vllm-events none too, pools record no events and Replay "
 	                  "answers NOT_SUPPORTED). Default ipc:///tmp/kvpool-events.ipc"},
@@ -532,10 +532,10 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	memset(c, 0, sizeof(*c));
 	memset(&st, 0, sizeof(st));
 	st.err = err;
-	snprintf(c->rpc[0], KVPD_PATH_MAX, "%s", DEFAULT_RPC);
+	snprintf(c->rpc[0], KVPD_PATH_MAX, "%s", KVP_DEFAULT_RPC_URL);
 	c->num_rpc = 1;
-	snprintf(c->admin, KVPD_PATH_MAX, "http://127.0.0.1:9471");
-	snprintf(c->events, KVPD_PATH_MAX, "ipc:///tmp/kvpool-events.ipc");
+	snprintf(c->admin, KVPD_PATH_MAX, "%s", KVP_DEFAULT_ADMIN_URL);
+	snprintf(c->events, KVPD_PATH_MAX, "%s", KVP_DEFAULT_EVENTS_URL);
 	c->replay_batches = 10000;
 	snprintf(c->vllm.topic, KVPD_PATH_MAX, "kv@{pod}@{model}");
 	c->vllm.replay_topic = true;
@@ -543,8 +543,8 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	c->vllm.hwm = 100000;
 	c->lease_ms = 30000;
 	c->contexts = 8;
-	c->max_msg_bytes = 8u << 20;
-	c->max_ids = 65536;
+	c->max_msg_bytes = KVP_WIRE_DEFAULT_MAX_MSG;
+	c->max_ids = KVP_WIRE_DEFAULT_MAX_IDS;
 	c->max_sessions = 1024;
 	c->drain_ms = 5000;
 	c->send_timeout_ms = 5000;

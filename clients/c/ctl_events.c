@@ -12,6 +12,7 @@
 #include "clients/c/kvpoolctl.h"
 #include "clients/c/subscriber.h"
 #include "clients/c/vllm_watch.h"
+#include "proto/wire.h"
 
 void
 ctl_hex_into(char *dst, const uint8_t *b, size_t n)
@@ -129,7 +130,7 @@ int
 ctl_follow_events(struct ctl *x)
 {
 	const struct kvp_client_options *o = &x->o;
-	const char *url = x->events_url ? x->events_url : "ipc:///tmp/kvpool-events.ipc";
+	const char *url = x->events_url ? x->events_url : KVP_DEFAULT_EVENTS_URL;
 	struct follow f = {.pool = o->pool, .max = x->count};
 	struct kvp_sub_options so = {.events_url = url, .rpc_url = o->url, .pool = o->pool,
 	                             .token = o->token, .timeout_ms = o->timeout_ms,
@@ -158,7 +159,7 @@ int
 ctl_vllm_events(struct ctl *x)
 {
 	struct kvp_vllm_watch_options w = {
-		.url = x->vllm_url ? x->vllm_url : "tcp://127.0.0.1:5557",
+		.url = x->vllm_url ? x->vllm_url : KVP_DEFAULT_VLLM_URL,
 		.replay_url = x->replay_url,
 		.topic = x->topic ? x->topic : "",
 		.bind = x->bind,

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "clients/c/kvpool.h"
+#include "proto/wire.h"
 
 static struct kvp_client *c;
 
@@ -199,7 +200,7 @@ out:
 int
 main(int argc, char **argv)
 {
-	struct kvp_client_options o = {.url = argc > 1 ? argv[1] : "ipc:///tmp/kvpool.ipc",
+	struct kvp_client_options o = {.url = argc > 1 ? argv[1] : KVP_DEFAULT_RPC_URL,
 	                               .pool = argc > 2 ? argv[2] : "default",
 	                               .client_name = "kvpool-demo", .timeout_ms = 3000,
 	                               .retries = 5};

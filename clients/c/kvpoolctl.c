@@ -26,6 +26,7 @@
 
 #include "clients/c/kvpoolctl.h"
 #include "common/kvp_version.h"
+#include "proto/wire.h"
 
 static int
 parse_i64_list(const char *s, int64_t **out, size_t *n)
@@ -234,7 +235,7 @@ static const struct command commands[] = {
 	 "[--follow] [--count N]",
 	 "follow vLLM's ZMQ event wire (kvpoold --vllm-events, or vLLM itself): one JSON line per "
 	 "batch {topic, seq, batch}; gaps repaired through --replay-url. Default URL "
-	 "tcp://127.0.0.1:5557", C_VLLM, NULL},
+	 KVP_DEFAULT_VLLM_URL, C_VLLM, NULL},
 	{"help", "", "this help", C_HELP, NULL},
 };
 
@@ -525,7 +526,7 @@ main(int argc, char **argv)
 	struct ctl x = {0};
 	int code;
 
-	x.o.url = "ipc:///tmp/kvpool.ipc";
+	x.o.url = KVP_DEFAULT_RPC_URL;
 	x.o.pool = "default";
 	x.o.client_name = "kvpoolctl";
 	x.o.connect_timeout_ms = 2000;
