@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "spawn.h"
+
 /*
  * argv: extra kvpoold arguments, NULL-terminated; log_path: a file for its
  * stderr (its log), or NULL to share the test's. Returns the child's pid.
@@ -36,16 +38,7 @@ daemon_start_log(const char *const *args, const char *log_path)
 	for (size_t i = 0; args[i] && n < 62; i++)
 		argv[n++] = args[i];
 	argv[n] = NULL;
-	pid_t pid = fork();
-	if (pid == 0) {
-		/* If the test dies (an assertion, a sanitizer), the daemon goes too. */
-		prctl(PR_SET_PDEATHSIG, SIGTERM);
-		if (log_path != NULL && freopen(log_path, "w", stderr) == NULL)
-			_exit(126);
-		execv(KVPOOLD_PATH, (char *const *)argv);
-		_exit(127);
-	}
-	return pid;
+	return kvp_spawn(argv, log_path);
 }
 
 static inline pid_t
@@ -58,17 +51,7 @@ daemon_start(const char *const *args)
 static inline int
 daemon_stop(pid_t pid)
 {
-	int status = 0;
-	kill(pid, SIGTERM);
-	for (int i = 0; i < 1000; i++) {
-		if (waitpid(pid, &status, WNOHANG) == pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-		struct timespec ts = {0, 10 * 1000 * 1000};
-		nanosleep(&ts, NULL);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
-	return -1;
+	return kvp_reap(pid, 10000);
 }
 
 /* A unique ipc:// URL, tcp port and admin port for this test process. */

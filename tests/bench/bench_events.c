@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "bench_events.h"
+#include "../spawn.h"
 #include "bench_util.h"
 #include <unistd.h>
 
@@ -38,14 +39,11 @@ static char rpc_url[256], ev_url[256];
 static pid_t
 start_daemon(const char *daemon, const char *events)
 {
-	pid_t p = fork();
-	if (p == 0) {
-		execl(daemon, daemon, "--quiet", "--rpc", rpc_url, "--events", events, "--admin", "none",
-		      "--pool", "name=bench,blocks=100000,block_size=16", "--replay-batches", "20000",
-		      "--lease-ms", "600000", "--max-msg-bytes", "67108864", (char *)NULL);
-		_exit(127);
-	}
-	return p;
+	const char *argv[] = {daemon, "--quiet", "--rpc", rpc_url, "--events", events, "--admin",
+	                      "none", "--pool", "name=bench,blocks=100000,block_size=16",
+	                      "--replay-batches", "20000", "--lease-ms", "600000",
+	                      "--max-msg-bytes", "67108864", NULL};
+	return kvp_spawn(argv, NULL);
 }
 
 /* ---- subscribers ---- */
@@ -495,10 +493,7 @@ main(int argc, char **argv)
 	       "in %.1f ms\n", entries, snap_ms, (unsigned long long)replayed, replay_ms);
 	failed |= vllm_bench_run(&vb, seconds);
 	for (int t = 0; t < 2; t++) {
-		kill(daemons[t], SIGTERM);
-		int status = 0;
-		waitpid(daemons[t], &status, 0);
-		failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+		failed |= kvp_reap(daemons[t], 10000) != 0;
 	}
 	if (failed)
 		fprintf(stderr, "bench: a step failed, an index was not exact, or a daemon did not stop "

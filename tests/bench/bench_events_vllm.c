@@ -20,26 +20,22 @@
 #include <zmq.h>
 
 #include "bench_events.h"
+#include "../spawn.h"
 #include "bench_util.h"
 
 static pid_t
 spawn(const char *daemon, const char *rpc, const char *events, const char *vllm)
 {
-	pid_t p = fork();
-	if (p == 0) {
-		const char *argv[32] = {daemon, "--quiet", "--rpc", rpc, "--events", events, "--admin",
-		                        "none", "--pool", "name=bench,blocks=100000,block_size=16",
-		                        "--lease-ms", "600000", "--max-msg-bytes", "67108864"};
-		int n = 14;
-		if (vllm) {
-			argv[n++] = "--vllm-events";
-			argv[n++] = vllm;
-		}
-		argv[n] = NULL;
-		execv(daemon, (char *const *)argv);
-		_exit(127);
+	const char *argv[32] = {daemon, "--quiet", "--rpc", rpc, "--events", events, "--admin",
+	                        "none", "--pool", "name=bench,blocks=100000,block_size=16",
+	                        "--lease-ms", "600000", "--max-msg-bytes", "67108864"};
+	int n = 14;
+	if (vllm) {
+		argv[n++] = "--vllm-events";
+		argv[n++] = vllm;
 	}
-	return p;
+	argv[n] = NULL;
+	return kvp_spawn(argv, NULL);
 }
 
 void
@@ -262,10 +258,7 @@ out:
 	zmq_ctx_term(ctx);
 	pid_t d[2] = {vb->off, vb->on};
 	for (int i = 0; i < 2; i++) {
-		int status = 0;
-		kill(d[i], SIGTERM);
-		waitpid(d[i], &status, 0);
-		failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+		failed |= kvp_reap(d[i], 10000) != 0;
 	}
 	return failed;
 }

@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../spawn.h"
 #include "bench_util.h"
 #include "gpu/executor.h"
 #include "clients/c/kvpool.h"
@@ -312,13 +313,11 @@ bench_remote(const char *daemon, bool quick, const char *executor)
 	snprintf(layers, sizeof(layers), "%d", LAYERS);
 	snprintf(heads, sizeof(heads), "%d", HEADS);
 	snprintf(head, sizeof(head), "%d", HEAD);
-	pid_t child = fork(); /* before the first nng call: nng is not fork-safe */
-	if (child == 0) {
-		execl(daemon, daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none",
-		      "--events", "none", "--pool", blocks, "--kv-layers", layers, "--kv-heads", heads,
-		      "--kv-head-size", head, "--lease-ms", "60000", (char *)NULL);
-		_exit(127);
-	}
+	const char *dargv[] = {daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin",
+	                       "none", "--events", "none", "--pool", blocks, "--kv-layers", layers,
+	                       "--kv-heads", heads, "--kv-head-size", head, "--lease-ms", "60000",
+	                       NULL};
+	pid_t child = kvp_spawn(dargv, NULL); /* before the first nng call */
 	raw_source = malloc(16u << 20);
 	memset(raw_source, 9, 16u << 20);
 	if (nng_rep0_open(&raw) != 0 || nng_listen(raw, raw_ipc, NULL, 0) != 0 ||
@@ -398,13 +397,11 @@ bench_remote(const char *daemon, bool quick, const char *executor)
 	kvp_client_close(c);
 	free(buf);
 	free(tokens);
-	kill(child, SIGTERM);
-	int status = 0;
-	waitpid(child, &status, 0);
+	int status = kvp_reap(child, 10000);
 	nng_close(raw);
 	pthread_join(th, NULL);
 	free(raw_source);
-	if (failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+	if (failed || status != 0) {
 		fprintf(stderr, "bench: a call failed or the daemon did not stop cleanly\n");
 		return 1;
 	}

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
+#include "../spawn.h"
 #include "bench_util.h"
 #include <unistd.h>
 
@@ -419,14 +420,11 @@ main(int argc, char **argv)
 	snprintf(echo_tcp, sizeof(echo_tcp), "tcp://127.0.0.1:%d", 41000 + pid % 20000);
 
 	/* fork+exec before the first nng call: nng is not fork-safe. */
-	pid_t child = fork();
-	if (child == 0) {
-		execl(daemon, daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none",
-		      "--events", "none",
-		      "--pool", "name=bench,blocks=100000,block_size=16", "--contexts", "8",
-		      "--lease-ms", "60000", (char *)NULL);
-		_exit(127);
-	}
+	const char *dargv[] = {daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin",
+	                       "none", "--events", "none", "--pool",
+	                       "name=bench,blocks=100000,block_size=16", "--contexts", "8",
+	                       "--lease-ms", "60000", NULL};
+	pid_t child = kvp_spawn(dargv, NULL);
 	if (echo_start() != 0) {
 		fprintf(stderr, "bench: cannot start the echo server\n");
 		kill(child, SIGTERM);
@@ -465,11 +463,9 @@ main(int argc, char **argv)
 			}
 		}
 	}
-	kill(child, SIGTERM);
-	int status = 0;
-	waitpid(child, &status, 0);
+	int status = kvp_reap(child, 10000);
 	nng_close(echo.sock);
-	if (failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+	if (failed || status != 0) {
 		fprintf(stderr, "bench: a call failed or the daemon did not stop cleanly\n");
 		return 1;
 	}

@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../spawn.h"
 #include "bench_util.h"
 #include "clients/c/kvpool.h"
 #include "engine/manager.h"
@@ -803,29 +804,17 @@ out:
 static pid_t
 start_daemon(const char *path, const char *url, const char *events)
 {
-	pid_t child = fork();
-	if (child == 0) {
-		/* A bench that dies (a crash, ^C) takes its daemons with it. */
-		(void)prctl(PR_SET_PDEATHSIG, SIGTERM);
-		execl(path, path, "--quiet", "--rpc", url, "--admin", "none", "--events", events,
-		      "--executor", "none", "--pool",
-		      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
-		      "--lease-ms", "600000", "--max-msg-bytes", "67108864", (char *)NULL);
-		_exit(127);
-	}
-	return child;
+	const char *argv[] = {path, "--quiet", "--rpc", url, "--admin", "none", "--events", events,
+	                      "--executor", "none", "--pool",
+	                      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
+	                      "--lease-ms", "600000", "--max-msg-bytes", "67108864", NULL};
+	return kvp_spawn(argv, NULL);
 }
 
 static int
 stop_daemon(pid_t pid)
 {
-	int status = 0;
-	if (pid <= 0)
-		return -1;
-	kill(pid, SIGTERM);
-	if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		return -1;
-	return 0;
+	return kvp_reap(pid, 10000) == 0 ? 0 : -1;
 }
 
 /* ---- main ---- */
