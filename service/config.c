@@ -176,29 +176,6 @@ kvpd_cfg_copy_str(char *dst, size_t cap, const char *v)
 	return 0;
 }
 
-static int
-read_token(const char *path, char *dst, FILE *err)
-{
-	FILE *f = fopen(path, "r");
-	size_t n;
-
-	if (f == NULL) {
-		fprintf(err, "kvpoold: token file %s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	n = fread(dst, 1, KVPD_TOKEN_MAX - 1, f);
-	if (!feof(f)) {
-		fclose(f);
-		fprintf(err, "kvpoold: token file %s: longer than %d bytes\n", path, KVPD_TOKEN_MAX - 1);
-		return -1;
-	}
-	fclose(f);
-	dst[n] = '\0';
-	while (n > 0 && isspace((unsigned char)dst[n - 1]))
-		dst[--n] = '\0';
-	return 0;
-}
-
 struct state {
 	bool pools_replaced; /* the first pool from a higher source drops earlier ones */
 	bool rpc_replaced;
@@ -209,100 +186,14 @@ struct state {
 	FILE *err;
 };
 
+/* Adds one pool spec; the first from a source replaces the pools of lower ones. */
 static int
-parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
+add_pool(struct kvpd_config *c, const char *spec, struct state *st)
 {
 	struct kvpd_pool_config p;
-	char buf[2048], *save = NULL, *tok;
 
-	memset(&p, 0, sizeof(p));
-	p.exec.device = -1;
-	p.dp_rank = -1;
-	p.max_model_len = 8192;
-	p.caching = true;
-	snprintf(p.medium, sizeof(p.medium), "CPU");
-	if (kvpd_cfg_copy_str(buf, sizeof(buf), spec) != 0)
-		goto bad;
-	if (strchr(buf, '=') == NULL) {
-		char *name = strtok_r(buf, ":", &save), *blocks = strtok_r(NULL, ":", &save);
-		char *bs = strtok_r(NULL, ":", &save);
-		if (name == NULL || blocks == NULL || strtok_r(NULL, ":", &save) != NULL ||
-		    kvpd_cfg_copy_str(p.name, sizeof(p.name), name) != 0 ||
-		    kvpd_cfg_parse_u32(blocks, 1, (1u << 30), &p.num_blocks) != 0 ||
-		    (bs && kvpd_cfg_parse_u32(bs, 1, 1u << 16, &p.block_size) != 0))
-			goto bad;
-		if (bs == NULL)
-			p.block_size = 16;
-	} else {
-		for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-			char *eq = strchr(tok, '=');
-			if (eq == NULL)
-				goto bad;
-			*eq = '\0';
-			const char *k = tok, *v = eq + 1;
-			int rv = 0;
-			if (strcmp(k, "name") == 0)
-				rv = kvpd_cfg_copy_str(p.name, sizeof(p.name), v);
-			else if (strcmp(k, "blocks") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, 1u << 30, &p.num_blocks);
-			else if (strcmp(k, "block_size") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, 1u << 16, &p.block_size);
-			else if (strcmp(k, "hash_block_size") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, 1u << 16, &p.hash_block_size);
-			else if (strcmp(k, "caching") == 0)
-				rv = kvpd_cfg_parse_bool(v, &p.caching);
-			else if (strcmp(k, "groups") == 0) {
-				if (kvpd_cfg_parse_groups(&p, v, st->err) != 0)
-					return -1;
-			} else if (strcmp(k, "max_model_len") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &p.max_model_len);
-			else if (strcmp(k, "seed") == 0)
-				rv = kvpd_cfg_copy_str(p.seed, sizeof(p.seed), v), p.has_seed = true;
-			else if (strcmp(k, "hash_algo") == 0) {
-				int hr = kvp_hash_algo_parse(v, &p.hash_algo);
-				if (hr == KVP_ENOTSUP) {
-					fprintf(st->err, "kvpoold: pool hash_algo=%s is vLLM's but not "
-					                 "kvpool's (16-byte digests); use sha256 or "
-					                 "sha256_cbor\n", v);
-					return -1;
-				}
-				rv = hr == KVP_OK ? 0 : -1;
-			}
-			else if (strcmp(k, "token_file") == 0)
-				rv = read_token(v, p.token, st->err);
-			else if (strcmp(k, "medium") == 0)
-				rv = kvpd_cfg_copy_str(p.medium, sizeof(p.medium), v);
-			else if (strcmp(k, "dp_rank") == 0)
-				rv = kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p.dp_rank);
-			else if (strcmp(k, "model") == 0)
-				rv = kvpd_cfg_copy_str(p.model, sizeof(p.model), v);
-			else if (strcmp(k, "executor") == 0)
-				rv = kvpd_cfg_copy_str(p.exec.backend, sizeof(p.exec.backend), v);
-			else if (strcmp(k, "device") == 0)
-				rv = kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p.exec.device);
-			else if (strcmp(k, "layers") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &p.exec.layers);
-			else if (strcmp(k, "heads") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &p.exec.heads);
-			else if (strcmp(k, "head_size") == 0)
-				rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &p.exec.head_size);
-			else if (strcmp(k, "dtype") == 0)
-				rv = kvpd_cfg_copy_str(p.exec.dtype, sizeof(p.exec.dtype), v);
-			else if (strcmp(k, "layout") == 0)
-				rv = kvpd_cfg_copy_str(p.exec.layout, sizeof(p.exec.layout), v);
-			else if (strcmp(k, "memory") == 0)
-				rv = kvpd_cfg_copy_str(p.exec.memory, sizeof(p.exec.memory), v);
-			else
-				goto bad;
-			if (rv != 0)
-				goto bad;
-		}
-	}
-	if (p.name[0] == '\0')
-		goto bad;
-	for (const char *q = p.name; *q; q++)
-		if (!isalnum((unsigned char)*q) && *q != '-' && *q != '_' && *q != '.')
-			goto bad;
+	if (kvpd_cfg_parse_pool(spec, &p, st->err) != 0)
+		return -1;
 	if (!st->pools_replaced) {
 		c->num_pools = 0;
 		st->pools_replaced = true;
@@ -318,9 +209,30 @@ parse_pool(struct kvpd_config *c, const char *spec, struct state *st)
 	}
 	c->pools[c->num_pools++] = p;
 	return 0;
-bad:
-	fprintf(st->err, "kvpoold: bad pool spec '%s' (see --help)\n", spec);
-	return -1;
+}
+
+/* The executor's global settings: 0, -1 bad value, -2 not one of them. */
+static int
+apply_exec(struct kvpd_exec_settings *e, const char *name, const char *v)
+{
+	if (strcmp(name, "executor") == 0)
+		return kvpd_cfg_copy_str(e->backend, sizeof(e->backend), v);
+	if (strcmp(name, "device") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&e->device);
+	if (strcmp(name, "kv-layers") == 0)
+		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &e->layers);
+	if (strcmp(name, "kv-heads") == 0)
+		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &e->heads);
+	if (strcmp(name, "kv-head-size") == 0)
+		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &e->head_size);
+	if (strcmp(name, "kv-dtype") == 0)
+		return kvpd_cfg_copy_str(e->dtype, sizeof(e->dtype), v);
+	if (strcmp(name, "kv-layout") == 0)
+		return kvpd_cfg_copy_str(e->layout, sizeof(e->layout), v);
+	if (strcmp(name, "kv-memory") == 0)
+		return kvpd_cfg_copy_str(e->memory, sizeof(e->memory),
+		                         v && strcmp(v, "none") == 0 ? "" : v);
+	return -2;
 }
 
 /* Applies one setting. Returns 0, or -1 after printing why. */
@@ -337,7 +249,7 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		if (c->num_rpc < KVPD_MAX_URLS)
 			rv = kvpd_cfg_copy_str(c->rpc[c->num_rpc++], KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "pool") == 0) {
-		return parse_pool(c, v, st);
+		return add_pool(c, v, st);
 	} else if (strcmp(name, "admin") == 0) {
 		rv = kvpd_cfg_copy_str(c->admin, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "events") == 0) {
@@ -351,7 +263,7 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 			return -1;
 		}
 	} else if (strcmp(name, "token-file") == 0) {
-		rv = read_token(v, st->global_token, err);
+		rv = kvpd_cfg_read_token(v, st->global_token, err);
 		st->has_global_token = rv == 0;
 		if (rv != 0)
 			return -1;
@@ -378,22 +290,6 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_copy_str(c->tls_key, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-ca") == 0) {
 		rv = kvpd_cfg_copy_str(c->tls_ca, KVPD_PATH_MAX, v);
-	} else if (strcmp(name, "executor") == 0) {
-		rv = kvpd_cfg_copy_str(c->exec.backend, sizeof(c->exec.backend), v);
-	} else if (strcmp(name, "device") == 0) {
-		rv = kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&c->exec.device);
-	} else if (strcmp(name, "kv-layers") == 0) {
-		rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &c->exec.layers);
-	} else if (strcmp(name, "kv-heads") == 0) {
-		rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &c->exec.heads);
-	} else if (strcmp(name, "kv-head-size") == 0) {
-		rv = kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &c->exec.head_size);
-	} else if (strcmp(name, "kv-dtype") == 0) {
-		rv = kvpd_cfg_copy_str(c->exec.dtype, sizeof(c->exec.dtype), v);
-	} else if (strcmp(name, "kv-layout") == 0) {
-		rv = kvpd_cfg_copy_str(c->exec.layout, sizeof(c->exec.layout), v);
-	} else if (strcmp(name, "kv-memory") == 0) {
-		rv = kvpd_cfg_copy_str(c->exec.memory, sizeof(c->exec.memory), v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "log-level") == 0) {
 		int l = kvpd_log_level_parse(v);
 		if ((rv = l < 0 ? -1 : 0) == 0)
@@ -405,7 +301,7 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 	} else if (strcmp(name, "quiet") == 0) {
 		c->quiet = v == NULL || strcmp(v, "0") != 0;
 		rv = 0;
-	} else {
+	} else if ((rv = apply_exec(&c->exec, name, v)) == -2) {
 		fprintf(err, "kvpoold: unknown setting '%s' (see --help)\n", name);
 		return -1;
 	}
@@ -516,22 +412,20 @@ env_get(char **envp, const char *name)
 }
 
 /* A problem: stop at the first, or with --check-config count it and go on. */
-#define PROBLEM()                     \
-	do {                          \
-		if (!st.check)        \
-			return -1;    \
-		st.problems++;        \
+/*
+ * A problem found while loading: stop at the first, or (--check-config)
+ * count it and go on, so one run lists them all.
+ */
+#define PROBLEM()                      \
+	do {                           \
+		if (!st->check)        \
+			return -1;     \
+		st->problems++;        \
 	} while (0)
 
-int
-kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
+static void
+defaults(struct kvpd_config *c, struct state *st)
 {
-	struct state st;
-	const char *cfgfile = NULL;
-
-	memset(c, 0, sizeof(*c));
-	memset(&st, 0, sizeof(st));
-	st.err = err;
 	snprintf(c->rpc[0], KVPD_PATH_MAX, "%s", KVP_DEFAULT_RPC_URL);
 	c->num_rpc = 1;
 	snprintf(c->admin, KVPD_PATH_MAX, "%s", KVP_DEFAULT_ADMIN_URL);
@@ -556,10 +450,18 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	c->exec.head_size = 64;
 	snprintf(c->exec.dtype, sizeof(c->exec.dtype), "fp16");
 	snprintf(c->exec.layout, sizeof(c->exec.layout), "nhd");
-	(void)parse_pool(c, DEFAULT_POOL, &st);
-	st.pools_replaced = false;
+	(void)add_pool(c, DEFAULT_POOL, st);
+	st->pools_replaced = false;
+}
 
-	/* Pass 1: --help and the config file's path. */
+/*
+ * Pass 1 over the flags: --help and --version (1: printed, stop), the
+ * config file's path and --check-config.
+ */
+static int
+first_pass(struct kvpd_config *c, int argc, char **argv, const char **cfgfile, struct state *st,
+           FILE *out)
+{
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			kvpd_config_usage(out);
@@ -570,17 +472,18 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			return 1;
 		}
 		if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-			cfgfile = argv[i + 1];
+			*cfgfile = argv[i + 1];
 		if (strcmp(argv[i], "--check-config") == 0)
-			st.check = c->check_config = true;
+			st->check = c->check_config = true;
 	}
-	if (cfgfile == NULL)
-		cfgfile = env_get(envp, "KVPOOL_CONFIG");
-	if (cfgfile && load_file(c, cfgfile, &st, err) != 0)
-		PROBLEM();
+	return 0;
+}
 
-	/* Environment: each setting's KVPOOL_ variable, over the file. */
-	st.pools_replaced = st.rpc_replaced = false;
+/* Environment: each setting's KVPOOL_ variable, over the file. */
+static int
+from_env(struct kvpd_config *c, char **envp, struct state *st, FILE *err)
+{
+	st->pools_replaced = st->rpc_replaced = false;
 	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++) {
 		char var[64];
 		env_name(settings[i].name, var, sizeof(var));
@@ -595,18 +498,23 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 				continue;
 			}
 			for (char *t = strtok_r(list, ";", &save); t; t = strtok_r(NULL, ";", &save))
-				if (apply(c, settings[i].name, t, &st, err) != 0) {
+				if (apply(c, settings[i].name, t, st, err) != 0) {
 					fprintf(err, "kvpoold: (from %s)\n", var);
 					PROBLEM();
 				}
-		} else if (apply(c, settings[i].name, v, &st, err) != 0) {
+		} else if (apply(c, settings[i].name, v, st, err) != 0) {
 			fprintf(err, "kvpoold: (from %s)\n", var);
 			PROBLEM();
 		}
 	}
+	return 0;
+}
 
-	/* Flags, over everything. */
-	st.pools_replaced = st.rpc_replaced = false;
+/* Flags, over everything. */
+static int
+from_flags(struct kvpd_config *c, int argc, char **argv, struct state *st, FILE *err)
+{
+	st->pools_replaced = st->rpc_replaced = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = NULL;
 		char name[64];
@@ -636,13 +544,20 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		}
 		if (strcmp(name, "config") == 0 || strcmp(name, "check-config") == 0)
 			continue;
-		if (apply(c, name, v, &st, err) != 0)
+		if (apply(c, name, v, st, err) != 0)
 			PROBLEM();
 	}
-	if (st.has_global_token)
+	return 0;
+}
+
+/* After every source: the global token, each pool's derived settings, TLS. */
+static int
+resolve(struct kvpd_config *c, struct state *st, FILE *err)
+{
+	if (st->has_global_token)
 		for (size_t i = 0; i < c->num_pools; i++)
 			if (c->pools[i].token[0] == '\0')
-				memcpy(c->pools[i].token, st.global_token, sizeof(st.global_token));
+				memcpy(c->pools[i].token, st->global_token, sizeof(st->global_token));
 	for (size_t i = 0; i < c->num_pools; i++)
 		if (kvpd_cfg_resolve_groups(&c->pools[i], err) != 0 ||
 		    kvpd_cfg_resolve_exec(c, &c->pools[i], err) != 0)
@@ -662,10 +577,33 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 			fprintf(err, "kvpoold: %s needs tls-cert and tls-key\n", c->rpc[i]);
 			PROBLEM();
 		}
-	if (st.check) {
-		st.problems += kvpd_cfg_check_more(c, err);
-		if (st.problems > 0) {
-			fprintf(err, "kvpoold: %u problem(s) in the configuration\n", st.problems);
+	return 0;
+}
+
+int
+kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
+{
+	struct state state, *st = &state;
+	const char *cfgfile = NULL;
+	int rv;
+
+	memset(c, 0, sizeof(*c));
+	memset(st, 0, sizeof(*st));
+	st->err = err;
+	defaults(c, st);
+	if ((rv = first_pass(c, argc, argv, &cfgfile, st, out)) != 0)
+		return rv;
+	if (cfgfile == NULL)
+		cfgfile = env_get(envp, "KVPOOL_CONFIG");
+	if (cfgfile && load_file(c, cfgfile, st, err) != 0)
+		PROBLEM();
+	if (from_env(c, envp, st, err) != 0 || from_flags(c, argc, argv, st, err) != 0 ||
+	    resolve(c, st, err) != 0)
+		return -1;
+	if (st->check) {
+		st->problems += kvpd_cfg_check_more(c, err);
+		if (st->problems > 0) {
+			fprintf(err, "kvpoold: %u problem(s) in the configuration\n", st->problems);
 			return -1;
 		}
 	}

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * config_impl.h: what config.c shares with its parts (config_vllm.c).
+ * config_impl.h: what config.c shares with its parts (config_*.c).
  * Internal to the daemon's configuration; used once at start.
  */
 #ifndef KVPD_CONFIG_IMPL_H
@@ -21,6 +21,14 @@ int kvpd_cfg_copy_str(char *dst, size_t cap, const char *v);
 
 /* Fills a pool's unset executor settings from the globals and checks them: 0, or -1 after printing. */
 int kvpd_cfg_resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, FILE *err);
+
+/*
+ * Parses one pool spec (NAME:BLOCKS[:BLOCK_SIZE] or key=value items) into
+ * *out, defaults filled: 0, or -1 after printing why (*out unchanged).
+ */
+int kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *err);
+/* Reads a token file (trailing whitespace dropped) into dst: 0, or -1 after printing why. */
+int kvpd_cfg_read_token(const char *path, char *dst, FILE *err);
 
 /* One groups= value of a pool spec: 0, or -1 after printing why. */
 int kvpd_cfg_parse_groups(struct kvpd_pool_config *p, const char *v, FILE *err);

@@ -1,11 +1,170 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A pool's KV cache groups in its spec: parsed, defaulted as vLLM does, checked. */
+/*
+ * A pool spec (--pool, KVPOOL_POOL, pool = ...): parsed into one pool's
+ * settings; its KV cache groups defaulted as vLLM does and checked.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "common/block_hash.h"
 #include "common/kvp_status.h"
+#include "gpu/executor.h"
 #include "service/config.h"
 #include "service/config_impl.h"
+
+int
+kvpd_cfg_read_token(const char *path, char *dst, FILE *err)
+{
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	if (f == NULL) {
+		fprintf(err, "kvpoold: token file %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	n = fread(dst, 1, KVPD_TOKEN_MAX - 1, f);
+	if (!feof(f)) {
+		fclose(f);
+		fprintf(err, "kvpoold: token file %s: longer than %d bytes\n", path, KVPD_TOKEN_MAX - 1);
+		return -1;
+	}
+	fclose(f);
+	dst[n] = '\0';
+	while (n > 0 && isspace((unsigned char)dst[n - 1]))
+		dst[--n] = '\0';
+	return 0;
+}
+
+/* The short form NAME:BLOCKS[:BLOCK_SIZE] (buf is modified): 0 or -1. */
+static int
+short_form(struct kvpd_pool_config *p, char *buf)
+{
+	char *save = NULL, *name = strtok_r(buf, ":", &save), *blocks = strtok_r(NULL, ":", &save);
+	char *bs = strtok_r(NULL, ":", &save);
+	if (name == NULL || blocks == NULL || strtok_r(NULL, ":", &save) != NULL ||
+	    kvpd_cfg_copy_str(p->name, sizeof(p->name), name) != 0 ||
+	    kvpd_cfg_parse_u32(blocks, 1, (1u << 30), &p->num_blocks) != 0 ||
+	    (bs && kvpd_cfg_parse_u32(bs, 1, 1u << 16, &p->block_size) != 0))
+		return -1;
+	if (bs == NULL)
+		p->block_size = 16;
+	return 0;
+}
+
+/* An executor item of a pool spec: 0, -1 bad value, -2 not an executor key. */
+static int
+exec_item(struct kvpd_exec_settings *e, const char *k, const char *v)
+{
+	if (strcmp(k, "executor") == 0)
+		return kvpd_cfg_copy_str(e->backend, sizeof(e->backend), v);
+	if (strcmp(k, "device") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&e->device);
+	if (strcmp(k, "layers") == 0)
+		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &e->layers);
+	if (strcmp(k, "heads") == 0)
+		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &e->heads);
+	if (strcmp(k, "head_size") == 0)
+		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &e->head_size);
+	if (strcmp(k, "dtype") == 0)
+		return kvpd_cfg_copy_str(e->dtype, sizeof(e->dtype), v);
+	if (strcmp(k, "layout") == 0)
+		return kvpd_cfg_copy_str(e->layout, sizeof(e->layout), v);
+	if (strcmp(k, "memory") == 0)
+		return kvpd_cfg_copy_str(e->memory, sizeof(e->memory), v);
+	return -2;
+}
+
+/*
+ * One key=value item: 0, -1 bad (the caller names the spec), -2 bad and
+ * already explained.
+ */
+static int
+pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
+{
+	if (strcmp(k, "name") == 0)
+		return kvpd_cfg_copy_str(p->name, sizeof(p->name), v);
+	if (strcmp(k, "blocks") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 30, &p->num_blocks);
+	if (strcmp(k, "block_size") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 16, &p->block_size);
+	if (strcmp(k, "hash_block_size") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 16, &p->hash_block_size);
+	if (strcmp(k, "caching") == 0)
+		return kvpd_cfg_parse_bool(v, &p->caching);
+	if (strcmp(k, "groups") == 0)
+		return kvpd_cfg_parse_groups(p, v, err) != 0 ? -2 : 0;
+	if (strcmp(k, "max_model_len") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 24, &p->max_model_len);
+	if (strcmp(k, "seed") == 0) {
+		p->has_seed = true;
+		return kvpd_cfg_copy_str(p->seed, sizeof(p->seed), v);
+	}
+	if (strcmp(k, "hash_algo") == 0) {
+		int hr = kvp_hash_algo_parse(v, &p->hash_algo);
+		if (hr == KVP_ENOTSUP) {
+			fprintf(err, "kvpoold: pool hash_algo=%s is vLLM's but not kvpool's (16-byte "
+			             "digests); use sha256 or sha256_cbor\n", v);
+			return -2;
+		}
+		return hr == KVP_OK ? 0 : -1;
+	}
+	if (strcmp(k, "token_file") == 0)
+		return kvpd_cfg_read_token(v, p->token, err);
+	if (strcmp(k, "medium") == 0)
+		return kvpd_cfg_copy_str(p->medium, sizeof(p->medium), v);
+	if (strcmp(k, "dp_rank") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p->dp_rank);
+	if (strcmp(k, "model") == 0)
+		return kvpd_cfg_copy_str(p->model, sizeof(p->model), v);
+	int rv = exec_item(&p->exec, k, v);
+	return rv == -2 ? -1 : rv;
+}
+
+int
+kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *err)
+{
+	struct kvpd_pool_config p;
+	char buf[2048], *save = NULL;
+	int rv = 0;
+
+	memset(&p, 0, sizeof(p));
+	p.exec.device = -1;
+	p.dp_rank = -1;
+	p.max_model_len = 8192;
+	p.caching = true;
+	snprintf(p.medium, sizeof(p.medium), "CPU");
+	if (kvpd_cfg_copy_str(buf, sizeof(buf), spec) != 0)
+		rv = -1;
+	else if (strchr(buf, '=') == NULL)
+		rv = short_form(&p, buf);
+	else
+		for (char *t = strtok_r(buf, ",", &save); t && rv == 0; t = strtok_r(NULL, ",", &save)) {
+			char *eq = strchr(t, '=');
+			if (eq == NULL) {
+				rv = -1;
+				break;
+			}
+			*eq = '\0';
+			rv = pool_item(&p, t, eq + 1, err);
+		}
+	if (rv == -2)
+		return -1;
+	if (rv == 0 && p.name[0] == '\0')
+		rv = -1;
+	for (const char *q = p.name; rv == 0 && *q; q++)
+		if (!isalnum((unsigned char)*q) && *q != '-' && *q != '_' && *q != '.')
+			rv = -1;
+	if (rv != 0) {
+		fprintf(err, "kvpoold: bad pool spec '%s' (see --help)\n", spec);
+		return -1;
+	}
+	*out = p;
+	return 0;
+}
 
 int
 kvpd_cfg_parse_groups(struct kvpd_pool_config *p, const char *v, FILE *err)
