@@ -113,6 +113,42 @@ reaper_main(void *arg)
 	}
 }
 
+static void
+log_starting(void)
+{
+	char pid[24];
+	snprintf(pid, sizeof(pid), "%d", (int)getpid());
+	struct kvpd_log_field f[] = {
+		{"version", KVP_VERSION}, {"commit", KVP_GIT_COMMIT}, {"pid", pid}};
+	kvpd_log_fields(KVPD_INFO, "main", "starting", f, 3);
+}
+
+static void
+log_ready(const struct kvpd_config *cfg, bool admin, bool vllm)
+{
+	char pools[24], rpc[2048] = "";
+	size_t k = 0;
+	snprintf(pools, sizeof(pools), "%zu", cfg->num_pools);
+	for (size_t i = 0; i < cfg->num_rpc && k < sizeof(rpc); i++)
+		k += (size_t)snprintf(rpc + k, sizeof(rpc) - k, "%s%s", i ? " " : "", cfg->rpc[i]);
+	struct kvpd_log_field f[] = {
+		{"pools", pools}, {"rpc", rpc}, {"events", cfg->events[0] ? cfg->events : "none"},
+		{"admin", admin ? cfg->admin : "none"},
+		{"vllm_events", vllm ? cfg->vllm.endpoint : "none"},
+		{"vllm_replay", vllm && cfg->vllm.replay[0] ? cfg->vllm.replay : "none"}};
+	kvpd_log_fields(KVPD_INFO, "main", "ready", f, sizeof(f) / sizeof(f[0]));
+}
+
+static void
+log_draining(int sig, uint32_t drain_ms)
+{
+	char drain[24];
+	snprintf(drain, sizeof(drain), "%u", drain_ms);
+	struct kvpd_log_field f[] = {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+	                             {"drain_ms", drain}};
+	kvpd_log_fields(KVPD_INFO, "main", "draining", f, 2);
+}
+
 int
 main(int argc, char **argv, char **envp)
 {
@@ -136,13 +172,7 @@ main(int argc, char **argv, char **envp)
 	}
 	kvpd_log_setup(stderr, (enum kvpd_log_level)cfg.log_level,
 	               (enum kvpd_log_format)cfg.log_format);
-	{
-		char pid[24];
-		snprintf(pid, sizeof(pid), "%d", (int)getpid());
-		struct kvpd_log_field f[] = {
-			{"version", KVP_VERSION}, {"commit", KVP_GIT_COMMIT}, {"pid", pid}};
-		kvpd_log_fields(KVPD_INFO, "main", "starting", f, 3);
-	}
+	log_starting();
 	if (!cfg.quiet)
 		log_config(&cfg);
 	/* Block the stop signals in every thread (nng's inherit this mask) and
@@ -187,28 +217,10 @@ main(int argc, char **argv, char **envp)
 		return fail("cannot start the lease reaper", "out of threads");
 	}
 	atomic_store(&ready, true);
-	{
-		char pools[24], rpc[2048] = "";
-		size_t k = 0;
-		snprintf(pools, sizeof(pools), "%zu", cfg.num_pools);
-		for (size_t i = 0; i < cfg.num_rpc && k < sizeof(rpc); i++)
-			k += (size_t)snprintf(rpc + k, sizeof(rpc) - k, "%s%s", i ? " " : "", cfg.rpc[i]);
-		struct kvpd_log_field f[] = {
-			{"pools", pools}, {"rpc", rpc}, {"events", cfg.events[0] ? cfg.events : "none"},
-			{"admin", admin ? cfg.admin : "none"},
-			{"vllm_events", vllm ? cfg.vllm.endpoint : "none"},
-			{"vllm_replay", vllm && cfg.vllm.replay[0] ? cfg.vllm.replay : "none"}};
-		kvpd_log_fields(KVPD_INFO, "main", "ready", f, sizeof(f) / sizeof(f[0]));
-	}
+	log_ready(&cfg, admin != NULL, vllm != NULL);
 
 	sigwait(&sigs, &sig);
-	{
-		char drain[24];
-		snprintf(drain, sizeof(drain), "%u", cfg.drain_ms);
-		struct kvpd_log_field f[] = {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
-		                             {"drain_ms", drain}};
-		kvpd_log_fields(KVPD_INFO, "main", "draining", f, 2);
-	}
+	log_draining(sig, cfg.drain_ms);
 	atomic_store(&ready, false); /* /readyz turns 503 while draining */
 	kvpd_transport_close(tr, cfg.drain_ms);
 	kvpd_admin_close(admin);

@@ -117,42 +117,30 @@ kvpd_metrics_process(struct out *o)
 	}
 }
 
-char *
-kvpd_metrics_render(struct kvpd_server *s)
-{
-	size_t np = kvpd_server_num_pools(s);
-	struct out o = {.buf = malloc(16384), .cap = 16384};
-	struct kvpd_pool_gauges *g = calloc(np ? np : 1, sizeof(*g));
-	struct kvpd_pool_counters *c = calloc(np ? np : 1, sizeof(*c));
-
-	if (o.buf == NULL || g == NULL || c == NULL) {
-		free(o.buf);
-		free(g);
-		free(c);
-		return NULL;
-	}
-	for (size_t i = 0; i < np; i++) {
-		kvpd_server_pool_gauges(s, i, &g[i]);
-		kvpd_server_pool_counters(s, i, &c[i]);
-	}
 #define GAUGE(name, text, expr)                                                          \
 	do {                                                                             \
-		help(&o, "kvpool_" name, "gauge", text);                                 \
+		help(o, "kvpool_" name, "gauge", text);                                 \
 		for (size_t i = 0; i < np; i++)                                          \
-			put(&o, "kvpool_" name "{pool=\"%s\"} %.17g\n",                  \
+			put(o, "kvpool_" name "{pool=\"%s\"} %.17g\n",                  \
 			    kvpd_server_pool_name(s, i), (double)(expr));                \
 	} while (0)
 /* A counter per pool, for the pools where `when` holds. */
 #define COUNTER_WHERE(name, text, when, expr)                                            \
 	do {                                                                             \
-		help(&o, "kvpool_" name, "counter", text);                               \
+		help(o, "kvpool_" name, "counter", text);                               \
 		for (size_t i = 0; i < np; i++)                                          \
 			if (when)                                                        \
-				put(&o, "kvpool_" name "{pool=\"%s\"} %llu\n",           \
+				put(o, "kvpool_" name "{pool=\"%s\"} %llu\n",           \
 				    kvpd_server_pool_name(s, i),                         \
 				    (unsigned long long)(expr));                         \
 	} while (0)
 #define COUNTER(name, text, expr) COUNTER_WHERE(name, text, 1, expr)
+
+/* Each pool's gauges and counters. */
+static void
+render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_pool_gauges *g,
+             const struct kvpd_pool_counters *c)
+{
 	GAUGE("blocks", "Blocks in the pool, the null block included.", g[i].num_blocks);
 	GAUGE("blocks_free", "Free blocks, evictable cached blocks included.", g[i].num_free);
 	GAUGE("blocks_cached", "Blocks holding a cached hash.", g[i].num_cached_blocks);
@@ -187,7 +175,13 @@ kvpd_metrics_render(struct kvpd_server *s)
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);
+}
 
+/* The vLLM-wire publisher's counters, for the pools that have one. */
+static void
+render_vllm(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_pool_gauges *g,
+            const struct kvpd_pool_counters *c)
+{
 	bool any_vllm = false;
 	for (size_t i = 0; i < np; i++)
 		any_vllm |= c[i].vllm_on;
@@ -205,17 +199,24 @@ kvpd_metrics_render(struct kvpd_server *s)
 		              "vLLM-wire batches not sent or not encoded (their seq is skipped).",
 		              c[i].vllm_on, c[i].vllm_send_failures);
 	}
-	help(&o, "kvpool_build_info", "gauge", "The daemon's version and commit; always 1.");
-	put(&o, "kvpool_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVP_VERSION, KVP_GIT_COMMIT);
-	help(&o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
+}
+
+/* Build information, then RPC calls and their latency, by call. */
+static void
+render_rpc(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_pool_gauges *g,
+           const struct kvpd_pool_counters *c)
+{
+	help(o, "kvpool_build_info", "gauge", "The daemon's version and commit; always 1.");
+	put(o, "kvpool_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVP_VERSION, KVP_GIT_COMMIT);
+	help(o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
 	for (size_t i = 0; i < np; i++)
 		for (int call = 0; call < KVPD_NUM_CALLS; call++)
 			for (int st = 0; st < KVPD_NUM_STATUS; st++)
 				if (c[i].by_call[call][st] > 0 && kvpd_call_name(call))
-					put(&o, "kvpool_rpc_calls_total{pool=\"%s\",call=\"%s\",status=\"%s\"} %llu\n",
+					put(o, "kvpool_rpc_calls_total{pool=\"%s\",call=\"%s\",status=\"%s\"} %llu\n",
 					    kvpd_server_pool_name(s, i), kvpd_call_name(call),
 					    kvp_status_wire_name(st), (unsigned long long)c[i].by_call[call][st]);
-	help(&o, "kvpool_rpc_latency_seconds", "histogram",
+	help(o, "kvpool_rpc_latency_seconds", "histogram",
 	     "Time to handle an RPC by call, lock wait included, network excluded.");
 	for (size_t i = 0; i < np; i++) {
 		const char *pool = kvpd_server_pool_name(s, i);
@@ -234,19 +235,39 @@ kvpd_metrics_render(struct kvpd_server *s)
 					snprintf(le, sizeof(le), "%g", kvpd_latency_bounds[b]);
 				else
 					snprintf(le, sizeof(le), "+Inf");
-				put(&o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",call=\"%s\",le=\"%s\"} "
+				put(o, "kvpool_rpc_latency_seconds_bucket{pool=\"%s\",call=\"%s\",le=\"%s\"} "
 				        "%llu\n", pool, name, le, (unsigned long long)cum);
 			}
-			put(&o, "kvpool_rpc_latency_seconds_sum{pool=\"%s\",call=\"%s\"} %.9f\n", pool,
+			put(o, "kvpool_rpc_latency_seconds_sum{pool=\"%s\",call=\"%s\"} %.9f\n", pool,
 			    name, c[i].latency_sum[call]);
-			put(&o, "kvpool_rpc_latency_seconds_count{pool=\"%s\",call=\"%s\"} %llu\n", pool,
+			put(o, "kvpool_rpc_latency_seconds_count{pool=\"%s\",call=\"%s\"} %llu\n", pool,
 			    name, (unsigned long long)cum);
 		}
 	}
+}
+
+char *
+kvpd_metrics_render(struct kvpd_server *s)
+{
+	size_t np = kvpd_server_num_pools(s);
+	struct out o = {.buf = malloc(16384), .cap = 16384};
+	struct kvpd_pool_gauges *g = calloc(np ? np : 1, sizeof(*g));
+	struct kvpd_pool_counters *c = calloc(np ? np : 1, sizeof(*c));
+
+	if (o.buf == NULL || g == NULL || c == NULL) {
+		free(o.buf);
+		free(g);
+		free(c);
+		return NULL;
+	}
+	for (size_t i = 0; i < np; i++) {
+		kvpd_server_pool_gauges(s, i, &g[i]);
+		kvpd_server_pool_counters(s, i, &c[i]);
+	}
+	render_pools(&o, s, np, g, c);
+	render_vllm(&o, s, np, g, c);
+	render_rpc(&o, s, np, g, c);
 	kvpd_metrics_process(&o);
-#undef GAUGE
-#undef COUNTER
-#undef COUNTER_WHERE
 	free(g);
 	free(c);
 	if (o.failed) {
@@ -255,3 +276,7 @@ kvpd_metrics_render(struct kvpd_server *s)
 	}
 	return o.buf;
 }
+
+#undef GAUGE
+#undef COUNTER
+#undef COUNTER_WHERE
