@@ -439,6 +439,18 @@ test_service_bad_calls_get_clear_statuses(void **state)
 	struct kvp_client_lookup lq = {.hashes = (uint8_t[32]){7}, .num_hashes = 1,
 	                               .group_ids = (uint32_t[]){1}, .num_groups = 1};
 	assert_status(kvp_client_lookup(c, &lq, ids, 128, &nhit, &htok), KVP_EINVAL);
+	/* Arguments that contradict themselves are refused before anything is sent, by the
+	 * direct call and the batch alike (one builder serves both). */
+	struct kvp_client_cache cn = {.block_ids = NULL, .num_block_ids = 3, .num_full_blocks = 1};
+	struct kvp_batch *bn;
+	assert_status(kvp_client_cache(c, &cn, NULL), KVP_EINVAL);
+	assert_ok(kvp_batch_create(&bn));
+	assert_status(kvp_batch_cache(bn, &cn), KVP_EINVAL);
+	assert_status(kvp_batch_cache(bn, NULL), KVP_EINVAL);
+	assert_status(kvp_batch_lookup(bn, NULL), KVP_EINVAL);
+	assert_status(kvp_batch_allocate_slots(bn, NULL), KVP_EINVAL);
+	assert_int_equal(kvp_batch_count(bn), 0);
+	kvp_batch_destroy(bn);
 	assert_ok(kvp_client_free(c, &mine, 1));
 	/* A session that never said Hello. */
 	o.pool = "default";

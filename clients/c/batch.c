@@ -12,8 +12,6 @@
 #include "clients/c/client_impl.h"
 #include "proto/wire.h"
 
-#define set_detail kvp_client_fail_
-
 /* ---- batches ---- */
 
 /* Bump allocation in chunks, reset (not freed) when the batch is cleared. */
@@ -294,40 +292,32 @@ kvp_batch_evict(struct kvp_batch *b, const int32_t *ids, size_t n)
 	return batch_ids(b, KVPOOL__V1__BATCH_CALL__CALL_EVICT, ids, n);
 }
 
+/*
+ * The arrays a built request points at, made the batch's own (copied, or
+ * kept as the caller's under KVP_BATCH_BORROW). false on ENOMEM.
+ */
+#define OWN(b, field, n) ((field) == NULL || ((field) = ref((b), (field), (n))) != NULL)
+
 int
 kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 {
 	Kvpool__V1__BatchCall *call;
 	Kvpool__V1__CacheRequest *m;
-	if (b == NULL || a == NULL || (a->block_ids == NULL && a->num_block_ids > 0))
+	int rv;
+
+	if (b == NULL)
 		return KVP_EINVAL;
 	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	kvpool__v1__cache_request__init(m);
-	m->block_ids = ref(b, a->block_ids, a->num_block_ids * sizeof(int32_t));
-	m->n_block_ids = a->num_block_ids;
-	m->num_cached_blocks = a->num_cached_blocks;
-	m->num_full_blocks = a->num_full_blocks;
-	m->group_id = a->group_id;
-	m->block_size = a->block_size;
-	if (a->hashes) {
-		m->block_hashes.len = a->num_hashes * KVP_HASH_LEN;
-		m->block_hashes.data = ref(b, a->hashes, m->block_hashes.len);
-	}
-	if (a->tokens) {
-		m->token_ids = ref(b, a->tokens, a->num_tokens * sizeof(int64_t));
-		m->n_token_ids = a->num_tokens;
-	}
-	if (a->parent_hash) {
-		if ((m->parent_hash.data = ref(b, a->parent_hash, KVP_HASH_LEN)) == NULL)
-			return KVP_ENOMEM;
-		m->parent_hash.len = KVP_HASH_LEN;
-	}
+	if ((rv = kvp_build_cache_(m, a)) != KVP_OK)
+		return rv;
+	if (!OWN(b, m->block_ids, m->n_block_ids * sizeof(int32_t)) ||
+	    !OWN(b, m->block_hashes.data, m->block_hashes.len) ||
+	    !OWN(b, m->token_ids, m->n_token_ids * sizeof(int64_t)) ||
+	    !OWN(b, m->parent_hash.data, m->parent_hash.len))
+		return KVP_ENOMEM;
 	if ((a->keys || a->has_lora_id) &&
 	    (m->keys = own_keys(b, a->keys, a->has_lora_id, a->lora_id)) == NULL)
-		return KVP_ENOMEM;
-	if (m->block_ids == NULL || (a->hashes && m->block_hashes.data == NULL) ||
-	    (a->tokens && m->token_ids == NULL))
 		return KVP_ENOMEM;
 	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_CACHE, m);
 }
@@ -337,27 +327,18 @@ kvp_batch_lookup(struct kvp_batch *b, const struct kvp_client_lookup *q)
 {
 	Kvpool__V1__BatchCall *call;
 	Kvpool__V1__LookupRequest *m;
-	if (b == NULL || q == NULL)
+	int rv;
+
+	if (b == NULL)
 		return KVP_EINVAL;
 	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	kvpool__v1__lookup_request__init(m);
-	if (q->hashes) {
-		m->block_hashes.len = q->num_hashes * KVP_HASH_LEN;
-		if ((m->block_hashes.data = ref(b, q->hashes, m->block_hashes.len)) == NULL)
-			return KVP_ENOMEM;
-	}
-	if (q->tokens) {
-		if ((m->token_ids = ref(b, q->tokens, q->num_tokens * sizeof(int64_t))) == NULL)
-			return KVP_ENOMEM;
-		m->n_token_ids = q->num_tokens;
-	}
-	if (q->group_ids) {
-		if ((m->group_ids = ref(b, q->group_ids, q->num_groups * sizeof(uint32_t))) == NULL)
-			return KVP_ENOMEM;
-		m->n_group_ids = q->num_groups;
-	}
-	m->block_size = q->block_size;
+	if ((rv = kvp_build_lookup_(m, q)) != KVP_OK)
+		return rv;
+	if (!OWN(b, m->block_hashes.data, m->block_hashes.len) ||
+	    !OWN(b, m->token_ids, m->n_token_ids * sizeof(int64_t)) ||
+	    !OWN(b, m->group_ids, m->n_group_ids * sizeof(uint32_t)))
+		return KVP_ENOMEM;
 	if (q->keys && (m->keys = own_keys(b, q->keys, false, 0)) == NULL)
 		return KVP_ENOMEM;
 	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_LOOKUP, m);
@@ -368,33 +349,24 @@ kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a)
 {
 	Kvpool__V1__BatchCall *call;
 	Kvpool__V1__AllocateSlotsRequest *m;
-	if (b == NULL || a == NULL)
+	int rv;
+
+	if (b == NULL)
 		return KVP_EINVAL;
 	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	kvpool__v1__allocate_slots_request__init(m);
-	m->request_id = a->request_id;
-	if (a->prompt) {
-		if ((m->prompt_token_ids = ref(b, a->prompt, a->num_prompt * sizeof(int64_t))) == NULL)
-			return KVP_ENOMEM;
-		m->n_prompt_token_ids = a->num_prompt;
-	}
-	if (a->new_tokens) {
-		m->new_token_ids = ref(b, a->new_tokens, a->num_new_token_ids * sizeof(int64_t));
-		if (m->new_token_ids == NULL)
-			return KVP_ENOMEM;
-		m->n_new_token_ids = a->num_new_token_ids;
-	}
-	m->num_new_tokens = a->num_new_tokens;
-	m->token_budget = a->token_budget;
-	m->num_lookahead_tokens = a->num_lookahead_tokens;
-	m->use_prefix_cache = a->use_prefix_cache;
-	m->delay_cache_blocks = a->delay_cache_blocks;
+	if ((rv = kvp_build_slots_(m, a)) != KVP_OK)
+		return rv;
+	if (!OWN(b, m->prompt_token_ids, m->n_prompt_token_ids * sizeof(int64_t)) ||
+	    !OWN(b, m->new_token_ids, m->n_new_token_ids * sizeof(int64_t)))
+		return KVP_ENOMEM;
 	if ((a->keys || a->has_lora_id) &&
 	    (m->keys = own_keys(b, a->keys, a->has_lora_id, a->lora_id)) == NULL)
 		return KVP_ENOMEM;
 	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS, m);
 }
+
+#undef OWN
 
 int
 kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preempt)
@@ -457,7 +429,7 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 	m.continue_on_error = (b->flags & KVP_BATCH_CONTINUE) != 0;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
 	rq.batch = &m;
-	/* Like call(), but a failed batch still carries the replies of what ran. */
+	/* Like kvp_client_call_(), but a failed batch still carries the replies of what ran. */
 	if ((rv = kvp_client_send_(c, &rq, &msg)) != KVP_OK)
 		return rv;
 	b->sent_bytes = c->last_sent;
@@ -467,11 +439,11 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 	nng_msg_free(msg);
 	if (b->reply == NULL) {
 		drop_results(b);
-		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
 	}
 	if (b->reply->call_id != rq.call_id && b->reply->call_id != 0) {
 		drop_results(b);
-		return set_detail(c, KVP_EINTERNAL, "reply to another call", NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "reply to another call", NULL);
 	}
 	rv = kvp_wire_status(b->reply->status);
 	if (b->reply->result_case == KVPOOL__V1__REPLY__RESULT_BATCH) {
@@ -479,7 +451,7 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 		if (*num_run > b->n) {
 			drop_results(b);
 			*num_run = 0;
-			return set_detail(c, KVP_EINTERNAL, "more replies than calls in the batch", NULL);
+			return kvp_client_fail_(c, KVP_EINTERNAL, "more replies than calls in the batch", NULL);
 		}
 	}
 	c->detail[0] = '\0';

@@ -12,16 +12,12 @@
 #include "clients/c/client_impl.h"
 #include "proto/wire.h"
 
-#define MAX_MM 256
-
 int
 kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const char *arg)
 {
 	snprintf(c->detail, sizeof(c->detail), fmt, arg ? arg : "");
 	return status;
 }
-#define set_detail kvp_client_fail_
-
 /*
  * One round trip: the request is rq packed straight into the message (or
  * the raw bytes req when rq is NULL), sent again, same call id, after a
@@ -38,7 +34,7 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
 		nng_msg *msg;
 		if (nng_msg_alloc(&msg, len) != 0)
-			return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+			return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 		if (rq != NULL)
 			kvpool__v1__request__pack(rq, nng_msg_body(msg));
 		else if (len > 0)
@@ -48,17 +44,17 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 			nng_msg_free(msg);
 			if (rv == NNG_ETIMEDOUT)
 				continue;
-			return set_detail(c, KVP_EINTERNAL, "send: %s", nng_strerror(rv));
+			return kvp_client_fail_(c, KVP_EINTERNAL, "send: %s", nng_strerror(rv));
 		}
 		if ((rv = nng_recvmsg(c->sock, &msg, 0)) == NNG_ETIMEDOUT)
 			continue;
 		if (rv != 0)
-			return set_detail(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
+			return kvp_client_fail_(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
 		*reply = msg;
 		return KVP_OK;
 	}
-	return set_detail(c, KVP_EBUSY, "no reply from the daemon after retries (%s)",
-	                  nng_strerror(rv));
+	return kvp_client_fail_(c, KVP_EBUSY, "no reply from the daemon after retries (%s)",
+	                        nng_strerror(rv));
 }
 
 int
@@ -74,7 +70,7 @@ kvp_client_raw(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **r
 	*reply_len = nng_msg_len(msg);
 	if ((*reply = malloc(*reply_len ? *reply_len : 1)) == NULL) {
 		nng_msg_free(msg);
-		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+		return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 	}
 	memcpy(*reply, nng_msg_body(msg), *reply_len);
 	nng_msg_free(msg);
@@ -110,14 +106,14 @@ kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg, Kvpool_
 	r = kvpool__v1__reply__unpack(NULL, nng_msg_len(msg), nng_msg_body(msg));
 	nng_msg_free(msg);
 	if (r == NULL)
-		return set_detail(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);
 	if (r->call_id != call_id && r->call_id != 0) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINTERNAL, "reply to another call", NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "reply to another call", NULL);
 	}
 	rv = kvp_wire_status(r->status);
 	if (rv != KVP_OK) {
-		set_detail(c, rv, "%s", r->detail);
+		kvp_client_fail_(c, rv, "%s", r->detail);
 		kvpool__v1__reply__free_unpacked(r, NULL);
 		return rv;
 	}
@@ -125,23 +121,21 @@ kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg, Kvpool_
 	*out = r;
 	return KVP_OK;
 }
-#define call kvp_client_call_
-
 static int
 tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
 {
 	int rv;
 	if ((rv = nng_tls_config_alloc(&c->tls, NNG_TLS_MODE_CLIENT)) != 0)
-		return set_detail(c, KVP_EINTERNAL, "TLS: %s", nng_strerror(rv));
+		return kvp_client_fail_(c, KVP_EINTERNAL, "TLS: %s", nng_strerror(rv));
 	if (o->tls_ca_file) {
 		if ((rv = nng_tls_config_ca_file(c->tls, o->tls_ca_file)) != 0)
-			return set_detail(c, KVP_EINTERNAL, "TLS CA file: %s", nng_strerror(rv));
+			return kvp_client_fail_(c, KVP_EINTERNAL, "TLS CA file: %s", nng_strerror(rv));
 		(void)nng_tls_config_auth_mode(c->tls, NNG_TLS_AUTH_MODE_REQUIRED);
 	} else {
 		(void)nng_tls_config_auth_mode(c->tls, NNG_TLS_AUTH_MODE_NONE);
 	}
 	if (o->tls_server_name && (rv = nng_tls_config_server_name(c->tls, o->tls_server_name)) != 0)
-		return set_detail(c, KVP_EINTERNAL, "TLS server name: %s", nng_strerror(rv));
+		return kvp_client_fail_(c, KVP_EINTERNAL, "TLS server name: %s", nng_strerror(rv));
 	if (o->tls_cert_file) {
 		char *cert = kvp_wire_read_file(o->tls_cert_file);
 		char *key = o->tls_key_file ? kvp_wire_read_file(o->tls_key_file) : NULL;
@@ -149,7 +143,7 @@ tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
 		free(cert);
 		free(key);
 		if (rv != 0)
-			return set_detail(c, KVP_EINTERNAL, "TLS client certificate: %s", nng_strerror(rv));
+			return kvp_client_fail_(c, KVP_EINTERNAL, "TLS client certificate: %s", nng_strerror(rv));
 	}
 	return KVP_OK;
 }
@@ -251,6 +245,62 @@ wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
 	return KVP_EUNAVAILABLE;
 }
 
+/* Resumes a session: a Heartbeat checks it and brings the pool's description. */
+static int
+resume(struct kvp_client *c, uint64_t session_id)
+{
+	Kvpool__V1__Request hq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HeartbeatRequest hb = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
+	Kvpool__V1__Reply *hr = NULL;
+	int rv;
+
+	c->session = session_id;
+	hb.with_pool_info = true;
+	hq.call_case = KVPOOL__V1__REQUEST__CALL_HEARTBEAT;
+	hq.heartbeat = &hb;
+	if ((rv = kvp_client_call_(c, &hq, &hr)) != KVP_OK)
+		return rv;
+	if (hr->result_case == KVPOOL__V1__REPLY__RESULT_HEARTBEAT) {
+		Kvpool__V1__HelloReply h = KVPOOL__V1__HELLO_REPLY__INIT;
+		h.session_id = session_id;
+		h.lease_ms = hr->heartbeat->lease_ms;
+		h.pool = hr->heartbeat->pool;
+		copy_info(c, &h);
+	}
+	kvpool__v1__reply__free_unpacked(hr, NULL);
+	c->info.session_id = session_id;
+	if (c->info.pool[0] == '\0')
+		snprintf(c->info.pool, sizeof(c->info.pool), "%s", c->pool);
+	return KVP_OK;
+}
+
+/* Opens a new session with Hello. */
+static int
+hello(struct kvp_client *c, const struct kvp_client_options *o)
+{
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int rv;
+
+	h.protocol_version = KVP_PROTOCOL_VERSION;
+	h.auth_token = (char *)(o->token ? o->token : "");
+	h.client_name = (char *)(o->client_name ? o->client_name : "libkvpool");
+	h.lease_ms = o->lease_ms;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	if ((rv = kvp_client_call_(c, &rq, &r)) != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_HELLO) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return KVP_EINTERNAL;
+	}
+	copy_info(c, r->hello);
+	c->session = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
 int
 kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 {
@@ -295,7 +345,7 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 10);
 	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
 	if ((rv = nng_dialer_create(&c->dialer, c->sock, o->url)) != 0) {
-		rv = set_detail(c, KVP_EINVAL, "bad URL %s", o->url);
+		rv = kvp_client_fail_(c, KVP_EINVAL, "bad URL %s", o->url);
 		goto fail;
 	}
 	if (strncmp(o->url, "tls+", 4) == 0) {
@@ -305,57 +355,15 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	}
 	/* Non-blocking: a daemon still starting is retried in the background. */
 	if ((rv = nng_dialer_start(c->dialer, NNG_FLAG_NONBLOCK)) != 0) {
-		rv = set_detail(c, KVP_EINTERNAL, "dial: %s", nng_strerror(rv));
+		rv = kvp_client_fail_(c, KVP_EINTERNAL, "dial: %s", nng_strerror(rv));
 		goto fail;
 	}
 	uint32_t wait_ms = o->connect_timeout_ms ? o->connect_timeout_ms
 	                                         : c->timeout_ms * (c->retries + 1);
 	if ((rv = wait_connected(c, o->url, wait_ms)) != KVP_OK)
 		goto fail;
-	if (o->session_id != 0) {
-		/* Resume: a Heartbeat checks the session and brings the pool's description. */
-		Kvpool__V1__Request hq = KVPOOL__V1__REQUEST__INIT;
-		Kvpool__V1__HeartbeatRequest hb = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
-		Kvpool__V1__Reply *hr = NULL;
-		c->session = o->session_id;
-		hb.with_pool_info = true;
-		hq.call_case = KVPOOL__V1__REQUEST__CALL_HEARTBEAT;
-		hq.heartbeat = &hb;
-		if ((rv = call(c, &hq, &hr)) != KVP_OK)
-			goto fail;
-		if (hr->result_case == KVPOOL__V1__REPLY__RESULT_HEARTBEAT) {
-			Kvpool__V1__HelloReply h = KVPOOL__V1__HELLO_REPLY__INIT;
-			h.session_id = o->session_id;
-			h.lease_ms = hr->heartbeat->lease_ms;
-			h.pool = hr->heartbeat->pool;
-			copy_info(c, &h);
-		}
-		kvpool__v1__reply__free_unpacked(hr, NULL);
-		c->info.session_id = o->session_id;
-		if (c->info.pool[0] == '\0')
-			snprintf(c->info.pool, sizeof(c->info.pool), "%s", c->pool);
-		*out = c;
-		return KVP_OK;
-	}
-	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-	h.protocol_version = KVP_PROTOCOL_VERSION;
-	h.auth_token = (char *)(o->token ? o->token : "");
-	h.client_name = (char *)(o->client_name ? o->client_name : "libkvpool");
-	h.lease_ms = o->lease_ms;
-	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
-	rq.hello = &h;
-	if ((rv = call(c, &rq, &r)) != KVP_OK)
+	if ((rv = o->session_id != 0 ? resume(c, o->session_id) : hello(c, o)) != KVP_OK)
 		goto fail;
-	if (r->result_case != KVPOOL__V1__REPLY__RESULT_HELLO) {
-		kvpool__v1__reply__free_unpacked(r, NULL);
-		rv = KVP_EINTERNAL;
-		goto fail;
-	}
-	copy_info(c, r->hello);
-	c->session = r->hello->session_id;
-	kvpool__v1__reply__free_unpacked(r, NULL);
 	*out = c;
 	return KVP_OK;
 fail:
@@ -389,7 +397,7 @@ kvp_client_close(struct kvp_client *c)
 		rq.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
 		rq.goodbye = &g;
 		c->retries = 0; /* best effort: the lease cleans up otherwise */
-		if (call(c, &rq, &r) == KVP_OK)
+		if (kvp_client_call_(c, &rq, &r) == KVP_OK)
 			kvpool__v1__reply__free_unpacked(r, NULL);
 	}
 	kvp_client_detach(c);
@@ -405,227 +413,4 @@ const char *
 kvp_client_last_detail(const struct kvp_client *c)
 {
 	return c ? c->detail : "";
-}
-
-/* ---- calls ---- */
-
-#define CALL KVP_CLIENT_CALL
-
-int
-kvp_client_allocate(struct kvp_client *c, uint32_t n, int32_t *ids)
-{
-	Kvpool__V1__AllocateRequest m = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL || (ids == NULL && n > 0))
-		return KVP_EINVAL;
-	m.num_blocks = n;
-	CALL(c, allocate, ALLOCATE, &m, r);
-	if (rv != KVP_OK)
-		return rv;
-	if (r->result_case != KVPOOL__V1__REPLY__RESULT_ALLOCATE || r->allocate->n_block_ids != n) {
-		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINTERNAL, "allocate: unexpected reply", NULL);
-	}
-	if (n > 0)
-		memcpy(ids, r->allocate->block_ids, n * sizeof(*ids));
-	kvpool__v1__reply__free_unpacked(r, NULL);
-	return KVP_OK;
-}
-
-static int
-ids_call(struct kvp_client *c, int which, const int32_t *ids, size_t n, uint32_t *count)
-{
-	Kvpool__V1__TouchRequest t = KVPOOL__V1__TOUCH_REQUEST__INIT;
-	Kvpool__V1__FreeRequest f = KVPOOL__V1__FREE_REQUEST__INIT;
-	Kvpool__V1__EvictRequest e = KVPOOL__V1__EVICT_REQUEST__INIT;
-	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-	int rv;
-
-	if (c == NULL || (ids == NULL && n > 0))
-		return KVP_EINVAL;
-	t.block_ids = f.block_ids = e.block_ids = (int32_t *)ids;
-	t.n_block_ids = f.n_block_ids = e.n_block_ids = n;
-	rq.call_case = (Kvpool__V1__Request__CallCase)which;
-	if (which == KVPOOL__V1__REQUEST__CALL_TOUCH)
-		rq.touch = &t;
-	else if (which == KVPOOL__V1__REQUEST__CALL_FREE)
-		rq.free = &f;
-	else
-		rq.evict = &e;
-	if ((rv = call(c, &rq, &r)) != KVP_OK)
-		return rv;
-	if (count && r->result_case == KVPOOL__V1__REPLY__RESULT_EVICT)
-		*count = r->evict->num_evicted;
-	kvpool__v1__reply__free_unpacked(r, NULL);
-	return KVP_OK;
-}
-
-int
-kvp_client_touch(struct kvp_client *c, const int32_t *ids, size_t n)
-{
-	return ids_call(c, KVPOOL__V1__REQUEST__CALL_TOUCH, ids, n, NULL);
-}
-
-int
-kvp_client_free(struct kvp_client *c, const int32_t *ids, size_t n)
-{
-	return ids_call(c, KVPOOL__V1__REQUEST__CALL_FREE, ids, n, NULL);
-}
-
-int
-kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted)
-{
-	return ids_call(c, KVPOOL__V1__REQUEST__CALL_EVICT, ids, n, num_evicted);
-}
-
-int
-kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored)
-{
-	Kvpool__V1__CacheRequest m = KVPOOL__V1__CACHE_REQUEST__INIT;
-	Kvpool__V1__RequestKeys keys;
-	Kvpool__V1__MmFeature mm[MAX_MM], *mmp[MAX_MM];
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL || a == NULL || (a->keys && a->keys->num_mm > MAX_MM))
-		return KVP_EINVAL;
-	m.block_ids = (int32_t *)a->block_ids;
-	m.n_block_ids = a->num_block_ids;
-	m.num_cached_blocks = a->num_cached_blocks;
-	m.num_full_blocks = a->num_full_blocks;
-	m.group_id = a->group_id;
-	m.block_size = a->block_size;
-	m.block_hashes.data = (uint8_t *)a->hashes;
-	m.block_hashes.len = a->hashes ? a->num_hashes * KVP_HASH_LEN : 0;
-	m.token_ids = (int64_t *)a->tokens;
-	m.n_token_ids = a->num_tokens;
-	m.parent_hash.data = (uint8_t *)a->parent_hash;
-	m.parent_hash.len = a->parent_hash ? KVP_HASH_LEN : 0;
-	if (a->keys || a->has_lora_id) {
-		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
-		m.keys = &keys;
-	}
-	CALL(c, cache, CACHE, &m, r);
-	if (rv != KVP_OK)
-		return rv;
-	if (num_stored && r->result_case == KVPOOL__V1__REPLY__RESULT_CACHE)
-		*num_stored = r->cache->num_stored;
-	kvpool__v1__reply__free_unpacked(r, NULL);
-	return KVP_OK;
-}
-
-int
-kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
-                  size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens)
-{
-	Kvpool__V1__LookupRequest m = KVPOOL__V1__LOOKUP_REQUEST__INIT;
-	Kvpool__V1__RequestKeys keys;
-	Kvpool__V1__MmFeature mm[MAX_MM], *mmp[MAX_MM];
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL || q == NULL || num_hit_blocks == NULL ||
-	    (q->keys && q->keys->num_mm > MAX_MM))
-		return KVP_EINVAL;
-	m.block_hashes.data = (uint8_t *)q->hashes;
-	m.block_hashes.len = q->hashes ? q->num_hashes * KVP_HASH_LEN : 0;
-	m.token_ids = (int64_t *)q->tokens;
-	m.n_token_ids = q->num_tokens;
-	m.group_ids = (uint32_t *)q->group_ids;
-	m.n_group_ids = q->group_ids ? q->num_groups : 0;
-	m.block_size = q->block_size;
-	if (q->keys) {
-		kvp_wire_keys_to_proto(q->keys, false, 0, &keys, mm, mmp);
-		m.keys = &keys;
-	}
-	CALL(c, lookup, LOOKUP, &m, r);
-	if (rv != KVP_OK)
-		return rv;
-	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP) {
-		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINTERNAL, "lookup: unexpected reply", NULL);
-	}
-	size_t groups = q->group_ids && q->num_groups ? q->num_groups : 1;
-	size_t hit = r->lookup->num_hit_blocks;
-	if (hit > cap || r->lookup->n_block_ids != hit * groups) {
-		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINVAL, "lookup: more hits than the ids buffer holds", NULL);
-	}
-	for (size_t g = 0; g < groups && ids && hit > 0; g++)
-		memcpy(ids + g * cap, r->lookup->block_ids + g * hit, hit * sizeof(*ids));
-	*num_hit_blocks = (uint32_t)hit;
-	if (hit_tokens)
-		*hit_tokens = r->lookup->hit_tokens;
-	kvpool__v1__reply__free_unpacked(r, NULL);
-	return KVP_OK;
-}
-
-int
-kvp_client_reset(struct kvp_client *c)
-{
-	Kvpool__V1__ResetRequest m = KVPOOL__V1__RESET_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL)
-		return KVP_EINVAL;
-	CALL(c, reset, RESET, &m, r);
-	if (rv == KVP_OK)
-		kvpool__v1__reply__free_unpacked(r, NULL);
-	return rv;
-}
-
-int
-kvp_client_heartbeat(struct kvp_client *c)
-{
-	Kvpool__V1__HeartbeatRequest m = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL)
-		return KVP_EINVAL;
-	CALL(c, heartbeat, HEARTBEAT, &m, r);
-	if (rv == KVP_OK)
-		kvpool__v1__reply__free_unpacked(r, NULL);
-	return rv;
-}
-
-void
-kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out)
-{
-	out->num_blocks = s->num_blocks;
-	out->num_free = s->num_free;
-	out->num_cached_blocks = s->num_cached_blocks;
-	out->num_cached_keys = s->num_cached_keys;
-	out->usage = s->usage;
-	out->blocks_allocated = s->blocks_allocated;
-	out->blocks_evicted = s->blocks_evicted;
-	out->alloc_failures = s->alloc_failures;
-	out->blocks_stored = s->blocks_stored;
-	out->resets = s->resets;
-	out->prefix_requests = s->prefix_requests;
-	out->prefix_queries = s->prefix_queries;
-	out->prefix_hits = s->prefix_hits;
-	out->sessions = s->sessions;
-	out->leases_expired = s->leases_expired;
-	out->events_emitted = s->events_emitted;
-	out->active_requests = s->active_requests;
-}
-
-int
-kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
-{
-	Kvpool__V1__StatsRequest m = KVPOOL__V1__STATS_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-
-	if (c == NULL || out == NULL)
-		return KVP_EINVAL;
-	CALL(c, stats, STATS, &m, r);
-	if (rv != KVP_OK)
-		return rv;
-	if (r->result_case != KVPOOL__V1__REPLY__RESULT_STATS) {
-		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINTERNAL, "stats: unexpected reply", NULL);
-	}
-	kvp_client_stats_from_(r->stats, out);
-	kvpool__v1__reply__free_unpacked(r, NULL);
-	return KVP_OK;
 }

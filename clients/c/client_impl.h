@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * client_impl.h: the client's state and its one call primitive, shared by
- * the files of libkvpool (client.c: control calls and batches; data.c: the
- * data plane). Internal: not installed, not for applications.
+ * client_impl.h: the client's state, its one call primitive and the
+ * request builders, shared by the files of libkvpool (client.c: the
+ * connection; blocks.c, requests.c: the calls; batch.c: batches; data.c:
+ * the data plane). Internal: not installed, not for applications.
  */
 #ifndef KVPOOL_CLIENT_IMPL_H
 #define KVPOOL_CLIENT_IMPL_H
@@ -59,6 +60,19 @@ int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_##CASE;              \
 	rq.field = (msg);                                             \
 	int rv = kvp_client_call_((c), &rq, &(r))
+
+/* Most multimodal features one request's keys may carry. */
+#define KVP_CLIENT_MAX_MM 256
+
+/*
+ * The request builders (build.c), one per call with more than ids, shared
+ * by the direct and batch paths: m is initialised and filled from the
+ * arguments by reference, the keys excepted. KVP_EINVAL for inconsistent
+ * arguments (an id array NULL with a count, too many features).
+ */
+int kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a);
+int kvp_build_lookup_(Kvpool__V1__LookupRequest *m, const struct kvp_client_lookup *q);
+int kvp_build_slots_(Kvpool__V1__AllocateSlotsRequest *m, const struct kvp_client_slots *a);
 
 /* Reply messages to the public structs, shared by the single calls and batches. */
 void kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out);

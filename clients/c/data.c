@@ -8,14 +8,11 @@
 #include "common/crc32c.h"
 #include "proto/data_wire.h"
 
-#define set_detail kvp_client_fail_
-#define call kvp_client_call_
-
 static int
 have_exec(struct kvp_client *c)
 {
 	if (c->info.executor.backend[0] == '\0' || c->info.executor.block_bytes == 0)
-		return set_detail(c, KVP_ENOTSUP, "pool %s has no executor", c->info.pool);
+		return kvp_client_fail_(c, KVP_ENOTSUP, "pool %s has no executor", c->info.pool);
 	return KVP_OK;
 }
 
@@ -33,7 +30,7 @@ too_large(struct kvp_client *c, uint64_t unit)
 	char msg[160];
 	snprintf(msg, sizeof(msg), "one unit of %llu bytes exceeds the daemon's message limit of %u",
 	         (unsigned long long)unit, c->info.max_msg_bytes);
-	return set_detail(c, KVP_ETOOLARGE, "%s", msg);
+	return kvp_client_fail_(c, KVP_ETOOLARGE, "%s", msg);
 }
 
 /* Prefixes the detail of a failed part with the range of blocks it covered. */
@@ -88,15 +85,15 @@ issue(struct kvp_client *c, struct slot *sl, size_t part, build_fn build, void *
 	rq.session_id = c->session;
 	size_t len = kvpool__v1__request__get_packed_size(&rq);
 	if (nng_msg_alloc(&msg, len) != 0)
-		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+		return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 	kvpool__v1__request__pack(&rq, nng_msg_body(msg));
 	nng_aio_set_msg(sl->aio, msg);
 	nng_ctx_send(sl->ctx, sl->aio);
 	nng_aio_wait(sl->aio);
 	if ((rv = nng_aio_result(sl->aio)) != 0) {
 		nng_msg_free(msg);
-		return set_detail(c, rv == NNG_ETIMEDOUT ? KVP_EBUSY : KVP_EINTERNAL, "send: %s",
-		                  nng_strerror(rv));
+		return kvp_client_fail_(c, rv == NNG_ETIMEDOUT ? KVP_EBUSY : KVP_EINTERNAL, "send: %s",
+		                        nng_strerror(rv));
 	}
 	nng_ctx_recv(sl->ctx, sl->aio);
 	sl->pending = true;
@@ -114,7 +111,7 @@ run_parts(struct kvp_client *c, size_t parts, build_fn build, done_fn done, void
 	memset(sl, 0, sizeof(sl));
 	for (size_t i = 0; i < depth && rv == KVP_OK; i++) {
 		if (nng_aio_alloc(&sl[i].aio, NULL, NULL) != 0 || nng_ctx_open(&sl[i].ctx, c->sock) != 0) {
-			rv = set_detail(c, KVP_ENOMEM, "cannot open a request context", NULL);
+			rv = kvp_client_fail_(c, KVP_ENOMEM, "cannot open a request context", NULL);
 			break;
 		}
 		sl[i].open = true;
@@ -127,8 +124,8 @@ run_parts(struct kvp_client *c, size_t parts, build_fn build, done_fn done, void
 		nng_aio_wait(s->aio);
 		s->pending = false;
 		if ((rv = nng_aio_result(s->aio)) != 0) {
-			rv = set_detail(c, rv == NNG_ETIMEDOUT ? KVP_EBUSY : KVP_EINTERNAL,
-			                "no reply from the daemon (%s)", nng_strerror(rv));
+			rv = kvp_client_fail_(c, rv == NNG_ETIMEDOUT ? KVP_EBUSY : KVP_EINTERNAL,
+			                      "no reply from the daemon (%s)", nng_strerror(rv));
 			break;
 		}
 		if ((rv = done(arg, part, s->call_id, nng_aio_get_msg(s->aio))) != KVP_OK)
@@ -166,7 +163,7 @@ plan(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf, size_t
 		return rv;
 	*bb = c->info.executor.block_bytes;
 	if (n > SIZE_MAX / *bb || len != n * *bb)
-		return set_detail(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
+		return kvp_client_fail_(c, KVP_EINVAL, "buffer of the wrong size for these blocks", NULL);
 	if ((*step = per_call(c, *bb + KVP_WIRE_BLOCK_EXTRA)) == 0)
 		return too_large(c, *bb + 16);
 	return KVP_OK;
@@ -210,7 +207,7 @@ take_blocks(struct read_job *j, size_t at, size_t k, const uint8_t *pl, const ui
 		if (got != want) {
 			char d[96];
 			snprintf(d, sizeof(d), "block %d arrived with a bad checksum", j->ids[at + i]);
-			return set_detail(j->c, KVP_EINTERNAL, "%s", d);
+			return kvp_client_fail_(j->c, KVP_EINTERNAL, "%s", d);
 		}
 		if (j->crcs)
 			j->crcs[at + i] = got;
@@ -229,11 +226,12 @@ read_done(void *arg, size_t part, uint64_t call_id, nng_msg *msg)
 	Kvpool__V1__Reply *r = NULL;
 	int rv;
 
-	if (kvp_wire_read_reply_parse(nng_msg_body(msg), nng_msg_len(msg), call_id, &pl, &plen, &cr, &clen)) {
+	if (kvp_wire_read_reply_parse(nng_msg_body(msg), nng_msg_len(msg), call_id, &pl, &plen, &cr,
+	                              &clen)) {
 		/* The fast path: the payload is copied once, out of the message. */
 		rv = plen == k * j->bb && clen == 4 * k
 		             ? take_blocks(j, at, k, pl, cr, NULL)
-		             : set_detail(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
+		             : kvp_client_fail_(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
 		nng_msg_free(msg);
 		return part_failed(c, rv, at, at + k, j->n);
 	}
@@ -242,7 +240,7 @@ read_done(void *arg, size_t part, uint64_t call_id, nng_msg *msg)
 	const Kvpool__V1__ReadBlocksReply *rb = r->read_blocks;
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT_READ_BLOCKS || rb->payload.len != k * j->bb ||
 	    rb->n_crc32c != k)
-		rv = set_detail(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
+		rv = kvp_client_fail_(c, KVP_EINTERNAL, "read: unexpected reply", NULL);
 	else
 		rv = take_blocks(j, at, k, rb->payload.data, NULL, rb->crc32c);
 	kvpool__v1__reply__free_unpacked(r, NULL);
@@ -311,7 +309,7 @@ kvp_client_write_blocks(struct kvp_client *c, const int32_t *ids, size_t n, cons
 	if (rv != KVP_OK || n == 0)
 		return rv;
 	if ((j.crcs = malloc(n * sizeof(*j.crcs))) == NULL)
-		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+		return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 	for (size_t i = 0; i < n; i++)
 		j.crcs[i] = kvp_crc32c(0, j.buf + i * j.bb, j.bb);
 	rv = run_parts(c, (n + j.step - 1) / j.step, write_build, write_done, &j);
@@ -341,7 +339,7 @@ kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32_t *
 		m.n_dst_block_ids = k;
 		rq.call_case = KVPOOL__V1__REQUEST__CALL_COPY_BLOCKS;
 		rq.copy_blocks = &m;
-		if ((rv = call(c, &rq, &r)) != KVP_OK)
+		if ((rv = kvp_client_call_(c, &rq, &r)) != KVP_OK)
 			return part_failed(c, rv, at, at + k, n);
 		kvpool__v1__reply__free_unpacked(r, NULL);
 	}
@@ -373,14 +371,14 @@ kvp_client_write_tokens(struct kvp_client *c, bool all_layers, uint32_t layer,
 	tok = (uint64_t)x->num_heads * x->head_size * dtype_bytes(x->dtype);
 	nl = all_layers ? x->num_layers : 1;
 	if (n > SIZE_MAX / (tok * nl) || kv_len != n * tok * nl)
-		return set_detail(c, KVP_EINVAL, "K/V of the wrong size for these tokens", NULL);
+		return kvp_client_fail_(c, KVP_EINVAL, "K/V of the wrong size for these tokens", NULL);
 	if ((step = per_call(c, 2 * tok * nl + KVP_WIRE_BLOCK_EXTRA)) == 0)
 		return too_large(c, 2 * tok * nl + 16);
 	if (step < n && nl > 1) {
 		/* Parts of [layers][n][...] are gathered layer by layer into [layers][k][...]. */
 		if ((kb = malloc(nl * step * tok)) == NULL || (vb = malloc(nl * step * tok)) == NULL) {
 			free(kb);
-			return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+			return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 		}
 	}
 	for (size_t at = 0; at < n; at += step) {
@@ -406,7 +404,7 @@ kvp_client_write_tokens(struct kvp_client *c, bool all_layers, uint32_t layer,
 		m.n_slot_mapping = cnt;
 		rq.call_case = KVPOOL__V1__REQUEST__CALL_WRITE_TOKENS;
 		rq.write_tokens = &m;
-		if ((rv = call(c, &rq, &r)) != KVP_OK) {
+		if ((rv = kvp_client_call_(c, &rq, &r)) != KVP_OK) {
 			rv = part_failed(c, rv, at, at + cnt, n);
 			break;
 		}

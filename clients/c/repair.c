@@ -12,9 +12,6 @@
 #include "clients/c/client_impl.h"
 #include "proto/wire.h"
 
-#define set_detail kvp_client_fail_
-#define CALL KVP_CLIENT_CALL
-
 int
 kvp_client_snapshot(struct kvp_client *c, struct kvp_snapshot **out)
 {
@@ -24,12 +21,12 @@ kvp_client_snapshot(struct kvp_client *c, struct kvp_snapshot **out)
 
 	if (c == NULL || out == NULL)
 		return KVP_EINVAL;
-	CALL(c, snapshot, SNAPSHOT, &m, r);
+	KVP_CLIENT_CALL(c, snapshot, SNAPSHOT, &m, r);
 	if (rv != KVP_OK)
 		return rv;
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT_SNAPSHOT) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINTERNAL, "snapshot: unexpected reply", NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "snapshot: unexpected reply", NULL);
 	}
 	const Kvpool__V1__SnapshotReply *sr = r->snapshot;
 	size_t bytes = 0;
@@ -43,7 +40,7 @@ kvp_client_snapshot(struct kvp_client *c, struct kvp_snapshot **out)
 		free(store);
 		free(e);
 		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_ENOMEM, "out of memory", NULL);
+		return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 	}
 	size_t off = 0;
 	for (size_t i = 0; i < sr->n_entries; i++) {
@@ -89,12 +86,12 @@ kvp_client_replay(struct kvp_client *c, uint64_t epoch, uint64_t from_seq, bool 
 		Kvpool__V1__Reply *r = NULL;
 		m.epoch = epoch;
 		m.from_seq = from_seq;
-		CALL(c, replay, REPLAY, &m, r);
+		KVP_CLIENT_CALL(c, replay, REPLAY, &m, r);
 		if (rv != KVP_OK)
 			return rv;
 		if (r->result_case != KVPOOL__V1__REPLY__RESULT_REPLAY) {
 			kvpool__v1__reply__free_unpacked(r, NULL);
-			return set_detail(c, KVP_EINTERNAL, "replay: unexpected reply", NULL);
+			return kvp_client_fail_(c, KVP_EINTERNAL, "replay: unexpected reply", NULL);
 		}
 		const Kvpool__V1__ReplayReply *rr = r->replay;
 		*available = rr->available;

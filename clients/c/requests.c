@@ -7,10 +7,6 @@
 
 #include "clients/c/client_impl.h"
 
-#define MAX_MM 256
-#define set_detail kvp_client_fail_
-#define CALL KVP_CLIENT_CALL
-
 void
 kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s, struct kvp_client_slots_result *res)
 {
@@ -27,35 +23,25 @@ int
 kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a,
                           int32_t *new_blocks, size_t cap, struct kvp_client_slots_result *res)
 {
-	Kvpool__V1__AllocateSlotsRequest m = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+	Kvpool__V1__AllocateSlotsRequest m;
 	Kvpool__V1__RequestKeys keys;
-	Kvpool__V1__MmFeature mm[MAX_MM], *mmp[MAX_MM];
+	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
 	Kvpool__V1__Reply *r = NULL;
 
-	if (c == NULL || a == NULL || res == NULL || (a->keys && a->keys->num_mm > MAX_MM))
+	if (c == NULL || res == NULL || kvp_build_slots_(&m, a) != KVP_OK)
 		return KVP_EINVAL;
-	m.request_id = a->request_id;
-	m.prompt_token_ids = (int64_t *)a->prompt;
-	m.n_prompt_token_ids = a->prompt ? a->num_prompt : 0;
-	m.new_token_ids = (int64_t *)a->new_tokens;
-	m.n_new_token_ids = a->new_tokens ? a->num_new_token_ids : 0;
-	m.num_new_tokens = a->num_new_tokens;
-	m.token_budget = a->token_budget;
-	m.num_lookahead_tokens = a->num_lookahead_tokens;
-	m.use_prefix_cache = a->use_prefix_cache;
-	m.delay_cache_blocks = a->delay_cache_blocks;
 	if (a->keys || a->has_lora_id) {
 		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
 		m.keys = &keys;
 	}
-	CALL(c, allocate_slots, ALLOCATE_SLOTS, &m, r);
+	KVP_CLIENT_CALL(c, allocate_slots, ALLOCATE_SLOTS, &m, r);
 	if (rv != KVP_OK)
 		return rv;
 	const Kvpool__V1__AllocateSlotsReply *s = r->allocate_slots;
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS || s->n_new_block_ids > cap) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINVAL, "allocate_slots: more new blocks than the buffer holds",
-		                  NULL);
+		return kvp_client_fail_(c, KVP_EINVAL, "allocate_slots: more new blocks than the buffer holds",
+		                        NULL);
 	}
 	if (s->n_new_block_ids > 0)
 		memcpy(new_blocks, s->new_block_ids, s->n_new_block_ids * sizeof(*new_blocks));
@@ -74,7 +60,7 @@ kvp_client_free_request(struct kvp_client *c, uint64_t request_id, bool preempt)
 		return KVP_EINVAL;
 	m.request_id = request_id;
 	m.preempt = preempt;
-	CALL(c, free_request, FREE_REQUEST, &m, r);
+	KVP_CLIENT_CALL(c, free_request, FREE_REQUEST, &m, r);
 	if (rv == KVP_OK)
 		kvpool__v1__reply__free_unpacked(r, NULL);
 	return rv;
@@ -90,13 +76,13 @@ kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, int32_
 	if (c == NULL || num_ids == NULL || hit_tokens == NULL)
 		return KVP_EINVAL;
 	m.request_id = request_id;
-	CALL(c, get_computed_blocks, GET_COMPUTED_BLOCKS, &m, r);
+	KVP_CLIENT_CALL(c, get_computed_blocks, GET_COMPUTED_BLOCKS, &m, r);
 	if (rv != KVP_OK)
 		return rv;
 	const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS || g->n_block_ids > cap) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
-		return set_detail(c, KVP_EINVAL, "get_computed_blocks: buffer too small", NULL);
+		return kvp_client_fail_(c, KVP_EINVAL, "get_computed_blocks: buffer too small", NULL);
 	}
 	if (g->n_block_ids > 0)
 		memcpy(ids, g->block_ids, g->n_block_ids * sizeof(*ids));

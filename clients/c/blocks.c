@@ -1,0 +1,213 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * libkvpool's block-level calls (vLLM's BlockPool over the wire): Allocate,
+ * Touch, Free, Evict, Cache, Lookup, Reset, Heartbeat, Stats. Each builds
+ * its request from the caller's arguments and writes out-parameters only
+ * on success.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "clients/c/client_impl.h"
+#include "clients/c/kvpool.h"
+#include "proto/wire.h"
+
+
+int
+kvp_client_allocate(struct kvp_client *c, uint32_t n, int32_t *ids)
+{
+	Kvpool__V1__AllocateRequest m = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	m.num_blocks = n;
+	KVP_CLIENT_CALL(c, allocate, ALLOCATE, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_ALLOCATE || r->allocate->n_block_ids != n) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "allocate: unexpected reply", NULL);
+	}
+	if (n > 0)
+		memcpy(ids, r->allocate->block_ids, n * sizeof(*ids));
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+static int
+ids_call(struct kvp_client *c, int which, const int32_t *ids, size_t n, uint32_t *count)
+{
+	Kvpool__V1__TouchRequest t = KVPOOL__V1__TOUCH_REQUEST__INIT;
+	Kvpool__V1__FreeRequest f = KVPOOL__V1__FREE_REQUEST__INIT;
+	Kvpool__V1__EvictRequest e = KVPOOL__V1__EVICT_REQUEST__INIT;
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int rv;
+
+	if (c == NULL || (ids == NULL && n > 0))
+		return KVP_EINVAL;
+	t.block_ids = f.block_ids = e.block_ids = (int32_t *)ids;
+	t.n_block_ids = f.n_block_ids = e.n_block_ids = n;
+	rq.call_case = (Kvpool__V1__Request__CallCase)which;
+	if (which == KVPOOL__V1__REQUEST__CALL_TOUCH)
+		rq.touch = &t;
+	else if (which == KVPOOL__V1__REQUEST__CALL_FREE)
+		rq.free = &f;
+	else
+		rq.evict = &e;
+	if ((rv = kvp_client_call_(c, &rq, &r)) != KVP_OK)
+		return rv;
+	if (count && r->result_case == KVPOOL__V1__REPLY__RESULT_EVICT)
+		*count = r->evict->num_evicted;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_touch(struct kvp_client *c, const int32_t *ids, size_t n)
+{
+	return ids_call(c, KVPOOL__V1__REQUEST__CALL_TOUCH, ids, n, NULL);
+}
+
+int
+kvp_client_free(struct kvp_client *c, const int32_t *ids, size_t n)
+{
+	return ids_call(c, KVPOOL__V1__REQUEST__CALL_FREE, ids, n, NULL);
+}
+
+int
+kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted)
+{
+	return ids_call(c, KVPOOL__V1__REQUEST__CALL_EVICT, ids, n, num_evicted);
+}
+
+int
+kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored)
+{
+	Kvpool__V1__CacheRequest m;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || kvp_build_cache_(&m, a) != KVP_OK)
+		return KVP_EINVAL;
+	if (a->keys || a->has_lora_id) {
+		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	KVP_CLIENT_CALL(c, cache, CACHE, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (num_stored && r->result_case == KVPOOL__V1__REPLY__RESULT_CACHE)
+		*num_stored = r->cache->num_stored;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
+                  size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens)
+{
+	Kvpool__V1__LookupRequest m;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || num_hit_blocks == NULL || kvp_build_lookup_(&m, q) != KVP_OK)
+		return KVP_EINVAL;
+	if (q->keys) {
+		kvp_wire_keys_to_proto(q->keys, false, 0, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	KVP_CLIENT_CALL(c, lookup, LOOKUP, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "lookup: unexpected reply", NULL);
+	}
+	size_t groups = q->group_ids && q->num_groups ? q->num_groups : 1;
+	size_t hit = r->lookup->num_hit_blocks;
+	if (hit > cap || r->lookup->n_block_ids != hit * groups) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINVAL, "lookup: more hits than the ids buffer holds", NULL);
+	}
+	for (size_t g = 0; g < groups && ids && hit > 0; g++)
+		memcpy(ids + g * cap, r->lookup->block_ids + g * hit, hit * sizeof(*ids));
+	*num_hit_blocks = (uint32_t)hit;
+	if (hit_tokens)
+		*hit_tokens = r->lookup->hit_tokens;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_reset(struct kvp_client *c)
+{
+	Kvpool__V1__ResetRequest m = KVPOOL__V1__RESET_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL)
+		return KVP_EINVAL;
+	KVP_CLIENT_CALL(c, reset, RESET, &m, r);
+	if (rv == KVP_OK)
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	return rv;
+}
+
+int
+kvp_client_heartbeat(struct kvp_client *c)
+{
+	Kvpool__V1__HeartbeatRequest m = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL)
+		return KVP_EINVAL;
+	KVP_CLIENT_CALL(c, heartbeat, HEARTBEAT, &m, r);
+	if (rv == KVP_OK)
+		kvpool__v1__reply__free_unpacked(r, NULL);
+	return rv;
+}
+
+void
+kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out)
+{
+	out->num_blocks = s->num_blocks;
+	out->num_free = s->num_free;
+	out->num_cached_blocks = s->num_cached_blocks;
+	out->num_cached_keys = s->num_cached_keys;
+	out->usage = s->usage;
+	out->blocks_allocated = s->blocks_allocated;
+	out->blocks_evicted = s->blocks_evicted;
+	out->alloc_failures = s->alloc_failures;
+	out->blocks_stored = s->blocks_stored;
+	out->resets = s->resets;
+	out->prefix_requests = s->prefix_requests;
+	out->prefix_queries = s->prefix_queries;
+	out->prefix_hits = s->prefix_hits;
+	out->sessions = s->sessions;
+	out->leases_expired = s->leases_expired;
+	out->events_emitted = s->events_emitted;
+	out->active_requests = s->active_requests;
+}
+
+int
+kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
+{
+	Kvpool__V1__StatsRequest m = KVPOOL__V1__STATS_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || out == NULL)
+		return KVP_EINVAL;
+	KVP_CLIENT_CALL(c, stats, STATS, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_STATS) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "stats: unexpected reply", NULL);
+	}
+	kvp_client_stats_from_(r->stats, out);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
