@@ -239,6 +239,8 @@ kvp_wire_events_decode(const uint8_t *bytes, size_t len, struct kvp_wire_batch_h
 	if ((b = kvpool__v1__event_batch__unpack(NULL, len, bytes)) == NULL)
 		return KVP_EINVAL;
 	kvp_event_batch_clear(out);
+	if (b->sealed.len > 0)
+		rv = KVP_EUNAUTH; /* a pool with a token: open it with kvp_seal_open first */
 	for (size_t i = 0; i < b->n_events && rv == KVP_OK; i++)
 		rv = decode_event(b->events[i], out);
 	h->epoch = b->epoch;

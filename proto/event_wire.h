@@ -42,7 +42,8 @@ int kvp_wire_events_encode(const char *pool, const struct kvp_wire_batch_hdr *h,
  * as needed). Spec kinds are interned: events point at static names, never
  * into bytes. KVP_EINVAL for bytes that are not an EventBatch or an event
  * whose hashes are inconsistent (out then holds the events before it),
- * KVP_ENOMEM.
+ * KVP_EUNAUTH for a sealed batch (a pool with a token: proto/event_seal.h
+ * opens it; *h then holds no epoch or seq), KVP_ENOMEM.
  */
 int kvp_wire_events_decode(const uint8_t *bytes, size_t len, struct kvp_wire_batch_hdr *h,
                            struct kvp_event_batch *out);

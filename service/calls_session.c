@@ -89,6 +89,11 @@ pool_info(struct call *c)
 	info->n_groups = ng;
 	info->medium = p->cfg.medium;
 	info->event_epoch = p->stream.epoch;
+	if (p->stream.sealed) { /* only sessions reach here: they presented the token */
+		info->event_key.data = p->stream.key.key;
+		info->event_key.len = KVP_SEAL_KEY_LEN;
+		info->event_key_id = p->stream.key.id;
+	}
 	info->event_seq = p->stream.next_seq;
 	info->max_model_len = p->cfg.max_model_len;
 	info->max_ids_per_call = p->limits.max_ids;

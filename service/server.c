@@ -152,9 +152,12 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->limits.max_sessions = cfg->max_sessions;
 	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;
 	kvp_event_batch_init(&p->events);
-	if (kvpd_stream_init(&p->stream, cfg->replay_batches) != KVP_OK) {
-		snprintf(err, err_len, "pool %s: cannot allocate the replay ring", pc->name);
-		return KVP_ENOMEM;
+	if ((rv = kvpd_stream_init(&p->stream, cfg->replay_batches, pc->token[0] != '\0')) !=
+	    KVP_OK) {
+		snprintf(err, err_len, "pool %s: %s", pc->name,
+		         rv == KVP_ENOMEM ? "cannot allocate the replay ring"
+		                          : "cannot draw the event stream's key");
+		return rv;
 	}
 	if (nng_mtx_alloc(&p->lock) != 0) {
 		snprintf(err, err_len, "pool %s: cannot allocate a mutex", pc->name);

@@ -10,11 +10,14 @@
 #include "proto/event_wire.h"
 
 int
-kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap)
+kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, bool sealed)
 {
 	memset(s, 0, sizeof(*s));
 	if (ring_cap == 0)
 		return KVP_EINVAL;
+	if (sealed && kvp_seal_key_new(&s->key) != KVP_OK)
+		return KVP_EINTERNAL;
+	s->sealed = sealed;
 	if ((s->ring = calloc(ring_cap, sizeof(*s->ring))) == NULL)
 		return KVP_ENOMEM;
 	s->ring_cap = ring_cap;
@@ -31,7 +34,7 @@ kvpd_stream_fini(struct kvpd_stream *s)
 		for (uint32_t i = 0; i < s->ring_cap; i++)
 			free(s->ring[i].bytes);
 	free(s->ring);
-	memset(s, 0, sizeof(*s));
+	memset(s, 0, sizeof(*s)); /* the key too */
 }
 
 uint64_t
@@ -47,6 +50,25 @@ kvpd_stream_get(const struct kvpd_stream *s, uint64_t seq)
 		return NULL;
 	const struct kvpd_ring_slot *slot = &s->ring[seq % s->ring_cap];
 	return slot->bytes != NULL && slot->seq == seq ? slot : NULL;
+}
+
+/* Hands one encoded batch (or tick) to the publisher, sealed if the pool has a token. */
+static void
+publish(struct kvpd_stream *s, const char *name, const uint8_t *bytes, size_t len)
+{
+	uint8_t *sealed;
+	size_t slen;
+
+	if (!s->sealed) {
+		s->publish(s->publish_ctx, name, bytes, len);
+		return;
+	}
+	if (kvp_seal_batch(&s->key, s->seal_counter++, name, bytes, len, &sealed, &slen) != KVP_OK) {
+		s->publish_failures++; /* subscribers see the seq gap and repair it */
+		return;
+	}
+	s->publish(s->publish_ctx, name, sealed, slen);
+	free(sealed);
 }
 
 int
@@ -71,7 +93,7 @@ kvpd_stream_emit(struct kvpd_stream *s, const char *name, const struct kvp_event
 	slot->bytes = bytes;
 	slot->len = len;
 	if (s->publish)
-		s->publish(s->publish_ctx, name, bytes, len);
+		publish(s, name, bytes, len);
 	return KVP_OK;
 }
 
@@ -85,6 +107,6 @@ kvpd_stream_tick(struct kvpd_stream *s, const char *name, uint64_t ts_unix_ns)
 
 	if (s->publish == NULL || kvp_wire_events_encode(name, &h, NULL, &bytes, &len) != KVP_OK)
 		return;
-	s->publish(s->publish_ctx, name, bytes, len);
+	publish(s, name, bytes, len);
 	free(bytes);
 }

@@ -10,10 +10,12 @@
 #ifndef KVPD_STREAM_H
 #define KVPD_STREAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/events.h"
+#include "proto/event_seal.h"
 
 /*
  * A second consumer of every batch (the vLLM-wire publisher): called under
@@ -44,13 +46,21 @@ struct kvpd_stream {
 	uint64_t batches, events, publish_failures;
 	kvpd_publish_fn publish;
 	void *publish_ctx;
+	bool sealed;               /* a pool with a token: published batches are sealed */
+	struct kvp_seal_key key;   /* sealed: the key, given in PoolInfo to token holders */
+	uint64_t seal_counter;     /* sealed: the next nonce counter */
 	kvpd_events_fn on_events;  /* NULL: no second wire */
 	void *on_events_ctx;
 	struct kvpd_vllm_counters vllm;
 };
 
-/* KVP_OK or KVP_ENOMEM / KVP_EINVAL (ring_cap 0). */
-int kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap);
+/*
+ * sealed: the pool has a token, so its published batches and ticks are
+ * sealed under a fresh key (proto/event_seal.h); the ring keeps them in
+ * clear for Replay, which goes to sessions only. KVP_OK or KVP_ENOMEM /
+ * KVP_EINVAL (ring_cap 0) / KVP_EINTERNAL (no randomness for the key).
+ */
+int kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, bool sealed);
 void kvpd_stream_fini(struct kvpd_stream *s);
 
 /*

@@ -13,8 +13,17 @@
 #include "clients/c/kvpool.h"
 #include "clients/c/subscriber.h"
 
-static char rpc_url[128], ev_url[128], admin[64];
+#include <nng/nng.h>
+#include <nng/protocol/pubsub0/sub.h>
+
+#include "proto/event_seal.h"
+#include "proto/event_wire.h"
+
+static char rpc_url[128], ev_url[128], admin[64], tok_path[96], sec_pool[160];
+static const char *use_token; /* the token subscribe() and client() present; NULL: none */
 static pid_t daemon_pid;
+
+#define SEC_TOKEN "s3cret-token"
 
 static pid_t
 start(void)
@@ -22,7 +31,8 @@ start(void)
 	const char *args[] = {"--rpc", rpc_url, "--events", ev_url, "--admin", admin,
 	                      "--replay-batches", "64", "--lease-ms", "60000",
 	                      "--pool", "name=ev,blocks=64,block_size=4,seed=0",
-	                      "--pool", "name=other,blocks=16,block_size=4", NULL};
+	                      "--pool", "name=other,blocks=16,block_size=4",
+	                      "--pool", sec_pool, NULL};
 	return daemon_start(args);
 }
 
@@ -33,6 +43,12 @@ setup(void **state)
 	snprintf(rpc_url, sizeof(rpc_url), "ipc:///tmp/kvpool-evtest-%d.ipc", (int)getpid());
 	snprintf(ev_url, sizeof(ev_url), "ipc:///tmp/kvpool-evtest-pub-%d.ipc", (int)getpid());
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	snprintf(tok_path, sizeof(tok_path), "/tmp/kvpool-evtest-tok-%d", (int)getpid());
+	snprintf(sec_pool, sizeof(sec_pool), "name=sec,blocks=16,block_size=4,token_file=%s",
+	         tok_path);
+	FILE *f = fopen(tok_path, "w");
+	if (f == NULL || fputs(SEC_TOKEN "\n", f) < 0 || fclose(f) != 0)
+		return -1;
 	daemon_pid = start();
 	return daemon_pid > 0 ? 0 : -1;
 }
@@ -41,6 +57,7 @@ static int
 teardown(void **state)
 {
 	(void)state;
+	unlink(tok_path);
 	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
 }
 
@@ -124,7 +141,8 @@ static struct kvp_sub *
 subscribe(struct seen *s, const char *pool, int recv_buffer)
 {
 	struct kvp_sub_options o = {.events_url = ev_url, .rpc_url = rpc_url, .pool = pool,
-	                            .timeout_ms = 2000, .recv_buffer = recv_buffer};
+	                            .timeout_ms = 2000, .recv_buffer = recv_buffer,
+	                            .token = use_token};
 	struct kvp_sub_handler h = {.ctx = s, .reset = on_reset, .batch = on_batch};
 	struct kvp_sub *sub = NULL;
 	int rv = KVP_EBUSY;
@@ -144,7 +162,8 @@ subscribe(struct seen *s, const char *pool, int recv_buffer)
 static struct kvp_client *
 client(const char *pool)
 {
-	struct kvp_client_options o = {.url = rpc_url, .pool = pool, .timeout_ms = 2000, .retries = 3};
+	struct kvp_client_options o = {.url = rpc_url, .pool = pool, .timeout_ms = 2000, .retries = 3,
+	                               .token = use_token};
 	struct kvp_client *c = NULL;
 	int rv = KVP_EBUSY;
 	for (int i = 0; i < 50 && rv != KVP_OK; i++)
@@ -485,9 +504,93 @@ test_events_daemon_restart_is_an_epoch_reset(void **state)
 	kvp_sub_get_stats(sub, NULL, &after);
 	assert_int_not_equal(after.epoch, before.epoch);
 	assert_true(after.resets > before.resets);
+	/* Lag is counted in the new epoch only: caught up means 0, though the old epoch
+	 * had reached a higher seq (issue #15 item 7). */
+	assert_true(before.next_seq > after.next_seq);
+	assert_int_equal(after.lag, 0);
 	kvp_client_close(c);
 	kvp_sub_close(sub);
 	kvp_index_destroy(s.ix);
+}
+
+/*
+ * A pool with a token seals its published stream (issue #15 item 4): a peer
+ * that subscribes to the PUB socket without the token gets messages it
+ * cannot read, a subscriber without the token is refused at open, and one
+ * with the token follows the pool exactly, across a daemon restart (a new
+ * key) too.
+ */
+static void
+test_events_token_pool_stream_is_sealed(void **state)
+{
+	nng_socket raw;
+	struct seen s;
+	struct kvp_sub *sub = NULL;
+	struct kvp_sub_options no_tok = {.events_url = ev_url, .rpc_url = rpc_url, .pool = "sec",
+	                                 .timeout_ms = 2000};
+	struct kvp_sub_handler h = {.ctx = &s, .reset = on_reset, .batch = on_batch};
+	struct kvp_event_batch evs;
+	int sealed = 0;
+
+	(void)state;
+	assert_int_equal(nng_sub0_open(&raw), 0);
+	assert_int_equal(nng_socket_set(raw, NNG_OPT_SUB_SUBSCRIBE, "sec", 4), 0);
+	assert_int_equal(nng_socket_set_ms(raw, NNG_OPT_RECVTIMEO, 300), 0);
+	assert_int_equal(nng_dial(raw, ev_url, NULL, 0), 0);
+	memset(&s, 0, sizeof(s));
+	assert_ok(kvp_index_create(&s.ix));
+	assert_status(kvp_sub_open(&no_tok, &h, &sub), KVP_EUNAUTH);
+	kvp_index_destroy(s.ix);
+
+	use_token = SEC_TOKEN;
+	sub = subscribe(&s, "sec", 0);
+	struct kvp_client *c = client("sec");
+	churn(c, 4, 424242);
+	assert_index_matches_pool(sub, &s, c);
+	assert_true(s.stored >= 4);
+	assert_int_equal(s.last_token0, 424242 + 3 * 4);
+
+	/* What the peer without the token received: sealed batches it cannot decode. */
+	kvp_event_batch_init(&evs);
+	for (;;) {
+		nng_msg *m;
+		if (nng_recvmsg(raw, &m, 0) != 0)
+			break;
+		const uint8_t *b = nng_msg_body(m);
+		size_t len = nng_msg_len(m);
+		struct kvp_wire_batch_hdr hdr;
+		struct kvp_seal_key wrong = {.id = 1};
+		uint8_t *plain = NULL;
+		size_t plen;
+		assert_true(len > 4 && memcmp(b, "sec", 4) == 0);
+		assert_status(kvp_wire_events_decode(b + 4, len - 4, &hdr, &evs), KVP_EUNAUTH);
+		assert_int_equal(kvp_event_batch_count(&evs), 0);
+		int rv = kvp_seal_open(&wrong, b + 4, len - 4, &plain, &plen, NULL);
+		assert_true(rv == KVP_ENOTFOUND || rv == KVP_EINVAL);
+		assert_null(plain);
+		nng_msg_free(m);
+		sealed++;
+	}
+	assert_true(sealed >= 4);
+	kvp_event_batch_fini(&evs);
+	nng_close(raw);
+
+	/* A restart draws a new key: the subscriber fetches it and goes on. */
+	kvp_client_detach(c);
+	assert_int_equal(daemon_stop(daemon_pid), 0);
+	daemon_pid = start();
+	c = client("sec");
+	churn(c, 2, 525252);
+	assert_index_matches_pool(sub, &s, c); /* the new epoch seen, so the new key was fetched */
+	int batches = s.batches;
+	churn(c, 1, 626262);
+	assert_index_matches_pool(sub, &s, c);
+	assert_true(s.batches > batches);
+	assert_int_equal(s.last_token0, 626262);
+	kvp_client_close(c);
+	kvp_sub_close(sub);
+	kvp_index_destroy(s.ix);
+	use_token = NULL;
 }
 
 int
@@ -501,6 +604,7 @@ main(void)
 		cmocka_unit_test(test_events_one_subscriber_follows_two_pools),
 		cmocka_unit_test(test_events_random_run_index_stays_exact),
 		cmocka_unit_test(test_events_daemon_restart_is_an_epoch_reset),
+		cmocka_unit_test(test_events_token_pool_stream_is_sealed),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

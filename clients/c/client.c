@@ -182,6 +182,11 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 	snprintf(i->medium, sizeof(i->medium), "%s", p->medium);
 	i->event_epoch = p->event_epoch;
 	i->event_seq = p->event_seq;
+	c->has_event_key = p->event_key.len == KVP_SEAL_KEY_LEN && p->event_key_id != 0;
+	if (c->has_event_key) {
+		memcpy(c->event_key.key, p->event_key.data, KVP_SEAL_KEY_LEN);
+		c->event_key.id = p->event_key_id;
+	}
 	i->max_model_len = p->max_model_len;
 	i->max_ids_per_call = p->max_ids_per_call;
 	i->max_hash_len = p->max_hash_len;
@@ -413,4 +418,13 @@ const char *
 kvp_client_last_detail(const struct kvp_client *c)
 {
 	return c ? c->detail : "";
+}
+
+bool
+kvp_client_event_key_(const struct kvp_client *c, struct kvp_seal_key *out)
+{
+	if (c == NULL || out == NULL || !c->has_event_key)
+		return false;
+	*out = c->event_key;
+	return true;
 }

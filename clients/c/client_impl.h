@@ -15,6 +15,7 @@
 
 #include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
+#include "proto/event_seal.h"
 #include "proto/wire.h"
 
 struct kvp_client {
@@ -32,6 +33,9 @@ struct kvp_client {
 	nng_mtx *mtx;
 	nng_cv *cv;
 	bool connected;
+	/* The pool's event-stream key (a pool with a token), from its PoolInfo. */
+	struct kvp_seal_key event_key;
+	bool has_event_key;
 };
 
 /* Sets the detail (fmt with one %s for arg) and returns status. */
@@ -73,6 +77,9 @@ int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,
 int kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a);
 int kvp_build_lookup_(Kvpool__V1__LookupRequest *m, const struct kvp_client_lookup *q);
 int kvp_build_slots_(Kvpool__V1__AllocateSlotsRequest *m, const struct kvp_client_slots *a);
+
+/* The pool's event-stream key from Hello or a resume; false if it has none (no token). */
+bool kvp_client_event_key_(const struct kvp_client *c, struct kvp_seal_key *out);
 
 /* Reply messages to the public structs, shared by the single calls and batches. */
 void kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clients/c/client_impl.h"
+#include "proto/event_seal.h"
 #include "proto/event_wire.h"
 #include "proto/wire.h"
 
@@ -32,6 +34,7 @@ struct kvp_sub {
 	struct kvp_event_batch events;
 	char detail[256];
 	int replay_failed;                  /* a replayed batch did not fit: resynchronise */
+	uint8_t *plain;                     /* the last sealed batch, opened */
 };
 
 static struct kvp_client_options
@@ -92,6 +95,9 @@ resync(struct kvp_sub *s, struct pool_state *ps)
 		         kvp_client_last_detail(ps->rpc));
 		return rv;
 	}
+	/* A new epoch's seqs start again: what was seen of the old one says nothing of lag. */
+	if (snap->epoch != ps->st.epoch || ps->newest_seen < snap->next_seq)
+		ps->newest_seen = snap->next_seq;
 	ps->st.epoch = snap->epoch;
 	ps->st.next_seq = snap->next_seq;
 	ps->st.resets++;
@@ -154,6 +160,45 @@ repair(struct kvp_sub *s, struct pool_state *ps, uint64_t upto)
 	return KVP_OK;
 }
 
+/*
+ * Opens a sealed batch (a pool with a token) with the key its session got;
+ * when the batch names another key (the daemon restarted and drew a new
+ * one), reopens the session once for the new key. *bytes and *len then
+ * point at the batch in clear (s->plain).
+ */
+static int
+unseal(struct kvp_sub *s, struct pool_state *ps, const uint8_t **bytes, size_t *len)
+{
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct kvp_seal_key k;
+		uint8_t *plain = NULL;
+		size_t n = 0;
+		uint32_t id = 0;
+		int rv = KVP_ENOTFOUND;
+		if (kvp_client_event_key_(ps->rpc, &k))
+			rv = kvp_seal_open(&k, *bytes, *len, &plain, &n, &id);
+		if (rv == KVP_OK) {
+			free(s->plain);
+			s->plain = plain;
+			*bytes = plain;
+			*len = n;
+			return KVP_OK;
+		}
+		if (rv != KVP_ENOTFOUND || attempt > 0) {
+			snprintf(s->detail, sizeof(s->detail),
+			         "%s: a sealed batch (key %08x) cannot be opened with this session's "
+			         "key: %s", ps->name, id, kvp_strerror(rv));
+			return rv == KVP_ENOTFOUND ? KVP_EUNAUTH : rv;
+		}
+		if ((rv = rpc_again(s, ps, KVP_EUNAUTH)) != KVP_EBUSY) {
+			snprintf(s->detail, sizeof(s->detail), "%s: reopening the session for the "
+			         "stream's new key: %s", ps->name, kvp_client_open_detail());
+			return rv;
+		}
+	}
+	return KVP_EUNAUTH;
+}
+
 static struct pool_state *
 pool_of(struct kvp_sub *s, const uint8_t *body, size_t len)
 {
@@ -177,15 +222,16 @@ handle(struct kvp_sub *s, const uint8_t *body, size_t len)
 		return KVP_OK; /* a pool we do not follow */
 	bytes = body + ps->topic_len;
 	len -= ps->topic_len;
-	if ((rv = kvp_wire_events_decode(bytes, len, &h, &s->events)) != KVP_OK) {
+	rv = kvp_wire_events_decode(bytes, len, &h, &s->events);
+	if (rv == KVP_EUNAUTH && (rv = unseal(s, ps, &bytes, &len)) != KVP_OK)
+		return rv;
+	if (rv == KVP_OK && bytes == s->plain)
+		rv = kvp_wire_events_decode(bytes, len, &h, &s->events);
+	if (rv != KVP_OK) {
 		snprintf(s->detail, sizeof(s->detail), "%s: a published batch did not decode",
 		         ps->name);
 		return rv;
 	}
-	/* A tick carries no events; its seq is the next batch's. */
-	uint64_t newest = h.tick ? h.seq : h.seq + 1;
-	if (newest > ps->newest_seen)
-		ps->newest_seen = newest;
 	if (h.epoch != ps->st.epoch) {
 		/* The daemon restarted (or we started before it): start over. */
 		if ((rv = resync(s, ps)) != KVP_OK || h.tick || h.epoch != ps->st.epoch)
@@ -193,6 +239,10 @@ handle(struct kvp_sub *s, const uint8_t *body, size_t len)
 		if ((rv = kvp_wire_events_decode(bytes, len, &h, &s->events)) != KVP_OK)
 			return rv;
 	}
+	/* A tick carries no events; its seq is the next batch's. Only this epoch's count. */
+	uint64_t newest = h.tick ? h.seq : h.seq + 1;
+	if (newest > ps->newest_seen)
+		ps->newest_seen = newest;
 	if (h.tick)
 		return h.seq > ps->st.next_seq ? repair(s, ps, h.seq) : KVP_OK;
 	if (h.seq < ps->st.next_seq)
@@ -357,6 +407,7 @@ kvp_sub_close(struct kvp_sub *s)
 		nng_tls_config_free(s->tls);
 	for (size_t i = 0; s->pools && i < s->num_pools; i++)
 		kvp_client_close(s->pools[i].rpc);
+	free(s->plain);
 	free(s->pools);
 	kvp_event_batch_fini(&s->events);
 	free(s);
