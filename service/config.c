@@ -63,6 +63,9 @@ static const struct setting {
 	                              "llm-d); 0: they do not (Dynamo's listener). Default 1"},
 	{"vllm-buffer-steps", "N", "vLLM-wire batches each pool keeps for replay. Default 10000"},
 	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages. Default 100000"},
+	{"vllm-token-pools", "BOOL", "1: also publish pools that have a token on the vLLM wire, "
+	                             "which has no authentication (anyone who reaches its port "
+	                             "reads their events). Default 0: such pools stay off it"},
 	{"token-file", "PATH", "auth token for pools without their own (file content, trimmed)"},
 	{"token", "TOKEN", "auth token for pools without their own (prefer token-file)"},
 	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "

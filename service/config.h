@@ -76,6 +76,7 @@ struct kvpd_vllm_config {
 	bool replay_topic;             /* replay replies carry the topic frame */
 	uint32_t buffer_steps;         /* batches kept for replay */
 	uint32_t hwm;                  /* send high-water mark */
+	bool token_pools;              /* also publish pools that have a token (no auth there) */
 };
 
 struct kvpd_config {

@@ -37,10 +37,10 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		const struct kvpd_vllm_config *w = &c->vllm;
 		fprintf(out, "vllm-events = %s\nvllm-replay = %s\nvllm-topic = %s\nvllm-pod = %s\n"
 		             "vllm-format = %s\nvllm-hashes = %s\nvllm-replay-topic = %d\n"
-		             "vllm-buffer-steps = %u\nvllm-hwm = %u\n",
+		             "vllm-buffer-steps = %u\nvllm-hwm = %u\nvllm-token-pools = %d\n",
 		        w->endpoint, w->replay[0] ? w->replay : "none", w->topic, w->pod,
 		        w->array_form ? "array" : "map", w->hash_bytes ? "bytes" : "int",
-		        w->replay_topic, w->buffer_steps, w->hwm);
+		        w->replay_topic, w->buffer_steps, w->hwm, w->token_pools);
 	} else {
 		fprintf(out, "vllm-events = none\n");
 	}

@@ -15,6 +15,7 @@
 
 #include "common/kvp_status.h"
 #include "proto/vllm_wire.h"
+#include "service/log.h"
 #include "service/server.h"
 
 /* Largest replay request or subscription a peer may send; vLLM's are 8 bytes. */
@@ -40,6 +41,7 @@ struct pub {
 	struct kvp_vllm_opts opts;
 	struct kvp_vllm_buf buf;         /* encoding scratch; under the pool's lock */
 	struct kvpd_vllm_counters *ctr;
+	bool off;                        /* a pool with a token, not published (vllm-token-pools off) */
 };
 
 struct kvpd_vllm {
@@ -312,6 +314,15 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 	}
 	for (size_t i = 0; i < cfg->num_pools && rv == KVP_OK; i++) {
 		v->n = i + 1;
+		if (cfg->pools[i].token[0] != '\0' && !cfg->vllm.token_pools) {
+			/* The vLLM wire has no authentication: a token's events stay off it. */
+			struct kvpd_log_field f[] = {{"pool", cfg->pools[i].name}};
+			kvpd_log_fields(KVPD_WARN, "vllm", "pool has a token: not published on the "
+			                "vLLM wire, which has no authentication (vllm-token-pools on "
+			                "publishes it)", f, 1);
+			v->pubs[i].off = true;
+			continue;
+		}
 		rv = open_pub(v, &v->pubs[i], cfg, &cfg->pools[i], err, len);
 		any_replay |= v->pubs[i].router != NULL;
 	}
@@ -328,7 +339,8 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 		return rv;
 	}
 	for (size_t i = 0; i < v->n; i++)
-		v->pubs[i].ctr = kvpd_server_set_event_sink(srv, i, emit, &v->pubs[i]);
+		if (!v->pubs[i].off)
+			v->pubs[i].ctr = kvpd_server_set_event_sink(srv, i, emit, &v->pubs[i]);
 	*out = v;
 	return KVP_OK;
 }
@@ -347,6 +359,8 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 		pthread_join(v->thr, NULL);
 	for (size_t i = 0; i < v->n; i++) {
 		struct pub *p = &v->pubs[i];
+		if (p->off)
+			continue;
 		if (p->pub)
 			zmq_close(p->pub);
 		if (p->router)

@@ -347,12 +347,76 @@ test_vllm_wire_array_events_bare_replies_rank1_centralised(void **state)
 	run_variant(&v);
 }
 
+/* Runs kvpoold with an open pool and a pool with a token on the vLLM wire; returns /metrics. */
+static void
+token_pool_metrics(bool token_pools, char *metrics, size_t cap)
+{
+	char rpc[128], pub[128], tok[96], sec[192], admin[64];
+	int port = daemon_admin_port();
+	snprintf(rpc, sizeof(rpc), "ipc:///tmp/kvpool-vwt-%d.ipc", (int)getpid());
+	/* tcp: the second pool's dp_rank offsets the port, as vLLM does */
+	snprintf(pub, sizeof(pub), "tcp://127.0.0.1:%d", 46000 + (int)(getpid() % 5000) * 2);
+	snprintf(tok, sizeof(tok), "/tmp/kvpool-vwt-tok-%d", (int)getpid());
+	snprintf(sec, sizeof(sec), "name=sec,blocks=16,block_size=4,dp_rank=1,token_file=%s", tok);
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", port);
+	FILE *f = fopen(tok, "w");
+	assert_non_null(f);
+	fputs("t0ken\n", f);
+	fclose(f);
+	const char *args[] = {"--rpc", rpc, "--events", "none", "--admin", admin,
+	                      "--vllm-events", pub, "--vllm-replay", "none",
+	                      "--vllm-token-pools", token_pools ? "1" : "0",
+	                      "--pool", "name=open,blocks=16,block_size=4,dp_rank=0",
+	                      "--pool", sec, NULL};
+	pid_t d = daemon_start(args);
+	const char *pools[] = {"open", "sec"};
+	for (int p = 0; p < 2; p++) {
+		struct kvp_client_options o = {.url = rpc, .pool = pools[p], .timeout_ms = 2000,
+		                               .token = p ? "t0ken" : NULL};
+		struct kvp_client *c = NULL;
+		int32_t id;
+		int64_t toks[4] = {7, 8, 9, 10};
+		int rv = KVP_EBUSY;
+		for (int i = 0; i < 50 && rv != KVP_OK; i++)
+			if ((rv = kvp_client_open(&o, &c)) != KVP_OK)
+				sleep_ms(50);
+		assert_ok(rv);
+		assert_ok(kvp_client_allocate(c, 1, &id));
+		struct kvp_client_cache ca = {.block_ids = &id, .num_block_ids = 1,
+		                              .num_full_blocks = 1, .tokens = toks, .num_tokens = 4};
+		assert_ok(kvp_client_cache(c, &ca, NULL));
+		kvp_client_close(c);
+	}
+	assert_int_equal(http_get(port, "/metrics", metrics, cap), 200);
+	assert_int_equal(daemon_stop(d), 0);
+	unlink(tok);
+}
+
+/*
+ * The vLLM wire has no authentication, so a pool with a token stays off it
+ * unless the operator says otherwise (issue #15 item 4): its events are
+ * never published there by default.
+ */
+static void
+test_vllm_wire_token_pool_stays_off_unless_asked(void **state)
+{
+	static char m[1 << 16];
+	(void)state;
+	token_pool_metrics(false, m, sizeof(m));
+	assert_non_null(strstr(m, "kvpool_vllm_batches_published_total{pool=\"open\"} 1"));
+	assert_null(strstr(m, "kvpool_vllm_batches_published_total{pool=\"sec\"}"));
+	token_pool_metrics(true, m, sizeof(m));
+	assert_non_null(strstr(m, "kvpool_vllm_batches_published_total{pool=\"open\"} 1"));
+	assert_non_null(strstr(m, "kvpool_vllm_batches_published_total{pool=\"sec\"} 1"));
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_vllm_wire_map_events_topic_replies_rank0_ipc),
 		cmocka_unit_test(test_vllm_wire_array_events_bare_replies_rank1_centralised),
+		cmocka_unit_test(test_vllm_wire_token_pool_stays_off_unless_asked),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

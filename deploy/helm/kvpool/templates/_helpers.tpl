@@ -62,6 +62,7 @@ vllm-hashes = {{ .hashes }}
 vllm-replay-topic = {{ ternary 1 0 .replayTopic }}
 vllm-buffer-steps = {{ int64 .bufferSteps }}
 vllm-hwm = {{ int64 .hwm }}
+vllm-token-pools = {{ ternary 1 0 .includeTokenPools }}
 {{- end }}
 {{- end }}
 executor = {{ ternary "cuda" .Values.executor.backend .Values.gpu.enabled }}
