@@ -214,27 +214,21 @@ add_pool(struct kvpd_config *c, const char *spec, struct state *st)
 	return 0;
 }
 
-/* The executor's global settings: 0, -1 bad value, -2 not one of them. */
+/* The executor's global settings (the pool spec's executor items, named for the command line). */
 static int
 apply_exec(struct kvpd_exec_settings *e, const char *name, const char *v)
 {
-	if (strcmp(name, "executor") == 0)
-		return kvpd_cfg_copy_str(e->backend, sizeof(e->backend), v);
-	if (strcmp(name, "device") == 0)
-		return kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&e->device);
-	if (strcmp(name, "kv-layers") == 0)
-		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_LAYERS, &e->layers);
-	if (strcmp(name, "kv-heads") == 0)
-		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEADS, &e->heads);
-	if (strcmp(name, "kv-head-size") == 0)
-		return kvpd_cfg_parse_u32(v, 1, KVP_KV_MAX_HEAD_SIZE, &e->head_size);
-	if (strcmp(name, "kv-dtype") == 0)
-		return kvpd_cfg_copy_str(e->dtype, sizeof(e->dtype), v);
-	if (strcmp(name, "kv-layout") == 0)
-		return kvpd_cfg_copy_str(e->layout, sizeof(e->layout), v);
-	if (strcmp(name, "kv-memory") == 0)
-		return kvpd_cfg_copy_str(e->memory, sizeof(e->memory),
-		                         v && strcmp(v, "none") == 0 ? "" : v);
+	static const char *const names[][2] = {
+		{"executor", "executor"}, {"device", "device"},         {"kv-layers", "layers"},
+		{"kv-heads", "heads"},     {"kv-head-size", "head_size"}, {"kv-dtype", "dtype"},
+		{"kv-layout", "layout"},   {"kv-memory", "memory"},
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i][0]) == 0) {
+			if (strcmp(name, "kv-memory") == 0 && v && strcmp(v, "none") == 0)
+				v = "";
+			return kvpd_cfg_exec_item(e, names[i][1], v);
+		}
 	return -2;
 }
 

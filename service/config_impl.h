@@ -27,6 +27,12 @@ int kvpd_cfg_resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *
  * *out, defaults filled: 0, or -1 after printing why (*out unchanged).
  */
 int kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *err);
+/*
+ * One executor item (executor, device, layers, heads, head_size, dtype,
+ * layout, memory) into e, for a pool spec and the global kv-* settings
+ * alike: 0, -1 bad value, -2 not an executor item.
+ */
+int kvpd_cfg_exec_item(struct kvpd_exec_settings *e, const char *k, const char *v);
 /* Reads a token file (trailing whitespace dropped) into dst: 0, or -1 after printing why. */
 int kvpd_cfg_read_token(const char *path, char *dst, FILE *err);
 

@@ -55,9 +55,8 @@ short_form(struct kvpd_pool_config *p, char *buf)
 	return 0;
 }
 
-/* An executor item of a pool spec: 0, -1 bad value, -2 not an executor key. */
-static int
-exec_item(struct kvpd_exec_settings *e, const char *k, const char *v)
+int
+kvpd_cfg_exec_item(struct kvpd_exec_settings *e, const char *k, const char *v)
 {
 	if (strcmp(k, "executor") == 0)
 		return kvpd_cfg_copy_str(e->backend, sizeof(e->backend), v);
@@ -120,7 +119,7 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p->dp_rank);
 	if (strcmp(k, "model") == 0)
 		return kvpd_cfg_copy_str(p->model, sizeof(p->model), v);
-	int rv = exec_item(&p->exec, k, v);
+	int rv = kvpd_cfg_exec_item(&p->exec, k, v);
 	return rv == -2 ? -1 : rv;
 }
 
