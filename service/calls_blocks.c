@@ -305,6 +305,7 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	size_t ncoarse = nh / k, hit = 0;
 	int32_t *ids = kvpd_scratch(c, ncoarse * ng * sizeof(*ids));
 	int32_t *row = kvpd_scratch(c, ng * sizeof(*row));
+	uint32_t *refs;
 	if (ids == NULL || row == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	/* Left to right, all groups per position, stopping at the first miss. */
@@ -318,6 +319,15 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	/* Compact to hit entries per group, group after group. */
 	for (size_t g = 1; g < ng; g++)
 		memmove(ids + g * hit, ids + g * ncoarse, hit * sizeof(*ids));
+	/* vLLM's callers read a hit's ref_cnt (an evictable hit counts against capacity). */
+	if (hit > 0) {
+		if ((refs = kvpd_scratch(c, hit * ng * sizeof(*refs))) == NULL)
+			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+		for (size_t i = 0; i < hit * ng; i++)
+			refs[i] = (uint32_t)kvp_pool_ref_cnt(c->p->pool, ids[i]);
+		r->ref_cnts = refs;
+		r->n_ref_cnts = hit * ng;
+	}
 	r->num_hit_blocks = (uint32_t)hit;
 	r->block_ids = ids;
 	r->n_block_ids = hit * ng;

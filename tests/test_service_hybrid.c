@@ -299,6 +299,41 @@ test_service_hybrid_sha256_pickle_pool_hashes_as_vllm(void **state)
 	kvp_client_close(c);
 }
 
+/* Lookup reports each hit's ref count (vLLM's callers read blk.ref_cnt). */
+static void
+test_service_lookup_reports_ref_counts(void **state)
+{
+	struct kvp_client *c = open_pool("pickle"), *d = open_pool("pickle");
+	int64_t tok[40];
+	int32_t ids[64], hit[8];
+	uint32_t refs[8], nb, nt;
+	struct kvp_client_slots_result res;
+	(void)state;
+	for (int i = 0; i < 40; i++)
+		tok[i] = 1000 + i;
+	prefill(c, 7, tok, 40, ids, &res); /* 2 full blocks cached, 1 partial */
+	assert_int_equal(res.num_new_blocks, 3);
+	struct kvp_client_slots a = {.request_id = 8, .prompt = tok, .num_prompt = 40,
+	                             .use_prefix_cache = true};
+	assert_ok(kvp_client_allocate_slots(d, &a, ids + 8, 56, &res));
+	assert_int_equal(res.hit_tokens, 32);
+	struct kvp_client_lookup q = {.tokens = tok, .num_tokens = 40};
+	assert_ok(kvp_client_lookup_refs(c, &q, hit, refs, 8, &nb, &nt));
+	assert_int_equal(nb, 2);
+	assert_int_equal(refs[0], 2); /* both requests hold the shared prefix */
+	assert_int_equal(refs[1], 2);
+	assert_ok(kvp_client_free_request(d, 8, false));
+	assert_ok(kvp_client_lookup_refs(c, &q, hit, refs, 8, &nb, &nt));
+	assert_int_equal(refs[0], 1);
+	assert_ok(kvp_client_free_request(c, 7, false));
+	assert_ok(kvp_client_lookup_refs(c, &q, hit, refs, 8, &nb, &nt));
+	assert_int_equal(nb, 2); /* evictable cached blocks: still hit, held by none */
+	assert_int_equal(refs[0], 0);
+	assert_int_equal(refs[1], 0);
+	kvp_client_close(d);
+	kvp_client_close(c);
+}
+
 int
 main(void)
 {
@@ -309,6 +344,7 @@ main(void)
 		cmocka_unit_test(test_service_hybrid_qwen3next_mamba),
 		cmocka_unit_test(test_service_hybrid_caching_off_and_coarse_blocks),
 		cmocka_unit_test(test_service_hybrid_sha256_pickle_pool_hashes_as_vllm),
+		cmocka_unit_test(test_service_lookup_reports_ref_counts),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -534,6 +534,8 @@ kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *o
 		out->slots.hit_tokens = r->lookup->hit_tokens;
 		out->hashes = r->lookup->block_hashes.data;
 		out->num_hashes = r->lookup->block_hashes.len / KVP_HASH_LEN;
+		if (r->lookup->n_ref_cnts == r->lookup->n_block_ids && r->lookup->n_ref_cnts > 0)
+			out->ref_cnts = r->lookup->ref_cnts;
 		break;
 	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsReply *s = r->allocate_slots;

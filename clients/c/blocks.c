@@ -109,6 +109,14 @@ int
 kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
                   size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens)
 {
+	return kvp_client_lookup_refs(c, q, ids, NULL, cap, num_hit_blocks, hit_tokens);
+}
+
+int
+kvp_client_lookup_refs(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
+                       uint32_t *ref_cnts, size_t cap, uint32_t *num_hit_blocks,
+                       uint32_t *hit_tokens)
+{
 	Kvpool__V1__LookupRequest m;
 	Kvpool__V1__RequestKeys keys;
 	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
@@ -133,8 +141,15 @@ kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32
 		kvpool__v1__reply__free_unpacked(r, NULL);
 		return kvp_client_fail_(c, KVP_EINVAL, "lookup: more hits than the ids buffer holds", NULL);
 	}
+	if (ref_cnts && hit > 0 && r->lookup->n_ref_cnts != hit * groups) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_ENOTSUP, "lookup: this daemon reports no ref counts "
+		                        "(it predates LookupReply.ref_cnts)", NULL);
+	}
 	for (size_t g = 0; g < groups && ids && hit > 0; g++)
 		memcpy(ids + g * cap, r->lookup->block_ids + g * hit, hit * sizeof(*ids));
+	for (size_t g = 0; g < groups && ref_cnts && hit > 0; g++)
+		memcpy(ref_cnts + g * cap, r->lookup->ref_cnts + g * hit, hit * sizeof(*ref_cnts));
 	*num_hit_blocks = (uint32_t)hit;
 	if (hit_tokens)
 		*hit_tokens = r->lookup->hit_tokens;

@@ -154,6 +154,15 @@ struct kvp_client_lookup {
 };
 int kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
                       size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens);
+/*
+ * As kvp_client_lookup, and ref_cnts (laid out as ids) gets each hit block's
+ * ref count as the daemon saw it during the lookup (0: an evictable cached
+ * block). Another session may change it at once after. KVP_ENOTSUP from a
+ * daemon that does not report them.
+ */
+int kvp_client_lookup_refs(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
+                           uint32_t *ref_cnts, size_t cap, uint32_t *num_hit_blocks,
+                           uint32_t *hit_tokens);
 
 int kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted);
 int kvp_client_reset(struct kvp_client *c);
@@ -307,6 +316,7 @@ struct kvp_batch_result {
 	size_t num_hashes;
 	bool has_stats;
 	struct kvp_client_stats stats; /* stats */
+	const uint32_t *ref_cnts;   /* lookup: each hit's ref count, as block_ids; NULL if none */
 };
 /* KVP_OK (out filled), KVP_ENOTFOUND (call i did not run: out->status says so), KVP_EINVAL. */
 int kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *out);
