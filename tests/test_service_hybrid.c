@@ -299,7 +299,8 @@ test_service_hybrid_sha256_pickle_pool_hashes_as_vllm(void **state)
 	kvp_client_close(c);
 }
 
-/* Lookup reports each hit's ref count (vLLM's callers read blk.ref_cnt). */
+/* Lookup reports each hit's ref count (vLLM's callers read blk.ref_cnt);
+ * Cache takes vLLM's block_mask. */
 static void
 test_service_lookup_reports_ref_counts(void **state)
 {
@@ -330,6 +331,18 @@ test_service_lookup_reports_ref_counts(void **state)
 	assert_int_equal(nb, 2); /* evictable cached blocks: still hit, held by none */
 	assert_int_equal(refs[0], 0);
 	assert_int_equal(refs[1], 0);
+	/* Cache with vLLM's block_mask: the masked-out block is not stored. */
+	int64_t t2[48];
+	const uint8_t mask[3] = {1, 0, 1};
+	uint32_t stored = 99;
+	for (int i = 0; i < 48; i++)
+		t2[i] = 5000 + i;
+	assert_ok(kvp_client_allocate(c, 3, ids));
+	struct kvp_client_cache ca = {.block_ids = ids, .num_block_ids = 3, .num_full_blocks = 3,
+	                              .tokens = t2, .num_tokens = 48, .block_mask = mask};
+	assert_ok(kvp_client_cache(c, &ca, &stored));
+	assert_int_equal(stored, 2);
+	assert_ok(kvp_client_free(c, ids, 3));
 	kvp_client_close(d);
 	kvp_client_close(c);
 }

@@ -314,7 +314,8 @@ kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 	if (!OWN(b, m->block_ids, m->n_block_ids * sizeof(int32_t)) ||
 	    !OWN(b, m->block_hashes.data, m->block_hashes.len) ||
 	    !OWN(b, m->token_ids, m->n_token_ids * sizeof(int64_t)) ||
-	    !OWN(b, m->parent_hash.data, m->parent_hash.len))
+	    !OWN(b, m->parent_hash.data, m->parent_hash.len) ||
+	    !OWN(b, m->block_mask.data, m->block_mask.len))
 		return KVP_ENOMEM;
 	if ((a->keys || a->has_lora_id) &&
 	    (m->keys = own_keys(b, a->keys, a->has_lora_id, a->lora_id)) == NULL)

@@ -185,6 +185,28 @@ kvp_client_heartbeat(struct kvp_client *c)
 	return rv;
 }
 
+int
+kvp_client_event_position(struct kvp_client *c, uint64_t *epoch, uint64_t *next_seq)
+{
+	Kvpool__V1__HeartbeatRequest m = KVPOOL__V1__HEARTBEAT_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || epoch == NULL || next_seq == NULL)
+		return KVP_EINVAL;
+	m.with_pool_info = true;
+	KVP_CLIENT_CALL(c, heartbeat, HEARTBEAT, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_HEARTBEAT || r->heartbeat->pool == NULL) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "heartbeat: no pool description", NULL);
+	}
+	*epoch = r->heartbeat->pool->event_epoch;
+	*next_seq = r->heartbeat->pool->event_seq;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
 void
 kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_stats *out)
 {

@@ -28,6 +28,12 @@ kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a)
 	m->n_token_ids = a->tokens ? a->num_tokens : 0;
 	m->parent_hash.data = (uint8_t *)a->parent_hash;
 	m->parent_hash.len = a->parent_hash ? KVP_HASH_LEN : 0;
+	if (a->block_mask != NULL) {
+		if (a->num_full_blocks < a->num_cached_blocks)
+			return KVP_EINVAL;
+		m->block_mask.data = (uint8_t *)a->block_mask;
+		m->block_mask.len = a->num_full_blocks - a->num_cached_blocks;
+	}
 	return KVP_OK;
 }
 

@@ -134,6 +134,8 @@ struct kvp_client_cache {
 	const struct kvp_request_keys *keys;
 	bool has_lora_id;
 	int64_t lora_id;
+	/* NULL, or num_full_blocks - num_cached_blocks bytes: 0 skips that block (vLLM's block_mask) */
+	const uint8_t *block_mask;
 };
 int kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored);
 
@@ -168,6 +170,13 @@ int kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_
 int kvp_client_reset(struct kvp_client *c);
 int kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out);
 int kvp_client_heartbeat(struct kvp_client *c);
+/*
+ * The pool's event stream position now (a Heartbeat): its epoch and the seq
+ * its next batch will get. Every event of a call that returned before this
+ * one is in a batch below next_seq, so a subscriber that has delivered up
+ * to next_seq has seen them all.
+ */
+int kvp_client_event_position(struct kvp_client *c, uint64_t *epoch, uint64_t *next_seq);
 
 /*
  * The request-level calls (vLLM's KVCacheManager, group 0). A request id is
