@@ -7,17 +7,22 @@
         c.free(ids)
 
 Built on libkvpool.so through ctypes: nothing is compiled at install time.
+kvpool.vllm has adapters shaped like vLLM's BlockPool and KVCacheManager.
 """
 from .errors import (BY_STATUS, Busy, Internal, InvalidArgument, KvpoolError, MessageTooLarge,
                      NoDevice, NoMemory, NoSpace, NotFound, NotOwner, NotSupported, OutOfRange,
                      Unauthenticated, Unavailable, UnknownPool, UnsupportedVersion, WrongState)
 from .client import Client, Hasher, SlotsResult
+from .batch import Batch, CallResult
+from .events import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, Index, Reset,
+                     Subscriber)
 from . import _lib
 
 __version__ = "0.1.0"
 library_path = _lib.path
 
-__all__ = ["Client", "Hasher", "SlotsResult", "KvpoolError", "InvalidArgument", "NoSpace",
+__all__ = ["Client", "Hasher", "SlotsResult", "Batch", "CallResult", "Subscriber", "Index",
+           "EventBatch", "Reset", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KvpoolError", "InvalidArgument", "NoSpace",
            "NotFound", "WrongState", "NotOwner", "UnknownPool", "UnsupportedVersion",
            "MessageTooLarge", "Unauthenticated", "Busy", "Internal", "OutOfRange", "NoMemory",
            "NotSupported", "NoDevice", "Unavailable", "BY_STATUS", "library_path"]

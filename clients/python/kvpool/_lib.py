@@ -110,7 +110,7 @@ class Cache(Structure):
                 ("hashes", POINTER(c_uint8)), ("num_hashes", c_size_t),
                 ("tokens", POINTER(c_int64)), ("num_tokens", c_size_t),
                 ("parent_hash", POINTER(c_uint8)), ("keys", POINTER(RequestKeys)),
-                ("has_lora_id", c_bool), ("lora_id", c_int64)]
+                ("has_lora_id", c_bool), ("lora_id", c_int64), ("block_mask", POINTER(c_uint8))]
 
 
 class Lookup(Structure):
@@ -182,3 +182,105 @@ kvp_hasher_destroy = _fn("kvp_hasher_destroy", None, c_void_p)
 kvp_hasher_none_hash = _fn("kvp_hasher_none_hash", U8P, c_void_p)
 kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys), I64P, c_size_t,
                        c_uint32, U8P, c_size_t, U8P, c_size_t, POINTER(c_size_t))
+kvp_client_lookup_refs = _fn("kvp_client_lookup_refs", c_int, CLIENT, POINTER(Lookup), I32P, U32P,
+                             c_size_t, POINTER(c_uint32), POINTER(c_uint32))
+kvp_client_event_position = _fn("kvp_client_event_position", c_int, CLIENT, POINTER(c_uint64),
+                                POINTER(c_uint64))
+kvp_client_write_tokens = _fn("kvp_client_write_tokens", c_int, CLIENT, c_bool, c_uint32, I64P,
+                              c_size_t, c_void_p, c_void_p, c_size_t)
+
+# ---- the batch (clients/c/kvpool.h) ----
+BATCH = c_void_p
+BATCH_CONTINUE, BATCH_BORROW = 0x1, 0x2
+
+
+class BatchResult(Structure):
+    _fields_ = [("status", c_int), ("detail", c_char_p), ("has_block_ids", c_bool),
+                ("block_ids", I32P), ("num_block_ids", c_size_t), ("count", c_uint32),
+                ("slots", SlotsResult), ("hashes", U8P), ("num_hashes", c_size_t),
+                ("has_stats", c_bool), ("stats", Stats), ("ref_cnts", U32P)]
+
+
+kvp_batch_create = _fn("kvp_batch_create", c_int, POINTER(BATCH))
+kvp_batch_destroy = _fn("kvp_batch_destroy", None, BATCH)
+kvp_batch_clear = _fn("kvp_batch_clear", None, BATCH)
+kvp_batch_count = _fn("kvp_batch_count", c_size_t, BATCH)
+kvp_batch_set_flags = _fn("kvp_batch_set_flags", c_int, BATCH, ctypes.c_uint)
+kvp_batch_allocate = _fn("kvp_batch_allocate", c_int, BATCH, c_uint32)
+kvp_batch_touch = _fn("kvp_batch_touch", c_int, BATCH, I32P, c_size_t)
+kvp_batch_free = _fn("kvp_batch_free", c_int, BATCH, I32P, c_size_t)
+kvp_batch_evict = _fn("kvp_batch_evict", c_int, BATCH, I32P, c_size_t)
+kvp_batch_cache = _fn("kvp_batch_cache", c_int, BATCH, POINTER(Cache))
+kvp_batch_lookup = _fn("kvp_batch_lookup", c_int, BATCH, POINTER(Lookup))
+kvp_batch_allocate_slots = _fn("kvp_batch_allocate_slots", c_int, BATCH, POINTER(Slots))
+kvp_batch_free_request = _fn("kvp_batch_free_request", c_int, BATCH, c_uint64, c_bool)
+kvp_batch_get_computed_blocks = _fn("kvp_batch_get_computed_blocks", c_int, BATCH, c_uint64)
+kvp_batch_stats = _fn("kvp_batch_stats", c_int, BATCH)
+kvp_client_batch = _fn("kvp_client_batch", c_int, CLIENT, BATCH, POINTER(c_size_t))
+kvp_batch_result = _fn("kvp_batch_result", c_int, BATCH, c_size_t, POINTER(BatchResult))
+
+# ---- events, the subscriber, the index (common/events.h, subscriber.h, kvindex.h) ----
+EVENT_STORED, EVENT_REMOVED, EVENT_CLEARED = 1, 2, 3
+
+
+class Event(Structure):
+    _fields_ = [("type", c_int), ("num_hashes", c_uint32), ("hash_len", c_uint32),
+                ("hashes", U8P), ("parent", U8P), ("token_ids", I64P), ("num_tokens", c_uint32),
+                ("block_size", c_uint32), ("has_lora_id", c_bool), ("lora_id", c_int64),
+                ("lora_name", c_char_p), ("medium", c_char_p), ("extra_keys", U8P),
+                ("extra_key_offsets", U32P), ("has_group_idx", c_bool), ("group_idx", c_uint32),
+                ("spec_kind", c_char_p), ("has_sliding_window", c_bool),
+                ("sliding_window", c_int64)]
+
+
+class SnapshotEntry(Structure):
+    _fields_ = [("hash", U8P), ("hash_len", c_size_t), ("group_idx", c_uint32),
+                ("num_blocks", c_uint32)]
+
+
+class Snapshot(Structure):
+    _fields_ = [("epoch", c_uint64), ("next_seq", c_uint64), ("entries", POINTER(SnapshotEntry)),
+                ("num_entries", c_size_t), ("storage", c_void_p)]
+
+
+class SubOptions(Structure):
+    _fields_ = [("events_url", c_char_p), ("rpc_url", c_char_p), ("pool", c_char_p),
+                ("pools", POINTER(c_char_p)), ("num_pools", c_size_t), ("token", c_char_p),
+                ("timeout_ms", c_uint32), ("recv_buffer", c_int), ("tls_ca_file", c_char_p),
+                ("tls_cert_file", c_char_p), ("tls_key_file", c_char_p),
+                ("tls_server_name", c_char_p)]
+
+
+RESET_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_uint64, c_uint64,
+                            POINTER(SnapshotEntry), c_size_t)
+BATCH_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_uint64, c_uint64, c_uint64, c_void_p)
+
+
+class SubHandler(Structure):
+    _fields_ = [("ctx", c_void_p), ("reset", RESET_FN), ("batch", BATCH_FN)]
+
+
+class SubStats(Structure):
+    _fields_ = [("epoch", c_uint64), ("next_seq", c_uint64), ("batches", c_uint64),
+                ("gaps", c_uint64), ("replayed", c_uint64), ("resets", c_uint64),
+                ("lag", c_uint64)]
+
+
+kvp_event_batch_count = _fn("kvp_event_batch_count", c_size_t, c_void_p)
+kvp_event_batch_get = _fn("kvp_event_batch_get", c_int, c_void_p, c_size_t, POINTER(Event))
+kvp_client_snapshot = _fn("kvp_client_snapshot", c_int, CLIENT, POINTER(POINTER(Snapshot)))
+kvp_snapshot_free = _fn("kvp_snapshot_free", None, POINTER(Snapshot))
+kvp_sub_open = _fn("kvp_sub_open", c_int, POINTER(SubOptions), POINTER(SubHandler),
+                   POINTER(c_void_p))
+kvp_sub_poll = _fn("kvp_sub_poll", c_int, c_void_p, c_uint32)
+kvp_sub_get_stats = _fn("kvp_sub_get_stats", c_int, c_void_p, c_char_p, POINTER(SubStats))
+kvp_sub_last_detail = _fn("kvp_sub_last_detail", c_char_p, c_void_p)
+kvp_sub_close = _fn("kvp_sub_close", None, c_void_p)
+kvp_index_create = _fn("kvp_index_create", c_int, POINTER(c_void_p))
+kvp_index_destroy = _fn("kvp_index_destroy", None, c_void_p)
+kvp_index_reset = _fn("kvp_index_reset", c_int, c_void_p, POINTER(SnapshotEntry), c_size_t)
+kvp_index_apply = _fn("kvp_index_apply", c_int, c_void_p, c_void_p)
+kvp_index_count = _fn("kvp_index_count", c_uint32, c_void_p, U8P, c_size_t, c_uint32)
+kvp_index_size = _fn("kvp_index_size", c_size_t, c_void_p)
+kvp_index_prefix = _fn("kvp_index_prefix", c_size_t, c_void_p, U8P, c_size_t, c_size_t, c_uint32)
+kvp_index_equals = _fn("kvp_index_equals", c_bool, c_void_p, POINTER(SnapshotEntry), c_size_t)

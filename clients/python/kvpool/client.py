@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvpool.Client: one session with one pool of a kvpoold, over libkvpool."""
+import array
 import ctypes
-from ctypes import byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_void_p
+from ctypes import byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 
 from . import _lib as L
@@ -13,14 +14,31 @@ def _raise(rv, detail=""):
     raise BY_STATUS.get(rv, KvpoolError)(rv, name, detail)
 
 
+def _array(typecode, ctype, seq):
+    """(a ctypes array over the values, count): one conversion through the
+    array module, no per-item ctypes objects."""
+    a = array.array(typecode, seq if seq is not None else ())
+    n = len(a)
+    if n == 0:
+        return (ctype * 1)(), 0
+    return (ctype * n).from_buffer(a), n
+
+
 def _ids(seq):
-    seq = list(seq)
-    return (c_int32 * max(len(seq), 1))(*seq), len(seq)
+    return _array("i", c_int32, seq)
 
 
 def _tokens(seq):
-    seq = list(seq)
-    return (c_int64 * max(len(seq), 1))(*seq), len(seq)
+    return _array("q", c_int64, seq)
+
+
+def _hashes(hashes):
+    """Concatenated 32-byte hashes as a uint8 array, and how many."""
+    raw = b"".join(hashes)
+    if len(raw) % L.HASH_LEN:
+        raise ValueError("kvpool: block hashes must be 32 bytes each (vLLM's BlockHash)")
+    n = len(raw) // L.HASH_LEN
+    return (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0"), n
 
 
 def _buffer(obj, writable):
@@ -103,6 +121,7 @@ class Client:
     def __init__(self, url, pool=None, token=None, *, timeout_ms=5000, retries=2,
                  lease_ms=0, client_name="kvpool-python", tls=None, session_id=0,
                  connect_timeout_ms=0):
+        self.url = url
         tls = tls or {}
         unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name"}
         if unknown:
@@ -143,7 +162,7 @@ class Client:
     # ---- lifetime ----
     def close(self):
         """Ends the session. Idempotent."""
-        if self._c:
+        if getattr(self, "_c", None):
             L.kvp_client_close(self._c)
             self._c = None
 
@@ -210,7 +229,7 @@ class Client:
         toks, ntok = _tokens(tokens)
         keys, keep = _keys(lora_name, cache_salt, mm)
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
-                    ntok, None, ctypes.pointer(keys) if keys else None, False, 0)
+                    ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
         out = c_uint32()
         self._check(L.kvp_client_cache(self._live(), byref(a), byref(out)))
         del keep
@@ -227,6 +246,78 @@ class Client:
         self._check(L.kvp_client_lookup(self._live(), byref(q), ids, cap, byref(nb), byref(ht)))
         del keep
         return list(ids[:nb.value]), ht.value
+
+    def cache_hashes(self, block_ids, block_hashes, num_cached_blocks, num_full_blocks, *,
+                     block_size=0, group_id=0, tokens=None, lora_name=None, lora_id=None,
+                     cache_salt=None, mm=None, block_mask=None):
+        """vLLM's cache_full_blocks with the request's own fine hashes (32
+        bytes each, from position 0) and, for the BlockStored event, its
+        tokens from position 0 and extra keys. block_mask: None, or one
+        bool per block in [num_cached_blocks, num_full_blocks). Returns how
+        many blocks were newly stored."""
+        ids, nids = _ids(block_ids)
+        hs, nh = _hashes(block_hashes)
+        toks, ntok = _tokens(tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        mask = None
+        if block_mask is not None:
+            block_mask = bytes(1 if b else 0 for b in block_mask)
+            if len(block_mask) != max(num_full_blocks - num_cached_blocks, 0):
+                raise ValueError("kvpool: block_mask needs num_full_blocks - num_cached_blocks "
+                                 "entries")
+            mask = (c_uint8 * max(len(block_mask), 1)).from_buffer_copy(block_mask or b"\0")
+        a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, block_size, hs, nh,
+                    toks if tokens is not None else None, ntok, None,
+                    ctypes.pointer(keys) if keys else None, lora_id is not None,
+                    lora_id or 0, mask)
+        out = c_uint32()
+        self._check(L.kvp_client_cache(self._live(), byref(a), byref(out)))
+        del keep
+        return out.value
+
+    def lookup_hashes(self, block_hashes, *, group_ids=(0,), block_size=0):
+        """The longest cached prefix of a hash chain (fine hashes; block_size
+        a multiple of the pool's hash block size groups them), all groups or
+        nothing per position: ([ids per group], [ref counts per group]),
+        the ref counts as the daemon saw them during the call."""
+        hs, nh = _hashes(block_hashes)
+        groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
+        q = L.Lookup(hs, nh, None, 0, None, groups, len(group_ids), block_size)
+        cap = max(1, nh)
+        ng = max(len(group_ids), 1)
+        ids, refs = (c_int32 * (cap * ng))(), (c_uint32 * (cap * ng))()
+        nb, ht = c_uint32(), c_uint32()
+        self._check(L.kvp_client_lookup_refs(self._live(), byref(q), ids, refs, cap, byref(nb),
+                                             byref(ht)))
+        n = nb.value
+        return ([list(ids[g * cap:g * cap + n]) for g in range(ng)],
+                [list(refs[g * cap:g * cap + n]) for g in range(ng)])
+
+    def event_position(self):
+        """(epoch, next_seq) of the pool's event stream now: every event of a
+        call that returned before this one is in a batch below next_seq."""
+        e, s = c_uint64(), c_uint64()
+        self._check(L.kvp_client_event_position(self._live(), byref(e), byref(s)))
+        return e.value, s.value
+
+    def snapshot(self):
+        """Every cached (hash, group) now: (epoch, next_seq, {(hash, group): blocks})."""
+        out = ctypes.POINTER(L.Snapshot)()
+        self._check(L.kvp_client_snapshot(self._live(), byref(out)))
+        try:
+            snap = out.contents
+            entries = {}
+            for i in range(snap.num_entries):
+                e = snap.entries[i]
+                entries[(bytes(e.hash[:e.hash_len]), e.group_idx)] = e.num_blocks
+            return snap.epoch, snap.next_seq, entries
+        finally:
+            L.kvp_snapshot_free(out)
+
+    def batch(self, *, keep_going=False, borrow=False):
+        """A new kvpool.Batch for this client (see Batch)."""
+        from .batch import Batch
+        return Batch(self, keep_going=keep_going, borrow=borrow)
 
     # ---- requests (vLLM's KVCacheManager) ----
     def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
@@ -290,6 +381,20 @@ class Client:
         if n != m:
             raise ValueError("kvpool: copy_blocks: src and dst differ in length")
         self._check(L.kvp_client_copy_blocks(self._live(), s, d, n))
+
+    def write_tokens(self, slots, k, v, *, layer=None):
+        """vLLM's reshape_and_cache_flash: K and V of len(slots) tokens placed
+        by slot (-1 skips a token). With layer=None, k and v hold every layer
+        ([layers][n][heads][head_size]), else one layer's ([n][heads][head_size]).
+        k and v: any C-contiguous buffers of the pool's dtype, same size."""
+        sl, n = _tokens(slots)
+        ka, kn, keepk = _buffer(k, writable=False)
+        va, vn, keepv = _buffer(v, writable=False)
+        if kn != vn:
+            raise ValueError("kvpool: write_tokens: k and v differ in size")
+        self._check(L.kvp_client_write_tokens(self._live(), layer is None, layer or 0, sl, n,
+                                              ka, va, kn))
+        del keepk, keepv
 
     def _block_bytes(self):
         ex = self.info["executor"]

@@ -24,26 +24,37 @@ def _kvpoold():
     pytest.skip("no kvpoold (set KVPOOLD)")
 
 
-@pytest.fixture(scope="session")
-def daemon(tmp_path_factory):
-    d = tmp_path_factory.mktemp("kvpoold")
+def start(d, *args, pool="kv", events=False):
+    """A kvpoold on ipc:// under directory d with these arguments; waits
+    until pool answers. Returns (process, rpc url, events url or None)."""
     url = f"ipc://{d}/rpc.ipc"
+    ev = f"ipc://{d}/events.ipc" if events else None
     proc = subprocess.Popen([_kvpoold(), "--quiet", "--rpc", url, "--admin", "none", "--events",
-                             "none", "--kv-layers", "2", "--kv-heads", "2", "--kv-head-size", "16",
-                             "--pool", "name=kv,blocks=64,block_size=16,seed=0",
-                             "--pool", "name=bare,blocks=8,executor=none",
-                             "--pool", "name=gptoss,blocks=21,seed=0,executor=none,"
-                                       "groups=full:16+sliding_window:16:32"])
+                             ev or "none", *args])
     deadline = time.monotonic() + 10
     while True:
         try:
-            kvpool.Client(url, pool="kv", timeout_ms=500, retries=0).close()
-            break
+            kvpool.Client(url, pool=pool, timeout_ms=500, retries=0).close()
+            return proc, url, ev
         except (kvpool.Busy, kvpool.Unavailable):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError("kvpoold did not start")
             time.sleep(0.05)
-    yield url
+
+
+def stop(proc):
     proc.terminate()
     assert proc.wait(timeout=10) == 0, "kvpoold did not stop cleanly (invariants)"
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory):
+    proc, url, _ = start(tmp_path_factory.mktemp("kvpoold"),
+                         "--kv-layers", "2", "--kv-heads", "2", "--kv-head-size", "16",
+                         "--pool", "name=kv,blocks=64,block_size=16,seed=0",
+                         "--pool", "name=bare,blocks=8,executor=none",
+                         "--pool", "name=gptoss,blocks=21,seed=0,executor=none,"
+                                   "groups=full:16+sliding_window:16:32")
+    yield url
+    stop(proc)

@@ -1,0 +1,194 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool.Batch: several calls in one round trip, run in order under the
+pool's lock (a scheduler step), over libkvpool's kvp_batch."""
+import ctypes
+from ctypes import byref, c_size_t, c_uint32
+from dataclasses import dataclass, field
+
+from . import _lib as L
+from .client import SlotsResult, _hashes, _ids, _keys, _raise, _tokens
+from .errors import BY_STATUS, KvpoolError
+
+
+@dataclass
+class CallResult:
+    """One call's outcome: status 0 and its results, or the error it raised
+    (a KvpoolError subclass with the daemon's detail) and none."""
+    status: int
+    error: KvpoolError = None
+    block_ids: list = field(default_factory=list)
+    count: int = 0
+    slots: SlotsResult = None
+    hashes: list = None
+    ref_cnts: list = None
+    stats: dict = None
+
+    @property
+    def ok(self):
+        return self.status == 0
+
+
+class Batch:
+    """Calls added with the methods below (each returns the call's index)
+    and sent with send(). keep_going: every call runs and has its own status
+    (vLLM's scheduler: a request that does not fit is refused, the step goes
+    on); otherwise the batch stops at the first failure and send() raises it.
+    borrow: the C library references the arrays this object converted instead
+    of copying them once more (they are kept until clear()).
+
+    A Batch is reused step after step: clear() keeps its memory."""
+
+    def __init__(self, client, *, keep_going=False, borrow=False):
+        self._client = client
+        self._b = L.BATCH()
+        rv = L.kvp_batch_create(byref(self._b))
+        if rv != 0:
+            self._b = None
+            _raise(rv, "cannot create a batch")
+        flags = (L.BATCH_CONTINUE if keep_going else 0) | (L.BATCH_BORROW if borrow else 0)
+        L.kvp_batch_set_flags(self._b, flags)
+        self.keep_going = keep_going
+        self._keep = []
+        self._kinds = []
+
+    def close(self):
+        if self._b:
+            L.kvp_batch_destroy(self._b)
+            self._b = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def __len__(self):
+        return len(self._kinds)
+
+    def clear(self):
+        """Drops every call and result (the memory is kept for the next step)."""
+        L.kvp_batch_clear(self._b)
+        self._keep.clear()
+        self._kinds.clear()
+
+    def _add(self, kind, rv, *keep):
+        if rv != 0:
+            _raise(rv, f"batch: cannot add {kind}")
+        self._keep.append(keep)
+        self._kinds.append(kind)
+        return len(self._kinds) - 1
+
+    # ---- the calls ----
+    def allocate(self, n):
+        return self._add("allocate", L.kvp_batch_allocate(self._b, n))
+
+    def touch(self, ids):
+        a, n = _ids(ids)
+        return self._add("touch", L.kvp_batch_touch(self._b, a, n), a)
+
+    def free(self, ids):
+        a, n = _ids(ids)
+        return self._add("free", L.kvp_batch_free(self._b, a, n), a)
+
+    def evict(self, ids):
+        a, n = _ids(ids)
+        return self._add("evict", L.kvp_batch_evict(self._b, a, n), a)
+
+    def stats(self):
+        return self._add("stats", L.kvp_batch_stats(self._b))
+
+    def cache(self, block_ids, tokens, num_full_blocks, *, num_cached_blocks=0, lora_name=None,
+              cache_salt=None, mm=None, group_id=0):
+        """Client.cache's call (tokens hashed by the daemon)."""
+        ids, nids = _ids(block_ids)
+        toks, ntok = _tokens(tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
+                    ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
+        return self._add("cache", L.kvp_batch_cache(self._b, byref(a)), ids, toks, keep, a)
+
+    def lookup(self, tokens=None, *, block_hashes=None, lora_name=None, cache_salt=None,
+               mm=None, group_ids=(0,)):
+        """Client.lookup's call (tokens) or Client.lookup_hashes' (block_hashes)."""
+        toks, ntok = _tokens(tokens)
+        hs, nh = _hashes(block_hashes) if block_hashes is not None else (None, 0)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
+        q = L.Lookup(hs, nh, toks if tokens is not None else None, ntok,
+                     ctypes.pointer(keys) if keys else None, groups, len(group_ids), 0)
+        return self._add("lookup", L.kvp_batch_lookup(self._b, byref(q)), toks, hs, keep, groups,
+                         q)
+
+    def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
+                       token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
+                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None):
+        """Client.allocate_slots' call; a refusal is this call's NoSpace."""
+        p, np_ = _tokens(prompt)
+        t, nt = _tokens(new_tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        a = L.Slots(request_id, p if np_ else None, np_, ctypes.pointer(keys) if keys else None,
+                    False, 0, t if nt else None, nt, num_new_tokens, token_budget,
+                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks)
+        return self._add("allocate_slots", L.kvp_batch_allocate_slots(self._b, byref(a)), p, t,
+                         keep, a)
+
+    def free_request(self, request_id, preempt=False):
+        return self._add("free_request", L.kvp_batch_free_request(self._b, request_id, preempt))
+
+    def get_computed_blocks(self, request_id):
+        return self._add("get_computed_blocks",
+                         L.kvp_batch_get_computed_blocks(self._b, request_id))
+
+    # ---- sending ----
+    def send(self):
+        """Sends the calls as one Batch; returns one CallResult per call (a
+        call that did not run: status NOT_FOUND). Raises a transport failure,
+        and without keep_going the first call's failure (with .results)."""
+        c = self._client._live()
+        run = c_size_t()
+        rv = L.kvp_client_batch(c, self._b, byref(run))
+        if rv != 0 and run.value == 0:
+            self._client._check(rv)
+        results = [self._result(i) for i in range(len(self._kinds))]
+        if rv != 0 and not self.keep_going:
+            first = next((r for r in results if r.error is not None), None)
+            err = first.error if first else BY_STATUS.get(rv, KvpoolError)(rv, "?", "")
+            err.results = results
+            raise err
+        return results
+
+    def _result(self, i):
+        r = L.BatchResult()
+        L.kvp_batch_result(self._b, i, byref(r))
+        out = CallResult(r.status)
+        if r.status != 0:
+            name = L.kvp_status_name(r.status).decode()
+            out.error = BY_STATUS.get(r.status, KvpoolError)(
+                r.status, name, (r.detail or b"").decode(errors="replace"))
+            return out
+        n = r.num_block_ids
+        if r.has_block_ids and n:
+            out.block_ids = r.block_ids[:n]
+        out.count = r.count
+        if r.ref_cnts:
+            out.ref_cnts = r.ref_cnts[:n]
+        if r.num_hashes:
+            raw = ctypes.string_at(r.hashes, r.num_hashes * L.HASH_LEN)
+            out.hashes = [raw[k * L.HASH_LEN:(k + 1) * L.HASH_LEN] for k in range(r.num_hashes)]
+        if r.has_stats:
+            out.stats = {name: getattr(r.stats, name) for name, _ in L.Stats._fields_}
+        kind = self._kinds[i]
+        if kind == "allocate_slots":
+            s = r.slots
+            rows, off = [], 0
+            for g in range(s.num_groups):
+                rows.append(out.block_ids[off:off + s.new_blocks_per_group[g]])
+                off += s.new_blocks_per_group[g]
+            out.slots = SlotsResult(out.block_ids, s.hit_tokens, s.num_scheduled_tokens,
+                                    s.num_computed_tokens, rows)
+        elif kind in ("lookup", "get_computed_blocks"):
+            out.slots = SlotsResult(out.block_ids, r.slots.hit_tokens, 0, 0, None)
+        return out

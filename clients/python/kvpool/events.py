@@ -1,0 +1,297 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KV cache events with vLLM's classes' field names, the subscriber that
+follows a pool's event stream without silently diverging, and the
+reference index a KV-aware router keeps."""
+import ctypes
+from ctypes import byref, c_uint8
+from dataclasses import dataclass
+
+from . import _lib as L
+from .client import _raise
+from .errors import WrongState
+
+
+def hash_to_int(h):
+    """vLLM's default event hash form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1):
+    the last 8 bytes read big-endian."""
+    return int.from_bytes(h[-8:], "big")
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int
+    lora_id: object
+    medium: object
+    lora_name: object = None
+    extra_keys: object = None
+    group_idx: object = None
+    kv_cache_spec_kind: object = None
+    kv_cache_spec_sliding_window: object = None
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list
+    medium: object
+    group_idx: object = None
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+def _cbor(b, i):
+    """One item of the canonical CBOR subset extra keys use (spec 6.4): ints,
+    bytes, text, arrays (as tuples), None. Returns (value, next index)."""
+    head = b[i]
+    major, info = head >> 5, head & 31
+    i += 1
+    if head == 0xf6:
+        return None, i
+    if info < 24:
+        n = info
+    elif 24 <= info <= 27:
+        size = 1 << (info - 24)
+        n = int.from_bytes(b[i:i + size], "big")
+        i += size
+    else:
+        raise ValueError(f"kvpool: CBOR head 0x{head:02x} is not in the extra-keys subset")
+    if major == 0:
+        return n, i
+    if major == 1:
+        return -1 - n, i
+    if major == 2:
+        return bytes(b[i:i + n]), i + n
+    if major == 3:
+        return bytes(b[i:i + n]).decode(), i + n
+    if major == 4:
+        items = []
+        for _ in range(n):
+            v, i = _cbor(b, i)
+            items.append(v)
+        return tuple(items), i
+    raise ValueError(f"kvpool: CBOR major type {major} is not in the extra-keys subset")
+
+
+def convert(ev, int_hashes=True, annotate=True):
+    """A kvpool.events class from a C struct kvp_event (copied out)."""
+    conv = hash_to_int if int_hashes else bytes
+    hl = ev.hash_len
+    raw = ctypes.string_at(ev.hashes, ev.num_hashes * hl) if ev.num_hashes else b""
+    hashes = [conv(raw[k * hl:(k + 1) * hl]) for k in range(ev.num_hashes)]
+    medium = ev.medium.decode() if ev.medium else None
+    group = ev.group_idx if ev.has_group_idx else None
+    if ev.type == L.EVENT_REMOVED:
+        return BlockRemoved(hashes, medium, group)
+    if ev.type == L.EVENT_CLEARED:
+        return AllBlocksCleared()
+    parent = conv(ctypes.string_at(ev.parent, hl)) if ev.parent else None
+    extra = None
+    if ev.extra_keys and ev.num_hashes:
+        off = ev.extra_key_offsets
+        blob = ctypes.string_at(ev.extra_keys, off[ev.num_hashes])
+        extra = [_cbor(blob, off[k])[0] for k in range(ev.num_hashes)]
+    kind = ev.spec_kind.decode() if (annotate and ev.spec_kind) else None
+    window = ev.sliding_window if (annotate and ev.has_sliding_window) else None
+    return BlockStored(hashes, parent, ev.token_ids[:ev.num_tokens], ev.block_size,
+                       ev.lora_id if ev.has_lora_id else None, medium,
+                       ev.lora_name.decode() if ev.lora_name else None, extra, group, kind,
+                       window)
+
+
+@dataclass
+class EventBatch:
+    """One batch of one pool's stream, delivered in seq order, exactly once."""
+    pool: str
+    epoch: int
+    seq: int
+    ts: float
+    events: list
+
+
+@dataclass
+class Reset:
+    """The subscriber started over from an exact state (at open, after the
+    daemon restarted, or when a gap could not be replayed): entries maps
+    (hash bytes, group) to how many blocks cache it; batches follow from
+    next_seq."""
+    pool: str
+    epoch: int
+    next_seq: int
+    entries: dict
+
+
+class Subscriber:
+    """Follows one or more pools' event streams (libkvpool's subscriber: gap
+    repair by Replay, Snapshot on an epoch change or an unrepairable gap;
+    sealed streams of pools with a token are opened with it). Iterating
+    yields Reset and EventBatch objects; poll() returns what is queued.
+
+        with kvpool.Subscriber(events_url, rpc_url, pools=["default"]) as sub:
+            for item in sub.iter(timeout_ms=100):
+                ...
+
+    index: keep a kvpool.Index up to date from the stream (sub.index)."""
+
+    def __init__(self, events_url, rpc_url, *, pools=("default",), token=None, timeout_ms=5000,
+                 index=True, int_hashes=True, tls=None):
+        tls = tls or {}
+        enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
+        self._names = [enc(p) for p in pools]
+        names = (ctypes.c_char_p * len(self._names))(*self._names)
+        self._strings = [enc(events_url), enc(rpc_url), enc(token), enc(tls.get("ca_file")),
+                         enc(tls.get("cert_file")), enc(tls.get("key_file")),
+                         enc(tls.get("server_name")), names]
+        s = self._strings
+        o = L.SubOptions(s[0], s[1], None, names, len(self._names), s[2], timeout_ms, 0, s[3],
+                         s[4], s[5], s[6])
+        self._queue = []
+        self._error = None
+        self.int_hashes = int_hashes
+        self.index = Index() if index else None
+        self._handler = L.SubHandler(None, L.RESET_FN(self._on_reset), L.BATCH_FN(self._on_batch))
+        self._s = ctypes.c_void_p()
+        rv = L.kvp_sub_open(byref(o), byref(self._handler), byref(self._s))
+        if rv != 0:
+            self._s = None
+            _raise(rv, f"cannot subscribe to {events_url}")
+
+    # The C subscriber calls these from kvp_sub_poll, on this thread.
+    def _on_reset(self, _ctx, pool, epoch, next_seq, entries, n):
+        try:
+            if self.index is not None:
+                self.index._reset(entries, n)
+            d = {}
+            for i in range(n):
+                e = entries[i]
+                d[(ctypes.string_at(e.hash, e.hash_len), e.group_idx)] = e.num_blocks
+            self._queue.append(Reset(pool.decode(), epoch, next_seq, d))
+        except Exception as e:  # never unwind through C
+            self._error = e
+
+    def _on_batch(self, _ctx, pool, epoch, seq, ts_ns, batch):
+        try:
+            if self.index is not None:
+                self.index._apply(batch)
+            ev = L.Event()
+            events = []
+            for i in range(L.kvp_event_batch_count(batch)):
+                L.kvp_event_batch_get(batch, i, byref(ev))
+                events.append(convert(ev, self.int_hashes))
+            self._queue.append(EventBatch(pool.decode(), epoch, seq, ts_ns / 1e9, events))
+        except Exception as e:
+            self._error = e
+
+    def poll(self, timeout_ms=0):
+        """Waits up to timeout_ms, repairs gaps, returns what arrived (a list)."""
+        if not self._s:
+            raise ValueError("kvpool: the subscriber is closed")
+        rv = L.kvp_sub_poll(self._s, timeout_ms)
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        if rv != 0:
+            d = L.kvp_sub_last_detail(self._s)
+            _raise(rv, d.decode(errors="replace") if d else "")
+        out, self._queue = self._queue, []
+        return out
+
+    def iter(self, timeout_ms=100, idle_polls=None):
+        """Yields Reset and EventBatch objects; stops after idle_polls empty
+        polls in a row (None: never)."""
+        idle = 0
+        while idle_polls is None or idle < idle_polls:
+            got = self.poll(timeout_ms)
+            idle = 0 if got else idle + 1
+            yield from got
+
+    __iter__ = iter
+
+    def stats(self, pool=None):
+        st = L.SubStats()
+        rv = L.kvp_sub_get_stats(self._s, pool.encode() if pool else None, byref(st))
+        if rv != 0:
+            _raise(rv, f"pool {pool} is not followed")
+        return {name: getattr(st, name) for name, _ in L.SubStats._fields_}
+
+    def close(self):
+        if getattr(self, "_s", None):
+            L.kvp_sub_close(self._s)
+            self._s = None
+        if getattr(self, "index", None) is not None:
+            self.index.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
+class Index:
+    """The reference index: (hash, group) -> blocks caching it, fed by a
+    Subscriber (libkvpool's kvindex). What a router scores a pool with."""
+
+    def __init__(self):
+        self._ix = ctypes.c_void_p()
+        rv = L.kvp_index_create(byref(self._ix))
+        if rv != 0:
+            self._ix = None
+            _raise(rv, "cannot create an index")
+        self.diverged = 0  # BlockRemoved events naming nothing (should stay 0)
+
+    def _reset(self, entries, n):
+        rv = L.kvp_index_reset(self._ix, entries, n)
+        if rv != 0:
+            _raise(rv, "index reset")
+
+    def _apply(self, batch):
+        rv = L.kvp_index_apply(self._ix, batch)
+        if rv == WrongState.status:  # a Removed named nothing: the index had diverged
+            self.diverged += 1
+        elif rv != 0:
+            _raise(rv, "index apply")
+
+    def count(self, block_hash, group=0):
+        """Blocks caching this (hash, group); 0 if none."""
+        h = (c_uint8 * len(block_hash)).from_buffer_copy(block_hash)
+        return L.kvp_index_count(self._ix, h, len(block_hash), group)
+
+    def prefix(self, block_hashes, group=0):
+        """How many leading hashes of a chain the index holds in group."""
+        if not block_hashes:
+            return 0
+        hl = len(block_hashes[0])
+        raw = b"".join(block_hashes)
+        h = (c_uint8 * len(raw)).from_buffer_copy(raw)
+        return L.kvp_index_prefix(self._ix, h, len(block_hashes), hl, group)
+
+    def __len__(self):
+        return L.kvp_index_size(self._ix)
+
+    def equals(self, entries):
+        """True if the index holds exactly these {(hash, group): blocks}
+        (for example Client.snapshot()'s)."""
+        items = list(entries.items())
+        arr = (L.SnapshotEntry * max(len(items), 1))()
+        keep = []
+        for i, ((h, g), n) in enumerate(items):
+            buf = (c_uint8 * len(h)).from_buffer_copy(h)
+            keep.append(buf)
+            arr[i] = L.SnapshotEntry(ctypes.cast(buf, L.U8P), len(h), g, n)
+        return bool(L.kvp_index_equals(self._ix, arr, len(items)))
+
+    def close(self):
+        if getattr(self, "_ix", None):
+            L.kvp_index_destroy(self._ix)
+            self._ix = None
+
+    def __del__(self):
+        self.close()
