@@ -1,0 +1,288 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Adapters shaped like vLLM's classes, over a remote kvpoold pool.
+
+RemoteBlockPool has vllm.v1.core.block_pool.BlockPool's methods, arguments
+and return types; RemoteKVCacheManager has KVCacheManager's entry points
+(vLLM at the reference spec's version: get_computed_blocks returns
+(blocks, num_computed_tokens)). Code written against vLLM's classes runs
+against a remote pool. Written from vLLM's documented behaviour; no vLLM
+code is used or needed.
+
+Where a network makes exactness impossible, the method says so: another
+session can change a block's ref count or evict a cached block between two
+calls, and events are the pool's (every session's), not this caller's.
+"""
+from dataclasses import dataclass, replace
+
+from .client import Client
+from .errors import NoSpace, NotSupported, WrongState
+from .events import BlockStored, Subscriber
+from . import _lib as L
+
+
+class KVCacheBlock:
+    """vLLM's KVCacheBlock as this adapter last saw it: block_id, ref_cnt
+    (as the daemon reported it, then this caller's own touch/free applied),
+    block_hash (hash || 4-byte group id, or None) and is_null. One object
+    per block id per adapter, as vLLM's pool hands out the same objects."""
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "is_null")
+
+    def __init__(self, block_id, ref_cnt=0, is_null=False):
+        self.block_id = block_id
+        self.ref_cnt = ref_cnt
+        self._block_hash = None
+        self.is_null = is_null
+
+    @property
+    def block_hash(self):
+        return self._block_hash
+
+    @block_hash.setter
+    def block_hash(self, h):
+        assert self._block_hash is None, "The block already has a hash."
+        self._block_hash = h
+
+    def reset_hash(self):
+        self._block_hash = None
+
+    def __repr__(self):
+        return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+                f"block_hash={self._block_hash!r}, is_null={self.is_null})")
+
+
+def _group_key(h, gid):
+    return h + gid.to_bytes(4, "big")
+
+
+def _request_keys(request):
+    """LoRA name and id, cache salt and multimodal features of a vLLM Request."""
+    lora = getattr(request, "lora_request", None)
+    mm = []
+    for f in getattr(request, "mm_features", None) or ():
+        pos = f.mm_position
+        mm.append((f.identifier, pos.offset, pos.length))
+    return {"lora_name": getattr(lora, "lora_name", None) if lora else None,
+            "lora_id": (getattr(lora, "adapter_id", None) or getattr(lora, "lora_int_id", None))
+            if lora else None,
+            "cache_salt": getattr(request, "cache_salt", None), "mm": mm or None}
+
+
+class _Remote:
+    """What both adapters share: the client, block objects, events."""
+
+    def __init__(self, client, enable_kv_cache_events, events_url, token, annotate):
+        if isinstance(client, str):
+            raise TypeError("kvpool: pass a kvpool.Client (it names the pool and token)")
+        self.client = client
+        info = client.info
+        self.num_gpu_blocks = info["num_blocks"]
+        self.enable_caching = info["prefix_caching"]
+        self.hash_block_size = info["hash_block_size"]
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.null_block = KVCacheBlock(0, is_null=True)
+        self._blocks = {0: self.null_block}
+        self._annotate = annotate
+        self._sub = None
+        if enable_kv_cache_events:
+            if not events_url:
+                raise ValueError("kvpool: enable_kv_cache_events needs the daemon's events_url")
+            self._sub = Subscriber(events_url, client.url, pools=[info["pool"]], token=token,
+                                   index=False)
+
+    def _block(self, block_id):
+        b = self._blocks.get(block_id)
+        if b is None:
+            b = self._blocks[block_id] = KVCacheBlock(block_id)
+        return b
+
+    def _take_events(self, timeout_s=5.0):
+        """Every event the pool emitted up to now, in order. Waits until the
+        subscriber has delivered the batches below the stream position the
+        daemon reports (so this caller's own calls' events are all there)."""
+        if self._sub is None:
+            return []
+        import time
+        epoch, target = self.client.event_position()
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for item in self._sub.poll(0):
+                if hasattr(item, "events"):
+                    out.extend(item.events)
+            st = self._sub.stats()
+            if st["epoch"] == epoch and st["next_seq"] >= target:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("kvpool: the event stream did not catch up in time")
+            for item in self._sub.poll(10):
+                if hasattr(item, "events"):
+                    out.extend(item.events)
+        if not self._annotate:  # BlockPool's own events carry no spec annotation
+            out = [replace(e, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)
+                   if isinstance(e, BlockStored) else e for e in out]
+        return out
+
+    def close(self):
+        if self._sub is not None:
+            self._sub.close()
+            self._sub = None
+
+
+class RemoteBlockPool(_Remote):
+    """vLLM's BlockPool over a remote pool (one Client session).
+
+    enable_kv_cache_events: take_events() returns the pool's events, read
+    from the daemon's event stream at events_url (every session's events,
+    in the pool's order). Ref counts are the daemon's at the time of the
+    call that returned the block; another session may change them after."""
+
+    def __init__(self, client, enable_kv_cache_events=False, *, events_url=None, token=None):
+        super().__init__(client, enable_kv_cache_events, events_url, token, annotate=False)
+
+    def get_new_blocks(self, num_blocks):
+        """num_blocks blocks from the free queue's head; ValueError (nothing
+        changed) when fewer are free, as vLLM."""
+        if num_blocks == 0:
+            return []
+        try:
+            ids = self.client.allocate(num_blocks)
+        except NoSpace:
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool") from None
+        out = []
+        for i in ids:
+            b = self._block(i)
+            b.ref_cnt = 1
+            b.reset_hash()  # evicted on reuse
+            out.append(b)
+        return out
+
+    def touch(self, blocks):
+        """Takes a reference on each block (a sequence of blocks, or vLLM's
+        older tuple of per-group sequences)."""
+        flat = [b for grp in blocks for b in grp] if blocks and not isinstance(
+            next(iter(blocks)), KVCacheBlock) else list(blocks)
+        ids = [b.block_id for b in flat if not b.is_null]
+        if ids:
+            self.client.touch(ids)
+        for b in flat:
+            b.ref_cnt += 1  # the null block's drifts, as vLLM's
+
+    def free_blocks(self, ordered_blocks):
+        """Drops a reference on each block; the first freed is evicted first."""
+        blocks = list(ordered_blocks)
+        ids = [b.block_id for b in blocks if not b.is_null]
+        if ids:
+            self.client.free(ids)
+        for b in blocks:
+            b.ref_cnt -= 1
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                          kv_cache_group_id, block_mask=None):
+        """Caches blocks [num_cached_blocks, num_full_blocks) of the request
+        under its hashes (request.block_hashes, fine, of hash_block_size
+        tokens); the daemon emits the BlockStored event."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        k = block_size // self.hash_block_size
+        fine = list(request.block_hashes[:num_full_blocks * k])
+        keys = _request_keys(request)
+        self.client.cache_hashes([b.block_id for b in blocks[:num_full_blocks]], fine,
+                                 num_cached_blocks, num_full_blocks, block_size=block_size,
+                                 group_id=kv_cache_group_id, tokens=request.all_token_ids,
+                                 block_mask=block_mask, **keys)
+        for i in range(num_cached_blocks, num_full_blocks):
+            b = blocks[i]
+            if b.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
+                continue
+            b._block_hash = _group_key(b"".join(fine[i * k:(i + 1) * k]), kv_cache_group_id)
+
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        """One cached block per group for this hash, or None if any group
+        misses. Pure (no reference taken): the block may be evicted by
+        another session before this caller touches it."""
+        if len(block_hash) % L.HASH_LEN:
+            raise ValueError("kvpool: a block hash is 32 bytes per hash block")
+        k = len(block_hash) // L.HASH_LEN
+        fine = [block_hash[i * L.HASH_LEN:(i + 1) * L.HASH_LEN] for i in range(k)]
+        ids, refs = self.client.lookup_hashes(fine, group_ids=list(kv_cache_group_ids),
+                                              block_size=k * self.hash_block_size)
+        if not ids or not ids[0]:
+            return None
+        out = []
+        for g, gid in enumerate(kv_cache_group_ids):
+            b = self._block(ids[g][0])
+            b.ref_cnt = refs[g][0]
+            b._block_hash = _group_key(block_hash, gid)
+            out.append(b)
+        return out
+
+    def evict_blocks(self, block_ids):
+        """Drops the listed blocks' hashes (ref counts and queue unchanged)."""
+        ids = sorted(block_ids)
+        for i in ids:
+            assert 0 <= i < self.num_gpu_blocks, (
+                f"Invalid block_id {i} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
+                "connector - workers should only report block IDs that were allocated by the "
+                "scheduler.")
+        if ids:
+            self.client.evict(ids)
+        for i in ids:
+            if i in self._blocks:
+                self._blocks[i].reset_hash()
+
+    def reset_prefix_cache(self):
+        """True and every hash dropped, or False (blocks still in use)."""
+        try:
+            self.client.reset()
+        except WrongState:
+            return False
+        for b in self._blocks.values():
+            b.reset_hash()
+        return True
+
+    def get_num_free_blocks(self):
+        return self.client.stats()["num_free"]
+
+    def get_usage(self):
+        return self.client.stats()["usage"]
+
+    def take_events(self):
+        """The pool's events since the last call (see the class docstring)."""
+        return self._take_events()
+
+
+@dataclass
+class KVCacheBlocks:
+    """vLLM's KVCacheBlocks: blocks[g] is group g's list of blocks."""
+    blocks: tuple
+
+    def __add__(self, other):
+        return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    def get_block_ids(self, allow_none=False):
+        if allow_none and all(len(g) == 0 for g in self.blocks):
+            return None
+        return tuple([b.block_id for b in g] for g in self.blocks)
+
+    def get_unhashed_block_ids(self):
+        assert len(self.blocks) == 1, "Only one group is supported"
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def new_empty(self):
+        return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+
+class _Req:
+    __slots__ = ("wire_id", "sent", "blocks", "computed")
+
+    def __init__(self, wire_id, ngroups):
+        self.wire_id = wire_id
+        self.sent = 0          # tokens the daemon has
+        self.blocks = [[] for _ in range(ngroups)]
+        self.computed = 0      # tokens computed, as the daemon reported
+
+
+from .manager import RemoteKVCacheManager, Step  # noqa: E402,F401  (kept in its own module)
+
+__all__ = ["KVCacheBlock", "KVCacheBlocks", "RemoteBlockPool", "RemoteKVCacheManager", "Step",
+           "Client"]

@@ -1,0 +1,242 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool.vllm's adapters against a real kvpoold: the reference scenarios
+(../shared/reference/scenarios.md B and C, the manager flows of spec
+section 5) with vLLM's exact ids, ref counts, hits and events."""
+import pytest
+
+import kvpool
+from kvpool.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvpool.vllm import RemoteBlockPool, RemoteKVCacheManager
+
+from conftest import start, stop
+
+A, B, C, D = (bytes([c]) * 32 for c in b"ABCD")
+iA, iB, iC, iD = (int.from_bytes(x[-8:], "big") for x in (A, B, C, D))
+POOLS = {"b2": 10, "b5": 10, "b7": 5, "c1": 6, "c2": 10, "c5": 10, "c6": 10, "m1": 16,
+         "m2": 16, "ev": 32}
+
+
+@pytest.fixture(scope="module")
+def pools(tmp_path_factory):
+    args = []
+    for name, n in POOLS.items():
+        extra = ",caching=off" if name == "b7" else ""
+        args += ["--pool", f"name={name},blocks={n},block_size=4,seed=0,executor=none,"
+                           f"medium=GPU{extra}"]
+    proc, url, ev = start(tmp_path_factory.mktemp("kvpoold-vllm"), *args, pool="b2",
+                          events=True)
+    yield url, ev
+    stop(proc)
+
+
+class Req:
+    """The parts of vLLM's Request the adapters read."""
+
+    def __init__(self, request_id, tokens, hashes=None, hasher=None, bs=4):
+        self.request_id = request_id
+        self.all_token_ids = list(tokens)
+        self.block_hashes = hashes if hashes is not None else hasher.hash_request(tokens, bs)
+        self.lora_request = None
+        self.cache_salt = None
+        self.mm_features = None
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+
+def R(hashes, bs=4):
+    return Req("r", range(len(hashes) * bs), hashes=list(hashes))
+
+
+def ids(blocks):
+    return [b.block_id for b in blocks]
+
+
+def bp(pools, name, events=False):
+    url, ev = pools
+    return RemoteBlockPool(kvpool.Client(url, pool=name), events, events_url=ev)
+
+
+def test_b2_b3_allocate_free_usage(pools):
+    p = bp(pools, "b2")
+    assert p.null_block.block_id == 0 and p.null_block.is_null
+    assert p.get_num_free_blocks() == 9 and p.get_usage() == 0.0
+    a = p.get_new_blocks(3)
+    assert ids(a) == [1, 2, 3] and [b.ref_cnt for b in a] == [1, 1, 1]
+    assert p.get_usage() == 0.33333333333333337
+    p.free_blocks(reversed(a))
+    assert [b.ref_cnt for b in a] == [0, 0, 0]
+    assert ids(p.get_new_blocks(2)) == [4, 5]
+    assert p.get_usage() == 0.2222222222222222
+    with pytest.raises(ValueError, match="Cannot get 8 free blocks from the pool"):
+        p.get_new_blocks(8)
+    assert p.get_num_free_blocks() == 7 and p.get_new_blocks(0) == []
+    # The queue is [6,7,8,9,3,2,1]: allocating all of it shows the order.
+    assert ids(p.get_new_blocks(7)) == [6, 7, 8, 9, 3, 2, 1]
+
+
+def test_b5_touch_from_the_middle(pools):
+    p = bp(pools, "b5")
+    blocks = p.get_new_blocks(3)
+    p.cache_full_blocks(R([A, B, C]), blocks, 0, 3, 4, 0)
+    p.free_blocks(reversed(blocks))
+    hit = p.get_cached_block(B, [0])
+    assert ids(hit) == [2] and hit[0].ref_cnt == 0 and hit[0] is blocks[1]
+    assert hit[0].block_hash == B + b"\0\0\0\0"
+    p.touch(hit)
+    assert hit[0].ref_cnt == 1 and p.get_num_free_blocks() == 8
+    p.touch(hit)
+    p.free_blocks(hit)
+    assert p.get_cached_block(B, [0])[0].ref_cnt == 1  # the daemon's count
+    p.free_blocks(hit)
+    assert ids(p.get_new_blocks(8)) == [4, 5, 6, 7, 8, 9, 3, 1]
+    assert ids(p.get_new_blocks(1)) == [2]
+
+
+def test_b7_caching_off_emits_nothing(pools):
+    p = bp(pools, "b7", events=True)
+    assert not p.enable_caching
+    got = p.get_new_blocks(2)
+    assert ids(got) == [1, 2]
+    p.free_blocks(reversed(got))
+    assert p.take_events() == []
+    assert ids(p.get_new_blocks(4)) == [3, 4, 2, 1]
+
+
+def test_c1_lazy_eviction_and_events(pools):
+    p = bp(pools, "c1", events=True)
+    blocks = p.get_new_blocks(5)
+    assert ids(blocks) == [1, 2, 3, 4, 5]
+    p.cache_full_blocks(R([A, B, C]), blocks, 0, 3, 4, 0)
+    assert p.take_events() == [BlockStored([iA, iB, iC], None, list(range(12)), 4, None, "GPU",
+                                           None, [None, None, None], 0, None, None)]
+    p.free_blocks(reversed(blocks))
+    assert ids(p.get_new_blocks(3)) == [5, 4, 3]
+    assert p.take_events() == [BlockRemoved([iC], "GPU", 0)]
+    assert ids(p.get_new_blocks(2)) == [2, 1]
+    assert p.take_events() == [BlockRemoved([iB], "GPU", 0), BlockRemoved([iA], "GPU", 0)]
+    assert blocks[0].block_hash is None  # evicted on reuse
+
+
+def test_c2_duplicate_hashes(pools):
+    p = bp(pools, "c2", events=True)
+    b = p.get_new_blocks(2)
+    p.cache_full_blocks(R([D]), b[:1], 0, 1, 4, 0)
+    p.cache_full_blocks(R([D]), b[1:], 0, 1, 4, 0)
+    assert ids(p.get_cached_block(D, [0])) == [1]
+    stored = BlockStored([iD], None, [0, 1, 2, 3], 4, None, "GPU", None, [None], 0)
+    assert p.take_events() == [stored, stored]
+    p.free_blocks(reversed(b))
+    assert ids(p.get_new_blocks(7)) == list(range(3, 10))
+    assert p.take_events() == []
+    assert ids(p.get_new_blocks(1)) == [2]
+    assert p.take_events() == [BlockRemoved([iD], "GPU", 0)]
+    assert ids(p.get_cached_block(D, [0])) == [1]
+    assert ids(p.get_new_blocks(1)) == [1]
+    assert p.get_cached_block(D, [0]) is None
+
+
+def test_c5_evict_blocks_only_unhashes(pools):
+    p = bp(pools, "c5", events=True)
+    b = p.get_new_blocks(4)
+    p.cache_full_blocks(R([A, B, C]), b, 0, 3, 4, 0)
+    p.take_events()
+    p.free_blocks(b[:2])
+    p.evict_blocks({0, 2, 3, 4})
+    assert p.take_events() == [BlockRemoved([iB], "GPU", 0), BlockRemoved([iC], "GPU", 0)]
+    assert b[0].block_hash == A + b"\0\0\0\0" and b[1].block_hash is None
+    assert [x.ref_cnt for x in b] == [0, 0, 1, 1]
+    with pytest.raises(AssertionError, match="Invalid block_id 10 >= 10"):
+        p.evict_blocks({10})
+    p.free_blocks([b[3], b[2]])
+    assert ids(p.get_new_blocks(9)) == [5, 6, 7, 8, 9, 1, 2, 4, 3]
+    assert p.take_events() == [BlockRemoved([iA], "GPU", 0)]
+
+
+def test_c6_reset_prefix_cache(pools):
+    p = bp(pools, "c6", events=True)
+    b = p.get_new_blocks(3)
+    p.cache_full_blocks(R([A, B, C]), b, 0, 3, 4, 0)
+    p.take_events()
+    assert p.reset_prefix_cache() is False
+    assert p.take_events() == [] and ids(p.get_cached_block(C, [0])) == [3]
+    p.free_blocks(reversed(b))
+    assert p.reset_prefix_cache() is True
+    assert p.take_events() == [AllBlocksCleared()]
+    assert all(x.block_hash is None for x in b) and p.get_cached_block(A, [0]) is None
+    assert ids(p.get_new_blocks(9)) == [4, 5, 6, 7, 8, 9, 3, 2, 1]
+
+
+def _manager_flow(m, h, step=False):
+    """Spec 5.2-5.5 on Mgr(4, 16): a 13-token prompt, the same prompt again
+    (hit 12 tokens: the last token is recomputed), a 12-token prompt (hit 8),
+    one decode step, then every request freed tail first."""
+    def alloc(req, n, hit=0, blocks=None):
+        if not step:
+            return m.allocate_slots(req, n, hit, blocks)
+        with m.step() as s:
+            s.allocate_slots(req, n, hit, blocks)
+            return s.commit()[0]
+
+    r1 = Req("r1", range(13), hasher=h)
+    blocks, hit = m.get_computed_blocks(r1)
+    assert hit == 0 and blocks.get_block_ids() == ([],)
+    assert alloc(r1, 13).get_block_ids() == ([1, 2, 3, 4],)
+    r2 = Req("r2", range(13), hasher=h)
+    blocks, hit = m.get_computed_blocks(r2)
+    assert hit == 12 and blocks.get_block_ids() == ([1, 2, 3],)
+    assert [b.ref_cnt for b in blocks.blocks[0]] == [1, 1, 1]
+    assert alloc(r2, 1, hit, blocks).get_block_ids() == ([5],)
+    assert m.get_block_ids("r2") == ([1, 2, 3, 5],)
+    assert [b.ref_cnt for b in blocks.blocks[0]] == [2, 2, 2]
+    r3 = Req("r3", range(12), hasher=h)
+    blocks, hit = m.get_computed_blocks(r3)
+    assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
+    assert alloc(r3, 4, hit, blocks).get_block_ids() == ([6],)
+    # Decode: r2 grows to 14 tokens, which block 5 holds: nothing new.
+    r2.all_token_ids.append(99)
+    assert alloc(r2, 1).get_block_ids() == ([],)
+    # Too much for the pool: None, nothing changed.
+    big = Req("big", range(100), hasher=h)
+    assert alloc(big, 100) is None
+    assert m.client.stats()["num_free"] == 15 - 6
+    for r in (r1, r2, r3):
+        m.free(r)
+    assert m.client.stats()["num_free"] == 15
+    assert m.get_block_ids("r1") == ([],)
+
+
+def test_manager_flows_one_call_per_round_trip(pools):
+    url, ev = pools
+    c = kvpool.Client(url, pool="m1")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    _manager_flow(m, h)
+
+
+def test_manager_flows_in_step_mode(pools):
+    url, ev = pools
+    c = kvpool.Client(url, pool="m2")
+    m = RemoteKVCacheManager(c)
+    _manager_flow(m, kvpool.Hasher("0", algorithm=c.info["hash_algorithm"]), step=True)
+
+
+def test_manager_events_are_annotated_as_vllms(pools):
+    url, ev = pools
+    c = kvpool.Client(url, pool="ev")
+    m = RemoteKVCacheManager(c, True, events_url=ev)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r = Req("a", range(9), hasher=h)
+    m.allocate_slots(r, 9)
+    ints = [int.from_bytes(x[-8:], "big") for x in r.block_hashes]
+    assert m.take_events() == [BlockStored(ints, None, list(range(8)), 4, None, "GPU", None,
+                                           [None, None], 0, "full_attention", None)]
+    m.free(r)
+    assert m.take_events() == []
+    with m.step() as s:
+        s.allocate_slots(Req("b", range(100, 104), hasher=h), 4)
+        s.allocate_slots(Req("c", range(200, 400), hasher=h), 200)  # does not fit
+        got = s.commit()
+    assert got[0].get_block_ids() == ([4],) and got[1] is None  # 1-3 were freed tail first
+    assert m.get_block_ids("b") == ([4],)
