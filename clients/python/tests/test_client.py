@@ -175,3 +175,17 @@ def test_hybrid_pool_groups_and_blocks_by_group(daemon):
         c.free_request(2, preempt=True)
         ids, hit = c.get_computed_blocks(2)
         assert hit == 48 and ids == [1, 2, 3, 0, 6, 7]
+
+
+def test_the_readme_example_runs(daemon):
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    ex = os.path.join(os.path.dirname(here), "examples", "scheduler_and_handoff.py")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
+    out = subprocess.run([sys.executable, ex, daemon, "kv"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "req-1: prefix hit 64 tokens" in out.stdout  # the shared system prompt
+    assert "byte for byte" in out.stdout and "freed every request" in out.stdout

@@ -1,0 +1,162 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Python package's cost beside the C client's, in one run.
+
+    python3 clients/python/bench/bench_python.py [--rounds 5] [BUILD_DIR]
+
+Starts one kvpoold (BUILD_DIR/service/kvpoold) on ipc://, then for each
+round runs, interleaved: the C client (BUILD_DIR/tests/bench/kvp-bench-client)
+and this package through the same calls: a loop of Stats, a loop of
+Allocate(16)+Free, and the scheduler step workload that bench_client.c
+describes (256 running requests; 8 finish, 248 decode, 8 arrive with a
+Lookup each for their prefix hit, as one Batch), here through
+kvpool.vllm.RemoteKVCacheManager's step mode. Each run gets its own fresh
+pool. Prints medians over the rounds and the ratios Python / C."""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+
+SYS_TOKENS, OWN_TOKENS, BS, RUNNING, TURNOVER = 128, 32, 16, 256, 8
+PROMPT = SYS_TOKENS + OWN_TOKENS
+
+
+class Req:
+    """What RemoteKVCacheManager reads of a vLLM Request."""
+    __slots__ = ("request_id", "all_token_ids", "block_hashes", "lora_request", "cache_salt",
+                 "mm_features")
+
+    def __init__(self, r, hasher):
+        toks = [(r % 4) * 100000 + i for i in range(SYS_TOKENS)]
+        toks += [10000000 + r * OWN_TOKENS + j for j in range(OWN_TOKENS)]
+        self.request_id = r
+        self.all_token_ids = toks
+        self.block_hashes = hasher.hash_request(toks, BS)
+        self.lora_request = self.cache_salt = self.mm_features = None
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+
+def py_step(m, reqs, running, nxt, admit, finish):
+    """bench_client.c's step through RemoteKVCacheManager (get_computed_blocks,
+    then one Step)."""
+    hits = []
+    for k in range(admit):
+        hits.append(m.get_computed_blocks(reqs[nxt + k]))
+    with m.step() as s:
+        for _ in range(finish):
+            s.free(running.pop(0))
+        for q in running:
+            q.all_token_ids.append(7)
+            s.allocate_slots(q, 1)
+        for k in range(admit):
+            q = reqs[nxt + k]
+            blocks, hit = hits[k]
+            s.allocate_slots(q, PROMPT - hit, hit, blocks)
+            running.append(q)
+        got = s.commit()
+    if any(g is None for g in got[finish:]):
+        raise RuntimeError("a request did not fit: the pool is too small for the bench")
+    return nxt + admit
+
+
+def py_run(kvpool, url, pool, mode, n):
+    from kvpool.vllm import RemoteKVCacheManager
+    with kvpool.Client(url, pool=pool, timeout_ms=10000) as c:
+        if mode == "stats":
+            t0 = time.perf_counter()
+            for _ in range(n):
+                c.stats()
+            return (time.perf_counter() - t0) / n * 1e6
+        if mode == "alloc":
+            t0 = time.perf_counter()
+            for _ in range(n):
+                c.free(c.allocate(16))
+            return (time.perf_counter() - t0) / n * 1e6
+        h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+        reqs = [Req(r, h) for r in range(RUNNING + n * TURNOVER)]
+        m = RemoteKVCacheManager(c)
+        running, nxt = [], 0
+        for _ in range(RUNNING // 32):
+            nxt = py_step(m, reqs, running, nxt, 32, 0)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
+        return (time.perf_counter() - t0) / n * 1e6
+
+
+def c_run(exe, url, pool, mode, n):
+    out = subprocess.run([exe, url, pool, mode, str(n)], check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out[0] == mode, out
+    return float(out[1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("build", nargs="?", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
+    a = ap.parse_args()
+    os.environ.setdefault("KVPOOL_LIB", os.path.join(a.build, "clients", "c", "libkvpool.so.0"))
+    import kvpool
+    kvpoold = os.path.join(a.build, "service", "kvpoold")
+    exe = os.path.join(a.build, "tests", "bench", "kvp-bench-client")
+    counts = {"stats": 2000, "alloc": 2000, "step": 40}
+    if a.quick:
+        counts = {"stats": 200, "alloc": 200, "step": 5}
+    d = tempfile.mkdtemp(prefix="kvpool-bench-py-")
+    url = f"ipc://{d}/rpc.ipc"
+    pools = []
+    for r in range(a.rounds):
+        for who in ("c", "py"):
+            pools += ["--pool", f"name=step-{who}{r},blocks=16384,block_size={BS},seed=0,"
+                                "executor=none"]
+    proc = subprocess.Popen([kvpoold, "--quiet", "--rpc", url, "--admin", "none", "--events",
+                             "none", "--lease-ms", "60000", "--pool",
+                             "name=bench,blocks=4096,block_size=16,executor=none", *pools])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                kvpool.Client(url, pool="bench", timeout_ms=500, retries=0).close()
+                break
+            except (kvpool.Unavailable, kvpool.Busy):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        res = {(m, w): [] for m in counts for w in ("c", "py")}
+        for r in range(a.rounds):
+            for mode, n in counts.items():
+                pool = "bench" if mode != "step" else None
+                res[(mode, "c")].append(c_run(exe, url, pool or f"step-c{r}", mode, n))
+                res[(mode, "py")].append(py_run(kvpool, url, pool or f"step-py{r}", mode, n))
+            print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    calls = TURNOVER * 2 + (RUNNING - TURNOVER)
+    print(f"| measure (median of {a.rounds} interleaved rounds) | C client | Python | "
+          "Python / C | Python's added time / C's |")
+    print("|---|---|---|---|---|")
+    for mode, label in (("stats", "Stats, µs per call"),
+                        ("alloc", "Allocate(16)+Free, µs per pair"),
+                        ("step", f"step ({calls} request calls + {TURNOVER} Lookups), µs")):
+        cm = statistics.median(res[(mode, "c")])
+        pm = statistics.median(res[(mode, "py")])
+        print(f"| {label} | {cm:.1f} | {pm:.1f} | {pm / cm:.3f} | "
+              f"{(pm - cm) / cm * 100:.1f}% |")
+    cs, ps = statistics.median(res[("step", "c")]), statistics.median(res[("step", "py")])
+    print(f"| step, µs per request call | {cs / calls:.2f} | {ps / calls:.2f} | | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * kvp-bench-client: the C client's side of the Python package's benchmark
+ * (clients/python/bench/bench_python.py runs both in one run against one
+ * kvpoold and prints the ratios). Against a running daemon:
+ *
+ *   kvp-bench-client URL POOL stats N   N Stats calls
+ *   kvp-bench-client URL POOL alloc N   N x (Allocate 16 + Free)
+ *   kvp-bench-client URL POOL step N    the step workload below, N steps
+ *
+ * Prints "MODE US_PER_OP". The step workload (the same in bench_python.py):
+ * 4 system prompts of 128 tokens; request r's prompt is system prompt r%4
+ * then 32 tokens of its own (160 tokens). 8 warm-up steps admit 32
+ * requests each (256 running). Each timed step then frees the 8 oldest
+ * requests, decodes one token for the other 248 (AllocateSlots with one new
+ * token) and admits 8 new ones: a Lookup of each one's hashes (vLLM's
+ * get_computed_blocks, one round trip each) and an AllocateSlots taking
+ * that hit. The 264 request calls go as one Batch (keep going, borrowed
+ * arrays). Hashes are computed before timing, as vLLM's Request does.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_util.h"
+#include "clients/c/kvpool.h"
+#include "common/block_hash.h"
+
+#define SYS_TOKENS 128
+#define OWN_TOKENS 32
+#define PROMPT (SYS_TOKENS + OWN_TOKENS)
+#define BS 16
+#define RUNNING 256
+#define TURNOVER 8
+#define MAXB (PROMPT / BS)
+
+struct req {
+	int64_t prompt[PROMPT];
+	uint8_t hashes[MAXB * KVP_HASH_LEN];
+	size_t nh;
+};
+
+static int
+die(struct kvp_client *c, const char *what, int rv)
+{
+	fprintf(stderr, "kvp-bench-client: %s: %s (%s)\n", what, kvp_status_name(rv),
+	        c ? kvp_client_last_detail(c) : "");
+	return 1;
+}
+
+static void
+make_req(struct kvp_hasher *h, uint64_t r, struct req *q)
+{
+	for (int i = 0; i < SYS_TOKENS; i++)
+		q->prompt[i] = (int64_t)(r % 4) * 100000 + i;
+	for (int j = 0; j < OWN_TOKENS; j++)
+		q->prompt[SYS_TOKENS + j] = 10000000 + (int64_t)r * OWN_TOKENS + j;
+	(void)kvp_hash_request(h, NULL, q->prompt, PROMPT, BS, NULL, 0, q->hashes, MAXB, &q->nh);
+}
+
+/* One step: free the oldest, decode the rest, admit `admit` new ones. */
+static int
+step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *first, uint64_t *next,
+     int admit, int finish)
+{
+	static const int64_t tok = 7;
+	int32_t ids[MAXB];
+	uint32_t refs[MAXB], nb, ht;
+	uint32_t hit[64];
+	int rv;
+
+	for (int k = 0; k < admit; k++) {
+		struct req *q = &reqs[*next + (uint64_t)k];
+		/* vLLM's get_computed_blocks: at most (160 - 1) / 16 blocks. */
+		size_t n = (PROMPT - 1) / BS < q->nh ? (PROMPT - 1) / BS : q->nh;
+		struct kvp_client_lookup l = {.hashes = q->hashes, .num_hashes = n};
+		if ((rv = kvp_client_lookup_refs(c, &l, ids, refs, MAXB, &nb, &ht)) != KVP_OK)
+			return die(c, "lookup", rv);
+		hit[k] = ht;
+	}
+	kvp_batch_clear(b);
+	for (int k = 0; k < finish; k++)
+		kvp_batch_free_request(b, *first + (uint64_t)k + 1, false);
+	*first += (uint64_t)finish;
+	for (uint64_t r = *first; r < *next; r++) {
+		struct kvp_client_slots a = {.request_id = r + 1, .new_tokens = &tok,
+		                             .num_new_token_ids = 1, .num_new_tokens = 1};
+		kvp_batch_allocate_slots(b, &a);
+	}
+	for (int k = 0; k < admit; k++) {
+		struct req *q = &reqs[*next];
+		struct kvp_client_slots a = {.request_id = *next + 1, .prompt = q->prompt,
+		                             .num_prompt = PROMPT, .num_new_tokens = PROMPT - hit[k],
+		                             .use_prefix_cache = hit[k] > 0};
+		kvp_batch_allocate_slots(b, &a);
+		(*next)++;
+	}
+	size_t run;
+	rv = kvp_client_batch(c, b, &run);
+	if (rv != KVP_OK)
+		return die(c, "step batch", rv);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	struct kvp_client *c = NULL;
+	int rv;
+
+	if (argc != 5) {
+		fprintf(stderr, "usage: kvp-bench-client URL POOL stats|alloc|step N\n");
+		return 2;
+	}
+	const char *mode = argv[3];
+	long n = strtol(argv[4], NULL, 10);
+	if (n <= 0 || (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "step"))) {
+		fprintf(stderr, "kvp-bench-client: bad mode or count\n");
+		return 2;
+	}
+	struct kvp_client_options o = {.url = argv[1], .pool = argv[2], .timeout_ms = 10000};
+	if ((rv = kvp_client_open(&o, &c)) != KVP_OK) {
+		fprintf(stderr, "kvp-bench-client: open: %s\n", kvp_client_open_detail());
+		return 1;
+	}
+	double t0 = 0, t1 = 0;
+	int err = 0;
+	if (strcmp(mode, "stats") == 0) {
+		struct kvp_client_stats st;
+		t0 = now();
+		for (long i = 0; i < n && !err; i++)
+			if ((rv = kvp_client_stats(c, &st)) != KVP_OK)
+				err = die(c, "stats", rv);
+		t1 = now();
+	} else if (strcmp(mode, "alloc") == 0) {
+		int32_t ids[16];
+		t0 = now();
+		for (long i = 0; i < n && !err; i++)
+			if ((rv = kvp_client_allocate(c, 16, ids)) != KVP_OK ||
+			    (rv = kvp_client_free(c, ids, 16)) != KVP_OK)
+				err = die(c, "allocate+free", rv);
+		t1 = now();
+	} else {
+		struct kvp_hasher *h = NULL;
+		struct kvp_batch *b = NULL;
+		enum kvp_hash_algo algo;
+		size_t total = (size_t)RUNNING + (size_t)n * TURNOVER;
+		struct req *reqs = calloc(total, sizeof(*reqs));
+		if (reqs == NULL || kvp_batch_create(&b) != KVP_OK ||
+		    kvp_hash_algo_parse(kvp_client_info(c)->hash_algorithm, &algo) != KVP_OK ||
+		    kvp_hasher_create_algo("0", algo, &h) != KVP_OK) {
+			fprintf(stderr, "kvp-bench-client: setup failed\n");
+			return 1;
+		}
+		for (size_t r = 0; r < total; r++)
+			make_req(h, r, &reqs[r]);
+		kvp_batch_set_flags(b, KVP_BATCH_CONTINUE | KVP_BATCH_BORROW);
+		uint64_t first = 0, next = 0;
+		for (int w = 0; w < RUNNING / 32 && !err; w++)
+			err = step(c, b, reqs, &first, &next, 32, 0);
+		t0 = now();
+		for (long s = 0; s < n && !err; s++)
+			err = step(c, b, reqs, &first, &next, TURNOVER, TURNOVER);
+		t1 = now();
+		kvp_batch_destroy(b);
+		kvp_hasher_destroy(h);
+		free(reqs);
+	}
+	kvp_client_close(c);
+	if (err)
+		return 1;
+	printf("%s %.3f\n", mode, (t1 - t0) / (double)n * 1e6);
+	return 0;
+}
