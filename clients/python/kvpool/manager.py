@@ -2,7 +2,7 @@
 """RemoteKVCacheManager: vLLM's KVCacheManager entry points over the
 daemon's request-level calls (AllocateSlots, FreeRequest, Lookup), one
 round trip per call, or one Batch per scheduler step (Step)."""
-from .errors import NoSpace, NotSupported, WrongState
+from .errors import NoSpace, NotSupported
 from .vllm import KVCacheBlocks, _Remote, _Req, _request_keys
 
 
@@ -106,15 +106,6 @@ class RemoteKVCacheManager(_Remote):
         req = self._reqs.get(request_id)
         return KVCacheBlocks(tuple(list(g) for g in req.blocks)) if req else \
             self.empty_kv_cache_blocks
-
-    def reset_prefix_cache(self):
-        try:
-            self.client.reset()
-        except WrongState:
-            return False
-        for b in self._blocks.values():
-            b.reset_hash()
-        return True
 
     def take_events(self):
         """The pool's events since the last call, BlockStored annotated with

@@ -15,7 +15,7 @@ calls, and events are the pool's (every session's), not this caller's.
 from dataclasses import dataclass, replace
 
 from .client import Client
-from .errors import NoSpace, NotSupported, WrongState
+from .errors import NoSpace, WrongState
 from .events import BlockStored, Subscriber
 from . import _lib as L
 
@@ -121,6 +121,16 @@ class _Remote:
             out = [replace(e, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)
                    if isinstance(e, BlockStored) else e for e in out]
         return out
+
+    def reset_prefix_cache(self):
+        """True and every hash dropped, or False (blocks still in use)."""
+        try:
+            self.client.reset()
+        except WrongState:
+            return False
+        for b in self._blocks.values():
+            b.reset_hash()
+        return True
 
     def close(self):
         if self._sub is not None:
@@ -229,16 +239,6 @@ class RemoteBlockPool(_Remote):
         for i in ids:
             if i in self._blocks:
                 self._blocks[i].reset_hash()
-
-    def reset_prefix_cache(self):
-        """True and every hash dropped, or False (blocks still in use)."""
-        try:
-            self.client.reset()
-        except WrongState:
-            return False
-        for b in self._blocks.values():
-            b.reset_hash()
-        return True
 
     def get_num_free_blocks(self):
         return self.client.stats()["num_free"]
