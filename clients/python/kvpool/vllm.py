@@ -12,11 +12,12 @@ Where a network makes exactness impossible, the method says so: another
 session can change a block's ref count or evict a cached block between two
 calls, and events are the pool's (every session's), not this caller's.
 """
+import time
 from dataclasses import dataclass, replace
 
 from .client import Client
 from .errors import NoSpace, WrongState
-from .events import BlockStored, Subscriber
+from .events import BlockStored, EventBatch, Subscriber
 from . import _lib as L
 
 
@@ -101,22 +102,19 @@ class _Remote:
         daemon reports (so this caller's own calls' events are all there)."""
         if self._sub is None:
             return []
-        import time
         epoch, target = self.client.event_position()
-        out = []
+        out, wait_ms = [], 0
         deadline = time.monotonic() + timeout_s
         while True:
-            for item in self._sub.poll(0):
-                if hasattr(item, "events"):
+            for item in self._sub.poll(wait_ms):
+                if isinstance(item, EventBatch):
                     out.extend(item.events)
             st = self._sub.stats()
             if st["epoch"] == epoch and st["next_seq"] >= target:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError("kvpool: the event stream did not catch up in time")
-            for item in self._sub.poll(10):
-                if hasattr(item, "events"):
-                    out.extend(item.events)
+            wait_ms = 10
         if not self._annotate:  # BlockPool's own events carry no spec annotation
             out = [replace(e, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)
                    if isinstance(e, BlockStored) else e for e in out]
