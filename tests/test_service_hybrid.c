@@ -36,6 +36,7 @@ setup(void **state)
 		"--pool", "name=nocache,blocks=12,caching=off,groups=full:4+mamba:64",
 		"--pool", "name=coarse,blocks=16,seed=0,groups=full:8,hash_block_size=4",
 		"--pool", "name=pickle,blocks=16,seed=0,hash_algo=sha256",
+		"--pool", "name=bulk,blocks=32,seed=0,groups=full:4+sliding_window:4:8",
 		NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
@@ -347,6 +348,73 @@ test_service_lookup_reports_ref_counts(void **state)
 	kvp_client_close(c);
 }
 
+/* The bulk batch path (a decode step in one adder call, its results in one
+ * reader call) says what the call-by-call path says. */
+static void
+test_service_batch_bulk_decode_matches_per_call(void **state)
+{
+	struct kvp_client *c = open_pool("bulk");
+	struct kvp_batch *b = NULL;
+	const int64_t p1[4] = {1, 2, 3, 4}, p2[4] = {5, 6, 7, 8}, next[2] = {9, 10};
+	const uint64_t rid[3] = {1, 2, 99};
+	const uint32_t nnew[3] = {1, 1, 1}, ntok[3] = {1, 1, 0};
+	int32_t st[5], ids[16];
+	uint32_t comp[5], rows[10];
+	size_t run, nids;
+	(void)state;
+	assert_ok(kvp_batch_create(&b));
+	assert_ok(kvp_batch_set_flags(b, KVP_BATCH_CONTINUE));
+	struct kvp_client_slots a = {.request_id = 1, .prompt = p1, .num_prompt = 4};
+	assert_ok(kvp_batch_allocate_slots(b, &a));
+	a.request_id = 2;
+	a.prompt = p2;
+	assert_ok(kvp_batch_allocate_slots(b, &a));
+	/* A bad call adds nothing. */
+	assert_int_equal(kvp_batch_allocate_slots_n(b, 3, NULL, nnew, ntok, next, 0, false),
+	                 KVP_EINVAL);
+	assert_int_equal(kvp_batch_allocate_slots_n(b, 3, rid, nnew, ntok, NULL, 0, false),
+	                 KVP_EINVAL);
+	assert_int_equal(kvp_batch_count(b), 2);
+	/* Request 99 was never registered: refused alone. */
+	assert_ok(kvp_batch_allocate_slots_n(b, 3, rid, nnew, ntok, next, 0, false));
+	assert_int_equal(kvp_batch_count(b), 5);
+	assert_int_not_equal(kvp_client_batch(c, b, &run), KVP_OK);
+	assert_int_equal(run, 5);
+	/* Too few groups, too small a buffer, a range past the end: nothing written. */
+	assert_int_equal(kvp_batch_slots_results(b, 0, 5, 1, st, comp, rows, ids, 16, &nids),
+	                 KVP_EINVAL);
+	assert_int_equal(kvp_batch_slots_results(b, 0, 5, 2, st, comp, rows, ids, 7, &nids),
+	                 KVP_EINVAL);
+	assert_int_equal(kvp_batch_slots_results(b, 3, 3, 2, st, comp, rows, ids, 16, &nids),
+	                 KVP_EINVAL);
+	assert_ok(kvp_batch_slots_results(b, 0, 5, 2, st, comp, rows, ids, 16, &nids));
+	assert_int_equal(nids, 8); /* one block per group: 2 prefills, 2 decodes into slot 5 */
+	size_t off = 0;
+	for (size_t i = 0; i < 5; i++) {
+		struct kvp_batch_result r;
+		kvp_batch_result(b, i, &r);
+		assert_int_equal(st[i], r.status);
+		if (i == 4) {
+			assert_int_not_equal(st[i], KVP_OK);
+			assert_int_equal(rows[8] + rows[9], 0);
+			continue;
+		}
+		assert_int_equal(st[i], KVP_OK);
+		assert_int_equal(comp[i], r.slots.num_computed_tokens);
+		assert_int_equal(rows[i * 2], r.slots.new_blocks_per_group[0]);
+		assert_int_equal(rows[i * 2 + 1], r.slots.new_blocks_per_group[1]);
+		assert_int_equal(rows[i * 2] + rows[i * 2 + 1], r.num_block_ids);
+		assert_memory_equal(ids + off, r.block_ids, r.num_block_ids * sizeof(int32_t));
+		off += r.num_block_ids;
+	}
+	assert_int_equal(comp[2], 5);
+	assert_int_equal(comp[3], 5);
+	assert_ok(kvp_client_free_request(c, 1, false));
+	assert_ok(kvp_client_free_request(c, 2, false));
+	kvp_batch_destroy(b);
+	kvp_client_close(c);
+}
+
 int
 main(void)
 {
@@ -358,6 +426,7 @@ main(void)
 		cmocka_unit_test(test_service_hybrid_caching_off_and_coarse_blocks),
 		cmocka_unit_test(test_service_hybrid_sha256_pickle_pool_hashes_as_vllm),
 		cmocka_unit_test(test_service_lookup_reports_ref_counts),
+		cmocka_unit_test(test_service_batch_bulk_decode_matches_per_call),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

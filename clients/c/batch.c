@@ -370,6 +370,51 @@ kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a)
 #undef OWN
 
 int
+kvp_batch_allocate_slots_n(struct kvp_batch *b, size_t n, const uint64_t *request_ids,
+                           const uint32_t *num_new_tokens, const uint32_t *num_token_ids,
+                           const int64_t *token_ids, uint32_t num_lookahead_tokens,
+                           bool delay_cache_blocks)
+{
+	size_t total = 0, start;
+	const int64_t *toks;
+
+	if (b == NULL || (n > 0 && (request_ids == NULL || num_new_tokens == NULL)))
+		return KVP_EINVAL;
+	for (size_t i = 0; num_token_ids != NULL && i < n; i++) {
+		if (num_token_ids[i] > SIZE_MAX - total)
+			return KVP_EINVAL;
+		total += num_token_ids[i];
+	}
+	if (total > 0 && token_ids == NULL)
+		return KVP_EINVAL;
+	if (total > SIZE_MAX / sizeof(int64_t))
+		return KVP_EINVAL;
+	if ((toks = ref(b, token_ids, total * sizeof(int64_t))) == NULL)
+		return KVP_ENOMEM;
+	start = b->n;
+	for (size_t i = 0, off = 0; i < n; i++) {
+		Kvpool__V1__BatchCall *call = new_call(b);
+		Kvpool__V1__AllocateSlotsRequest *m;
+		if (call == NULL || (m = own(b, NULL, sizeof(*m))) == NULL) {
+			b->n = start; /* none of them */
+			return KVP_ENOMEM;
+		}
+		kvpool__v1__allocate_slots_request__init(m);
+		m->request_id = request_ids[i];
+		m->num_new_tokens = num_new_tokens[i];
+		m->num_lookahead_tokens = num_lookahead_tokens;
+		m->delay_cache_blocks = delay_cache_blocks;
+		if (num_token_ids != NULL && num_token_ids[i] > 0) {
+			m->new_token_ids = (int64_t *)(uintptr_t)(toks + off);
+			m->n_new_token_ids = num_token_ids[i];
+			off += num_token_ids[i];
+		}
+		push(b, call, KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS, m);
+	}
+	return KVP_OK;
+}
+
+int
 kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preempt)
 {
 	Kvpool__V1__BatchCall *call;
@@ -559,6 +604,52 @@ kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *o
 	default:
 		break;
 	}
+	return KVP_OK;
+}
+
+int
+kvp_batch_slots_results(const struct kvp_batch *b, size_t first, size_t n, size_t num_groups,
+                        int32_t *status, uint32_t *num_computed_tokens, uint32_t *new_blocks,
+                        int32_t *block_ids, size_t cap, size_t *num_ids)
+{
+	size_t total = 0;
+
+	if (b == NULL || status == NULL || num_computed_tokens == NULL || num_ids == NULL ||
+	    num_groups == 0 || num_groups > KVP_MAX_GROUPS || first > b->n || n > b->n - first ||
+	    (cap > 0 && block_ids == NULL) || (n > 0 && new_blocks == NULL))
+		return KVP_EINVAL;
+	/* Validate first: every call that ran and succeeded is an AllocateSlots that fits. */
+	for (size_t i = first; i < first + n; i++) {
+		const Kvpool__V1__Reply *r = batch_reply(b, i);
+		if (r == NULL || kvp_wire_status(r->status) != KVP_OK)
+			continue;
+		if (r->result_case != KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS ||
+		    r->allocate_slots->n_new_blocks_per_group > num_groups)
+			return KVP_EINVAL;
+		total += r->allocate_slots->n_new_block_ids;
+	}
+	if (total > cap) /* as kvp_client_allocate_slots: the buffer is too small */
+		return KVP_EINVAL;
+	total = 0;
+	for (size_t i = 0; i < n; i++) {
+		const Kvpool__V1__Reply *r = batch_reply(b, first + i);
+		uint32_t *rows = new_blocks + i * num_groups;
+		memset(rows, 0, num_groups * sizeof(*rows));
+		num_computed_tokens[i] = 0;
+		status[i] = r ? kvp_wire_status(r->status) : KVP_ENOTFOUND;
+		if (status[i] != KVP_OK)
+			continue;
+		const Kvpool__V1__AllocateSlotsReply *s = r->allocate_slots;
+		num_computed_tokens[i] = s->num_computed_tokens;
+		for (size_t g = 0; g < s->n_new_blocks_per_group; g++)
+			rows[g] = s->new_blocks_per_group[g];
+		if (s->n_new_blocks_per_group == 0)
+			rows[0] = (uint32_t)s->n_new_block_ids;
+		if (s->n_new_block_ids > 0)
+			memcpy(block_ids + total, s->new_block_ids, s->n_new_block_ids * sizeof(int32_t));
+		total += s->n_new_block_ids;
+	}
+	*num_ids = total;
 	return KVP_OK;
 }
 

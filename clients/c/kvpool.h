@@ -292,6 +292,17 @@ int kvp_batch_evict(struct kvp_batch *b, const int32_t *ids, size_t n);
 int kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a);
 int kvp_batch_lookup(struct kvp_batch *b, const struct kvp_client_lookup *q);
 int kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots *a);
+/*
+ * n AllocateSlots calls at once for requests the daemon already has (a
+ * decode step), the same as n kvp_batch_allocate_slots calls: call i appends
+ * num_token_ids[i] token ids (the next ones of token_ids; num_token_ids NULL:
+ * none) and schedules num_new_tokens[i]; the lookahead and delay apply to
+ * every call. On failure none of them is added.
+ */
+int kvp_batch_allocate_slots_n(struct kvp_batch *b, size_t n, const uint64_t *request_ids,
+                               const uint32_t *num_new_tokens, const uint32_t *num_token_ids,
+                               const int64_t *token_ids, uint32_t num_lookahead_tokens,
+                               bool delay_cache_blocks);
 int kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preempt);
 int kvp_batch_get_computed_blocks(struct kvp_batch *b, uint64_t request_id);
 int kvp_batch_stats(struct kvp_batch *b);
@@ -329,6 +340,19 @@ struct kvp_batch_result {
 };
 /* KVP_OK (out filled), KVP_ENOTFOUND (call i did not run: out->status says so), KVP_EINVAL. */
 int kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *out);
+/*
+ * The results of AllocateSlots calls first..first+n-1 after a send, in flat
+ * arrays (one C call instead of n kvp_batch_result calls): status[i] (a call
+ * that did not run: KVP_ENOTFOUND), num_computed_tokens[i], new_blocks[i *
+ * num_groups + g] the number of call i's new blocks in group g, and their
+ * ids in block_ids, call after call and group after group (*num_ids in
+ * all). A failed call has zeros. KVP_EINVAL: a call in the range that
+ * succeeded is not an AllocateSlots, has more groups than num_groups, or
+ * the ids do not fit in cap (nothing written).
+ */
+int kvp_batch_slots_results(const struct kvp_batch *b, size_t first, size_t n, size_t num_groups,
+                            int32_t *status, uint32_t *num_computed_tokens, uint32_t *new_blocks,
+                            int32_t *block_ids, size_t cap, size_t *num_ids);
 /* The last send's request and reply sizes on the wire, in bytes (0 before a send). */
 int kvp_batch_wire_bytes(const struct kvp_batch *b, size_t *request, size_t *reply);
 
