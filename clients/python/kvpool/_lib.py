@@ -218,6 +218,11 @@ kvp_batch_get_computed_blocks = _fn("kvp_batch_get_computed_blocks", c_int, BATC
 kvp_batch_stats = _fn("kvp_batch_stats", c_int, BATCH)
 kvp_client_batch = _fn("kvp_client_batch", c_int, CLIENT, BATCH, POINTER(c_size_t))
 kvp_batch_result = _fn("kvp_batch_result", c_int, BATCH, c_size_t, POINTER(BatchResult))
+kvp_batch_allocate_slots_n = _fn("kvp_batch_allocate_slots_n", c_int, BATCH, c_size_t,
+                                 POINTER(c_uint64), U32P, U32P, I64P, c_uint32, c_bool)
+kvp_batch_slots_results = _fn("kvp_batch_slots_results", c_int, BATCH, c_size_t, c_size_t,
+                              c_size_t, POINTER(c_int32), U32P, U32P, I32P, c_size_t,
+                              POINTER(c_size_t))
 
 # ---- events, the subscriber, the index (common/events.h, subscriber.h, kvindex.h) ----
 EVENT_STORED, EVENT_REMOVED, EVENT_CLEARED = 1, 2, 3

@@ -2,7 +2,7 @@
 """kvpool.Batch: several calls in one round trip, run in order under the
 pool's lock (a scheduler step), over libkvpool's kvp_batch."""
 import ctypes
-from ctypes import byref, c_size_t, c_uint32
+from ctypes import byref, c_size_t, c_uint32, c_uint64
 from dataclasses import dataclass, field
 
 from . import _lib as L
@@ -147,11 +147,7 @@ class Batch:
         """Sends the calls as one Batch; returns one CallResult per call (a
         call that did not run: status NOT_FOUND). Raises a transport failure,
         and without keep_going the first call's failure (with .results)."""
-        c = self._client._live()
-        run = c_size_t()
-        rv = L.kvp_client_batch(c, self._b, byref(run))
-        if rv != 0 and run.value == 0:
-            self._client._check(rv)
+        rv = self._transmit()
         results = [self._result(i) for i in range(len(self._kinds))]
         if rv != 0 and not self.keep_going:
             first = next((r for r in results if r.error is not None), None)
@@ -159,6 +155,31 @@ class Batch:
             err.results = results
             raise err
         return results
+
+    def _transmit(self):
+        """Sends; the batch's status (a transport failure raises)."""
+        run = c_size_t()
+        rv = L.kvp_client_batch(self._client._live(), self._b, byref(run))
+        if rv != 0 and run.value == 0:
+            self._client._check(rv)
+        return rv
+
+    def _add_slots_run(self, request_ids, num_new_tokens, num_token_ids, token_ids):
+        """len(request_ids) AllocateSlots calls for registered requests in one
+        C call (kvp_batch_allocate_slots_n); arrays from the array module."""
+        n = len(request_ids)
+        ids = (c_uint64 * n).from_buffer(request_ids)
+        nnew = (c_uint32 * n).from_buffer(num_new_tokens)
+        ntok = (c_uint32 * n).from_buffer(num_token_ids)
+        toks = (ctypes.c_int64 * max(len(token_ids), 1)).from_buffer(token_ids) \
+            if len(token_ids) else None
+        rv = L.kvp_batch_allocate_slots_n(self._b, n, ids, nnew, ntok, toks, 0, False)
+        if rv != 0:
+            _raise(rv, "batch: cannot add the AllocateSlots calls")
+        self._keep.append((request_ids, num_new_tokens, num_token_ids, token_ids))
+        first = len(self._kinds)
+        self._kinds.extend(["allocate_slots"] * n)
+        return first
 
     def _result(self, i):
         r = L.BatchResult()

@@ -2,8 +2,14 @@
 """RemoteKVCacheManager: vLLM's KVCacheManager entry points over the
 daemon's request-level calls (AllocateSlots, FreeRequest, Lookup), one
 round trip per call, or one Batch per scheduler step (Step)."""
+from array import array
+from operator import sub
+from ctypes import byref, c_int32, c_size_t, c_uint32
+
+from . import _lib as L
+from .client import _raise
 from .errors import NoSpace, NotSupported
-from .vllm import KVCacheBlocks, _Remote, _Req, _request_keys
+from .vllm import KVCacheBlock, KVCacheBlocks, _Remote, _Req, _request_keys
 
 
 class RemoteKVCacheManager(_Remote):
@@ -35,6 +41,8 @@ class RemoteKVCacheManager(_Remote):
                                                  "block_size": client.info["block_size"]}]
         self.num_kv_cache_groups = len(self.groups)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in self.groups))
+        # Only full attention: no null replacement for the mirror to apply.
+        self._plain = all(g["kind"] == "full_attention" for g in self.groups)
         self._reqs = {}
         self._next_id = 1
 
@@ -81,6 +89,7 @@ class RemoteKVCacheManager(_Remote):
         try:
             res = self.client.allocate_slots(req.wire_id, **kw)
         except NoSpace:
+            self._refused(request, req, num_new_computed_tokens)
             return None
         return self._slots_done(request, req, kw, res, num_new_computed_tokens,
                                 new_computed_blocks)
@@ -177,6 +186,15 @@ class RemoteKVCacheManager(_Remote):
         req.computed = res.num_computed_tokens
         return self.create_kv_cache_blocks(tuple(new))
 
+    def _refused(self, request, req, num_new_computed_tokens):
+        """The mirror's side of a NoSpace: a registered request keeps the
+        tokens it brought (the daemon appended them before it refused), and
+        its skipped blocks are dropped (vLLM frees them even when the step is
+        refused); a first call leaves nothing behind."""
+        if req.sent:
+            req.sent = len(request.all_token_ids)
+            self._drop_skipped(req, req.computed + num_new_computed_tokens)
+
     def _drop_skipped(self, req, num_computed):
         """vLLM's remove_skipped_blocks on the mirror: blocks that left a
         sliding window or a finished local chunk become the null block."""
@@ -206,11 +224,45 @@ def _released(req):
     req.blocks = []
 
 
+class _Run:
+    """Consecutive decode-shaped allocate_slots calls of a Step (a request
+    the daemon has, no prefix hit, lookahead or delay), added to the batch
+    with one C call and read back with one."""
+    __slots__ = ("items", "targets", "ntok", "first")
+
+    def __init__(self):
+        self.items = []     # (request, _Req, num_new_tokens)
+        self.targets = self.ntok = None
+        self.first = -1
+
+    def add_to(self, batch):
+        """Adds the calls; each request's tokens are read now."""
+        items = self.items
+        tokens = [request.all_token_ids for request, _, _ in items]
+        sent = [req.sent for _, req, _ in items]
+        self.targets = targets = list(map(len, tokens))
+        self.ntok = ntok = array("I", map(sub, targets, sent))
+        if len(ntok) and min(ntok) == 1 and max(ntok) == 1:  # a decode step: one token each
+            toks = array("q", [t[-1] for t in tokens])
+        else:
+            toks = array("q")
+            for t, k in zip(tokens, sent):
+                toks.extend(t[k:])
+        ids = array("Q", [req.wire_id for _, req, _ in items])
+        nnew = array("I", [n for _, _, n in items])
+        self.first = batch._add_slots_run(ids, nnew, ntok, toks)
+
+
 class Step:
     """One scheduler step's calls as one Batch (keep-going: a request that
     does not fit is refused alone). allocate_slots() and free() queue and
     return the call's index; commit() sends them and returns one result per
     call: KVCacheBlocks or None for allocate_slots, None for free.
+
+    Decode-shaped calls (a request the daemon already has, without a prefix
+    hit, lookahead or delay) take a bulk path: runs of them are added and
+    read back with one C call each, so a step of a few hundred decodes
+    costs Python little beside the round trip.
 
     Differs from calling the manager directly in one way that a network
     imposes: the results come back together, so a scheduler decides on
@@ -219,56 +271,150 @@ class Step:
     def __init__(self, mgr):
         self._mgr = mgr
         self._batch = mgr.client.batch(keep_going=True, borrow=True)
-        self._ops = []
+        self._ops = []      # ("slots", ...), ("free", req), ("noop",) or a _Run
+        self._run = None    # the open _Run, if the last call was decode-shaped
+        self._count = 0
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
                        num_external_computed_tokens=0, delay_cache_blocks=False,
                        num_encoder_tokens=0, full_sequence_must_fit=False):
+        req = self._mgr._reqs.get(request.request_id)
+        if req is not None and req.sent and num_new_tokens > 0 and not (
+                num_new_computed_tokens or num_lookahead_tokens or delay_cache_blocks
+                or num_external_computed_tokens or num_encoder_tokens or full_sequence_must_fit):
+            run = self._run
+            if run is None:
+                run = self._run = _Run()
+                self._ops.append(run)
+            run.items.append((request, req, num_new_tokens))
+            self._count += 1
+            return self._count - 1
         kw, req = self._mgr._slots_call(request, num_new_tokens, num_new_computed_tokens,
                                         num_lookahead_tokens, num_external_computed_tokens,
                                         delay_cache_blocks, num_encoder_tokens,
                                         full_sequence_must_fit)
+        self._close_run()
         self._batch.allocate_slots(req.wire_id, **kw)
         self._ops.append(("slots", request, req, kw, num_new_computed_tokens,
                           new_computed_blocks))
-        return len(self._ops) - 1
+        self._count += 1
+        return self._count - 1
 
     def free(self, request):
+        self._close_run()
         req = self._mgr._reqs.pop(request.request_id, None)
         if req is not None and req.sent:
             self._batch.free_request(req.wire_id)
             self._ops.append(("free", req))
         else:
             self._ops.append(("noop",))
-        return len(self._ops) - 1
+        self._count += 1
+        return self._count - 1
+
+    def _close_run(self):
+        if self._run is not None:
+            self._run.add_to(self._batch)
+            self._run = None
 
     def commit(self):
         """Sends the step; one result per queued call, in order."""
-        results = self._batch.send() if len(self._batch) else []
-        out, k = [], 0
-        for op in self._ops:
-            if op[0] == "noop":
-                out.append(None)
-                continue
-            r = results[k]
-            k += 1
-            if op[0] == "free":
-                if r.error is not None:
+        self._close_run()
+        batch = self._batch
+        if len(batch):
+            batch._transmit()
+        out = []
+        try:
+            k = 0
+            for op in self._ops:
+                if isinstance(op, _Run):
+                    self._run_results(op, out)
+                    k += len(op.items)
+                    continue
+                if op[0] == "noop":
+                    out.append(None)
+                    continue
+                r = batch._result(k)
+                k += 1
+                if op[0] == "free":
+                    if r.error is not None:
+                        raise r.error
+                    _released(op[1])
+                    out.append(None)
+                    continue
+                _, request, req, kw, nhit, hit_blocks = op
+                if isinstance(r.error, NoSpace):
+                    self._mgr._refused(request, req, nhit)
+                    out.append(None)
+                elif r.error is not None:
                     raise r.error
-                _released(op[1])
-                out.append(None)
-                continue
-            _, request, req, kw, nhit, hit_blocks = op
-            if isinstance(r.error, NoSpace):
-                out.append(None)
-            elif r.error is not None:
-                raise r.error
-            else:
-                out.append(self._mgr._slots_done(request, req, kw, r.slots, nhit, hit_blocks))
-        self._batch.clear()
-        self._ops.clear()
+                else:
+                    out.append(self._mgr._slots_done(request, req, kw, r.slots, nhit,
+                                                     hit_blocks))
+        finally:
+            batch.clear()
+            self._ops.clear()
+            self._count = 0
         return out
+
+    def _run_results(self, run, out):
+        mgr, batch = self._mgr, self._batch
+        n, ng = len(run.items), mgr.num_kv_cache_groups
+        st, comp, rows = array("i", bytes(4 * n)), array("I", bytes(4 * n)), \
+            array("I", bytes(4 * n * ng))
+        cap = sum(x[2] for x in run.items) * ng + 2 * n * ng
+        ids = array("i", bytes(4 * cap))
+        got = c_size_t()
+        rv = L.kvp_batch_slots_results(
+            batch._b, run.first, n, ng, (c_int32 * n).from_buffer(st),
+            (c_uint32 * n).from_buffer(comp), (c_uint32 * (n * ng)).from_buffer(rows),
+            (c_int32 * cap).from_buffer(ids), cap, byref(got))
+        if rv != 0:
+            _raise(rv, "step: cannot read the AllocateSlots results")
+        empty, blocks, null = mgr.empty_kv_cache_blocks, mgr._blocks, mgr.null_block
+        items, first = run.items, run.first
+        if not mgr._plain:
+            for item in items:  # vLLM's remove_skipped_blocks, before the new blocks
+                mgr._drop_skipped(item[1], item[1].computed)
+        for item, target, computed in zip(items, run.targets, comp):
+            req = item[1]
+            req.sent = target
+            req.computed = computed
+        res = [empty] * n
+        err = None
+        if any(st):
+            for j in [j for j, s in enumerate(st) if s]:
+                # NoSpace: the tokens stay appended, the skipped blocks dropped (above).
+                e = batch._result(first + j).error
+                res[j] = None
+                if not isinstance(e, NoSpace):
+                    items[j][1].sent = run.targets[j] - run.ntok[j]
+                    err = err or e
+        off = 0
+        totals = [sum(rows[j * ng:(j + 1) * ng]) for j in range(n)] if ng > 1 else rows
+        for j in [j for j, k in enumerate(totals) if k]:
+            req, new = items[j][1], []
+            for g in range(ng):
+                k = rows[j * ng + g]
+                row = []
+                for i in ids[off:off + k]:
+                    if i == 0:
+                        row.append(null)
+                        continue
+                    b = blocks.get(i)
+                    if b is None:
+                        b = blocks[i] = KVCacheBlock(i)
+                    b.ref_cnt = 1
+                    b._block_hash = None
+                    row.append(b)
+                off += k
+                req.blocks[g].extend(row)
+                new.append(row)
+            if any(new):
+                res[j] = KVCacheBlocks(tuple(new))
+        out.extend(res)
+        if err is not None:
+            raise err
 
     def close(self):
         self._batch.close()

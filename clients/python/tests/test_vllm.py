@@ -13,7 +13,7 @@ from conftest import start, stop
 A, B, C, D = (bytes([c]) * 32 for c in b"ABCD")
 iA, iB, iC, iD = (int.from_bytes(x[-8:], "big") for x in (A, B, C, D))
 POOLS = {"b2": 10, "b5": 10, "b7": 5, "c1": 6, "c2": 10, "c5": 10, "c6": 10, "m1": 16,
-         "m2": 16, "ev": 32}
+         "m2": 16, "ev": 32, "m3": 4, "m4": 4}
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,9 @@ def pools(tmp_path_factory):
         extra = ",caching=off" if name == "b7" else ""
         args += ["--pool", f"name={name},blocks={n},block_size=4,seed=0,executor=none,"
                            f"medium=GPU{extra}"]
+    for name in ("sw1", "sw2"):  # gpt-oss-like: full attention beside a window of 8
+        args += ["--pool", f"name={name},blocks=64,seed=0,executor=none,"
+                           "groups=full:4+sliding_window:4:8"]
     proc, url, ev = start(tmp_path_factory.mktemp("kvpoold-vllm"), *args, pool="b2",
                           events=True)
     yield url, ev
@@ -220,6 +223,73 @@ def test_manager_flows_in_step_mode(pools):
     c = kvpool.Client(url, pool="m2")
     m = RemoteKVCacheManager(c)
     _manager_flow(m, kvpool.Hasher("0", algorithm=c.info["hash_algorithm"]), step=True)
+
+
+@pytest.mark.parametrize("pool,step", [("m3", False), ("m4", True)])
+def test_refused_decode_keeps_its_token_and_retries(pools, pool, step):
+    """A decode refused with NoSpace keeps the token it brought (the daemon
+    appended it, as vLLM's Request has it): the retry sends nothing again,
+    and the block it fills is cached under the request's true tokens."""
+    url, ev = pools
+    c = kvpool.Client(url, pool=pool)
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+
+    def alloc(req, n):
+        if not step:
+            return m.allocate_slots(req, n)
+        with m.step() as s:
+            s.allocate_slots(req, n)
+            return s.commit()[0]
+
+    r1, r2 = Req("r1", range(4), hasher=h), Req("r2", range(100, 108), hasher=h)
+    assert alloc(r1, 4).get_block_ids() == ([1],)
+    assert alloc(r2, 8).get_block_ids() == ([2, 3],)
+    r1.all_token_ids.append(4)
+    assert alloc(r1, 1) is None  # the pool is full
+    m.free(r2)
+    assert alloc(r1, 1).get_block_ids() == ([3],)  # r2's tail, freed first
+    for t in (5, 6, 7):
+        r1.all_token_ids.append(t)
+        assert alloc(r1, 1).get_block_ids() == ([],)
+    probe = Req("p", range(9), hasher=h)
+    blocks, hit = m.get_computed_blocks(probe)
+    assert hit == 8 and blocks.get_block_ids() == ([1, 3],)
+    m.free(r1)
+    c.close()
+
+
+def test_step_mode_equals_direct_calls_on_a_sliding_window_pool(pools):
+    """Twenty decode steps of four requests on two identical hybrid pools,
+    one call per round trip against Steps (the bulk decode path): the same
+    new blocks, block tables (null where the window has passed) and frees."""
+    url, ev = pools
+    direct, stepped = (RemoteKVCacheManager(kvpool.Client(url, pool=n)) for n in ("sw1", "sw2"))
+    h = kvpool.Hasher("0", algorithm=direct.client.info["hash_algorithm"])
+    a, b = ([Req(f"r{i}", range(10 * i, 10 * i + 6 + i), hasher=h) for i in range(4)]
+            for _ in range(2))
+    for n in range(20):
+        want = []
+        for r in a:
+            if n:
+                r.all_token_ids.append(1000 + n)
+            want.append(direct.allocate_slots(r, 1 if n else r.num_tokens))
+        with stepped.step() as s:
+            for r in b:
+                if n:
+                    r.all_token_ids.append(1000 + n)
+                s.allocate_slots(r, 1 if n else r.num_tokens)
+            got = s.commit()
+        assert [x.get_block_ids() for x in got] == [x.get_block_ids() for x in want]
+        assert [stepped.get_block_ids(r.request_id) for r in b] == \
+            [direct.get_block_ids(r.request_id) for r in a]
+    assert 0 in direct.get_block_ids("r0")[1]  # the window has dropped blocks
+    assert stepped.client.stats()["num_free"] == direct.client.stats()["num_free"]
+    for m, reqs in ((direct, a), (stepped, b)):
+        for r in reqs:
+            m.free(r)
+        assert m.client.stats()["num_free"] == 63
+        m.client.close()
 
 
 def test_manager_events_are_annotated_as_vllms(pools):
