@@ -8,7 +8,10 @@
  *   kvp-bench-client URL POOL alloc N   N x (Allocate 16 + Free)
  *   kvp-bench-client URL POOL step N    the step workload below, N steps
  *
- * Prints "MODE US_PER_OP". The step workload (the same in bench_python.py):
+ * Prints "MODE US_PER_OP CPU_US_PER_OP" (wall time, and the process's CPU
+ * time over all its threads, nng's included). Built also as a module
+ * (libkvp_bench_client.so, kvp_bench_client_run) that bench_python.py loads,
+ * so both clients are timed in one process on one machine state. The step workload (the same in bench_python.py):
  * 4 system prompts of 128 tokens; request r's prompt is system prompt r%4
  * then 32 tokens of its own (160 tokens). 8 warm-up steps admit 32
  * requests each (256 running). Each timed step then frees the 8 oldest
@@ -16,7 +19,8 @@
  * token) and admits 8 new ones: a Lookup of each one's hashes (vLLM's
  * get_computed_blocks, one round trip each) and an AllocateSlots taking
  * that hit. The 264 request calls go as one Batch (keep going, borrowed
- * arrays). Hashes are computed before timing, as vLLM's Request does.
+ * arrays; the decodes added with one kvp_batch_allocate_slots_n, the
+ * cheapest way the C client has). Hashes are computed before timing, as vLLM's Request does.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
@@ -65,6 +69,9 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
      int admit, int finish)
 {
 	static const int64_t tok = 7;
+	static uint64_t dec_ids[RUNNING];
+	static uint32_t dec_one[RUNNING];
+	static int64_t dec_tok[RUNNING];
 	int32_t ids[MAXB];
 	uint32_t refs[MAXB], nb, ht;
 	uint32_t hit[64];
@@ -83,11 +90,15 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 	for (int k = 0; k < finish; k++)
 		kvp_batch_free_request(b, *first + (uint64_t)k + 1, false);
 	*first += (uint64_t)finish;
-	for (uint64_t r = *first; r < *next; r++) {
-		struct kvp_client_slots a = {.request_id = r + 1, .new_tokens = &tok,
-		                             .num_new_token_ids = 1, .num_new_tokens = 1};
-		kvp_batch_allocate_slots(b, &a);
+	size_t nd = (size_t)(*next - *first);
+	for (size_t i = 0; i < nd; i++) {
+		dec_ids[i] = *first + i + 1;
+		dec_one[i] = 1;
+		dec_tok[i] = tok;
 	}
+	if ((rv = kvp_batch_allocate_slots_n(b, nd, dec_ids, dec_one, dec_one, dec_tok, 0, false)) !=
+	    KVP_OK)
+		return die(c, "decodes", rv);
 	for (int k = 0; k < admit; k++) {
 		struct req *q = &reqs[*next];
 		struct kvp_client_slots a = {.request_id = *next + 1, .prompt = q->prompt,
@@ -103,44 +114,53 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 	return 0;
 }
 
+/*
+ * One measurement: n ops of mode against pool at url. 0 and *us, *cpu_us
+ * (wall and process CPU µs per op); 2: bad arguments; 1: a call failed.
+ * Exported for bench_python.py, which loads this file as a module to time
+ * the C client in its own process.
+ */
+int kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n, double *us,
+                         double *cpu_us);
+
 int
-main(int argc, char **argv)
+kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n, double *us,
+                     double *cpu_us)
 {
 	struct kvp_client *c = NULL;
 	int rv;
 
-	if (argc != 5) {
-		fprintf(stderr, "usage: kvp-bench-client URL POOL stats|alloc|step N\n");
-		return 2;
-	}
-	const char *mode = argv[3];
-	long n = strtol(argv[4], NULL, 10);
-	if (n <= 0 || (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "step"))) {
+	if (url == NULL || pool == NULL || mode == NULL || us == NULL || cpu_us == NULL || n <= 0 ||
+	    (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "step"))) {
 		fprintf(stderr, "kvp-bench-client: bad mode or count\n");
 		return 2;
 	}
-	struct kvp_client_options o = {.url = argv[1], .pool = argv[2], .timeout_ms = 10000};
+	struct kvp_client_options o = {.url = url, .pool = pool, .timeout_ms = 10000};
 	if ((rv = kvp_client_open(&o, &c)) != KVP_OK) {
 		fprintf(stderr, "kvp-bench-client: open: %s\n", kvp_client_open_detail());
 		return 1;
 	}
-	double t0 = 0, t1 = 0;
+	double t0 = 0, t1 = 0, c0 = 0, c1 = 0;
 	int err = 0;
 	if (strcmp(mode, "stats") == 0) {
 		struct kvp_client_stats st;
 		t0 = now();
+		c0 = cpu_now();
 		for (long i = 0; i < n && !err; i++)
 			if ((rv = kvp_client_stats(c, &st)) != KVP_OK)
 				err = die(c, "stats", rv);
 		t1 = now();
+		c1 = cpu_now();
 	} else if (strcmp(mode, "alloc") == 0) {
 		int32_t ids[16];
 		t0 = now();
+		c0 = cpu_now();
 		for (long i = 0; i < n && !err; i++)
 			if ((rv = kvp_client_allocate(c, 16, ids)) != KVP_OK ||
 			    (rv = kvp_client_free(c, ids, 16)) != KVP_OK)
 				err = die(c, "allocate+free", rv);
 		t1 = now();
+		c1 = cpu_now();
 	} else {
 		struct kvp_hasher *h = NULL;
 		struct kvp_batch *b = NULL;
@@ -160,9 +180,11 @@ main(int argc, char **argv)
 		for (int w = 0; w < RUNNING / 32 && !err; w++)
 			err = step(c, b, reqs, &first, &next, 32, 0);
 		t0 = now();
+		c0 = cpu_now();
 		for (long s = 0; s < n && !err; s++)
 			err = step(c, b, reqs, &first, &next, TURNOVER, TURNOVER);
 		t1 = now();
+		c1 = cpu_now();
 		kvp_batch_destroy(b);
 		kvp_hasher_destroy(h);
 		free(reqs);
@@ -170,6 +192,25 @@ main(int argc, char **argv)
 	kvp_client_close(c);
 	if (err)
 		return 1;
-	printf("%s %.3f\n", mode, (t1 - t0) / (double)n * 1e6);
+	*us = (t1 - t0) / (double)n * 1e6;
+	*cpu_us = (c1 - c0) / (double)n * 1e6;
 	return 0;
 }
+
+#ifndef KVP_BENCH_CLIENT_MODULE
+int
+main(int argc, char **argv)
+{
+	double us, cpu;
+	int rv;
+	if (argc != 5) {
+		fprintf(stderr, "usage: kvp-bench-client URL POOL stats|alloc|step N\n");
+		return 2;
+	}
+	if ((rv = kvp_bench_client_run(argv[1], argv[2], argv[3], strtol(argv[4], NULL, 10), &us,
+	                               &cpu)) != 0)
+		return rv;
+	printf("%s %.3f %.3f\n", argv[3], us, cpu);
+	return 0;
+}
+#endif

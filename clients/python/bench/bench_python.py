@@ -4,14 +4,21 @@
     python3 clients/python/bench/bench_python.py [--rounds 5] [BUILD_DIR]
 
 Starts one kvpoold (BUILD_DIR/service/kvpoold) on ipc://, then for each
-round runs, interleaved: the C client (BUILD_DIR/tests/bench/kvp-bench-client)
-and this package through the same calls: a loop of Stats, a loop of
+round runs, interleaved and in this one process: the C client
+(kvp_bench_client_run of BUILD_DIR/tests/bench/libkvp_bench_client.so,
+the code of kvp-bench-client, over the same libkvpool.so) and this package
+through the same calls: a loop of Stats, a loop of
 Allocate(16)+Free, and the scheduler step workload that bench_client.c
 describes (256 running requests; 8 finish, 248 decode, 8 arrive with a
-Lookup each for their prefix hit, as one Batch), here through
+Lookup each for their prefix hit, as one Batch; the C client adds the
+decodes with one kvp_batch_allocate_slots_n), here through
 kvpool.vllm.RemoteKVCacheManager's step mode. Each run gets its own fresh
-pool. Prints medians over the rounds and the ratios Python / C."""
+pool. Prints medians over the rounds and the ratios Python / C, of wall
+time and of the client process's CPU time (every thread, nng's included):
+the added CPU is what Python itself costs, free of the scheduling noise
+that a round trip on a small machine carries."""
 import argparse
+import ctypes
 import os
 import statistics
 import subprocess
@@ -69,35 +76,38 @@ def py_step(m, reqs, running, nxt, admit, finish):
 
 
 def py_run(kvpool, url, pool, mode, n):
+    """(wall µs, process CPU µs) per op, as kvp-bench-client reports them."""
     from kvpool.vllm import RemoteKVCacheManager
     with kvpool.Client(url, pool=pool, timeout_ms=10000) as c:
         if mode == "stats":
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 c.stats()
-            return (time.perf_counter() - t0) / n * 1e6
-        if mode == "alloc":
-            t0 = time.perf_counter()
+        elif mode == "alloc":
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(n):
                 c.free(c.allocate(16))
-            return (time.perf_counter() - t0) / n * 1e6
-        h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
-        reqs = [Req(r, h) for r in range(RUNNING + n * TURNOVER)]
-        m = RemoteKVCacheManager(c)
-        running, nxt = [], 0
-        for _ in range(RUNNING // 32):
-            nxt = py_step(m, reqs, running, nxt, 32, 0)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
-        return (time.perf_counter() - t0) / n * 1e6
+        else:
+            h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+            reqs = [Req(r, h) for r in range(RUNNING + n * TURNOVER)]
+            m = RemoteKVCacheManager(c)
+            running, nxt = [], 0
+            for _ in range(RUNNING // 32):
+                nxt = py_step(m, reqs, running, nxt, 32, 0)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(n):
+                nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
+        return ((time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6)
 
 
-def c_run(exe, url, pool, mode, n):
-    out = subprocess.run([exe, url, pool, mode, str(n)], check=True, capture_output=True,
-                         text=True).stdout.split()
-    assert out[0] == mode, out
-    return float(out[1])
+def c_run(mod, url, pool, mode, n):
+    """The C client's (wall µs, process CPU µs) per op, in this process."""
+    us, cpu = ctypes.c_double(), ctypes.c_double()
+    rv = mod.kvp_bench_client_run(url.encode(), pool.encode(), mode.encode(), n,
+                                  ctypes.byref(us), ctypes.byref(cpu))
+    if rv != 0:
+        raise RuntimeError(f"kvp_bench_client_run {mode}: {rv}")
+    return us.value, cpu.value
 
 
 def main():
@@ -105,11 +115,20 @@ def main():
     ap.add_argument("build", nargs="?", default=os.path.join(ROOT, "build"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="do not pin the daemon and this process to separate CPUs")
     a = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = not a.no_pin and len(cpus) >= 2
+    if pin:  # the daemon on one CPU, both clients on another: less scheduling noise
+        os.sched_setaffinity(0, {cpus[0]})
     os.environ.setdefault("KVPOOL_LIB", os.path.join(a.build, "clients", "c", "libkvpool.so.0"))
     import kvpool
     kvpoold = os.path.join(a.build, "service", "kvpoold")
-    exe = os.path.join(a.build, "tests", "bench", "kvp-bench-client")
+    mod = ctypes.CDLL(os.path.join(a.build, "tests", "bench", "libkvp_bench_client.so"))
+    mod.kvp_bench_client_run.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.c_long, ctypes.POINTER(ctypes.c_double),
+                                         ctypes.POINTER(ctypes.c_double)]
     counts = {"stats": 2000, "alloc": 2000, "step": 40}
     if a.quick:
         counts = {"stats": 200, "alloc": 200, "step": 5}
@@ -120,9 +139,11 @@ def main():
         for who in ("c", "py"):
             pools += ["--pool", f"name=step-{who}{r},blocks=16384,block_size={BS},seed=0,"
                                 "executor=none"]
-    proc = subprocess.Popen([kvpoold, "--quiet", "--rpc", url, "--admin", "none", "--events",
-                             "none", "--lease-ms", "60000", "--pool",
-                             "name=bench,blocks=4096,block_size=16,executor=none", *pools])
+    taskset = ["taskset", "-c", str(cpus[1])] if pin else []
+    proc = subprocess.Popen(taskset + [kvpoold, "--quiet", "--rpc", url, "--admin", "none",
+                                       "--events", "none", "--lease-ms", "60000", "--pool",
+                                       "name=bench,blocks=4096,block_size=16,executor=none",
+                                       *pools])
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -137,7 +158,7 @@ def main():
         for r in range(a.rounds):
             for mode, n in counts.items():
                 pool = "bench" if mode != "step" else None
-                res[(mode, "c")].append(c_run(exe, url, pool or f"step-c{r}", mode, n))
+                res[(mode, "c")].append(c_run(mod, url, pool or f"step-c{r}", mode, n))
                 res[(mode, "py")].append(py_run(kvpool, url, pool or f"step-py{r}", mode, n))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
     finally:
@@ -145,18 +166,20 @@ def main():
         proc.wait(timeout=10)
     calls = TURNOVER * 2 + (RUNNING - TURNOVER)
     print(f"| measure (median of {a.rounds} interleaved rounds) | C client | Python | "
-          "Python / C | Python's added time / C's |")
-    print("|---|---|---|---|---|")
+          "Python / C | Python's added time / C's | client CPU, C | client CPU, Python | "
+          "Python's added CPU / C's wall |")
+    print("|---|---|---|---|---|---|---|---|")
+    med = {}
     for mode, label in (("stats", "Stats, µs per call"),
                         ("alloc", "Allocate(16)+Free, µs per pair"),
                         ("step", f"step ({calls} request calls + {TURNOVER} Lookups), µs")):
-        cm = statistics.median(res[(mode, "c")])
-        pm = statistics.median(res[(mode, "py")])
-        print(f"| {label} | {cm:.1f} | {pm:.1f} | {pm / cm:.3f} | "
-              f"{(pm - cm) / cm * 100:.1f}% |")
-    cs, ps = statistics.median(res[("step", "c")]), statistics.median(res[("step", "py")])
-    print(f"| step, µs per request call | {cs / calls:.2f} | {ps / calls:.2f} | | |")
-
+        cw, pw = (statistics.median(v[0] for v in res[(mode, w)]) for w in ("c", "py"))
+        cc, pc = (statistics.median(v[1] for v in res[(mode, w)]) for w in ("c", "py"))
+        med[mode] = (cw, pw)
+        print(f"| {label} | {cw:.1f} | {pw:.1f} | {pw / cw:.3f} | {(pw - cw) / cw * 100:.1f}% | "
+              f"{cc:.1f} | {pc:.1f} | {(pc - cc) / cw * 100:.1f}% |")
+    cs, ps = med["step"]
+    print(f"| step, µs per request call | {cs / calls:.2f} | {ps / calls:.2f} | | | | | |")
 
 if __name__ == "__main__":
     main()
