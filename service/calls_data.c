@@ -3,7 +3,7 @@
  * Data-plane calls: block contents in the pool's executor.
  *
  * Rules (kvpool.proto says the same): writes go only to blocks this session
- * holds; WriteBlocks and a copy's destinations also refuse cached blocks,
+ * holds, by a block-level call or through one of its requests (AllocateSlots); WriteBlocks and a copy's destinations also refuse cached blocks,
  * whose content other requests share (copy first, then write the copy);
  * reads and a copy's sources take any block that is held or cached. The
  * executor then checks lengths, repeats and ranges before it writes.
@@ -13,6 +13,7 @@
 
 #include "common/crc32c.h"
 #include "common/kvp_status.h"
+#include "engine/manager.h"
 #include "engine/pool.h"
 #include "gpu/executor.h"
 #include "proto/data_wire.h"
@@ -34,14 +35,62 @@ cached(struct call *c, int32_t id)
 	return kvp_pool_block_key(c->p->pool, id, &len) != NULL && len > 0;
 }
 
-/* Every block held by this session; with exclusive, none of them cached. */
-static int
-writable(struct call *c, const int32_t *ids, size_t n, bool exclusive)
+/* The blocks this session's requests hold (AllocateSlots' own references). */
+struct req_map {
+	struct call *c;
+	uint8_t *bits; /* one bit per block id; NULL until first needed */
+	uint32_t nb;
+};
+
+static void
+mark_request(void *ctx, uint64_t mgr_id)
 {
+	struct req_map *m = ctx;
+	uint32_t ng = kvp_mgr_num_groups(m->c->p->mgr);
+	for (uint32_t g = 0; g < ng; g++) {
+		const int32_t *ids;
+		size_t n;
+		if (kvp_mgr_request_blocks(m->c->p->mgr, mgr_id, g, &ids, &n) != KVP_OK)
+			continue;
+		for (size_t j = 0; j < n; j++)
+			if (ids[j] > 0 && (uint32_t)ids[j] < m->nb)
+				m->bits[ids[j] / 8] |= (uint8_t)(1u << (ids[j] % 8));
+	}
+}
+
+/* Whether one of this session's requests holds block id: a scan of their
+ * block tables, once per call (bounded by the pool's size). */
+static int
+request_holds(struct req_map *m, int32_t id, bool *held)
+{
+	if (m->bits == NULL) {
+		m->nb = kvp_pool_num_blocks(m->c->p->pool);
+		if ((m->bits = kvpd_scratch(m->c, m->nb / 8 + 1)) == NULL)
+			return kvpd_fail(m->c, KVP_ENOMEM, "out of memory");
+		memset(m->bits, 0, m->nb / 8 + 1);
+		kvpd_session_each_request(m->c->sess, mark_request, m);
+	}
+	*held = id > 0 && (uint32_t)id < m->nb && (m->bits[id / 8] >> (id % 8) & 1u);
+	return KVP_OK;
+}
+
+/*
+ * Every block held by this session, by a block-level call (Allocate,
+ * Touch, Lookup's references) or by one of its requests (AllocateSlots);
+ * with exclusive, none of them cached.
+ */
+static int
+writable(struct req_map *m, const int32_t *ids, size_t n, bool exclusive)
+{
+	struct call *c = m->c;
 	for (size_t i = 0; i < n; i++) {
-		if (kvpd_session_held(c->sess, ids[i]) == 0)
-			return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d",
-			                 ids[i]);
+		bool held = kvpd_session_held(c->sess, ids[i]) > 0;
+		int rv;
+		if (!held && (rv = request_holds(m, ids[i], &held)) != KVP_OK)
+			return rv;
+		if (!held)
+			return kvpd_fail(c, KVP_ENOTOWNER,
+			                 "neither this session nor its requests hold block %d", ids[i]);
 		if (exclusive && cached(c, ids[i]))
 			return kvpd_fail(c, KVP_ESTATE,
 			                 "block %d is cached: its content is shared (copy it, then write)",
@@ -78,7 +127,7 @@ kvpd_h_write_blocks(struct call *c, const Kvpool__V1__WriteBlocksRequest *m,
 	int rv;
 
 	if ((rv = no_exec(c)) || (rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
-	    (rv = writable(c, m->block_ids, m->n_block_ids, true)))
+	    (rv = writable(&(struct req_map){.c = c}, m->block_ids, m->n_block_ids, true)))
 		return rv;
 	bb = kvp_exec_block_bytes(c->p->exec);
 	if (m->payload.len != m->n_block_ids * bb)
@@ -175,7 +224,7 @@ kvpd_h_copy_blocks(struct call *c, const Kvpool__V1__CopyBlocksRequest *m, Kvpoo
 	if ((rv = kvpd_check_ids(c, m->src_block_ids, m->n_src_block_ids)) ||
 	    (rv = kvpd_check_ids(c, m->dst_block_ids, m->n_dst_block_ids)) ||
 	    (rv = readable(c, m->src_block_ids, m->n_src_block_ids)) ||
-	    (rv = writable(c, m->dst_block_ids, m->n_dst_block_ids, true)))
+	    (rv = writable(&(struct req_map){.c = c}, m->dst_block_ids, m->n_dst_block_ids, true)))
 		return rv;
 	if ((r = NEW(c, Kvpool__V1__CopyBlocksReply, kvpool__v1__copy_blocks_reply__descriptor)) ==
 	    NULL)
@@ -204,8 +253,9 @@ kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
 		                 m->n_slot_mapping, c->p->limits.max_ids);
 	if (m->key.len != m->value.len)
 		return kvpd_fail(c, KVP_EINVAL, "K has %zu bytes, V %zu", m->key.len, m->value.len);
-	/* The slot's block must be held by this session (cached or not: vLLM rewrites the
-	 * recomputed last token of a full prefix hit into its cached block). */
+	/* The slot's block must be held by this session or its requests (cached or not: vLLM
+	 * rewrites the recomputed last token of a full prefix hit into its cached block). */
+	struct req_map held = {.c = c};
 	for (size_t i = 0; i < m->n_slot_mapping; i++) {
 		int64_t s = m->slot_mapping[i];
 		if (s < 0)
@@ -214,7 +264,7 @@ kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
 			return kvpd_fail(c, KVP_ERANGE, "slot %lld is outside the pool (0..%llu)",
 			                 (long long)s, (unsigned long long)(max_slot - 1));
 		int32_t b = (int32_t)(s / bs);
-		if ((rv = writable(c, &b, 1, false)))
+		if ((rv = writable(&held, &b, 1, false)))
 			return rv;
 	}
 	if ((r = NEW(c, Kvpool__V1__WriteTokensReply, kvpool__v1__write_tokens_reply__descriptor)) ==

@@ -334,3 +334,12 @@ kvpd_session_end_requests(struct kvpd_session *s, void (*fn)(void *ctx, uint64_t
 	memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
 	s->num_reqs = 0;
 }
+
+void
+kvpd_session_each_request(const struct kvpd_session *s, void (*fn)(void *ctx, uint64_t mgr_id),
+                          void *ctx)
+{
+	for (size_t i = 0; i < s->cap_reqs; i++)
+		if (s->reqs[i].mgr_id != 0)
+			fn(ctx, s->reqs[i].mgr_id);
+}

@@ -85,6 +85,10 @@ void kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id);
 void kvpd_session_end_requests(struct kvpd_session *s, void (*fn)(void *ctx, uint64_t mgr_id),
                                void *ctx);
 
+/* Calls fn(ctx, mgr_id) for each of this session's requests, in no order. */
+void kvpd_session_each_request(const struct kvpd_session *s,
+                               void (*fn)(void *ctx, uint64_t mgr_id), void *ctx);
+
 /* A stored reply for call_id, or NULL. */
 const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,
                                                     uint64_t call_id);

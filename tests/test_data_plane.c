@@ -470,6 +470,48 @@ kvpoolctl_read_write(void **state)
 	free(b);
 }
 
+/* A KV connector writes the blocks its requests got from AllocateSlots
+ * (request-level references, not Allocate's): the session may write them
+ * while the request holds them, and nobody else may. */
+static void
+request_blocks_are_writable(void **state)
+{
+	(void)state;
+	struct kvp_client *c = client(ipc_url, "kv"), *other = client(ipc_url, "kv");
+	int64_t prompt[20];
+	int32_t ids[8];
+	size_t tok = 4 * 32 * 2;
+	unsigned char *buf = malloc(BLOCK_BYTES), *got = malloc(BLOCK_BYTES), *kv = malloc(2 * tok);
+	struct kvp_client_slots_result res;
+
+	for (int i = 0; i < 20; i++)
+		prompt[i] = 777000 + i;
+	struct kvp_client_slots a = {.request_id = 5, .prompt = prompt, .num_prompt = 20};
+	assert_ok(kvp_client_allocate_slots(c, &a, ids, 8, &res));
+	assert_int_equal(res.num_new_blocks, 2); /* ids[0] full (cached), ids[1] partial */
+	fill(buf, BLOCK_BYTES);
+	assert_ok(kvp_client_write_blocks(c, &ids[1], 1, buf, BLOCK_BYTES));
+	assert_ok(kvp_client_read_blocks(c, &ids[1], 1, got, BLOCK_BYTES, NULL));
+	assert_memory_equal(got, buf, BLOCK_BYTES);
+	/* The cached block: shared content, so WriteBlocks refuses; WriteTokens may rewrite
+	 * a token of it (vLLM's recomputed last token of a hit). */
+	assert_status(kvp_client_write_blocks(c, &ids[0], 1, buf, BLOCK_BYTES), KVP_ESTATE);
+	int64_t slot = (int64_t)ids[0] * BS + 3;
+	fill(kv, 2 * tok);
+	assert_ok(kvp_client_write_tokens(c, false, 0, &slot, 1, kv, kv + tok, tok));
+	/* Another session, and this one after the request is freed. */
+	assert_status(kvp_client_write_blocks(other, &ids[1], 1, buf, BLOCK_BYTES), KVP_ENOTOWNER);
+	assert_status(kvp_client_write_tokens(other, false, 0, &slot, 1, kv, kv + tok, tok),
+	              KVP_ENOTOWNER);
+	assert_ok(kvp_client_free_request(c, 5, false));
+	assert_status(kvp_client_write_blocks(c, &ids[1], 1, buf, BLOCK_BYTES), KVP_ENOTOWNER);
+	free(buf);
+	free(got);
+	free(kv);
+	kvp_client_close(other);
+	kvp_client_close(c);
+}
+
 int
 main(void)
 {
@@ -479,6 +521,7 @@ main(void)
 		cmocka_unit_test(copy_on_write),
 		cmocka_unit_test(write_tokens_matches_local_executor),
 		cmocka_unit_test(refusals),
+		cmocka_unit_test(request_blocks_are_writable),
 		cmocka_unit_test(kvpoolctl_read_write),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -238,7 +238,8 @@ int kvp_client_read_blocks(struct kvp_client *c, const int32_t *ids, size_t n, v
 
 /*
  * Writes buf (n x block_bytes) into blocks ids[0..n), which this session
- * must hold and which must not be cached. Each block travels with its
+ * must hold (directly or through one of its requests) and which must not
+ * be cached. Each block travels with its
  * CRC32C, which the daemon checks before writing anything of that call.
  */
 int kvp_client_write_blocks(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf,
@@ -252,7 +253,7 @@ int kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32
  * vLLM's reshape_and_cache_flash: K and V of n tokens placed by slot
  * (-1: skipped). With all_layers, k and v are [layers][n][heads][head_size],
  * otherwise [n][heads][head_size] for `layer`; kv_len is each one's bytes.
- * Every slot's block must be held by this session.
+ * Every slot's block must be held by this session or one of its requests.
  */
 int kvp_client_write_tokens(struct kvp_client *c, bool all_layers, uint32_t layer,
                             const int64_t *slots, size_t n, const void *k, const void *v,
