@@ -160,6 +160,23 @@ def test_prefix_cache_and_requests(daemon):
         c.free(blocks)
 
 
+def test_a_connector_fills_its_requests_blocks(daemon):
+    """Blocks a request got from allocate_slots are this session's to write
+    (vLLM's KV connector loads into them); another session's are not."""
+    import numpy as np
+    with kvpool.Client(daemon, pool="kv") as c, kvpool.Client(daemon, pool="kv") as d:
+        r = c.allocate_slots(901, prompt=list(range(900000, 900020)))
+        tail = r.new_blocks[-1:]  # the partial block: not cached
+        data = np.arange(BLOCK_BYTES, dtype=np.uint8)
+        c.write_blocks(tail, data)
+        assert bytes(c.read_blocks(tail)) == data.tobytes()
+        with pytest.raises(kvpool.NotOwner):
+            d.write_blocks(tail, data)
+        c.free_request(901)
+        with pytest.raises(kvpool.NotOwner):
+            c.write_blocks(tail, data)
+
+
 def test_hybrid_pool_groups_and_blocks_by_group(daemon):
     """A gpt-oss-like pool: Hello's groups, and new blocks split by group."""
     with kvpool.Client(daemon, pool="gptoss") as c:
