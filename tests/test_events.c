@@ -593,6 +593,34 @@ test_events_token_pool_stream_is_sealed(void **state)
 	use_token = NULL;
 }
 
+static void
+nop_reset(void *ctx, const char *pool, uint64_t epoch, uint64_t next_seq,
+          const struct kvp_snapshot_entry *entries, size_t n)
+{
+	(void)ctx, (void)pool, (void)epoch, (void)next_seq, (void)entries, (void)n;
+}
+
+/* No daemon: the subscriber says so within its connect timeout (it waited
+ * timeout x attempts, 15 s by default, before). */
+static void
+test_events_no_daemon_is_unavailable_quickly(void **state)
+{
+	char rpc[96], ev[96];
+	struct kvp_sub_handler h = {.reset = nop_reset};
+	struct kvp_sub *sub = NULL;
+	struct timespec t0, t1;
+	(void)state;
+	snprintf(rpc, sizeof(rpc), "ipc:///tmp/kvpool-nobody-rpc-%d.ipc", (int)getpid());
+	snprintf(ev, sizeof(ev), "ipc:///tmp/kvpool-nobody-ev-%d.ipc", (int)getpid());
+	struct kvp_sub_options o = {.events_url = ev, .rpc_url = rpc, .connect_timeout_ms = 300};
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	assert_int_equal(kvp_sub_open(&o, &h, &sub), KVP_EUNAVAILABLE);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	assert_true(s >= 0.25 && s < 2.0);
+	assert_null(sub);
+}
+
 int
 main(void)
 {
@@ -605,6 +633,7 @@ main(void)
 		cmocka_unit_test(test_events_random_run_index_stays_exact),
 		cmocka_unit_test(test_events_daemon_restart_is_an_epoch_reset),
 		cmocka_unit_test(test_events_token_pool_stream_is_sealed),
+		cmocka_unit_test(test_events_no_daemon_is_unavailable_quickly),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -136,7 +136,8 @@ ctl_follow_events(struct ctl *x)
 	                             .token = o->token, .timeout_ms = o->timeout_ms,
 	                             .tls_ca_file = o->tls_ca_file, .tls_cert_file = o->tls_cert_file,
 	                             .tls_key_file = o->tls_key_file,
-	                             .tls_server_name = o->tls_server_name};
+	                             .tls_server_name = o->tls_server_name,
+	                             .connect_timeout_ms = o->connect_timeout_ms};
 	struct kvp_sub_handler h = {.ctx = &f, .reset = on_reset, .batch = on_events};
 	struct kvp_sub *sub = NULL;
 	int rv = kvp_sub_open(&so, &h, &sub);

@@ -46,6 +46,7 @@ rpc_options(const struct kvp_sub *s, const struct pool_state *ps)
 		.lease_ms = 86400000u, /* it holds no blocks: a long lease costs nothing */
 		.tls_ca_file = s->o.tls_ca_file, .tls_cert_file = s->o.tls_cert_file,
 		.tls_key_file = s->o.tls_key_file, .tls_server_name = s->o.tls_server_name,
+		.connect_timeout_ms = s->o.connect_timeout_ms,
 	};
 	return co;
 }

@@ -33,6 +33,8 @@ struct kvp_sub_options {
 	uint32_t timeout_ms;        /* RPC, per attempt; 0: 5000 */
 	int recv_buffer;            /* SUB queue in messages; 0: 8192 */
 	const char *tls_ca_file, *tls_cert_file, *tls_key_file, *tls_server_name;
+	uint32_t connect_timeout_ms; /* how long kvp_sub_open waits for the daemon's RPC;
+	                              * 0: as kvp_client_options' (timeout x attempts) */
 };
 
 struct kvp_sub_handler {

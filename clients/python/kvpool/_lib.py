@@ -253,7 +253,7 @@ class SubOptions(Structure):
                 ("pools", POINTER(c_char_p)), ("num_pools", c_size_t), ("token", c_char_p),
                 ("timeout_ms", c_uint32), ("recv_buffer", c_int), ("tls_ca_file", c_char_p),
                 ("tls_cert_file", c_char_p), ("tls_key_file", c_char_p),
-                ("tls_server_name", c_char_p)]
+                ("tls_server_name", c_char_p), ("connect_timeout_ms", c_uint32)]
 
 
 RESET_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_uint64, c_uint64,
