@@ -171,8 +171,7 @@ class Batch:
         ids = (c_uint64 * n).from_buffer(request_ids)
         nnew = (c_uint32 * n).from_buffer(num_new_tokens)
         ntok = (c_uint32 * n).from_buffer(num_token_ids)
-        toks = (ctypes.c_int64 * max(len(token_ids), 1)).from_buffer(token_ids) \
-            if len(token_ids) else None
+        toks = (ctypes.c_int64 * len(token_ids)).from_buffer(token_ids) if token_ids else None
         rv = L.kvp_batch_allocate_slots_n(self._b, n, ids, nnew, ntok, toks, 0, False)
         if rv != 0:
             _raise(rv, "batch: cannot add the AllocateSlots calls")
