@@ -11,6 +11,11 @@
  * KV into its blocks and a decode peer finds the prefix and reads the same
  * bytes back, checksums verified.
  *
+ * On a hybrid pool (several KV cache groups, such as gpt-oss's full and
+ * sliding-window layers) it tells that story instead: a long decode in
+ * which the window group frees the blocks that leave its window while
+ * full attention keeps all, and a second request that hits both groups.
+ *
  * usage: kvpool-demo [URL] [POOL]   (defaults: ipc:///tmp/kvpool.ipc default)
  */
 #include <inttypes.h>
@@ -122,6 +127,96 @@ burst(const struct kvp_client_info *in)
 	return rv;
 }
 
+/* Blocks the pool's requests hold now (the demo is the pool's only user). */
+static int
+used_blocks(uint32_t *used)
+{
+	struct kvp_client_stats s;
+	int rv = check(kvp_client_stats(c, &s), "stats");
+	if (rv == KVP_OK)
+		*used = s.num_blocks - 1 - s.num_free;
+	return rv;
+}
+
+/* Sums a result's new blocks into per-group table lengths. */
+static void
+grow_tables(const struct kvp_client_slots_result *res, uint32_t *len)
+{
+	for (uint32_t g = 0; g < res->num_groups && g < KVP_MAX_GROUPS; g++)
+		len[g] += res->new_blocks_per_group[g];
+}
+
+/* A hybrid pool: full attention keeps every block, a window group frees its old ones. */
+static int
+hybrid(const struct kvp_client_info *in)
+{
+	char spec[256];
+	uint32_t full_len[KVP_MAX_GROUPS] = {0}, len2[KVP_MAX_GROUPS] = {0}, used;
+	int64_t prompt[320];
+	int32_t blocks[256];
+	struct kvp_client_slots_result res;
+	int rv;
+
+	if (kvp_group_specs_format(in->groups, in->num_groups, spec, sizeof(spec)) != KVP_OK)
+		snprintf(spec, sizeof(spec), "%u groups", in->num_groups);
+	printf("== a hybrid pool: %s ==\n", spec);
+	for (uint32_t g = 0; g < in->num_groups; g++) {
+		const struct kvp_group_spec *s = &in->groups[g];
+		printf("group %u: %s, %u tokens a block", g, kvp_group_kind_name(s->kind), s->block_size);
+		if (s->kind == KVP_GROUP_SLIDING_WINDOW || s->kind == KVP_GROUP_CHUNKED_LOCAL)
+			printf(", %s %u tokens", s->kind == KVP_GROUP_SLIDING_WINDOW ? "window" : "chunk",
+			       s->window);
+		printf("\n");
+	}
+	for (int i = 0; i < 300; i++)
+		prompt[i] = 5000 + i;
+	struct kvp_client_slots a = {.request_id = 1, .prompt = prompt, .num_prompt = 300,
+	                             .use_prefix_cache = true};
+	if ((rv = check(kvp_client_allocate_slots(c, &a, blocks, 256, &res), "allocate_slots")))
+		return rv;
+	grow_tables(&res, full_len);
+	printf("\nrequest 1: 300 prompt tokens, new blocks per group:");
+	for (uint32_t g = 0; g < res.num_groups; g++)
+		printf(" %u", res.new_blocks_per_group[g]);
+	printf("\n");
+	for (int s = 0; s < 200; s++) {
+		int64_t t = 9000 + s;
+		struct kvp_client_slots d = {.request_id = 1, .new_tokens = &t,
+		                             .num_new_token_ids = 1, .num_new_tokens = 1};
+		if ((rv = check(kvp_client_allocate_slots(c, &d, blocks, 256, &res), "decode")))
+			return rv;
+		grow_tables(&res, full_len);
+	}
+	if ((rv = used_blocks(&used)))
+		return rv;
+	uint32_t tables = 0;
+	for (uint32_t g = 0; g < in->num_groups; g++)
+		tables += full_len[g];
+	printf("    decoded 200 tokens: the block tables have %u entries, the request holds %u "
+	       "blocks;\n    the %u others left a window and were freed (the null block, id 0, "
+	       "stands in their place)\n", tables, used, tables - used);
+	if ((rv = show_stats()))
+		return rv;
+
+	/* Request 2 shares request 1's first 256 tokens. */
+	for (int i = 256; i < 300; i++)
+		prompt[i] = 7000 + i;
+	a.request_id = 2;
+	if ((rv = check(kvp_client_allocate_slots(c, &a, blocks, 256, &res), "allocate_slots")))
+		return rv;
+	grow_tables(&res, len2);
+	printf("request 2: shares the first 256 tokens: %u found cached in every group, %u "
+	       "computed now;\n    new blocks per group:", res.hit_tokens, res.num_scheduled_tokens);
+	for (uint32_t g = 0; g < res.num_groups; g++)
+		printf(" %u", res.new_blocks_per_group[g]);
+	printf(" (the window group reuses only its last blocks)\n");
+	if ((rv = check(kvp_client_free_request(c, 1, false), "free")) ||
+	    (rv = check(kvp_client_free_request(c, 2, false), "free")))
+		return rv;
+	printf("both finish: their blocks are freed and stay cached\n");
+	return show_stats();
+}
+
 /* Prefill writes a prompt's K and V and caches it; a decode peer reads it back. */
 static int
 transfer(const struct kvp_client_options *o)
@@ -214,6 +309,10 @@ main(int argc, char **argv)
 	printf("session %" PRIu64 " on pool %s: %u blocks of %u tokens, %s, medium %s, lease %u ms\n\n",
 	       in->session_id, in->pool, in->num_blocks, in->block_size, in->hash_algorithm,
 	       in->medium, in->lease_ms);
+	if (in->num_groups > 1) {
+		rv = hybrid(in);
+		goto out;
+	}
 
 	printf("== four chats share a 48-token system prompt ==\n");
 	if ((rv = chat(1, 30, 8)) || (rv = chat(2, 25, 8)) || (rv = chat(3, 40, 4)) ||
