@@ -58,16 +58,110 @@ kvpd_h_replay(struct call *c, const Kvpool__V1__ReplayRequest *m, Kvpool__V1__Re
 	return KVP_OK;
 }
 
+/* A map key (hash || BE32 group) and the snapshot's order on them: shorter first. */
+struct kvpd_key {
+	const uint8_t *k;
+	size_t len;
+};
+
 static int
-key_cmp(const void *x, const void *y)
+key_cmp(const struct kvpd_key *a, const struct kvpd_key *b)
 {
-	const struct kvpd_key {
-		const uint8_t *k;
-		size_t len;
-	} *a = x, *b = y;
 	if (a->len != b->len)
 		return a->len < b->len ? -1 : 1;
 	return memcmp(a->k, b->k, a->len);
+}
+
+static int
+key_qsort_cmp(const void *x, const void *y)
+{
+	return key_cmp(x, y);
+}
+
+/* A max-heap of the n smallest keys seen (h[0] the largest of them). */
+static void
+heap_sift_down(struct kvpd_key *h, size_t n, size_t i)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, r = l + 1, m = i;
+		if (l < n && key_cmp(&h[l], &h[m]) > 0)
+			m = l;
+		if (r < n && key_cmp(&h[r], &h[m]) > 0)
+			m = r;
+		if (m == i)
+			return;
+		struct kvpd_key t = h[i];
+		h[i] = h[m];
+		h[m] = t;
+		i = m;
+	}
+}
+
+static void
+heap_push(struct kvpd_key *h, size_t *n, struct kvpd_key k)
+{
+	size_t i = (*n)++;
+	h[i] = k;
+	while (i > 0 && key_cmp(&h[(i - 1) / 2], &h[i]) < 0) {
+		struct kvpd_key t = h[i];
+		h[i] = h[(i - 1) / 2];
+		h[(i - 1) / 2] = t;
+		i = (i - 1) / 2;
+	}
+}
+
+/*
+ * The cap+1 smallest block keys after `after` (every copy: a key cached in
+ * several blocks appears that often), unordered, in keys; their count.
+ * One pass over the blocks, O(blocks · log cap): no sort of the whole map.
+ */
+static size_t
+smallest_keys(struct kvp_pool *pool, const struct kvpd_key *after, size_t cap,
+              struct kvpd_key *keys)
+{
+	uint32_t nb = kvp_pool_num_blocks(pool);
+	size_t n = 0;
+
+	for (uint32_t id = 1; id < nb; id++) {
+		struct kvpd_key k;
+		if ((k.k = kvp_pool_block_key(pool, (int32_t)id, &k.len)) == NULL ||
+		    (after->len > 0 && key_cmp(&k, after) <= 0))
+			continue;
+		if (n < cap + 1) {
+			heap_push(keys, &n, k);
+		} else if (key_cmp(&k, &keys[0]) < 0) {
+			keys[0] = k;
+			heap_sift_down(keys, n, 0);
+		}
+	}
+	return n;
+}
+
+/* Blocks caching key x, and whether any key above x exists. */
+static uint32_t
+count_key(struct kvp_pool *pool, const struct kvpd_key *x, bool *above)
+{
+	uint32_t nb = kvp_pool_num_blocks(pool), n = 0;
+
+	*above = false;
+	for (uint32_t id = 1; id < nb; id++) {
+		struct kvpd_key k;
+		if ((k.k = kvp_pool_block_key(pool, (int32_t)id, &k.len)) == NULL)
+			continue;
+		int d = key_cmp(&k, x);
+		n += d == 0;
+		*above |= d > 0;
+	}
+	return n;
+}
+
+/* The most entries one reply carries: half a message of the pool's longest keys. */
+static size_t
+page_cap(const struct call *c)
+{
+	size_t per = kvp_pool_max_hash_len(c->p->pool) + 16; /* hash, group, count, framing */
+	size_t cap = c->p->limits.max_reply_bytes / 2 / per;
+	return cap < 1 ? 1 : cap > KVPD_SNAPSHOT_PAGE ? KVPD_SNAPSHOT_PAGE : cap;
 }
 
 int
@@ -76,38 +170,56 @@ kvpd_h_snapshot(struct call *c, const Kvpool__V1__SnapshotRequest *m, Kvpool__V1
 	Kvpool__V1__SnapshotReply *r =
 		NEW(c, Kvpool__V1__SnapshotReply, kvpool__v1__snapshot_reply__descriptor);
 	struct kvp_pool *pool = c->p->pool;
-	struct kvpd_key {
-		const uint8_t *k;
-		size_t len;
-	} *keys;
-	uint32_t nb = kvp_pool_num_blocks(pool), nk = 0;
+	struct kvpd_key after = {m->after.data, m->after.len}, *keys;
+	size_t cap = page_cap(c), n, nk, ne = 0;
 
-	if (r == NULL || (keys = kvpd_scratch(c, (size_t)nb * sizeof(*keys))) == NULL)
+	if (m->max_entries > 0 && m->max_entries < cap)
+		cap = m->max_entries;
+	if (m->after.len > kvp_pool_max_hash_len(pool) + KVP_MAP_KEY_GROUP_LEN || (!m->paged && m->after.len))
+		return kvpd_fail(c, KVP_EINVAL, "snapshot: 'after' is not a key of this pool");
+	if (r == NULL || (keys = kvpd_scratch(c, (cap + 1) * sizeof(*keys))) == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	for (uint32_t id = 1; id < nb; id++)
-		if ((keys[nk].k = kvp_pool_block_key(pool, (int32_t)id, &keys[nk].len)) != NULL)
-			nk++;
-	/* One entry per distinct (hash, group), with how many blocks hold it. */
-	qsort(keys, nk, sizeof(*keys), key_cmp);
-	Kvpool__V1__SnapshotEntry *e = kvpd_scratch(c, (nk ? nk : 1) * sizeof(*e));
-	Kvpool__V1__SnapshotEntry **ep = kvpd_scratch(c, (nk ? nk : 1) * sizeof(*ep));
+	n = smallest_keys(pool, &after, cap, keys);
+	qsort(keys, n, sizeof(*keys), key_qsort_cmp);
+	r->more = n > cap;
+	nk = n;
+	if (r->more) {
+		/* The largest key may have copies the page left out: it opens the next page. */
+		while (nk > 0 && key_cmp(&keys[nk - 1], &keys[n - 1]) == 0)
+			nk--;
+	}
+	if (!m->paged && r->more)
+		return kvpd_fail(c, KVP_ETOOLARGE, "snapshot: pool %s caches more than %zu keys, one "
+		                 "reply's worth: ask for pages (libkvpool does)", c->p->cfg.name, cap);
+	Kvpool__V1__SnapshotEntry *e = kvpd_scratch(c, (n ? n : 1) * sizeof(*e));
+	Kvpool__V1__SnapshotEntry **ep = kvpd_scratch(c, (n ? n : 1) * sizeof(*ep));
 	if (e == NULL || ep == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	size_t ne = 0;
-	for (uint32_t i = 0; i < nk; i++) {
+	uint32_t copies = 0;
+	if (nk == 0 && n > 0) {
+		/* One key's copies fill the page: count them all; it goes alone. */
+		bool above;
+		copies = count_key(pool, &keys[0], &above);
+		r->more = above;
+		nk = 1;
+	}
+	/* One entry per distinct (hash, group), with how many blocks hold it. */
+	for (size_t i = 0; i < nk; i++) {
 		if (ne > 0 && key_cmp(&keys[i], &keys[i - 1]) == 0) {
 			e[ne - 1].num_blocks++;
 			continue;
 		}
-		const uint8_t *k = keys[i].k;
-		size_t hl = keys[i].len - KVP_MAP_KEY_GROUP_LEN;
 		kvpool__v1__snapshot_entry__init(&e[ne]);
-		e[ne].hash.data = (uint8_t *)k;
-		e[ne].hash.len = hl;
-		e[ne].group_idx = kvp_map_key_group(k, keys[i].len);
-		e[ne].num_blocks = 1;
+		e[ne].hash.data = (uint8_t *)keys[i].k;
+		e[ne].hash.len = keys[i].len - KVP_MAP_KEY_GROUP_LEN;
+		e[ne].group_idx = kvp_map_key_group(keys[i].k, keys[i].len);
+		e[ne].num_blocks = copies ? copies : 1;
 		ep[ne] = &e[ne];
 		ne++;
+	}
+	if (r->more) {
+		r->next_after.data = (uint8_t *)keys[nk - 1].k;
+		r->next_after.len = keys[nk - 1].len;
 	}
 	r->epoch = c->p->stream.epoch;
 	r->next_seq = c->p->stream.next_seq;
@@ -118,4 +230,3 @@ kvpd_h_snapshot(struct call *c, const Kvpool__V1__SnapshotRequest *m, Kvpool__V1
 	out->snapshot = r;
 	return KVP_OK;
 }
-

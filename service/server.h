@@ -139,6 +139,8 @@ int kvpd_server_check(struct kvpd_server *s, char *detail, size_t len);
  * and a call on a session that is gone can say why it is gone.
  */
 #define KVPD_GONE_KEEP 64
+/* Snapshot entries one page carries at most (the message limit may lower it). */
+#define KVPD_SNAPSHOT_PAGE 65536
 enum kvpd_gone_why { KVPD_GONE_GOODBYE = 1, KVPD_GONE_EXPIRED = 2 };
 struct kvpd_gone_session {
 	uint64_t id;

@@ -371,8 +371,17 @@ struct kvp_snapshot {
 	size_t num_entries;
 	void *storage;
 };
-/* Every cached (hash, group) now. Free with kvp_snapshot_free. */
+/*
+ * Every cached (hash, group) now, exact at next_seq. Free with
+ * kvp_snapshot_free. Taken in pages (the daemon holds the pool's lock for
+ * one page at a time) joined by a Replay of the batches published while
+ * paging; a reset or restart meanwhile starts over, and KVP_EBUSY says it
+ * happened on every try. Entries are in map-key order.
+ */
 int kvp_client_snapshot(struct kvp_client *c, struct kvp_snapshot **out);
+/* The same with at most max_entries entries a page (0: the daemon's page). */
+int kvp_client_snapshot_paged(struct kvp_client *c, uint32_t max_entries,
+                              struct kvp_snapshot **out);
 void kvp_snapshot_free(struct kvp_snapshot *s);
 
 /*
