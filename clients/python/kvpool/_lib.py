@@ -10,6 +10,8 @@ from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_in
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
 HASH_LEN = 32
+# The C library's soname (before 1.0 it carries the minor: the ABI may change).
+SONAME = "libkvpool.so.0.1"
 
 
 def _candidates():
@@ -20,8 +22,8 @@ def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(os.path.dirname(here)))  # clients/python/kvpool -> repo
     for build in ("build", "build-asan"):
-        yield os.path.join(root, build, "clients", "c", "libkvpool.so.0")
-    yield "libkvpool.so.0"
+        yield os.path.join(root, build, "clients", "c", SONAME)
+    yield SONAME
     found = ctypes.util.find_library("kvpool")
     if found:
         yield found
@@ -37,7 +39,7 @@ def _load():
             return ctypes.CDLL(path), path
         except OSError as e:
             errors.append(str(e))
-    raise ImportError("kvpool: cannot load libkvpool.so.0 (set KVPOOL_LIB, build the tree, "
+    raise ImportError(f"kvpool: cannot load {SONAME} (set KVPOOL_LIB, build the tree, "
                       "or install kvpool): " + "; ".join(errors))
 
 
