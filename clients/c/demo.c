@@ -151,7 +151,7 @@ static int
 hybrid(const struct kvp_client_info *in)
 {
 	char spec[256];
-	uint32_t full_len[KVP_MAX_GROUPS] = {0}, len2[KVP_MAX_GROUPS] = {0}, used;
+	uint32_t table_len[KVP_MAX_GROUPS] = {0}, used;
 	int64_t prompt[320];
 	int32_t blocks[256];
 	struct kvp_client_slots_result res;
@@ -174,7 +174,7 @@ hybrid(const struct kvp_client_info *in)
 	                             .use_prefix_cache = true};
 	if ((rv = check(kvp_client_allocate_slots(c, &a, blocks, 256, &res), "allocate_slots")))
 		return rv;
-	grow_tables(&res, full_len);
+	grow_tables(&res, table_len);
 	printf("\nrequest 1: 300 prompt tokens, new blocks per group:");
 	for (uint32_t g = 0; g < res.num_groups; g++)
 		printf(" %u", res.new_blocks_per_group[g]);
@@ -185,13 +185,13 @@ hybrid(const struct kvp_client_info *in)
 		                             .num_new_token_ids = 1, .num_new_tokens = 1};
 		if ((rv = check(kvp_client_allocate_slots(c, &d, blocks, 256, &res), "decode")))
 			return rv;
-		grow_tables(&res, full_len);
+		grow_tables(&res, table_len);
 	}
 	if ((rv = used_blocks(&used)))
 		return rv;
 	uint32_t tables = 0;
 	for (uint32_t g = 0; g < in->num_groups; g++)
-		tables += full_len[g];
+		tables += table_len[g];
 	printf("    decoded 200 tokens: the block tables have %u entries, the request holds %u "
 	       "blocks;\n    the %u others left a window and were freed (the null block, id 0, "
 	       "stands in their place)\n", tables, used, tables - used);
@@ -204,7 +204,6 @@ hybrid(const struct kvp_client_info *in)
 	a.request_id = 2;
 	if ((rv = check(kvp_client_allocate_slots(c, &a, blocks, 256, &res), "allocate_slots")))
 		return rv;
-	grow_tables(&res, len2);
 	printf("request 2: shares the first 256 tokens: %u found cached in every group, %u "
 	       "computed now;\n    new blocks per group:", res.hit_tokens, res.num_scheduled_tokens);
 	for (uint32_t g = 0; g < res.num_groups; g++)
