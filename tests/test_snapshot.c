@@ -137,24 +137,20 @@ churn_main(void *arg)
 	return NULL;
 }
 
+/* Replayed batches applied to an index (the test's own view of the stream). */
+struct replayed {
+	struct kvp_index *ix;
+	struct kvp_event_batch b;
+};
+
 static void
 on_replayed(void *ctx, const uint8_t *bytes, size_t len)
 {
-	static struct kvp_event_batch b;
-	static bool init;
+	struct replayed *r = ctx;
 	uint64_t epoch, seq;
 
-	if (!init) {
-		kvp_event_batch_init(&b);
-		init = true;
-	}
-	if (ctx == NULL) { /* the test's end */
-		kvp_event_batch_fini(&b);
-		init = false;
-		return;
-	}
-	assert_ok(kvp_event_batch_decode(bytes, len, &epoch, &seq, NULL, &b));
-	assert_ok(kvp_index_apply(ctx, &b));
+	assert_ok(kvp_event_batch_decode(bytes, len, &epoch, &seq, NULL, &r->b));
+	assert_ok(kvp_index_apply(r->ix, &r->b));
 }
 
 static void
@@ -184,26 +180,27 @@ test_snapshot_pages_under_churn_are_exact(void **state)
 	assert_ok(kvp_client_snapshot(c, &fin));
 	assert_ordered(fin);
 	for (size_t i = 0; i < ns; i++) {
-		struct kvp_index *ix = NULL;
+		struct replayed rp = {0};
 		bool available = false;
 		uint64_t next = 0;
 		assert_int_equal(snaps[i]->epoch, fin->epoch);
-		assert_ok(kvp_index_create(&ix));
-		assert_ok(kvp_index_reset(ix, snaps[i]->entries, snaps[i]->num_entries));
+		kvp_event_batch_init(&rp.b);
+		assert_ok(kvp_index_create(&rp.ix));
+		assert_ok(kvp_index_reset(rp.ix, snaps[i]->entries, snaps[i]->num_entries));
 		if (snaps[i]->next_seq < fin->next_seq) {
 			assert_ok(kvp_client_replay(c, fin->epoch, snaps[i]->next_seq, &available, &next,
-			                            on_replayed, ix));
+			                            on_replayed, &rp));
 			assert_true(available);
 		}
-		if (!kvp_index_equals(ix, fin->entries, fin->num_entries))
+		if (!kvp_index_equals(rp.ix, fin->entries, fin->num_entries))
 			fail_msg("snapshot %zu (next_seq %llu, %zu entries) plus the later batches is not "
 			         "the final snapshot (next_seq %llu, %zu entries)", i,
 			         (unsigned long long)snaps[i]->next_seq, snaps[i]->num_entries,
 			         (unsigned long long)fin->next_seq, fin->num_entries);
-		kvp_index_destroy(ix);
+		kvp_index_destroy(rp.ix);
+		kvp_event_batch_fini(&rp.b);
 		kvp_snapshot_free(snaps[i]);
 	}
-	on_replayed(NULL, NULL, 0);
 	kvp_snapshot_free(fin);
 	assert_ok(kvp_client_reset(c)); /* the next test starts empty */
 	kvp_client_close(c);
