@@ -34,7 +34,7 @@ for f in bin/kvpoold bin/kvpoolctl include/kvpool/clients/c/kvpool.h \
 	include/kvpool/common/kvp_status.h share/doc/kvpool/LICENSE; do
 	[ -e "$prefix/$f" ] || fail "$f not installed"
 done
-for f in libkvpool.so libkvpool.so.0.1 libkvpool.a cmake/kvpool/kvpoolConfig.cmake; do
+for f in libkvpool.so libkvpool.so.0.2 libkvpool.a cmake/kvpool/kvpoolConfig.cmake; do
 	[ -e "$libdir/$f" ] || fail "lib/$f not installed"
 done
 if command -v help2man > /dev/null; then
@@ -42,10 +42,10 @@ if command -v help2man > /dev/null; then
 		grep -q "$p" "$prefix/share/man/man1/$p.1" || fail "no man page for $p"
 	done
 fi
-readelf -d "$libdir/libkvpool.so" | grep -q 'SONAME.*\[libkvpool.so.0.1\]' || fail "soname is not libkvpool.so.0.1"
+readelf -d "$libdir/libkvpool.so" | grep -q 'SONAME.*\[libkvpool.so.0.2\]' || fail "soname is not libkvpool.so.0.2"
 # The Python package loads the library by that soname.
-grep -q '^SONAME = "libkvpool.so.0.1"$' "$src/clients/python/kvpool/_lib.py" ||
-	fail "clients/python/kvpool/_lib.py does not load libkvpool.so.0.1"
+grep -q '^SONAME = "libkvpool.so.0.2"$' "$src/clients/python/kvpool/_lib.py" ||
+	fail "clients/python/kvpool/_lib.py does not load libkvpool.so.0.2"
 # Only the kvp_* API is exported (not protobuf-c's generated code).
 other=$(nm -D --defined-only "$libdir/libkvpool.so" | awk '$3 !~ /^kvp_/ && $3 != "KVPOOL_0" {print $3}')
 [ -z "$other" ] || fail "libkvpool.so exports more than kvp_*: $other"
@@ -61,7 +61,7 @@ pid=$!
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc -std=c11 -Wall -Werror -o "$work/c-pkgconfig" "$src/tests/install/consumer.c" \
 	$(pkg-config --cflags --libs kvpool) -Wl,-rpath,"$libdir" || fail "pkg-config build"
-ldd "$work/c-pkgconfig" | grep -q "$libdir/libkvpool.so.0.1" || fail "not linked to the installed .so"
+ldd "$work/c-pkgconfig" | grep -q "$libdir/libkvpool.so.0.2" || fail "not linked to the installed .so"
 "$work/c-pkgconfig" "$url" p || fail "the pkg-config build failed against kvpoold"
 
 # 2. find_package(kvpool).

@@ -16,7 +16,7 @@
  *
  * ABI: before 1.0 a minor release may change the ABI (a struct here may
  * gain trailing fields), so the shared library's soname carries the minor
- * (libkvpool.so.0.1 for 0.1.x); releases of one minor only add functions.
+ * (libkvpool.so.0.2 for 0.2.x); releases of one minor only add functions.
  */
 #ifndef KVPOOL_CLIENT_H
 #define KVPOOL_CLIENT_H

@@ -122,7 +122,7 @@ def main():
     pin = not a.no_pin and len(cpus) >= 2
     if pin:  # the daemon on one CPU, both clients on another: less scheduling noise
         os.sched_setaffinity(0, {cpus[0]})
-    os.environ.setdefault("KVPOOL_LIB", os.path.join(a.build, "clients", "c", "libkvpool.so.0.1"))
+    os.environ.setdefault("KVPOOL_LIB", os.path.join(a.build, "clients", "c", "libkvpool.so.0.2"))
     import kvpool
     kvpoold = os.path.join(a.build, "service", "kvpoold")
     mod = ctypes.CDLL(os.path.join(a.build, "tests", "bench", "libkvp_bench_client.so"))

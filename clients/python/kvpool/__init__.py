@@ -18,7 +18,7 @@ from .events import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, In
                      Subscriber)
 from . import _lib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 library_path = _lib.path
 
 __all__ = ["Client", "Hasher", "SlotsResult", "Batch", "CallResult", "Subscriber", "Index",

@@ -11,7 +11,7 @@ from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_in
 
 HASH_LEN = 32
 # The C library's soname (before 1.0 it carries the minor: the ABI may change).
-SONAME = "libkvpool.so.0.1"
+SONAME = "libkvpool.so.0.2"
 
 
 def _candidates():
