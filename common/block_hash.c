@@ -7,30 +7,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+/*
+ * XXH3-128 compiled in from Debian's libxxhash-dev header (XXH_INLINE_ALL):
+ * no runtime library to link or ship, and the small-input path inlines.
+ */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "common/kvp_status.h"
 #include "common/pickle.h"
 
 struct kvp_hasher {
 	EVP_MD_CTX *ctx;
 	EVP_MD *md;            /* fetched once: EVP_sha256() re-fetches under a lock per init */
+	XXH3_state_t *xx;      /* the xxhash algorithms' streaming state */
 	enum kvp_hash_algo algo;
-	uint8_t *scratch;      /* a pickled block input (sha256); grows, kept */
+	size_t len;            /* digest bytes: 32 or 16 */
+	bool pickle;           /* the algorithm hashes pickle bytes, not CBOR */
+	uint8_t *scratch;      /* a pickled block input; grows, kept */
 	size_t scratch_cap;
+	size_t none_len;       /* NONE_HASH bytes: 32 random, or one digest of the seed */
 	uint8_t none_hash[KVP_HASH_LEN];
 };
 
-/* One table: the algorithm, vLLM's name for it. */
-static const char *const algo_names[] = {
-	[KVP_HASH_SHA256_CBOR] = "sha256_cbor",
-	[KVP_HASH_SHA256] = "sha256",
+/* One table: the algorithm, vLLM's name for it, its encoding, its digest. */
+static const struct {
+	const char *name;
+	bool pickle;
+	size_t len;
+} algos[] = {
+	[KVP_HASH_SHA256_CBOR] = {"sha256_cbor", false, 32},
+	[KVP_HASH_SHA256] = {"sha256", true, 32},
+	[KVP_HASH_XXHASH] = {"xxhash", true, 16},
+	[KVP_HASH_XXHASH_CBOR] = {"xxhash_cbor", false, 16},
 };
+#define NUM_ALGOS (sizeof(algos) / sizeof(algos[0]))
 
 const char *
 kvp_hash_algo_name(enum kvp_hash_algo algo)
 {
-	if ((unsigned)algo >= sizeof(algo_names) / sizeof(algo_names[0]))
+	if ((unsigned)algo >= NUM_ALGOS)
 		return NULL;
-	return algo_names[algo];
+	return algos[algo].name;
+}
+
+size_t
+kvp_hash_algo_len(enum kvp_hash_algo algo)
+{
+	return (unsigned)algo < NUM_ALGOS ? algos[algo].len : 0;
 }
 
 int
@@ -38,15 +62,13 @@ kvp_hash_algo_parse(const char *name, enum kvp_hash_algo *out)
 {
 	if (name == NULL || out == NULL)
 		return KVP_EINVAL;
-	for (size_t i = 0; i < sizeof(algo_names) / sizeof(algo_names[0]); i++) {
-		if (strcmp(name, algo_names[i]) == 0) {
+	for (size_t i = 0; i < NUM_ALGOS; i++) {
+		if (strcmp(name, algos[i].name) == 0) {
 			*out = (enum kvp_hash_algo)i;
 			return KVP_OK;
 		}
 	}
-	/* vLLM's xxhash and xxhash_cbor are known names, not implemented here. */
-	return strcmp(name, "xxhash") == 0 || strcmp(name, "xxhash_cbor") == 0 ? KVP_ENOTSUP
-	                                                                        : KVP_EINVAL;
+	return KVP_EINVAL;
 }
 
 /* Grows the hasher's scratch buffer to at least n bytes. */
@@ -168,10 +190,19 @@ kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_has
 	if ((h = calloc(1, sizeof(*h))) == NULL)
 		return KVP_ENOMEM;
 	h->algo = algo;
-	h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
-	if ((h->ctx = EVP_MD_CTX_new()) == NULL || h->md == NULL) {
-		kvp_hasher_destroy(h);
-		return KVP_ENOMEM;
+	h->len = algos[algo].len;
+	h->pickle = algos[algo].pickle;
+	if (h->len == 16) {
+		if ((h->xx = XXH3_createState()) == NULL) {
+			kvp_hasher_destroy(h);
+			return KVP_ENOMEM;
+		}
+	} else {
+		h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
+		if ((h->ctx = EVP_MD_CTX_new()) == NULL || h->md == NULL) {
+			kvp_hasher_destroy(h);
+			return KVP_ENOMEM;
+		}
 	}
 	if (seed != NULL) {
 		/* NONE_HASH = hash_fn(seed string): the string in the algorithm's encoding. */
@@ -181,15 +212,19 @@ kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_has
 			kvp_hasher_destroy(h);
 			return KVP_ENOMEM;
 		}
-		if (algo == KVP_HASH_SHA256)
+		if (h->pickle)
 			rv = kvp_pickle_str(seed, buf, n + 32, &len);
 		else
 			len = cbor_str(buf, seed);
 		if (rv == KVP_OK)
 			rv = kvp_hash_raw(h, buf, len, h->none_hash);
+		h->none_len = h->len;
 		free(buf);
-	} else if (RAND_bytes(h->none_hash, KVP_HASH_LEN) != 1) {
-		rv = KVP_EINTERNAL;
+	} else {
+		/* vLLM: os.urandom(32) whatever the algorithm's digest length. */
+		h->none_len = KVP_HASH_LEN;
+		if (RAND_bytes(h->none_hash, KVP_HASH_LEN) != 1)
+			rv = KVP_EINTERNAL;
 	}
 	if (rv != KVP_OK) {
 		kvp_hasher_destroy(h);
@@ -206,6 +241,7 @@ kvp_hasher_destroy(struct kvp_hasher *h)
 		return;
 	EVP_MD_CTX_free(h->ctx);
 	EVP_MD_free(h->md);
+	XXH3_freeState(h->xx);
 	free(h->scratch);
 	free(h);
 }
@@ -216,43 +252,100 @@ kvp_hasher_none_hash(const struct kvp_hasher *h)
 	return h->none_hash;
 }
 
+size_t
+kvp_hasher_none_len(const struct kvp_hasher *h)
+{
+	return h->none_len;
+}
+
 enum kvp_hash_algo
 kvp_hasher_algo(const struct kvp_hasher *h)
 {
 	return h->algo;
 }
 
-/* sha256: SHA-256 of the block's pickle, built in the hasher's scratch buffer. */
+size_t
+kvp_hasher_len(const struct kvp_hasher *h)
+{
+	return h->len;
+}
+
+/* ---- the digest: SHA-256 (OpenSSL) or XXH3-128 in canonical (big-endian) form ---- */
+
+static bool
+digest_init(struct kvp_hasher *h)
+{
+	if (h->xx != NULL)
+		return XXH3_128bits_reset(h->xx) == XXH_OK;
+	return EVP_DigestInit_ex2(h->ctx, h->md, NULL) == 1;
+}
+
+static bool
+digest_update(struct kvp_hasher *h, const void *data, size_t len)
+{
+	if (h->xx != NULL)
+		return XXH3_128bits_update(h->xx, data, len) == XXH_OK;
+	return EVP_DigestUpdate(h->ctx, data, len) == 1;
+}
+
+/* python-xxhash's xxh3_128_digest is the canonical (big-endian) form. */
+static void
+xxh128_out(XXH128_hash_t v, uint8_t *out)
+{
+	XXH128_canonical_t c;
+	XXH128_canonicalFromHash(&c, v);
+	memcpy(out, c.digest, sizeof(c.digest));
+}
+
+/* Writes h->len bytes. */
+static bool
+digest_final(struct kvp_hasher *h, uint8_t *out)
+{
+	unsigned int n = 0;
+
+	if (h->xx != NULL) {
+		xxh128_out(XXH3_128bits_digest(h->xx), out);
+		return true;
+	}
+	return EVP_DigestFinal_ex(h->ctx, out, &n) == 1 && n == KVP_HASH_LEN;
+}
+
+/* The digest of one buffer; XXH3's one-shot call skips its streaming state. */
+static bool
+digest_once(struct kvp_hasher *h, const void *data, size_t len, uint8_t *out)
+{
+	if (h->xx != NULL) {
+		xxh128_out(XXH3_128bits(data, len), out);
+		return true;
+	}
+	return digest_init(h) && digest_update(h, data, len) && digest_final(h, out);
+}
+
+/* sha256, xxhash: the digest of the block's pickle, built in the hasher's scratch buffer. */
 static int
 hash_block_pickle(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens, size_t n,
-                  const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN])
+                  const uint8_t *extra, size_t extra_len, uint8_t *out)
 {
 	size_t len = 0;
 	int rv = scratch_reserve(h, kvp_pickle_block_bound(KVP_HASH_LEN, n, extra_len));
 
 	if (rv == KVP_OK)
-		rv = kvp_pickle_block(parent ? parent : h->none_hash, KVP_HASH_LEN, tokens, n, extra,
-		                      extra_len, h->scratch, h->scratch_cap, &len);
+		rv = kvp_pickle_block(parent ? parent : h->none_hash, parent ? h->len : h->none_len,
+		                      tokens, n, extra, extra_len, h->scratch, h->scratch_cap, &len);
 	return rv == KVP_OK ? kvp_hash_raw(h, h->scratch, len, out) : rv;
 }
 
 int
-kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t out[KVP_HASH_LEN])
+kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t *out)
 {
-	unsigned int n = 0;
-
 	if (h == NULL || (data == NULL && len > 0) || out == NULL)
 		return KVP_EINVAL;
-	if (EVP_DigestInit_ex2(h->ctx, h->md, NULL) != 1 ||
-	    EVP_DigestUpdate(h->ctx, data, len) != 1 ||
-	    EVP_DigestFinal_ex(h->ctx, out, &n) != 1 || n != KVP_HASH_LEN)
-		return KVP_EINTERNAL;
-	return KVP_OK;
+	return digest_once(h, data, len, out) ? KVP_OK : KVP_EINTERNAL;
 }
 
 int
 kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
-               size_t n, const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN])
+               size_t n, const uint8_t *extra, size_t extra_len, uint8_t *out)
 {
 	/*
 	 * Encoded in chunks so any block size hashes without allocating; a
@@ -260,25 +353,27 @@ kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *token
 	 * matters: an update costs as much as encoding a dozen tokens.
 	 */
 	uint8_t buf[1024];
-	size_t len = 0;
-	unsigned int dlen = 0;
-	int ok;
+	size_t len = 0, plen;
+	bool ok = true, started = false;
 
 	if (h == NULL || (tokens == NULL && n > 0) || out == NULL ||
 	    (extra == NULL && extra_len > 0))
 		return KVP_EINVAL;
-	if (h->algo == KVP_HASH_SHA256)
+	if (h->pickle)
 		return hash_block_pickle(h, parent, tokens, n, extra, extra_len, out);
-	ok = EVP_DigestInit_ex2(h->ctx, h->md, NULL) == 1;
+	plen = parent ? h->len : h->none_len;
 	buf[len++] = 0x83;
-	buf[len++] = 0x58;
-	buf[len++] = KVP_HASH_LEN;
-	memcpy(buf + len, parent ? parent : h->none_hash, KVP_HASH_LEN);
-	len += KVP_HASH_LEN;
+	len += cbor_head(buf + len, 2, plen);
+	memcpy(buf + len, parent ? parent : h->none_hash, plen);
+	len += plen;
 	len += cbor_head(buf + len, 4, n);
 	for (size_t i = 0; i < n; i++) {
 		if (len > sizeof(buf) - CBOR_HEAD_MAX) {
-			ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
+			if (!started) {
+				ok &= digest_init(h);
+				started = true;
+			}
+			ok &= digest_update(h, buf, len);
 			len = 0;
 		}
 		len += cbor_token(buf + len, tokens[i]);
@@ -287,15 +382,22 @@ kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *token
 		extra = (const uint8_t *)"\xf6";
 		extra_len = 1;
 	}
+	if (!started && extra_len <= sizeof(buf) - len) {
+		/* The usual block: one buffer, one one-shot digest (no streaming state). */
+		memcpy(buf + len, extra, extra_len);
+		return digest_once(h, buf, len + extra_len, out) ? KVP_OK : KVP_EINTERNAL;
+	}
+	if (!started)
+		ok &= digest_init(h);
 	if (extra_len <= sizeof(buf) - len) {
 		memcpy(buf + len, extra, extra_len);
-		ok &= EVP_DigestUpdate(h->ctx, buf, len + extra_len) == 1;
+		ok &= digest_update(h, buf, len + extra_len);
 	} else {
-		ok &= EVP_DigestUpdate(h->ctx, buf, len) == 1;
-		ok &= EVP_DigestUpdate(h->ctx, extra, extra_len) == 1;
+		ok &= digest_update(h, buf, len);
+		ok &= digest_update(h, extra, extra_len);
 	}
-	ok &= EVP_DigestFinal_ex(h->ctx, out, &dlen) == 1;
-	return ok && dlen == KVP_HASH_LEN ? KVP_OK : KVP_EINTERNAL;
+	ok &= digest_final(h, out);
+	return ok ? KVP_OK : KVP_EINTERNAL;
 }
 
 int
@@ -303,27 +405,26 @@ kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
                      const int64_t *tokens, size_t n, const uint8_t *extra,
                      size_t extra_len, uint8_t *buf, size_t cap, size_t *len)
 {
-	size_t k = 0;
-
+	size_t k = 0, plen;
 	uint8_t scratch[CBOR_HEAD_MAX];
 	size_t need;
 
 	if (h == NULL || (tokens == NULL && n > 0) || buf == NULL || len == NULL ||
 	    (extra == NULL && extra_len > 0) || n > (SIZE_MAX - 64 - extra_len) / 9)
 		return KVP_EINVAL;
-	if (h->algo == KVP_HASH_SHA256)
-		return kvp_pickle_block(parent ? parent : h->none_hash, KVP_HASH_LEN, tokens, n,
-		                        extra, extra_len, buf, cap, len);
-	need = 3 + KVP_HASH_LEN + cbor_head(scratch, 4, n) + (extra_len ? extra_len : 1);
+	plen = parent ? h->len : h->none_len;
+	if (h->pickle)
+		return kvp_pickle_block(parent ? parent : h->none_hash, plen, tokens, n, extra,
+		                        extra_len, buf, cap, len);
+	need = 3 + plen + cbor_head(scratch, 4, n) + (extra_len ? extra_len : 1);
 	for (size_t i = 0; i < n; i++)
 		need += cbor_int(scratch, tokens[i]);
 	if (cap < need)
 		return KVP_EINVAL;
 	buf[k++] = 0x83;
-	buf[k++] = 0x58;
-	buf[k++] = KVP_HASH_LEN;
-	memcpy(buf + k, parent ? parent : h->none_hash, KVP_HASH_LEN);
-	k += KVP_HASH_LEN;
+	k += cbor_head(buf + k, 2, plen);
+	memcpy(buf + k, parent ? parent : h->none_hash, plen);
+	k += plen;
 	k += cbor_head(buf + k, 4, n);
 	for (size_t i = 0; i < n; i++)
 		k += cbor_int(buf + k, tokens[i]);
@@ -492,7 +593,7 @@ kvp_hash_chain(struct kvp_hasher *h, const struct kvp_request_keys *k, const int
 	for (size_t b = 0; b < full && rv == KVP_OK; b++, count++) {
 		int64_t start = (int64_t)(first_block + b) * block_size;
 		size_t elen = 0;
-		uint8_t *dst = out + count * KVP_HASH_LEN;
+		uint8_t *dst = out + count * h->len;
 		/* A request with no extra-key sources hashes None: skip the encoder. */
 		if (k != NULL)
 			rv = kvp_extra_keys_encode(k, start, start + block_size, &mm_idx, ebuf, ecap,
@@ -527,7 +628,7 @@ kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,
 	}
 	size_t start = num_prev * block_size;
 	return kvp_hash_chain(h, k, tokens + start, num_tokens - start, block_size, num_prev,
-	                      num_prev > 0 ? prev + (num_prev - 1) * KVP_HASH_LEN : NULL, out, cap,
+	                      num_prev > 0 ? prev + (num_prev - 1) * h->len : NULL, out, cap,
 	                      num_out);
 }
 

@@ -1,27 +1,30 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * block_hash.h: vLLM's chained block hashing with sha256_cbor, byte for byte
- * (reference sections 5.1, 6.2-6.4, 6.6, 6.7; vectors in scenarios H).
+ * block_hash.h: vLLM's chained block hashing, byte for byte (reference
+ * sections 5.1, 6.1-6.7; vectors in scenarios H and tests/test_block_hash.c).
  *
- * A block's hash is SHA-256 of the canonical CBOR encoding of the 3-tuple
- * (parent hash or NONE_HASH, tokens, extra keys or None). NONE_HASH is
- * SHA-256 of the CBOR text string of a seed (vLLM's PYTHONHASHSEED rule) or
- * 32 random bytes. Extra keys are, in vLLM's order: the LoRA name; one
+ * A block's hash is the digest of the encoding (canonical CBOR or pickle) of
+ * the 3-tuple (parent hash or NONE_HASH, tokens, extra keys or None).
+ * NONE_HASH is the digest of the encoded seed string (vLLM's PYTHONHASHSEED
+ * rule) or 32 random bytes. Extra keys are, in vLLM's order: the LoRA name; one
  * (identifier, offset relative to the block start) per multimodal feature
  * overlapping the block; the cache salt on the block that starts at token 0.
  * Prompt-embeds keys are not supported (a request that uses them cannot be
  * described here).
  *
- * Two of vLLM's --prefix-caching-hash-algo choices are implemented, both
+ * All four of vLLM's --prefix-caching-hash-algo choices are implemented,
  * byte for byte: sha256_cbor (kvpool's default: vLLM's language-neutral
- * choice) and sha256 (vLLM's default: SHA-256 of pickle protocol 5 bytes,
+ * choice), sha256 (vLLM's default: SHA-256 of pickle protocol 5 bytes,
  * common/pickle.h, with its one documented limit on strings that CPython
- * shares by identity). xxhash and xxhash_cbor (16-byte XXH3-128 digests)
- * are not: every hash in kvpool's map keys, wire and events is 32 bytes.
+ * shares by identity), and xxhash and xxhash_cbor (XXH3-128 of the same
+ * pickle or CBOR bytes, 16 bytes in python-xxhash's canonical big-endian
+ * form). A hash is one digest: 32 bytes (KVP_HASH_LEN, also the largest)
+ * for SHA-256, 16 for XXH3-128; kvp_hash_algo_len() says which. Arrays of
+ * hashes are packed at that stride.
  *
  * A struct kvp_hasher owns one reused EVP_MD_CTX (2.8x faster than the
- * one-shot API) and its NONE_HASH: one per pool, not thread-safe. The free
- * functions are thread-safe. Never prints.
+ * one-shot API) or XXH3 state, and its NONE_HASH: one per pool, not
+ * thread-safe. The free functions are thread-safe. Never prints.
  */
 #ifndef KVP_BLOCK_HASH_H
 #define KVP_BLOCK_HASH_H
@@ -29,7 +32,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVP_HASH_LEN 32
+#define KVP_HASH_LEN 32     /* the longest digest (SHA-256) */
+#define KVP_HASH_MIN_LEN 16 /* the shortest (XXH3-128) */
 
 /* A multimodal placeholder range [offset, offset + length) of a request. */
 struct kvp_mm_feature {
@@ -52,14 +56,15 @@ struct kvp_hasher;
 enum kvp_hash_algo {
 	KVP_HASH_SHA256_CBOR = 0, /* "sha256_cbor": SHA-256 of canonical CBOR */
 	KVP_HASH_SHA256 = 1,      /* "sha256": SHA-256 of pickle protocol 5 */
+	KVP_HASH_XXHASH = 2,      /* "xxhash": XXH3-128 of pickle protocol 5 */
+	KVP_HASH_XXHASH_CBOR = 3, /* "xxhash_cbor": XXH3-128 of canonical CBOR */
 };
 
 /* vLLM's name of an algorithm ("sha256_cbor"), or NULL if not one of ours. */
 const char *kvp_hash_algo_name(enum kvp_hash_algo algo);
-/*
- * Parses vLLM's name. KVP_ENOTSUP for vLLM's xxhash and xxhash_cbor (known,
- * not implemented), KVP_EINVAL for anything else; *out only on success.
- */
+/* An algorithm's digest length in bytes (32 or 16), or 0 if not one of ours. */
+size_t kvp_hash_algo_len(enum kvp_hash_algo algo);
+/* Parses vLLM's name; KVP_EINVAL for anything else; *out only on success. */
 int kvp_hash_algo_parse(const char *name, enum kvp_hash_algo *out);
 
 /*
@@ -79,24 +84,32 @@ int kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp
 enum kvp_hash_algo kvp_hasher_algo(const struct kvp_hasher *h);
 /* Destroys a hasher; NULL is a no-op. */
 void kvp_hasher_destroy(struct kvp_hasher *h);
-/* The hasher's NONE_HASH (32 bytes). */
+/* The hasher's digest length: kvp_hash_algo_len(kvp_hasher_algo(h)). */
+size_t kvp_hasher_len(const struct kvp_hasher *h);
+/*
+ * The hasher's NONE_HASH, kvp_hasher_none_len() bytes: one digest of the
+ * seed, or (no seed) 32 random bytes whatever the algorithm, as vLLM's
+ * os.urandom(32).
+ */
 const uint8_t *kvp_hasher_none_hash(const struct kvp_hasher *h);
+size_t kvp_hasher_none_len(const struct kvp_hasher *h);
 
 /*
- * hash_block_tokens: out = sha256(encode((parent or NONE_HASH, tokens, extra)))
- * in the hasher's encoding (CBOR or pickle). parent: NULL for the first
- * block, else 32 bytes. extra: one canonical CBOR item (from
- * kvp_extra_keys_encode, whatever the algorithm), or NULL/0 for None.
- * Returns KVP_EINVAL (tokens NULL with n > 0, out NULL, extra not one CBOR
- * item for sha256), KVP_ENOMEM, or KVP_EINTERNAL (OpenSSL).
+ * hash_block_tokens: out = digest(encode((parent or NONE_HASH, tokens, extra)))
+ * in the hasher's encoding (CBOR or pickle); out gets kvp_hasher_len(h)
+ * bytes. parent: NULL for the first block, else one digest. extra: one
+ * canonical CBOR item (from kvp_extra_keys_encode, whatever the algorithm),
+ * or NULL/0 for None. Returns KVP_EINVAL (tokens NULL with n > 0, out NULL,
+ * extra not one CBOR item for the pickle algorithms), KVP_ENOMEM, or
+ * KVP_EINTERNAL (OpenSSL).
  */
 int kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
-                   size_t n, const uint8_t *extra, size_t extra_len, uint8_t out[KVP_HASH_LEN]);
+                   size_t n, const uint8_t *extra, size_t extra_len, uint8_t *out);
 
 /*
- * Writes the exact bytes kvp_hash_block() digests (for sha256_cbor: 0x83,
- * parent, token array, extra or 0xf6; for sha256: the pickle) to buf and
- * their count to *len; for tests, tools and the benchmark's raw-SHA-256
+ * Writes the exact bytes kvp_hash_block() digests (for the CBOR algorithms:
+ * 0x83, parent, token array, extra or 0xf6; for the others: the pickle) to
+ * buf and their count to *len; for tests, tools and the benchmark's raw-digest
  * baseline. KVP_EINVAL if cap is below the exact length (45 + 9·n +
  * extra_len always suffices for CBOR, kvp_pickle_block_bound for pickle);
  * *len is written only on success.
@@ -105,8 +118,8 @@ int kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
                          const int64_t *tokens, size_t n, const uint8_t *extra,
                          size_t extra_len, uint8_t *buf, size_t cap, size_t *len);
 
-/* Plain SHA-256 of len bytes with the hasher's context (benchmark baseline). */
-int kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t out[KVP_HASH_LEN]);
+/* The algorithm's plain digest of len bytes (benchmark baseline); kvp_hasher_len(h) bytes. */
+int kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t *out);
 
 /*
  * The longest LoRA name, cache salt or multimodal identifier, in bytes. Each
@@ -139,7 +152,7 @@ int kvp_extra_keys_encode(const struct kvp_request_keys *k, int64_t start, int64
 
 /*
  * vLLM's request block hasher: extends a request's hash chain. Given the
- * request's tokens and its num_prev existing fine hashes (prev, 32 bytes
+ * request's tokens and its num_prev existing fine hashes (prev, one digest
  * each), hashes every newly completed full block of block_size tokens into
  * out (cap hashes of room) and sets *num_out. Partial blocks are never
  * hashed. The multimodal index starts at 0 when num_prev == 0 and at -1

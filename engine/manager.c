@@ -30,6 +30,7 @@ struct kvp_mgr {
 	int32_t *hit_ids;              /* the search's hits, group g at g * hit_stride */
 	size_t hit_cap, hit_stride;
 	uint32_t hash_bs;
+	uint32_t hlen;                 /* bytes per fine hash: the hasher's digest */
 	uint32_t max_model_len;
 	uint32_t max_requests;
 	struct kvp_mreq_table requests;
@@ -55,11 +56,11 @@ grow(void **p, size_t *cap, size_t need, size_t elem)
 	return KVP_OK;
 }
 
-/* The coarse hash of group block i: k fine hashes, contiguous already. */
+/* The coarse hash of group block i: k fine hashes of hlen bytes, contiguous already. */
 static const uint8_t *
-coarse(const struct kvp_mreq *r, uint32_t k, size_t i)
+coarse(const struct kvp_mreq *r, uint32_t k, uint32_t hlen, size_t i)
 {
-	return r->hashes + i * k * KVP_HASH_LEN;
+	return r->hashes + i * k * hlen;
 }
 
 /* ---- lifecycle ---- */
@@ -106,12 +107,14 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 			                                  .block_size = cfg->block_sizes[g]};
 	}
 	bool caching = kvp_pool_caching_enabled(pool);
-	uint32_t hbs = kvp_pool_hash_block_size(pool);
+	uint32_t hbs = kvp_pool_hash_block_size(pool), hlen = kvp_pool_hash_len(pool);
+	if (kvp_hasher_len(hasher) != hlen)
+		return KVP_EINVAL;
 	kvp_group_specs_resolve(spec, cfg->num_groups, caching);
 	if (kvp_group_specs_validate(spec, cfg->num_groups, hbs, caching, NULL, 0) != KVP_OK)
 		return KVP_EINVAL;
 	for (uint32_t g = 0; g < cfg->num_groups && caching; g++)
-		if ((uint64_t)(spec[g].block_size / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(pool))
+		if ((uint64_t)(spec[g].block_size / hbs) * hlen > kvp_pool_max_hash_len(pool))
 			return KVP_EINVAL;
 	uint32_t maxr = cfg->max_requests ? cfg->max_requests : 65536;
 	int rv;
@@ -130,6 +133,7 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 	m->lcm = kvp_group_specs_lcm(spec, cfg->num_groups);
 	split_attention_groups(m);
 	m->hash_bs = hbs;
+	m->hlen = hlen;
 	m->max_model_len = cfg->max_model_len;
 	m->max_requests = maxr;
 	*out = m;
@@ -167,12 +171,12 @@ extend_hashes(struct kvp_mgr *m, struct kvp_mreq *r)
 	/* vLLM hashes nothing when prefix caching is off. */
 	if (full <= r->num_hashes || !kvp_pool_caching_enabled(m->pool))
 		return KVP_OK;
-	rv = grow((void **)&r->hashes, &r->hash_cap, full, KVP_HASH_LEN);
+	rv = grow((void **)&r->hashes, &r->hash_cap, full, m->hlen);
 	if (rv != KVP_OK)
 		return rv;
 	rv = kvp_hash_request(m->hasher, kvp_mreq_keys(r), r->tokens, r->num_tokens, m->hash_bs,
 	                      r->hashes, r->num_hashes,
-	                      r->hashes + r->num_hashes * KVP_HASH_LEN, full - r->num_hashes, &n);
+	                      r->hashes + r->num_hashes * m->hlen, full - r->num_hashes, &n);
 	if (rv == KVP_OK)
 		r->num_hashes += n;
 	return rv;
@@ -206,7 +210,7 @@ kvp_mgr_add_request(struct kvp_mgr *m, uint64_t req_id, const struct kvp_request
 		want = m->max_model_len;
 	if ((r->tokens = malloc(want * sizeof(int64_t))) == NULL ||
 	    (kvp_pool_caching_enabled(m->pool) && want / m->hash_bs > 0 &&
-	     (r->hashes = malloc(want / m->hash_bs * KVP_HASH_LEN)) == NULL)) {
+	     (r->hashes = malloc(want / m->hash_bs * m->hlen)) == NULL)) {
 		kvp_mreq_destroy(r);
 		return KVP_ENOMEM;
 	}
@@ -267,8 +271,8 @@ probe(void *ctx, size_t i)
 	int32_t ids[KVP_MGR_MAX_GROUPS];
 
 	if (i >= p->r->num_hashes / p->k ||
-	    kvp_pool_get_cached_block(p->m->pool, coarse(p->r, p->k, i),
-	                              (size_t)p->k * KVP_HASH_LEN, p->ag->gids, p->ag->n,
+	    kvp_pool_get_cached_block(p->m->pool, coarse(p->r, p->k, p->m->hlen, i),
+	                              (size_t)p->k * p->m->hlen, p->ag->gids, p->ag->n,
 	                              ids) != KVP_OK)
 		return false;
 	for (uint32_t j = 0; j < p->ag->n; j++)
@@ -395,7 +399,7 @@ check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const 
            size_t nh)
 {
 	uint32_t k = m->spec[g].block_size / m->hash_bs;
-	size_t want = (size_t)k * KVP_HASH_LEN + KVP_MAP_KEY_GROUP_LEN, klen;
+	size_t want = (size_t)k * m->hlen + KVP_MAP_KEY_GROUP_LEN, klen;
 
 	if (nh > r->num_hashes / k)
 		return KVP_EINVAL;
@@ -406,7 +410,8 @@ check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const 
 		if (ids[i] == KVP_NULL_BLOCK && m->spec[g].kind != KVP_GROUP_FULL)
 			continue;
 		key = kvp_pool_block_key(m->pool, ids[i], &klen);
-		if (key == NULL || klen != want || memcmp(key, coarse(r, k, i), klen - KVP_MAP_KEY_GROUP_LEN) ||
+		if (key == NULL || klen != want ||
+		    memcmp(key, coarse(r, k, m->hlen, i), klen - KVP_MAP_KEY_GROUP_LEN) ||
 		    kvp_map_key_group(key, klen) != g)
 			return KVP_ESTATE;
 	}

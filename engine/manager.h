@@ -101,7 +101,8 @@ struct kvp_mgr;
  * Creates a manager over pool (which must outlive it) hashing with hasher
  * (the pool's NONE_HASH owner). KVP_EINVAL (bad config: groups refused by
  * kvp_group_specs_validate() for the pool's hash block size and caching, a
- * coarse hash longer than the pool's max_hash_len), KVP_ENOMEM.
+ * coarse hash longer than the pool's max_hash_len, a hasher whose digest is
+ * not the pool's hash_len), KVP_ENOMEM.
  */
 int kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
                    const struct kvp_mgr_config *cfg, struct kvp_mgr **out);

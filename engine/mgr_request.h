@@ -24,7 +24,7 @@ struct kvp_mreq {
 	uint64_t id;
 	int64_t *tokens;
 	size_t num_tokens, tok_cap;
-	uint8_t *hashes;       /* fine hashes, KVP_HASH_LEN each */
+	uint8_t *hashes;       /* fine hashes, one digest each */
 	size_t num_hashes, hash_cap;
 	size_t num_computed;
 	uint32_t num_preemptions;

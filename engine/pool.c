@@ -21,6 +21,7 @@
 struct kvp_pool {
 	uint32_t n;               /* blocks, the null block included */
 	uint32_t hash_block_size;
+	uint32_t hash_len;        /* bytes per fine hash: 32 or 16 */
 	uint32_t max_hash_len;
 	bool caching, events_on;
 	char medium[32];          /* sizeof: the limit on a configured medium */
@@ -41,14 +42,17 @@ int
 kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 {
 	struct kvp_pool *p;
-	uint32_t mhl;
+	uint32_t mhl, hl;
 	int rv;
 
 	if (cfg == NULL || out == NULL || cfg->num_blocks == 0 ||
 	    cfg->num_blocks > INT32_MAX - 3 || cfg->hash_block_size == 0)
 		return KVP_EINVAL;
-	mhl = cfg->max_hash_len ? cfg->max_hash_len : KVP_HASH_LEN;
-	if (mhl % KVP_HASH_LEN != 0 || mhl > MAX_HASH)
+	hl = cfg->hash_len ? cfg->hash_len : KVP_HASH_LEN;
+	if (hl != KVP_HASH_LEN && hl != KVP_HASH_MIN_LEN)
+		return KVP_EINVAL;
+	mhl = cfg->max_hash_len ? cfg->max_hash_len : hl;
+	if (mhl % hl != 0 || mhl > 32 * hl)
 		return KVP_EINVAL;
 	if (cfg->medium != NULL && strlen(cfg->medium) >= sizeof(p->medium))
 		return KVP_EINVAL;
@@ -58,6 +62,7 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 		return KVP_ENOMEM;
 	p->n = cfg->num_blocks;
 	p->hash_block_size = cfg->hash_block_size;
+	p->hash_len = hl;
 	p->max_hash_len = mhl;
 	p->caching = cfg->enable_caching;
 	p->events_on = cfg->enable_events;
@@ -317,7 +322,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	if (a->block_size == 0 || a->block_size % p->hash_block_size != 0)
 		return KVP_EINVAL;
 	k = a->block_size / p->hash_block_size;
-	hlen = (size_t)k * KVP_HASH_LEN;
+	hlen = (size_t)k * p->hash_len;
 	if (hlen > p->max_hash_len || nf > num_blocks || a->block_hashes == NULL ||
 	    a->num_block_hashes / k < nf || (a->token_ids == NULL && a->num_tokens > 0) ||
 	    kvp_request_keys_validate(a->keys) != KVP_OK)
@@ -547,6 +552,12 @@ uint32_t
 kvp_pool_hash_block_size(const struct kvp_pool *p)
 {
 	return p->hash_block_size;
+}
+
+uint32_t
+kvp_pool_hash_len(const struct kvp_pool *p)
+{
+	return p->hash_len;
 }
 
 uint32_t

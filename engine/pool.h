@@ -55,8 +55,9 @@
 
 struct kvp_pool_config {
 	uint32_t num_blocks;       /* N >= 1, the null block included */
-	uint32_t hash_block_size;  /* tokens per fine (32-byte) hash, >= 1 */
-	uint32_t max_hash_len;     /* longest block hash cached, 32·k, k <= 32; 0: 32 */
+	uint32_t hash_block_size;  /* tokens per fine hash, >= 1 */
+	uint32_t hash_len;         /* bytes per fine hash (one digest): 32 or 16; 0: 32 */
+	uint32_t max_hash_len;     /* longest block hash cached, hash_len·k, k <= 32; 0: hash_len */
 	bool enable_caching;
 	bool enable_events;
 	const char *medium;        /* events' medium; NULL: "GPU" (vLLM's) */
@@ -75,8 +76,9 @@ struct kvp_pool;
 
 /*
  * Creates a pool. KVP_EINVAL for a bad config (num_blocks 0 or above
- * 2^31-3, hash_block_size 0, max_hash_len not a multiple of 32 or over
- * 1024, metrics sized for fewer blocks), KVP_ENOMEM. *out only on success.
+ * 2^31-3, hash_block_size 0, hash_len not 32 or 16, max_hash_len not a
+ * multiple of hash_len or over 32·hash_len, metrics sized for fewer
+ * blocks), KVP_ENOMEM. *out only on success.
  */
 int kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out);
 /* Destroys a pool (events still queued are dropped). NULL is a no-op. */
@@ -117,7 +119,7 @@ int kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n);
 
 /* cache_full_blocks arguments (vLLM's request, range, group and mask). */
 struct kvp_cache_args {
-	const uint8_t *block_hashes;   /* the request's fine hashes, 32 bytes each */
+	const uint8_t *block_hashes;   /* the request's fine hashes, hash_len bytes each */
 	size_t num_block_hashes;
 	const int64_t *token_ids;      /* request.all_token_ids (event only) */
 	size_t num_tokens;
@@ -182,6 +184,7 @@ const uint8_t *kvp_pool_block_key(const struct kvp_pool *p, int32_t id, size_t *
 /* Free-queue order head to tail: writes up to cap ids, returns the count. */
 size_t kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap);
 uint32_t kvp_pool_hash_block_size(const struct kvp_pool *p);
+uint32_t kvp_pool_hash_len(const struct kvp_pool *p);
 uint32_t kvp_pool_max_hash_len(const struct kvp_pool *p);
 bool kvp_pool_caching_enabled(const struct kvp_pool *p);
 void kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out);

@@ -147,30 +147,32 @@ check_group(struct call *c, uint32_t g)
 }
 
 /*
- * The fine hashes of a call: given (a multiple of 32 bytes) or computed
+ * The fine hashes of a call: given (a multiple of the pool's hash_len) or computed
  * from the request's tokens (from position 0) and keys.
  */
 static int
 fine_hashes(struct call *c, ProtobufCBinaryData given, const int64_t *tokens, size_t ntok,
             const struct kvp_request_keys *keys, const uint8_t **out, size_t *n, bool *computed)
 {
-	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool), hl = kvp_pool_hash_len(c->p->pool);
 	*computed = false;
 	if (given.len > 0) {
-		if (given.len % KVP_HASH_LEN != 0)
-			return kvpd_fail(c, KVP_EINVAL, "block_hashes is %zu bytes, not a multiple of 32",
-			            given.len);
-		if (given.len / KVP_HASH_LEN > c->p->limits.max_ids)
+		if (given.len % hl != 0)
+			return kvpd_fail(c, KVP_EINVAL,
+			                 "block_hashes is %zu bytes, not a multiple of %u (pool %s hashes "
+			                 "with %s)", given.len, hl, c->p->cfg.name,
+			                 kvp_hash_algo_name(kvp_hasher_algo(c->p->hasher)));
+		if (given.len / hl > c->p->limits.max_ids)
 			return kvpd_fail(c, KVP_EINVAL, "too many hashes in one call");
 		*out = given.data;
-		*n = given.len / KVP_HASH_LEN;
+		*n = given.len / hl;
 		return KVP_OK;
 	}
 	if (ntok > c->p->limits.max_ids)
 		return kvpd_fail(c, KVP_EINVAL, "%zu tokens in one call; the limit is %u", ntok,
 		            c->p->limits.max_ids);
 	size_t full = ntok / hbs;
-	uint8_t *buf = kvpd_scratch(c, full * KVP_HASH_LEN);
+	uint8_t *buf = kvpd_scratch(c, full * hl);
 	if (buf == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	int rv = kvp_hash_request(c->p->hasher, keys, tokens, ntok, hbs, NULL, 0, buf, full, n);
@@ -217,24 +219,24 @@ kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Repl
 		    kvpd_session_held(c->sess, id) == 0)
 			return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d", id);
 	}
-	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool), hl = kvp_pool_hash_len(c->p->pool);
 	size_t first_token = 0;
 	if (m->parent_hash.len > 0) {
 		/* Only the new tokens, chained from the caller's last hash. */
 		uint8_t *all;
 		size_t n = 0;
-		if (m->parent_hash.len != KVP_HASH_LEN || nc == 0 || nf < nc ||
+		if (m->parent_hash.len != hl || nc == 0 || nf < nc ||
 		    (m->block_size && m->block_size != hbs) || m->block_hashes.len > 0)
-			return kvpd_fail(c, KVP_EINVAL, "parent_hash needs 32 bytes, num_cached_blocks >= 1, "
-			                           "token_ids (not block_hashes) and the pool's block size");
-		if ((all = kvpd_scratch(c, (size_t)nf * KVP_HASH_LEN)) == NULL)
+			return kvpd_fail(c, KVP_EINVAL, "parent_hash needs %u bytes, num_cached_blocks >= 1, "
+			                 "token_ids (not block_hashes) and the pool's block size", hl);
+		if ((all = kvpd_scratch(c, (size_t)nf * hl)) == NULL)
 			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-		memcpy(all + (size_t)(nc - 1) * KVP_HASH_LEN, m->parent_hash.data, KVP_HASH_LEN);
+		memcpy(all + (size_t)(nc - 1) * hl, m->parent_hash.data, hl);
 		/* Hash only the blocks to cache; later tokens (a partial block) wait. */
 		size_t want = (size_t)(nf - nc) * hbs;
 		rv = kvp_hash_chain(c->p->hasher, ck.ptr, m->token_ids,
 		                    m->n_token_ids < want ? m->n_token_ids : want, hbs, nc,
-		                    m->parent_hash.data, all + (size_t)nc * KVP_HASH_LEN, nf - nc, &n);
+		                    m->parent_hash.data, all + (size_t)nc * hl, nf - nc, &n);
 		if (rv != KVP_OK)
 			return kvpd_fail(c, rv, "hashing tokens: %s", kvp_strerror(rv));
 		if (n < nf - nc)
@@ -283,7 +285,7 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	const uint32_t g0 = 0;
 	const uint32_t *groups = m->n_group_ids ? m->group_ids : &g0;
 	size_t ng = m->n_group_ids ? m->n_group_ids : 1;
-	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool);
+	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool), hl = kvp_pool_hash_len(c->p->pool);
 	uint32_t bs = m->block_size ? m->block_size : hbs;
 	int rv;
 
@@ -292,7 +294,7 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	if (ng > MAX_GROUPS_PER_LOOKUP)
 		return kvpd_fail(c, KVP_EINVAL, "%zu groups in one lookup; the limit is %d", ng,
 		            MAX_GROUPS_PER_LOOKUP);
-	if (bs % hbs != 0 || (size_t)(bs / hbs) * KVP_HASH_LEN > kvp_pool_max_hash_len(c->p->pool))
+	if (bs % hbs != 0 || (size_t)(bs / hbs) * hl > kvp_pool_max_hash_len(c->p->pool))
 		return kvpd_fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
 	for (size_t i = 0; i < ng; i++)
 		if ((rv = check_group(c, groups[i])))
@@ -310,8 +312,8 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	/* Left to right, all groups per position, stopping at the first miss. */
 	while (hit < ncoarse &&
-	       kvp_pool_get_cached_block(c->p->pool, hashes + hit * k * KVP_HASH_LEN,
-	                                 (size_t)k * KVP_HASH_LEN, groups, ng, row) == KVP_OK) {
+	       kvp_pool_get_cached_block(c->p->pool, hashes + hit * k * hl, (size_t)k * hl, groups,
+	                                 ng, row) == KVP_OK) {
 		for (size_t g = 0; g < ng; g++)
 			ids[g * ncoarse + hit] = row[g];
 		hit++;
@@ -334,7 +336,7 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	r->hit_tokens = (uint32_t)(hit * bs);
 	if (computed) {
 		r->block_hashes.data = (uint8_t *)hashes;
-		r->block_hashes.len = nh * KVP_HASH_LEN;
+		r->block_hashes.len = nh * hl;
 	}
 	out->result_case = KVPOOL__V1__REPLY__RESULT_LOOKUP;
 	out->lookup = r;

@@ -102,15 +102,8 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		p->has_seed = true;
 		return kvpd_cfg_copy_str(p->seed, sizeof(p->seed), v);
 	}
-	if (strcmp(k, "hash_algo") == 0) {
-		int hr = kvp_hash_algo_parse(v, &p->hash_algo);
-		if (hr == KVP_ENOTSUP) {
-			fprintf(err, "kvpoold: pool hash_algo=%s is vLLM's but not kvpool's (16-byte "
-			             "digests); use sha256 or sha256_cbor\n", v);
-			return -2;
-		}
-		return hr == KVP_OK ? 0 : -1;
-	}
+	if (strcmp(k, "hash_algo") == 0)
+		return kvp_hash_algo_parse(v, &p->hash_algo) == KVP_OK ? 0 : -1;
 	if (strcmp(k, "token_file") == 0)
 		return kvpd_cfg_read_token(v, p->token, err);
 	if (strcmp(k, "medium") == 0)
@@ -210,7 +203,7 @@ kvpd_cfg_resolve_groups(struct kvpd_pool_config *p, FILE *err)
 	for (uint32_t i = 0; p->caching && i < p->num_groups; i++)
 		if (p->groups[i].block_size / p->hash_block_size > 32) {
 			fprintf(err, "kvpoold: pool %s: group %u's block size is %u hash blocks; at "
-			             "most 32 (a coarse hash is at most 1024 bytes)\n",
+			             "most 32 (a coarse hash joins at most 32 fine hashes)\n",
 			        p->name, i, p->groups[i].block_size / p->hash_block_size);
 			return -1;
 		}

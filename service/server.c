@@ -143,9 +143,11 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 		return rv;
 	kc.num_blocks = p->cfg.num_blocks;
 	for (uint32_t g = 0; g < pc->num_groups && pc->caching; g++) {
-		uint32_t len = pc->groups[g].block_size / pc->hash_block_size * KVP_HASH_LEN;
+		uint32_t len = pc->groups[g].block_size / pc->hash_block_size *
+		               (uint32_t)kvp_hash_algo_len(pc->hash_algo);
 		kc.max_hash_len = len > kc.max_hash_len ? len : kc.max_hash_len;
 	}
+	kc.hash_len = (uint32_t)kvp_hash_algo_len(pc->hash_algo);
 	kc.medium = p->cfg.medium;
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
@@ -170,9 +172,10 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
 		return rv;
 	}
-	/* A fingerprint of NONE_HASH lets clients check they hash alike. */
+	/* A fingerprint of NONE_HASH (its digest) lets clients check they hash alike. */
 	uint8_t fp[KVP_HASH_LEN];
-	if ((rv = kvp_hash_raw(p->hasher, kvp_hasher_none_hash(p->hasher), KVP_HASH_LEN, fp)) != KVP_OK) {
+	if ((rv = kvp_hash_raw(p->hasher, kvp_hasher_none_hash(p->hasher),
+	                       kvp_hasher_none_len(p->hasher), fp)) != KVP_OK) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
 		return rv;
 	}

@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Block hashing against vLLM's sha256_cbor known answers (scenarios H0-H7). */
+/*
+ * Block hashing against vLLM's known answers: sha256_cbor (scenarios H0-H7),
+ * sha256 (pickle), xxhash and xxhash_cbor.
+ */
 #include "kvp_test.h"
 
 #include <stdlib.h>
@@ -443,12 +446,98 @@ test_block_hash_algorithm_names_round_trip(void **state)
 	assert_string_equal(kvp_hash_algo_name(a), "sha256");
 	assert_ok(kvp_hash_algo_parse("sha256_cbor", &a));
 	assert_int_equal(a, KVP_HASH_SHA256_CBOR);
-	assert_status(kvp_hash_algo_parse("xxhash", &a), KVP_ENOTSUP);
-	assert_status(kvp_hash_algo_parse("xxhash_cbor", &a), KVP_ENOTSUP);
+	assert_ok(kvp_hash_algo_parse("xxhash", &a));
+	assert_int_equal(a, KVP_HASH_XXHASH);
+	assert_int_equal(kvp_hash_algo_len(a), 16);
+	assert_ok(kvp_hash_algo_parse("xxhash_cbor", &a));
+	assert_int_equal(a, KVP_HASH_XXHASH_CBOR);
+	assert_int_equal(kvp_hash_algo_len(KVP_HASH_SHA256), 32);
+	assert_int_equal(kvp_hash_algo_len((enum kvp_hash_algo)7), 0);
 	assert_status(kvp_hash_algo_parse("SHA256", &a), KVP_EINVAL);
+	assert_status(kvp_hash_algo_parse("xxhash_msgpack", &a), KVP_EINVAL);
 	assert_null(kvp_hash_algo_name((enum kvp_hash_algo)7));
 	assert_status(kvp_hasher_create_algo("0", (enum kvp_hash_algo)7, &h), KVP_EINVAL);
 	assert_null(h);
+}
+
+/*
+ * vLLM's xxhash and xxhash_cbor with PYTHONHASHSEED=0, from vLLM's own
+ * functions (python-xxhash 3.2.0's xxh3_128_digest over pickle.dumps(obj, 5)
+ * or cbor2.dumps(obj, canonical=True)): NONE_HASH, blocks range(0,16) and
+ * range(16,32) with no extra keys, then with extra keys ("L", "s") and ("L",).
+ */
+static void
+test_block_hash_xxhash_vectors(void **state)
+{
+	static const struct {
+		enum kvp_hash_algo algo;
+		const char *none, *b0, *b1, *e0, *e1;
+	} v[] = {
+		{KVP_HASH_XXHASH_CBOR, "1ebe36576dcb573f26b99533a20aaeca",
+		 "209f5d549fc07c8e39d823615ede61ce", "03888914ee75b87e89df867a21beb72b",
+		 "8b0b08764ecf9967c8354fd80dd6c39a", "8531201cdac34fbdf8cf780802aebc58"},
+		{KVP_HASH_XXHASH, "6fb31cc38bba6066183f7f2104b9c051",
+		 "8ef953407c0da43eacbb3639ed2bff4d", "5a51cc5ac3a4b1f7d5efd012fb00201a",
+		 "a67370d48e3363c7d62dae1ef219a753", "82fe6db667aab795686fb72f679dee16"},
+	};
+	int64_t tok[32];
+	uint8_t out[2 * 16 + 1] = {0}, in[128];
+	size_t n = 0, len = 0;
+	struct kvp_request_keys keys = {.lora_name = "L", .cache_salt = "s"};
+
+	(void)state;
+	for (int i = 0; i < 32; i++)
+		tok[i] = i;
+	for (size_t i = 0; i < N_ELEMS(v); i++) {
+		struct kvp_hasher *h = NULL;
+		assert_ok(kvp_hasher_create_algo("0", v[i].algo, &h));
+		assert_int_equal(kvp_hasher_len(h), 16);
+		assert_int_equal(kvp_hasher_none_len(h), 16);
+		assert_hex(kvp_hasher_none_hash(h), 16, v[i].none);
+		assert_ok(kvp_hash_request(h, NULL, tok, 32, 16, NULL, 0, out, 2, &n));
+		assert_int_equal(n, 2);
+		assert_hex(out, 16, v[i].b0);
+		assert_hex(out + 16, 16, v[i].b1);
+		assert_int_equal(out[32], 0); /* two hashes at a 16-byte stride, nothing past */
+		assert_ok(kvp_hash_request(h, &keys, tok, 32, 16, NULL, 0, out, 2, &n));
+		assert_hex(out, 16, v[i].e0);
+		assert_hex(out + 16, 16, v[i].e1);
+		if (v[i].algo == KVP_HASH_XXHASH_CBOR) {
+			/* canonical CBOR: a 16-byte parent's head is 0x50, not 0x58 0x10 */
+			assert_ok(kvp_hash_block_input(h, out, tok, 1, NULL, 0, in, sizeof(in), &len));
+			assert_int_equal(len, 1 + 1 + 16 + 1 + 1 + 1);
+			assert_int_equal(in[1], 0x50);
+		}
+		kvp_hasher_destroy(h);
+	}
+	/* A block whose encoding spans several chunks streams; the same bytes one-shot agree. */
+	enum { BIG = 700 };
+	int64_t *big = malloc(BIG * sizeof(*big));
+	uint8_t *enc = malloc(BIG * 9 + 64), streamed[16], once[16];
+	assert_non_null(big);
+	assert_non_null(enc);
+	for (int i = 0; i < BIG; i++)
+		big[i] = (int64_t)i * 7919;
+	for (size_t i = 0; i < N_ELEMS(v); i++) {
+		struct kvp_hasher *h = NULL;
+		assert_ok(kvp_hasher_create_algo("0", v[i].algo, &h));
+		assert_ok(kvp_hash_block(h, NULL, big, BIG, NULL, 0, streamed));
+		assert_ok(kvp_hash_block_input(h, NULL, big, BIG, NULL, 0, enc, BIG * 9 + 64, &len));
+		assert_true(len > 1024);
+		assert_ok(kvp_hash_raw(h, enc, len, once));
+		assert_memory_equal(streamed, once, 16);
+		kvp_hasher_destroy(h);
+	}
+	free(big);
+	free(enc);
+	/* No seed: 32 random bytes, as vLLM's os.urandom(32), then 16-byte hashes. */
+	struct kvp_hasher *r = NULL;
+	assert_ok(kvp_hasher_create_algo(NULL, KVP_HASH_XXHASH_CBOR, &r));
+	assert_int_equal(kvp_hasher_none_len(r), 32);
+	assert_ok(kvp_hash_block_input(r, NULL, tok, 1, NULL, 0, in, sizeof(in), &len));
+	assert_int_equal(in[1], 0x58);
+	assert_int_equal(in[2], 32);
+	kvp_hasher_destroy(r);
 }
 
 int
@@ -471,6 +560,7 @@ main(void)
 		cmocka_unit_test(test_block_hash_sha256_h3_h4_extra_keys_and_int_widths),
 		cmocka_unit_test(test_block_hash_sha256_long1_minimal_twos_complement),
 		cmocka_unit_test(test_block_hash_algorithm_names_round_trip),
+		cmocka_unit_test(test_block_hash_xxhash_vectors),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

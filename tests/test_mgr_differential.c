@@ -19,8 +19,10 @@
  * Configurations: gpt-oss-like (full + sliding window, one block size);
  * coarse full-attention blocks under an LCM that masks the window group's
  * caching (full:8 + sliding_window:4:5, hash block size 4); the first with
- * prefix caching off; and Llama-4-like chunked local attention beside full. KVP_DIFF_OPS (default 1,000,000, split between
- * them) and KVP_DIFF_SEED (default 1; printed).
+ * prefix caching off; Llama-4-like chunked local attention beside full; and
+ * the coarse one again with xxhash_cbor (16-byte hashes, 32-byte coarse keys).
+ * KVP_DIFF_OPS (default 1,000,000, split between them) and KVP_DIFF_SEED
+ * (default 1; printed).
  */
 #include "pool_util.h"
 
@@ -36,26 +38,32 @@ struct config {
 	struct kvp_group_spec g[NG];
 	bool caching;
 	uint32_t lcm;
-	uint64_t share; /* parts of the ops, of 6 */
+	uint64_t share; /* parts of the ops, of SHARES */
+	enum kvp_hash_algo algo;
 };
+enum { SHARES = 7 };
 
 static const struct config configs[] = {
 	{"full:4+sliding_window:4:7",
 	 {{.kind = KVP_GROUP_FULL, .block_size = 4},
 	  {.kind = KVP_GROUP_SLIDING_WINDOW, .block_size = 4, .window = 7}},
-	 true, 4, 2},
+	 true, 4, 2, KVP_HASH_SHA256_CBOR},
 	{"full:8+sliding_window:4:5",
 	 {{.kind = KVP_GROUP_FULL, .block_size = 8},
 	  {.kind = KVP_GROUP_SLIDING_WINDOW, .block_size = 4, .window = 5}},
-	 true, 8, 2},
+	 true, 8, 2, KVP_HASH_SHA256_CBOR},
 	{"full:4+sliding_window:4:7,caching=off",
 	 {{.kind = KVP_GROUP_FULL, .block_size = 4},
 	  {.kind = KVP_GROUP_SLIDING_WINDOW, .block_size = 4, .window = 7}},
-	 false, 4, 1},
+	 false, 4, 1, KVP_HASH_SHA256_CBOR},
 	{"full:4+chunked_local:4:8",
 	 {{.kind = KVP_GROUP_FULL, .block_size = 4},
 	  {.kind = KVP_GROUP_CHUNKED_LOCAL, .block_size = 4, .window = 8}},
-	 true, 4, 1},
+	 true, 4, 1, KVP_HASH_SHA256_CBOR},
+	{"full:8+sliding_window:4:5,hash_algo=xxhash_cbor",
+	 {{.kind = KVP_GROUP_FULL, .block_size = 8},
+	  {.kind = KVP_GROUP_SLIDING_WINDOW, .block_size = 4, .window = 5}},
+	 true, 8, 1, KVP_HASH_XXHASH_CBOR},
 };
 
 /* A request in the model: vLLM's Request plus each manager's per-request state. */
@@ -64,7 +72,7 @@ struct mreq {
 	uint64_t id;
 	int64_t tok[MAXTOK];
 	size_t ntok, computed;
-	uint8_t fine[MAXTOK / HBS][KVP_HASH_LEN]; /* request.block_hashes */
+	uint8_t fine[MAXTOK / HBS * KVP_HASH_LEN]; /* request.block_hashes, HL bytes each */
 	size_t nfine;
 	int32_t tbl[NG][MAXBLK]; /* req_to_blocks */
 	size_t n[NG];
@@ -75,6 +83,7 @@ struct mreq {
 static const struct config *C;
 static struct kvp_pool *PB; /* the model's pool */
 static struct kvp_hasher *HB;
+static size_t HL; /* the configuration's hash length */
 static struct mreq R[MAXR];
 static int64_t tmpl[NTMPL][MAXTOK];
 static uint64_t rng, step, nhits;
@@ -100,15 +109,15 @@ m_hash_new_blocks(struct mreq *r)
 	if (!C->caching)
 		return;
 	for (; r->nfine < r->ntok / HBS; r->nfine++)
-		assert_ok(kvp_hash_block(HB, r->nfine ? r->fine[r->nfine - 1] : NULL,
-		                         r->tok + r->nfine * HBS, HBS, NULL, 0, r->fine[r->nfine]));
+		assert_ok(kvp_hash_block(HB, r->nfine ? r->fine + (r->nfine - 1) * HL : NULL,
+		                         r->tok + r->nfine * HBS, HBS, NULL, 0, r->fine + r->nfine * HL));
 }
 
 /* Block i's hash in group g: k fine hashes joined (BlockHashListWithBlockSize). */
 static const uint8_t *
 m_hash(const struct mreq *r, uint32_t g, size_t i)
 {
-	return r->fine[i * (C->g[g].block_size / HBS)];
+	return r->fine + i * (C->g[g].block_size / HBS) * HL;
 }
 
 static int32_t
@@ -116,7 +125,7 @@ m_cached(const struct mreq *r, uint32_t g, size_t i)
 {
 	int32_t id = 0;
 	size_t k = C->g[g].block_size / HBS;
-	return kvp_pool_get_cached_block(PB, m_hash(r, g, i), k * KVP_HASH_LEN, &g, 1, &id) ==
+	return kvp_pool_get_cached_block(PB, m_hash(r, g, i), k * HL, &g, 1, &id) ==
 	               KVP_OK
 	           ? id
 	           : -1;
@@ -244,7 +253,7 @@ m_cache(struct mreq *r, size_t tokens)
 		for (size_t i = r->ncached[g]; i < full; i++)
 			mask[i - r->ncached[g]] = tail >= per || i % per >= per - tail;
 		struct kvp_cache_args a = {
-			.block_hashes = r->fine[0], .num_block_hashes = r->nfine,
+			.block_hashes = r->fine, .num_block_hashes = r->nfine,
 			.token_ids = r->tok, .num_tokens = r->ntok,
 			.num_cached_blocks = r->ncached[g], .num_full_blocks = (uint32_t)full,
 			.block_size = s->block_size, .group_id = g, .block_mask = mask,
@@ -498,7 +507,9 @@ static void
 run_config(const struct config *c, uint64_t ops, uint64_t seed)
 {
 	struct kvp_pool_config pc = {
-		.num_blocks = NB, .hash_block_size = HBS, .max_hash_len = 2 * KVP_HASH_LEN,
+		.num_blocks = NB, .hash_block_size = HBS,
+		.hash_len = (uint32_t)kvp_hash_algo_len(c->algo),
+		.max_hash_len = 2 * (uint32_t)kvp_hash_algo_len(c->algo),
 		.enable_caching = c->caching, .enable_events = true,
 	};
 	struct kvp_mgr_config mc = {.num_groups = NG, .groups = c->g, .max_model_len = MAXTOK};
@@ -509,6 +520,7 @@ run_config(const struct config *c, uint64_t ops, uint64_t seed)
 	uint64_t next_id = 1, refusals = 0;
 
 	C = c;
+	HL = kvp_hash_algo_len(c->algo);
 	nhits = 0;
 	rng = seed * 2654435761u + 1;
 	memset(R, 0, sizeof(R));
@@ -517,8 +529,8 @@ run_config(const struct config *c, uint64_t ops, uint64_t seed)
 			tmpl[t][i] = (int64_t)rnd(ALPHA);
 	assert_ok(kvp_pool_create(&pc, &pa));
 	assert_ok(kvp_pool_create(&pc, &PB));
-	assert_ok(kvp_hasher_create("0", &ha));
-	assert_ok(kvp_hasher_create("0", &HB));
+	assert_ok(kvp_hasher_create_algo("0", c->algo, &ha));
+	assert_ok(kvp_hasher_create_algo("0", c->algo, &HB));
 	assert_ok(kvp_mgr_create(pa, ha, &mc, &m));
 	kvp_event_batch_init(&ea);
 	kvp_event_batch_init(&eb);
@@ -580,7 +592,7 @@ test_mgr_differential_hybrid_matches_reference_model(void **state)
 	(void)state;
 	print_message("seed %llu\n", (unsigned long long)seed);
 	for (size_t i = 0; i < N_ELEMS(configs); i++)
-		run_config(&configs[i], ops * configs[i].share / 6, seed + i);
+		run_config(&configs[i], ops * configs[i].share / SHARES, seed + i);
 }
 
 int

@@ -650,7 +650,21 @@ test_pool_misuse_is_rejected_and_changes_nothing(void **state)
 	bad.hash_block_size = 4;
 	bad.max_hash_len = 33;
 	assert_status(kvp_pool_create(&bad, &q), KVP_EINVAL);
+	bad.hash_len = 16; /* xxhash: 16-byte fine hashes, coarse keys of up to 32 of them */
+	bad.max_hash_len = 24;
+	assert_status(kvp_pool_create(&bad, &q), KVP_EINVAL);
+	bad.max_hash_len = 33 * 16;
+	assert_status(kvp_pool_create(&bad, &q), KVP_EINVAL);
+	bad.hash_len = 24;
+	bad.max_hash_len = 0;
+	assert_status(kvp_pool_create(&bad, &q), KVP_EINVAL);
 	assert_null(q);
+	bad.hash_len = 16;
+	bad.max_hash_len = 32 * 16;
+	assert_ok(kvp_pool_create(&bad, &q));
+	assert_int_equal(kvp_pool_hash_len(q), 16);
+	kvp_pool_destroy(q);
+	q = NULL;
 	assert_status(kvp_pool_create(NULL, &q), KVP_EINVAL);
 	kvp_pool_destroy(NULL);
 	kvp_event_batch_fini(&b);

@@ -99,6 +99,7 @@ struct kvp_batch {
 	struct arena results;       /* the last send's decoded reply */
 	Kvpool__V1__Reply *reply;   /* the last send's reply, in results */
 	size_t sent_bytes, reply_bytes;
+	uint32_t hash_len;          /* the last send's pool's hash width (lookup results) */
 };
 
 int
@@ -309,7 +310,7 @@ kvp_batch_cache(struct kvp_batch *b, const struct kvp_client_cache *a)
 		return KVP_EINVAL;
 	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	if ((rv = kvp_build_cache_(m, a)) != KVP_OK)
+	if ((rv = kvp_build_cache_(m, a, KVP_HASH_LEN)) != KVP_OK)
 		return rv;
 	if (!OWN(b, m->block_ids, m->n_block_ids * sizeof(int32_t)) ||
 	    !OWN(b, m->block_hashes.data, m->block_hashes.len) ||
@@ -334,7 +335,7 @@ kvp_batch_lookup(struct kvp_batch *b, const struct kvp_client_lookup *q)
 		return KVP_EINVAL;
 	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
 		return KVP_ENOMEM;
-	if ((rv = kvp_build_lookup_(m, q)) != KVP_OK)
+	if ((rv = kvp_build_lookup_(m, q, KVP_HASH_LEN)) != KVP_OK)
 		return rv;
 	if (!OWN(b, m->block_hashes.data, m->block_hashes.len) ||
 	    !OWN(b, m->token_ids, m->n_token_ids * sizeof(int64_t)) ||
@@ -481,6 +482,7 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 	b->sent_bytes = c->last_sent;
 	b->reply_bytes = nng_msg_len(msg);
 	/* Decoded into the batch's arena: no allocation per reply once it has grown. */
+	b->hash_len = c->info.hash_len;
 	b->reply = kvpool__v1__reply__unpack(&pb, nng_msg_len(msg), nng_msg_body(msg));
 	nng_msg_free(msg);
 	if (b->reply == NULL) {
@@ -579,7 +581,8 @@ kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *o
 		out->count = r->lookup->num_hit_blocks;
 		out->slots.hit_tokens = r->lookup->hit_tokens;
 		out->hashes = r->lookup->block_hashes.data;
-		out->num_hashes = r->lookup->block_hashes.len / KVP_HASH_LEN;
+		out->num_hashes =
+			r->lookup->block_hashes.len / (b->hash_len ? b->hash_len : KVP_HASH_LEN);
 		if (r->lookup->n_ref_cnts == r->lookup->n_block_ids && r->lookup->n_ref_cnts > 0)
 			out->ref_cnts = r->lookup->ref_cnts;
 		break;

@@ -90,7 +90,7 @@ kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_
 	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
 	Kvpool__V1__Reply *r = NULL;
 
-	if (c == NULL || kvp_build_cache_(&m, a) != KVP_OK)
+	if (c == NULL || kvp_build_cache_(&m, a, c->info.hash_len) != KVP_OK)
 		return KVP_EINVAL;
 	if (a->keys || a->has_lora_id) {
 		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
@@ -122,7 +122,7 @@ kvp_client_lookup_refs(struct kvp_client *c, const struct kvp_client_lookup *q, 
 	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
 	Kvpool__V1__Reply *r = NULL;
 
-	if (c == NULL || num_hit_blocks == NULL || kvp_build_lookup_(&m, q) != KVP_OK)
+	if (c == NULL || num_hit_blocks == NULL || kvp_build_lookup_(&m, q, c->info.hash_len) != KVP_OK)
 		return KVP_EINVAL;
 	if (q->keys) {
 		kvp_wire_keys_to_proto(q->keys, false, 0, &keys, mm, mmp);

@@ -9,11 +9,24 @@
  */
 #include "clients/c/client_impl.h"
 
-int
-kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a)
+/* The width of a call's hashes: its own, or the default for where it is sent. */
+static int
+hash_width(uint32_t given, uint32_t dflt, size_t *out)
 {
+	uint32_t w = given ? given : dflt;
+	if (w != KVP_HASH_LEN && w != KVP_HASH_MIN_LEN)
+		return KVP_EINVAL;
+	*out = w;
+	return KVP_OK;
+}
+
+int
+kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a, uint32_t dflt)
+{
+	size_t hl;
 	if (a == NULL || (a->block_ids == NULL && a->num_block_ids > 0) ||
-	    (a->keys && a->keys->num_mm > KVP_CLIENT_MAX_MM))
+	    (a->keys && a->keys->num_mm > KVP_CLIENT_MAX_MM) ||
+	    hash_width(a->hash_len, dflt, &hl) != KVP_OK)
 		return KVP_EINVAL;
 	kvpool__v1__cache_request__init(m);
 	m->block_ids = (int32_t *)a->block_ids;
@@ -23,11 +36,11 @@ kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a)
 	m->group_id = a->group_id;
 	m->block_size = a->block_size;
 	m->block_hashes.data = (uint8_t *)a->hashes;
-	m->block_hashes.len = a->hashes ? a->num_hashes * KVP_HASH_LEN : 0;
+	m->block_hashes.len = a->hashes ? a->num_hashes * hl : 0;
 	m->token_ids = (int64_t *)a->tokens;
 	m->n_token_ids = a->tokens ? a->num_tokens : 0;
 	m->parent_hash.data = (uint8_t *)a->parent_hash;
-	m->parent_hash.len = a->parent_hash ? KVP_HASH_LEN : 0;
+	m->parent_hash.len = a->parent_hash ? hl : 0;
 	if (a->block_mask != NULL) {
 		if (a->num_full_blocks < a->num_cached_blocks)
 			return KVP_EINVAL;
@@ -38,13 +51,15 @@ kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a)
 }
 
 int
-kvp_build_lookup_(Kvpool__V1__LookupRequest *m, const struct kvp_client_lookup *q)
+kvp_build_lookup_(Kvpool__V1__LookupRequest *m, const struct kvp_client_lookup *q, uint32_t dflt)
 {
-	if (q == NULL || (q->keys && q->keys->num_mm > KVP_CLIENT_MAX_MM))
+	size_t hl;
+	if (q == NULL || (q->keys && q->keys->num_mm > KVP_CLIENT_MAX_MM) ||
+	    hash_width(q->hash_len, dflt, &hl) != KVP_OK)
 		return KVP_EINVAL;
 	kvpool__v1__lookup_request__init(m);
 	m->block_hashes.data = (uint8_t *)q->hashes;
-	m->block_hashes.len = q->hashes ? q->num_hashes * KVP_HASH_LEN : 0;
+	m->block_hashes.len = q->hashes ? q->num_hashes * hl : 0;
 	m->token_ids = (int64_t *)q->tokens;
 	m->n_token_ids = q->tokens ? q->num_tokens : 0;
 	m->group_ids = (uint32_t *)q->group_ids;

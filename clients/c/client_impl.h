@@ -74,8 +74,10 @@ int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,
  * arguments by reference, the keys excepted. KVP_EINVAL for inconsistent
  * arguments (an id array NULL with a count, too many features).
  */
-int kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a);
-int kvp_build_lookup_(Kvpool__V1__LookupRequest *m, const struct kvp_client_lookup *q);
+/* dflt: the hash width when the call gives none (the pool's, or 32 in a batch). */
+int kvp_build_cache_(Kvpool__V1__CacheRequest *m, const struct kvp_client_cache *a, uint32_t dflt);
+int kvp_build_lookup_(Kvpool__V1__LookupRequest *m, const struct kvp_client_lookup *q,
+                      uint32_t dflt);
 int kvp_build_slots_(Kvpool__V1__AllocateSlotsRequest *m, const struct kvp_client_slots *a);
 
 /* The pool's event-stream key from Hello or a resume; false if it has none (no token). */

@@ -76,6 +76,7 @@ run_info(struct ctl *x)
 	cJSON_AddNumberToObject(j, "block_size", in->block_size);
 	cJSON_AddNumberToObject(j, "hash_block_size", in->hash_block_size);
 	cJSON_AddStringToObject(j, "hash_algorithm", in->hash_algorithm);
+	cJSON_AddNumberToObject(j, "hash_len", in->hash_len);
 	cJSON_AddBoolToObject(j, "prefix_caching", in->prefix_caching);
 	cJSON *ga = cJSON_AddArrayToObject(j, "groups");
 	for (uint32_t g = 0; g < in->num_groups; g++) {

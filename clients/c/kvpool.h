@@ -79,6 +79,7 @@ struct kvp_client_info {
 	uint32_t max_msg_bytes;     /* the daemon's message limit; transfers are split below it */
 	struct kvp_client_executor executor;
 	char server_version[64];    /* kvpoold's version (Hello); "" for a resumed session */
+	uint32_t hash_len;          /* bytes per fine hash: 32 (SHA-256) or 16 (xxhash) */
 };
 
 struct kvp_client_stats {
@@ -123,7 +124,11 @@ int kvp_client_touch(struct kvp_client *c, const int32_t *ids, size_t n);
 /* free_blocks in the order given; KVP_ENOTOWNER for references not held. */
 int kvp_client_free(struct kvp_client *c, const int32_t *ids, size_t n);
 
-/* cache_full_blocks: either hashes (fine, 32 bytes each) or tokens (hashed by the daemon). */
+/*
+ * cache_full_blocks: either hashes (fine, hash_len bytes each) or tokens
+ * (hashed by the daemon). hash_len 0: the pool's (kvp_client_info()->hash_len)
+ * for a direct call, 32 in a batch (a batch knows its pool only when sent).
+ */
 struct kvp_client_cache {
 	const int32_t *block_ids;
 	size_t num_block_ids;
@@ -140,6 +145,7 @@ struct kvp_client_cache {
 	int64_t lora_id;
 	/* NULL, or num_full_blocks - num_cached_blocks bytes: 0 skips that block (vLLM's block_mask) */
 	const uint8_t *block_mask;
+	uint32_t hash_len;          /* bytes per hash and of parent_hash: 32, 16, or 0 (above) */
 };
 int kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored);
 
@@ -147,6 +153,7 @@ int kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uin
  * The longest cached prefix (all groups per position). Writes up to cap ids
  * per group, group after group, the hit length in blocks and tokens, and,
  * when hashing tokens and hashes_out is not NULL, up to hashes_cap hashes.
+ * hash_len as kvp_client_cache's.
  */
 struct kvp_client_lookup {
 	const uint8_t *hashes;      /* NULL: hash tokens */
@@ -157,6 +164,7 @@ struct kvp_client_lookup {
 	const uint32_t *group_ids;  /* NULL: group 0 */
 	size_t num_groups;
 	uint32_t block_size;        /* 0: the pool's */
+	uint32_t hash_len;          /* bytes per hash: 32, 16, or 0 (kvp_client_cache's rule) */
 };
 int kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
                       size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens);

@@ -81,7 +81,8 @@ class Info(Structure):
                 ("event_epoch", c_uint64), ("event_seq", c_uint64),
                 ("max_model_len", c_uint32), ("max_ids_per_call", c_uint32),
                 ("max_hash_len", c_uint32), ("max_msg_bytes", c_uint32),
-                ("executor", Executor), ("server_version", c_char * 64)]
+                ("executor", Executor), ("server_version", c_char * 64),
+                ("hash_len", c_uint32)]
 
 
 class Stats(Structure):
@@ -112,14 +113,15 @@ class Cache(Structure):
                 ("hashes", POINTER(c_uint8)), ("num_hashes", c_size_t),
                 ("tokens", POINTER(c_int64)), ("num_tokens", c_size_t),
                 ("parent_hash", POINTER(c_uint8)), ("keys", POINTER(RequestKeys)),
-                ("has_lora_id", c_bool), ("lora_id", c_int64), ("block_mask", POINTER(c_uint8))]
+                ("has_lora_id", c_bool), ("lora_id", c_int64), ("block_mask", POINTER(c_uint8)),
+                ("hash_len", c_uint32)]
 
 
 class Lookup(Structure):
     _fields_ = [("hashes", POINTER(c_uint8)), ("num_hashes", c_size_t),
                 ("tokens", POINTER(c_int64)), ("num_tokens", c_size_t),
                 ("keys", POINTER(RequestKeys)), ("group_ids", POINTER(c_uint32)),
-                ("num_groups", c_size_t), ("block_size", c_uint32)]
+                ("num_groups", c_size_t), ("block_size", c_uint32), ("hash_len", c_uint32)]
 
 
 class Slots(Structure):
@@ -182,6 +184,8 @@ kvp_hasher_create_algo = _fn("kvp_hasher_create_algo", c_int, c_char_p, c_int, P
 kvp_hash_algo_parse = _fn("kvp_hash_algo_parse", c_int, c_char_p, POINTER(c_int))
 kvp_hasher_destroy = _fn("kvp_hasher_destroy", None, c_void_p)
 kvp_hasher_none_hash = _fn("kvp_hasher_none_hash", U8P, c_void_p)
+kvp_hasher_none_len = _fn("kvp_hasher_none_len", c_size_t, c_void_p)
+kvp_hasher_len = _fn("kvp_hasher_len", c_size_t, c_void_p)
 kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys), I64P, c_size_t,
                        c_uint32, U8P, c_size_t, U8P, c_size_t, POINTER(c_size_t))
 kvp_client_lookup_refs = _fn("kvp_client_lookup_refs", c_int, CLIENT, POINTER(Lookup), I32P, U32P,

@@ -114,11 +114,12 @@ class Batch:
                mm=None, group_ids=(0,)):
         """Client.lookup's call (tokens) or Client.lookup_hashes' (block_hashes)."""
         toks, ntok = _tokens(tokens)
-        hs, nh = _hashes(block_hashes) if block_hashes is not None else (None, 0)
+        hl = self._client.info["hash_len"]
+        hs, nh = _hashes(block_hashes, hl) if block_hashes is not None else (None, 0)
         keys, keep = _keys(lora_name, cache_salt, mm)
         groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
         q = L.Lookup(hs, nh, toks if tokens is not None else None, ntok,
-                     ctypes.pointer(keys) if keys else None, groups, len(group_ids), 0)
+                     ctypes.pointer(keys) if keys else None, groups, len(group_ids), 0, hl)
         return self._add("lookup", L.kvp_batch_lookup(self._b, byref(q)), toks, hs, keep, groups,
                          q)
 
@@ -196,8 +197,9 @@ class Batch:
         if r.ref_cnts:
             out.ref_cnts = r.ref_cnts[:n]
         if r.num_hashes:
-            raw = ctypes.string_at(r.hashes, r.num_hashes * L.HASH_LEN)
-            out.hashes = [raw[k * L.HASH_LEN:(k + 1) * L.HASH_LEN] for k in range(r.num_hashes)]
+            hl = self._client.info["hash_len"]
+            raw = ctypes.string_at(r.hashes, r.num_hashes * hl)
+            out.hashes = [raw[k * hl:(k + 1) * hl] for k in range(r.num_hashes)]
         if r.has_stats:
             out.stats = {name: getattr(r.stats, name) for name, _ in L.Stats._fields_}
         kind = self._kinds[i]

@@ -32,13 +32,15 @@ def _tokens(seq):
     return _array("q", c_int64, seq)
 
 
-def _hashes(hashes):
-    """Concatenated 32-byte hashes as a uint8 array, and how many."""
+def _hashes(hashes, width):
+    """Concatenated hashes of width bytes each (the pool's hash_len: 32, or
+    16 for the xxhash algorithms) as a uint8 array, and how many."""
+    hashes = list(hashes)
+    if any(len(h) != width for h in hashes):
+        raise ValueError(f"kvpool: block hashes must be {width} bytes each (vLLM's BlockHash "
+                         f"for this pool's hash algorithm)")
     raw = b"".join(hashes)
-    if len(raw) % L.HASH_LEN:
-        raise ValueError("kvpool: block hashes must be 32 bytes each (vLLM's BlockHash)")
-    n = len(raw) // L.HASH_LEN
-    return (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0"), n
+    return (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0"), len(hashes)
 
 
 def _buffer(obj, writable):
@@ -145,6 +147,7 @@ class Client:
             "session_id": i.session_id, "lease_ms": i.lease_ms, "pool": i.pool.decode(),
             "num_blocks": i.num_blocks, "block_size": i.block_size,
             "hash_block_size": i.hash_block_size, "hash_algorithm": i.hash_algorithm.decode(),
+            "hash_len": i.hash_len, "max_hash_len": i.max_hash_len,
             "medium": i.medium.decode(), "event_epoch": i.event_epoch,
             "event_seq": i.event_seq, "max_model_len": i.max_model_len,
             "max_ids_per_call": i.max_ids_per_call, "max_msg_bytes": i.max_msg_bytes,
@@ -239,7 +242,7 @@ class Client:
         """find_longest_cache_hit over the tokens: (block ids, hit tokens)."""
         toks, ntok = _tokens(tokens)
         keys, keep = _keys(lora_name, cache_salt, mm)
-        q = L.Lookup(None, 0, toks, ntok, ctypes.pointer(keys) if keys else None, None, 0, 0)
+        q = L.Lookup(None, 0, toks, ntok, ctypes.pointer(keys) if keys else None, None, 0, 0, 0)
         cap = max(1, ntok // max(1, self.info["block_size"]) + 1)
         ids = (c_int32 * cap)()
         nb, ht = c_uint32(), c_uint32()
@@ -250,13 +253,13 @@ class Client:
     def cache_hashes(self, block_ids, block_hashes, num_cached_blocks, num_full_blocks, *,
                      block_size=0, group_id=0, tokens=None, lora_name=None, lora_id=None,
                      cache_salt=None, mm=None, block_mask=None):
-        """vLLM's cache_full_blocks with the request's own fine hashes (32
-        bytes each, from position 0) and, for the BlockStored event, its
+        """vLLM's cache_full_blocks with the request's own fine hashes
+        (info["hash_len"] bytes each, from position 0) and, for the BlockStored event, its
         tokens from position 0 and extra keys. block_mask: None, or one
         bool per block in [num_cached_blocks, num_full_blocks). Returns how
         many blocks were newly stored."""
         ids, nids = _ids(block_ids)
-        hs, nh = _hashes(block_hashes)
+        hs, nh = _hashes(block_hashes, self.info["hash_len"])
         toks, ntok = _tokens(tokens)
         keys, keep = _keys(lora_name, cache_salt, mm)
         mask = None
@@ -269,7 +272,7 @@ class Client:
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, block_size, hs, nh,
                     toks if tokens is not None else None, ntok, None,
                     ctypes.pointer(keys) if keys else None, lora_id is not None,
-                    lora_id or 0, mask)
+                    lora_id or 0, mask, self.info["hash_len"])
         out = c_uint32()
         self._check(L.kvp_client_cache(self._live(), byref(a), byref(out)))
         del keep
@@ -280,9 +283,10 @@ class Client:
         a multiple of the pool's hash block size groups them), all groups or
         nothing per position: ([ids per group], [ref counts per group]),
         the ref counts as the daemon saw them during the call."""
-        hs, nh = _hashes(block_hashes)
+        hs, nh = _hashes(block_hashes, self.info["hash_len"])
         groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
-        q = L.Lookup(hs, nh, None, 0, None, groups, len(group_ids), block_size)
+        q = L.Lookup(hs, nh, None, 0, None, groups, len(group_ids), block_size,
+                     self.info["hash_len"])
         cap = max(1, nh)
         ng = max(len(group_ids), 1)
         ids, refs = (c_int32 * (cap * ng))(), (c_uint32 * (cap * ng))()
@@ -407,7 +411,8 @@ class Hasher:
     """vLLM's block hashes, the same bytes the daemon computes.
     seed: PYTHONHASHSEED's role (NONE_HASH = hash_fn(seed)); None: random.
     algorithm: vLLM's --prefix-caching-hash-algo, "sha256_cbor" (the
-    default, as kvpoold's) or "sha256" (vLLM's default, pickle bytes)."""
+    default, as kvpoold's), "sha256" (vLLM's default, pickle bytes), or
+    "xxhash" / "xxhash_cbor" (XXH3-128 of the same bytes: 16-byte hashes)."""
 
     def __init__(self, seed, algorithm="sha256_cbor"):
         self._h = None
@@ -422,16 +427,18 @@ class Hasher:
             _raise(rv, "cannot create a hasher")
         self._h = h
         self.algorithm = algorithm
+        self.hash_len = L.kvp_hasher_len(h)
 
     @property
     def none_hash(self):
-        return bytes(L.kvp_hasher_none_hash(self._h)[:L.HASH_LEN])
+        return bytes(L.kvp_hasher_none_hash(self._h)[:L.kvp_hasher_none_len(self._h)])
 
     def hash_request(self, tokens, block_size, *, lora_name=None, cache_salt=None, mm=None):
-        """The hashes (32 bytes each) of every full block of the tokens."""
+        """The hashes (hash_len bytes each) of every full block of the tokens."""
         toks, n = _tokens(tokens)
         cap = max(1, n // block_size)
-        out = (c_uint8 * (cap * L.HASH_LEN))()
+        hl = self.hash_len
+        out = (c_uint8 * (cap * hl))()
         got = c_size_t()
         keys, keep = _keys(lora_name, cache_salt, mm)
         rv = L.kvp_hash_request(self._h, ctypes.pointer(keys) if keys else None, toks, n,
@@ -440,7 +447,7 @@ class Hasher:
         if rv != 0:
             _raise(rv, "kvp_hash_request")
         raw = bytes(out)
-        return [raw[i * L.HASH_LEN:(i + 1) * L.HASH_LEN] for i in range(got.value)]
+        return [raw[i * hl:(i + 1) * hl] for i in range(got.value)]
 
     def close(self):
         if self._h:

@@ -208,10 +208,11 @@ class RemoteBlockPool(_Remote):
         """One cached block per group for this hash, or None if any group
         misses. Pure (no reference taken): the block may be evicted by
         another session before this caller touches it."""
-        if len(block_hash) % L.HASH_LEN:
-            raise ValueError("kvpool: a block hash is 32 bytes per hash block")
-        k = len(block_hash) // L.HASH_LEN
-        fine = [block_hash[i * L.HASH_LEN:(i + 1) * L.HASH_LEN] for i in range(k)]
+        hl = self.client.info["hash_len"]
+        if not block_hash or len(block_hash) % hl:
+            raise ValueError(f"kvpool: a block hash is {hl} bytes per hash block")
+        k = len(block_hash) // hl
+        fine = [block_hash[i * hl:(i + 1) * hl] for i in range(k)]
         ids, refs = self.client.lookup_hashes(fine, group_ids=list(kv_cache_group_ids),
                                               block_size=k * self.hash_block_size)
         if not ids or not ids[0]:

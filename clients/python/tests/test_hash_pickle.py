@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vLLM's `sha256` hash algorithm (SHA-256 of pickle protocol 5) against CPython's
-own pickle: the C encoder must give the same digest for every shape vLLM hashes."""
+"""vLLM's `sha256` and `xxhash` hash algorithms (SHA-256 or XXH3-128 of pickle
+protocol 5) against CPython's own pickle: the C encoder must give the same digest
+for every shape vLLM hashes. The XXH3-128 reference is Debian's libxxhash.so.0
+called through ctypes (kvpool compiles the header in instead), in the canonical
+big-endian form python-xxhash's xxh3_128_digest returns."""
+import ctypes
 import hashlib
 import pickle
 import random
@@ -10,8 +14,26 @@ import pytest
 import kvpool
 
 
-def ref_none_hash(seed):
-    return hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+class _XXH128(ctypes.Structure):
+    _fields_ = [("low64", ctypes.c_uint64), ("high64", ctypes.c_uint64)]
+
+
+_xxh = ctypes.CDLL("libxxhash.so.0")
+_xxh.XXH3_128bits.restype = _XXH128
+_xxh.XXH3_128bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def xxh3_128_digest(data):
+    h = _xxh.XXH3_128bits(data, len(data))
+    return h.high64.to_bytes(8, "big") + h.low64.to_bytes(8, "big")
+
+
+def sha256_digest(data):
+    return hashlib.sha256(data).digest()
+
+
+def ref_none_hash(seed, digest=sha256_digest):
+    return digest(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def ref_extra(start, end, lora, salt, mm, idx):
@@ -37,12 +59,12 @@ def ref_extra(start, end, lora, salt, mm, idx):
     return (tuple(keys) if keys else None), idx
 
 
-def ref_hashes(seed, tokens, bs, lora=None, salt=None, mm=None):
-    parent, out, idx = ref_none_hash(seed), [], 0
+def ref_hashes(seed, tokens, bs, lora=None, salt=None, mm=None, digest=sha256_digest):
+    parent, out, idx = ref_none_hash(seed, digest), [], 0
     for b in range(len(tokens) // bs):
         extra, idx = ref_extra(b * bs, (b + 1) * bs, lora, salt, mm or [], idx)
         obj = (parent, tuple(tokens[b * bs:(b + 1) * bs]), extra)
-        parent = hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+        parent = digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         out.append(parent)
     return out
 
@@ -56,15 +78,27 @@ def test_sha256_vectors_h0_h1_h2():
         "3c3c50f324aefbdfbb124dfdc541efac3e94e59c40f4be08afe70601eeca92c8"]
 
 
-def test_unknown_and_unimplemented_algorithms_are_refused():
-    with pytest.raises(kvpool.NotSupported):
-        kvpool.Hasher("0", algorithm="xxhash")
-    with pytest.raises(kvpool.InvalidArgument):
-        kvpool.Hasher("0", algorithm="md5")
+def test_unknown_algorithms_are_refused():
+    for name in ("md5", "SHA256", "xxhash_msgpack", ""):
+        with pytest.raises(kvpool.InvalidArgument):
+            kvpool.Hasher("0", algorithm=name)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_sha256_matches_cpython_pickle_on_random_requests(seed):
+def test_xxhash_is_16_bytes_with_a_random_none_hash_of_32():
+    # vLLM: NONE_HASH = hash_fn(seed), or os.urandom(32) whatever the algorithm.
+    assert kvpool.Hasher("0", algorithm="xxhash").none_hash == \
+        ref_none_hash("0", xxh3_128_digest)
+    h = kvpool.Hasher(None, algorithm="xxhash")
+    assert len(h.none_hash) == 32 and h.hash_len == 16
+    assert all(len(x) == 16 for x in h.hash_request(range(64), 16))
+
+
+@pytest.mark.parametrize("algo,digest,seed", [("sha256", sha256_digest, 1),
+                                              ("sha256", sha256_digest, 2),
+                                              ("sha256", sha256_digest, 3),
+                                              ("xxhash", xxh3_128_digest, 1),
+                                              ("xxhash", xxh3_128_digest, 2)])
+def test_pickle_algorithms_match_cpython_on_random_requests(algo, digest, seed):
     rnd = random.Random(seed)
     print("seed", seed)
     widths = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1]
@@ -84,10 +118,10 @@ def test_sha256_matches_cpython_pickle_on_random_requests(seed):
             length = rnd.randint(1, 9)
             mm.append(("img%d" % i * rnd.randint(1, 90), off, length))
             off += length + rnd.randint(0, 5)
-        h = kvpool.Hasher(str(seed), algorithm="sha256")
+        h = kvpool.Hasher(str(seed), algorithm=algo)
         got = h.hash_request(toks, bs, lora_name=lora, cache_salt=salt,
                              mm=mm or None)
-        want = ref_hashes(str(seed), toks, bs, lora, salt, mm)
+        want = ref_hashes(str(seed), toks, bs, lora, salt, mm, digest)
         assert got == want, (case, bs, toks, lora, salt, mm)
 
 
