@@ -193,7 +193,13 @@ for (const name of ["Dockerfile", "Dockerfile.cuda"]) {
   const df = readFileSync(join(root, "deploy/docker", name), "utf8");
   check(df.includes(`RUN ${buildCmd}\n`), `${name} builds with the README's command: ${buildCmd}`);
   check(/^USER 10001:10001$/m.test(df), `${name} runs as a non-root user`);
-  check(/^ENTRYPOINT \["\/usr\/local\/bin\/kvpoold"\]$/m.test(df), `${name}: kvpoold is the entrypoint`);
+  check(/^ENTRYPOINT \["\/usr\/bin\/kvpoold"\]$/m.test(df), `${name}: kvpoold is the entrypoint`);
+  // The runtime installs the .deb built above, whose dependencies dpkg-shlibdeps
+  // computed from the binaries' links, rather than a hand-kept library list.
+  check(/^RUN cd build && cpack -G DEB$/m.test(df) &&
+        /^COPY --from=build \/src\/build\/kvpool_\*\.deb \/tmp\/kvpool\.deb$/m.test(df) &&
+        /apt-get install -y --no-install-recommends \/tmp\/kvpool\.deb/.test(df),
+        `${name}: the runtime installs the package built in the build stage`);
   check(/^CMD \["--config", "\/etc\/kvpool\/kvpoold.conf"\]$/m.test(df), `${name}: default --config path`);
   check(/^EXPOSE 7470 7471 9471$/m.test(df), `${name} exposes rpc, events, admin`);
   for (const [text] of confs) {
