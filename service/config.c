@@ -79,6 +79,9 @@ static const struct setting {
 	{"send-timeout-ms", "MS", "a reply its peer has not taken within this long closes that "
 	                          "connection, so a peer that does not read cannot hold the "
 	                          "request contexts. Default 5000"},
+	{"idle-timeout-ms", "MS", "a connection that sends no request for this long is closed (nng "
+	                          "clients redial by themselves on their next call), so silent peers "
+	                          "cannot hold connections open; 0: never. Default 300000"},
 	{"executor", "KIND", "each pool's KV memory: cpu (host memory), cuda, auto (cuda if a device "
 	                     "is usable, else cpu) or none (bookkeeping only). Default cpu"},
 	{"device", "N", "CUDA device ordinal for cuda and auto. Default 0"},
@@ -282,6 +285,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_parse_u32(v, 0, 600000, &c->drain_ms);
 	} else if (strcmp(name, "send-timeout-ms") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 10, 600000, &c->send_timeout_ms);
+	} else if (strcmp(name, "idle-timeout-ms") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 0, 86400000, &c->idle_timeout_ms);
 	} else if (strcmp(name, "tls-cert") == 0) {
 		rv = kvpd_cfg_copy_str(c->tls_cert, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-key") == 0) {
@@ -440,6 +445,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->max_sessions = 1024;
 	c->drain_ms = 5000;
 	c->send_timeout_ms = 5000;
+	c->idle_timeout_ms = 300000;
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
 	c->log_level = KVPD_INFO;
 	c->log_format = KVPD_LOG_TEXT;

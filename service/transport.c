@@ -27,6 +27,21 @@ struct worker {
 	nng_pipe pipe;         /* the connection the reply in flight goes to */
 };
 
+/*
+ * The open connections and when each last sent a request (or took a reply):
+ * an open-addressed table keyed by nng pipe id (never 0), so the hot path
+ * (one update per request) costs one probe.
+ */
+struct conn {
+	uint32_t id;
+	nng_time last;
+};
+struct conns {
+	nng_mtx *mu;
+	struct conn *v;
+	size_t cap, n;        /* cap: a power of two, at least twice n */
+};
+
 struct kvpd_transport {
 	struct kvpd_server *srv;
 	nng_socket sock;
@@ -42,6 +57,9 @@ struct kvpd_transport {
 	atomic_uint_fast64_t served;
 	nng_duration send_timeout;
 	atomic_uint last_cut;           /* the connection last closed for not reading */
+	nng_duration idle_timeout;      /* 0: idle connections stay */
+	struct conns conns;
+	nng_aio *reaper;                /* wakes to close idle connections */
 	/* Refusals a peer can cause by the thousand: a few lines a second of each kind. */
 	struct kvpd_log_limit refusal_log[KVPD_NUM_REFUSALS];
 };
@@ -113,6 +131,122 @@ msg_sink(void *ctx, size_t len)
 	return nng_msg_body(*m);
 }
 
+/* ---- idle connections ---- */
+
+static size_t
+conn_slot(const struct conns *c, uint32_t id)
+{
+	size_t mask = c->cap - 1, i = (id * 2654435761u) & mask;
+	while (c->v[i].id != 0 && c->v[i].id != id)
+		i = (i + 1) & mask;
+	return i;
+}
+
+/* Records a connection (or refreshes its time). Under the lock. */
+static void
+conn_put(struct conns *c, uint32_t id, nng_time now)
+{
+	if (2 * (c->n + 1) > c->cap) {
+		size_t ncap = c->cap ? 2 * c->cap : 64;
+		struct conn *nv = calloc(ncap, sizeof(*nv)), *old = c->v;
+		size_t ocap = c->cap;
+		if (nv == NULL)
+			return; /* untracked: this connection is never closed for idling */
+		c->v = nv;
+		c->cap = ncap;
+		for (size_t k = 0; k < ocap; k++)
+			if (old[k].id != 0)
+				c->v[conn_slot(c, old[k].id)] = old[k];
+		free(old);
+	}
+	size_t i = conn_slot(c, id);
+	if (c->v[i].id == 0)
+		c->n++;
+	c->v[i] = (struct conn){id, now};
+}
+
+/* Forgets a connection; backward-shift deletion keeps every probe chain whole. */
+static void
+conn_del(struct conns *c, uint32_t id)
+{
+	size_t mask = c->cap - 1, i, j;
+	if (c->cap == 0 || c->v[i = conn_slot(c, id)].id == 0)
+		return;
+	c->n--;
+	for (j = (i + 1) & mask; c->v[j].id != 0; j = (j + 1) & mask) {
+		size_t home = (c->v[j].id * 2654435761u) & mask;
+		/* Move j back into the hole at i unless its home lies in (i, j]. */
+		if (((j - home) & mask) >= ((j - i) & mask)) {
+			c->v[i] = c->v[j];
+			i = j;
+		}
+	}
+	c->v[i].id = 0;
+}
+
+static void
+conn_touch(struct kvpd_transport *t, nng_pipe p)
+{
+	uint32_t id = (uint32_t)nng_pipe_id(p);
+	if (t->idle_timeout <= 0 || (int32_t)id <= 0)
+		return;
+	nng_mtx_lock(t->conns.mu);
+	size_t i = t->conns.cap ? conn_slot(&t->conns, id) : 0;
+	if (t->conns.cap && t->conns.v[i].id == id)
+		t->conns.v[i].last = nng_clock();
+	nng_mtx_unlock(t->conns.mu);
+}
+
+static void
+pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
+{
+	struct kvpd_transport *t = arg;
+	uint32_t id = (uint32_t)nng_pipe_id(p);
+
+	nng_mtx_lock(t->conns.mu);
+	if (ev == NNG_PIPE_EV_ADD_POST)
+		conn_put(&t->conns, id, nng_clock());
+	else if (ev == NNG_PIPE_EV_REM_POST)
+		conn_del(&t->conns, id);
+	nng_mtx_unlock(t->conns.mu);
+}
+
+/*
+ * Closes connections that sent no request within the idle timeout. nng's
+ * clients redial by themselves, so a live client only reconnects; a silent
+ * peer loses its socket. Closing happens outside the lock (it calls pipe_cb).
+ */
+static void
+reaper_cb(void *arg)
+{
+	struct kvpd_transport *t = arg;
+	enum { BATCH = 64 };
+	uint32_t idle[BATCH];
+	size_t n = 0;
+	nng_time now = nng_clock();
+
+	if (nng_aio_result(t->reaper) != 0 || atomic_load(&t->closing))
+		return;
+	nng_mtx_lock(t->conns.mu);
+	for (size_t i = 0; i < t->conns.cap && n < BATCH; i++)
+		if (t->conns.v[i].id != 0 && now - t->conns.v[i].last >= (nng_time)t->idle_timeout)
+			idle[n++] = t->conns.v[i].id;
+	nng_mtx_unlock(t->conns.mu);
+	for (size_t k = 0; k < n; k++) {
+		nng_pipe p = NNG_PIPE_INITIALIZER;
+		char peer[160] = "", conn[24], ms[24];
+		p.id = idle[k];
+		peer_name(p, peer, sizeof(peer));
+		if (nng_pipe_close(p) != 0)
+			continue;
+		snprintf(conn, sizeof(conn), "%u", (unsigned)idle[k]);
+		snprintf(ms, sizeof(ms), "%d", (int)t->idle_timeout);
+		struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer}, {"idle_timeout_ms", ms}};
+		kvpd_log_fields(KVPD_INFO, "transport", "closed an idle connection", f, 3);
+	}
+	nng_sleep_aio(t->idle_timeout / 4 > 1000 ? 1000 : t->idle_timeout / 4 + 1, t->reaper);
+}
+
 static void
 worker_cb(void *arg)
 {
@@ -132,6 +266,7 @@ worker_cb(void *arg)
 		atomic_fetch_add(&t->in_flight, 1);
 		msg = nng_aio_get_msg(w->aio);
 		w->pipe = nng_msg_get_pipe(msg);
+		conn_touch(t, w->pipe);
 		nng_msg *reply = NULL;
 		struct kvpd_sink sink = {.alloc = msg_sink, .ctx = &reply};
 		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
@@ -178,6 +313,7 @@ worker_cb(void *arg)
 			}
 		} else {
 			atomic_fetch_add(&t->served, 1);
+			conn_touch(t, w->pipe); /* a long call is not idleness */
 		}
 		atomic_fetch_sub(&t->in_flight, 1);
 		nng_aio_set_timeout(w->aio, NNG_DURATION_INFINITE); /* receiving waits */
@@ -234,10 +370,26 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	for (int k = 0; k < KVPD_NUM_REFUSALS; k++)
 		t->refusal_log[k] = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
 	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
+	t->idle_timeout = (nng_duration)cfg->idle_timeout_ms;
+	if (nng_mtx_alloc(&t->conns.mu) != 0 || nng_aio_alloc(&t->reaper, reaper_cb, t) != 0) {
+		snprintf(err, len, "out of memory");
+		if (t->conns.mu)
+			nng_mtx_free(t->conns.mu);
+		free(t);
+		return KVP_ENOMEM;
+	}
 	if ((rv = nng_rep0_open(&t->sock)) != 0) {
 		snprintf(err, len, "cannot open a REP socket: %s", nng_strerror(rv));
+		nng_aio_free(t->reaper);
+		nng_mtx_free(t->conns.mu);
 		free(t);
 		return KVP_EINTERNAL;
+	}
+	if (t->idle_timeout > 0 &&
+	    ((rv = nng_pipe_notify(t->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, t)) != 0 ||
+	     (rv = nng_pipe_notify(t->sock, NNG_PIPE_EV_REM_POST, pipe_cb, t)) != 0)) {
+		snprintf(err, len, "cannot watch connections: %s", nng_strerror(rv));
+		goto fail;
 	}
 	/* nng accepts any size by default; a network-facing socket must not. Slack
 	 * above max-msg-bytes lets a slightly oversized request get a clear reply. */
@@ -299,6 +451,8 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		t->workers[i].state = RECV;
 		nng_ctx_recv(t->workers[i].ctx, t->workers[i].aio);
 	}
+	if (t->idle_timeout > 0)
+		nng_sleep_aio(0, t->reaper);
 	*out = t;
 	return KVP_OK;
 fail:
@@ -319,13 +473,17 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 		nng_msleep(10);
 	for (size_t i = 0; i < t->num_workers; i++)
 		nng_aio_stop(t->workers[i].aio);
-	nng_close(t->sock);
+	nng_aio_stop(t->reaper);
+	nng_close(t->sock); /* its connections' REM_POST callbacks take conns.mu */
 	if (t->has_pub) {
 		kvpd_server_set_publisher(t->srv, NULL, NULL);
 		nng_close(t->pub);
 	}
 	for (size_t i = 0; i < t->num_workers; i++)
 		nng_aio_free(t->workers[i].aio);
+	nng_aio_free(t->reaper);
+	nng_mtx_free(t->conns.mu);
+	free(t->conns.v);
 	free(t->workers);
 	if (t->tls)
 		nng_tls_config_free(t->tls);

@@ -5,8 +5,10 @@
  * replies fill the socket and each further reply would hold a request
  * context. The daemon must close that connection after --send-timeout-ms
  * (or, when nng has already stopped reading it with one reply in flight,
- * leave it stuck alone) and keep serving everyone else. Loopback only;
- * bounded in time.
+ * leave it stuck alone) and keep serving everyone else. And a peer that
+ * connects and then sends nothing is closed after --idle-timeout-ms, while
+ * a live client idle as long redials by itself. Loopback only; bounded in
+ * time.
  */
 #include "daemon_util.h"
 
@@ -28,7 +30,7 @@ setup(void **state)
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none", "--events",
 	                      "none", "--pool", "name=default,blocks=64", "--contexts", "4",
-	                      "--send-timeout-ms", "300", NULL};
+	                      "--send-timeout-ms", "300", "--idle-timeout-ms", "1000", NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
 }
@@ -169,6 +171,43 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 	kvp_client_close(c);
 }
 
+/* Seconds until the daemon closes fd (read gives EOF or an error), or -1 after limit_s. */
+static double
+seconds_until_closed(int fd, double limit_s)
+{
+	double t0 = now_s();
+	uint8_t buf[256];
+
+	while (now_s() - t0 < limit_s) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, 50) > 0 && read(fd, buf, sizeof(buf)) <= 0)
+			return now_s() - t0;
+	}
+	return -1;
+}
+
+static void
+test_service_stall_silent_peer_is_closed_live_client_redials(void **state)
+{
+	struct kvp_client_options o = {.url = tcp_url, .timeout_ms = 3000};
+	struct kvp_client *c = NULL;
+	struct kvp_client_stats st;
+
+	(void)state;
+	assert_ok(kvp_client_open(&o, &c));
+	/* An SP peer that completes the handshake, then says nothing. */
+	int fd = raw_req_connect();
+	double closed_after = seconds_until_closed(fd, 5.0);
+	print_message("a silent peer was closed after %.2f s (idle timeout 1 s)\n", closed_after);
+	assert_true(closed_after >= 0.8 && closed_after < 3.0);
+	close(fd);
+	/* The client was idle as long: its next calls redial and succeed. */
+	nanosleep(&(struct timespec){0, 500 * 1000 * 1000}, NULL);
+	for (int i = 0; i < 3; i++)
+		assert_ok(kvp_client_stats(c, &st));
+	kvp_client_close(c);
+}
+
 static void
 each_batch(void *ctx, const uint8_t *b, size_t len)
 {
@@ -215,6 +254,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
 		cmocka_unit_test(test_service_without_publisher_records_no_events),
+		cmocka_unit_test(test_service_stall_silent_peer_is_closed_live_client_redials),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
