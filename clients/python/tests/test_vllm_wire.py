@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM's ZMQ event wire across a daemon restart, as llm-d sees it: one SUB
+socket that stays connected while kvpoold stops and starts again on the same
+endpoint. vLLM's publisher counts seq from 0 per process, and a seq that goes
+back to 0 is how llm-d tells a restart from a gap; kvpool's must do the same."""
+import struct
+import time
+
+import msgpack
+import zmq
+
+import kvpool
+
+from conftest import start, stop
+
+
+def _stored_batch(url, k):
+    """Caches one new block (a fresh pool hands out blocks never cached, so
+    nothing is evicted): exactly one batch, holding one BlockStored."""
+    with kvpool.Client(url, pool="w") as c:
+        ids = c.allocate(1)
+        c.cache(ids, range(4 * k, 4 * k + 4), 1)
+        c.free(ids)
+
+
+def _next_seqs(sock, n, timeout_s=10):
+    seqs, deadline = [], time.monotonic() + timeout_s
+    while len(seqs) < n and time.monotonic() < deadline:
+        if sock.poll(100):
+            _topic, seq, payload = sock.recv_multipart()
+            _ts, events, _rank = msgpack.unpackb(payload)
+            assert events, "a batch with no events was published"
+            seqs.append(struct.unpack(">q", seq)[0])
+    return seqs
+
+
+def test_a_restarted_daemon_counts_seq_from_zero_again(tmp_path):
+    wire = f"ipc://{tmp_path}/vllm.ipc"
+    args = ("--vllm-events", wire, "--pool", "name=w,blocks=64,block_size=4,executor=none")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(wire)
+    proc = None
+    try:
+        proc, url, _ = start(tmp_path, *args, pool="w")
+        time.sleep(0.3)  # the subscription reaches the publisher
+        for k in range(3):
+            _stored_batch(url, k)
+        before = _next_seqs(sock, 3)
+        assert before == [0, 1, 2], before
+        stop(proc)
+        proc, url, _ = start(tmp_path, *args, pool="w")
+        # The SUB socket reconnects by itself, at a time of its own: batches
+        # published before it is back are missed, as any subscriber misses
+        # them. The first one it receives must carry the count of batches
+        # the new process published before it: seq restarted at 0.
+        for k in range(20):
+            _stored_batch(url, k)
+            got = _next_seqs(sock, 1, timeout_s=0.3)
+            if got:
+                assert got == [k], (k, got)
+                break
+        else:
+            raise AssertionError("no batch reached the subscriber after the restart")
+    finally:
+        if proc is not None and proc.poll() is None:
+            stop(proc)
+        sock.close(0)
+        ctx.term()
