@@ -40,11 +40,12 @@ $helm template kvpool ../helm/kvpool -n inference \
 	--set 'pools[1].name=qwen3next,pools[1].blocks=4096,pools[1].groups=full:16+mamba:64' \
 	--set 'pools[2].name=nocache,pools[2].blocks=1024,pools[2].caching=false' \
 	--set 'pools[3].name=pickled,pools[3].blocks=1024,pools[3].hashAlgo=sha256,pools[3].seed=0' \
+	--set 'pools[4].name=xx,pools[4].blocks=1024,pools[4].hashAlgo=xxhash_cbor,pools[4].seed=0' \
 	> out/helm-hybrid.yaml
 # What the chart must refuse.
 for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name \
 	'pools[0].groups=full:16\,blocks=9' 'pools[0].groups=sliding window:16:8' \
-	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=xxhash; do
+	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1
