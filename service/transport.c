@@ -133,10 +133,17 @@ msg_sink(void *ctx, size_t len)
 
 /* ---- idle connections ---- */
 
+/* Where id's probe starts (Fibonacci hashing: pipe ids are sequential). */
+static size_t
+conn_home(const struct conns *c, uint32_t id)
+{
+	return (id * 2654435761u) & (c->cap - 1);
+}
+
 static size_t
 conn_slot(const struct conns *c, uint32_t id)
 {
-	size_t mask = c->cap - 1, i = (id * 2654435761u) & mask;
+	size_t mask = c->cap - 1, i = conn_home(c, id);
 	while (c->v[i].id != 0 && c->v[i].id != id)
 		i = (i + 1) & mask;
 	return i;
@@ -174,7 +181,7 @@ conn_del(struct conns *c, uint32_t id)
 		return;
 	c->n--;
 	for (j = (i + 1) & mask; c->v[j].id != 0; j = (j + 1) & mask) {
-		size_t home = (c->v[j].id * 2654435761u) & mask;
+		size_t home = conn_home(c, c->v[j].id);
 		/* Move j back into the hole at i unless its home lies in (i, j]. */
 		if (((j - home) & mask) >= ((j - i) & mask)) {
 			c->v[i] = c->v[j];

@@ -9,7 +9,6 @@ import os
 from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
-HASH_LEN = 32
 # The C library's soname (before 1.0 it carries the minor: the ABI may change).
 SONAME = "libkvpool.so.0.2"
 
