@@ -47,6 +47,8 @@ static const struct setting {
 	                  "or 'none' (with vllm-events none too, pools record no events and Replay "
 	                  "answers NOT_SUPPORTED). Default ipc:///tmp/kvpool-events.ipc"},
 	{"replay-batches", "N", "event batches each pool keeps for Replay. Default 10000"},
+	{"replay-mib", "N", "MiB of event batches each pool keeps for Replay at most (the oldest "
+	                    "go first; the newest batch is always kept). Default 64"},
 	{"vllm-events", "URL", "also publish vLLM's ZMQ event wire (PUB) for llm-d, Dynamo and "
 	                       "vLLM's subscribers, or 'none'. Binds if URL has * or :: or is "
 	                       "ipc://, else connects (to a centralised subscriber). A pool with "
@@ -63,6 +65,8 @@ static const struct setting {
 	{"vllm-replay-topic", "BOOL", "1: replay replies carry the topic frame (vLLM 0.26, "
 	                              "llm-d); 0: they do not (Dynamo's listener). Default 1"},
 	{"vllm-buffer-steps", "N", "vLLM-wire batches each pool keeps for replay. Default 10000"},
+	{"vllm-buffer-mib", "N", "MiB of vLLM-wire batches each pool keeps for replay at most "
+	                         "(as replay-mib). Default 64"},
 	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages. Default 100000"},
 	{"vllm-token-pools", "BOOL", "1: also publish pools that have a token on the vLLM wire, "
 	                             "which has no authentication (anyone who reaches its port "
@@ -257,6 +261,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_copy_str(c->events, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	} else if (strcmp(name, "replay-batches") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &c->replay_batches);
+	} else if (strcmp(name, "replay-mib") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 1, 1u << 20, &c->replay_mib);
 	} else if (strncmp(name, "vllm-", 5) == 0) {
 		rv = kvpd_cfg_apply_vllm(&c->vllm, name + 5, v);
 		if (rv == -2) {
@@ -434,9 +440,11 @@ defaults(struct kvpd_config *c, struct state *st)
 	snprintf(c->admin, KVPD_PATH_MAX, "%s", KVP_DEFAULT_ADMIN_URL);
 	snprintf(c->events, KVPD_PATH_MAX, "%s", KVP_DEFAULT_EVENTS_URL);
 	c->replay_batches = 10000;
+	c->replay_mib = 64;
 	snprintf(c->vllm.topic, KVPD_PATH_MAX, "kv@{pod}@{model}");
 	c->vllm.replay_topic = true;
 	c->vllm.buffer_steps = 10000;
+	c->vllm.buffer_mib = 64;
 	c->vllm.hwm = 100000;
 	c->lease_ms = 30000;
 	c->contexts = 8;

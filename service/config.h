@@ -75,6 +75,7 @@ struct kvpd_vllm_config {
 	bool hash_bytes;               /* hashes as bytes, not 64-bit ints */
 	bool replay_topic;             /* replay replies carry the topic frame */
 	uint32_t buffer_steps;         /* batches kept for replay */
+	uint32_t buffer_mib;           /* and at most this many MiB of them */
 	uint32_t hwm;                  /* send high-water mark */
 	bool token_pools;              /* also publish pools that have a token (no auth there) */
 };
@@ -85,6 +86,7 @@ struct kvpd_config {
 	char admin[KVPD_PATH_MAX];  /* http://host:port, or empty: no admin endpoint */
 	char events[KVPD_PATH_MAX]; /* PUB endpoint for event batches, or empty: none */
 	uint32_t replay_batches;    /* batches each pool keeps for Replay */
+	uint32_t replay_mib;        /* and at most this many MiB of them */
 	struct kvpd_vllm_config vllm;
 	struct kvpd_pool_config pools[KVPD_MAX_POOLS];
 	size_t num_pools;

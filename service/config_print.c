@@ -31,16 +31,16 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)");
 	}
 	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");
-	fprintf(out, "events = %s\nreplay-batches = %u\n", c->events[0] ? c->events : "none",
-	        c->replay_batches);
+	fprintf(out, "events = %s\nreplay-batches = %u\nreplay-mib = %u\n",
+	        c->events[0] ? c->events : "none", c->replay_batches, c->replay_mib);
 	if (c->vllm.endpoint[0]) {
 		const struct kvpd_vllm_config *w = &c->vllm;
 		fprintf(out, "vllm-events = %s\nvllm-replay = %s\nvllm-topic = %s\nvllm-pod = %s\n"
 		             "vllm-format = %s\nvllm-hashes = %s\nvllm-replay-topic = %d\n"
-		             "vllm-buffer-steps = %u\nvllm-hwm = %u\nvllm-token-pools = %d\n",
+		             "vllm-buffer-steps = %u\nvllm-buffer-mib = %u\nvllm-hwm = %u\nvllm-token-pools = %d\n",
 		        w->endpoint, w->replay[0] ? w->replay : "none", w->topic, w->pod,
 		        w->array_form ? "array" : "map", w->hash_bytes ? "bytes" : "int",
-		        w->replay_topic, w->buffer_steps, w->hwm, w->token_pools);
+		        w->replay_topic, w->buffer_steps, w->buffer_mib, w->hwm, w->token_pools);
 	} else {
 		fprintf(out, "vllm-events = none\n");
 	}

@@ -56,6 +56,8 @@ kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
 		return kvpd_cfg_parse_bool(v, &w->replay_topic);
 	if (strcmp(name, "buffer-steps") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 24, &w->buffer_steps);
+	if (strcmp(name, "buffer-mib") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 20, &w->buffer_mib);
 	if (strcmp(name, "hwm") == 0)
 		return kvpd_cfg_parse_u32(v, 0, 1u << 30, &w->hwm);
 	if (strcmp(name, "token-pools") == 0)

@@ -168,6 +168,11 @@ render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_
 	COUNTER("replays_refused_total", "Replay requests whose batches were gone (or epoch stale).",
 	        c[i].replays_refused);
 	COUNTER("snapshots_total", "Snapshot requests served.", c[i].snapshots);
+	GAUGE("replay_ring_bytes", "Bytes of event batches the replay ring holds (replay-mib bounds it).",
+	      c[i].replay_bytes);
+	COUNTER("replay_batches_dropped_for_bytes_total",
+	        "Event batches the replay ring dropped early to stay within replay-mib.",
+	        c[i].replay_dropped_for_bytes);
 	COUNTER("block_bytes_read_total", "Bytes of block contents read (ReadBlocks).",
 	        c[i].bytes_read);
 	COUNTER("block_bytes_written_total",

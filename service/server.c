@@ -154,7 +154,8 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->limits.max_sessions = cfg->max_sessions;
 	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;
 	kvp_event_batch_init(&p->events);
-	if ((rv = kvpd_stream_init(&p->stream, cfg->replay_batches, pc->token[0] != '\0')) !=
+	if ((rv = kvpd_stream_init(&p->stream, cfg->replay_batches,
+	                           (size_t)cfg->replay_mib << 20, pc->token[0] != '\0')) !=
 	    KVP_OK) {
 		snprintf(err, err_len, "pool %s: %s", pc->name,
 		         rv == KVP_ENOMEM ? "cannot allocate the replay ring"
@@ -557,6 +558,8 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	*out = s->pools[i].counters;
 	out->sessions = (uint32_t)s->pools[i].num_sessions;
 	out->event_batches = s->pools[i].stream.batches;
+	out->replay_bytes = s->pools[i].stream.ring.bytes;
+	out->replay_dropped_for_bytes = s->pools[i].stream.ring.dropped_for_bytes;
 	out->vllm_on = s->pools[i].stream.on_events != NULL;
 	nng_mtx_unlock(s->pools[i].lock);
 	const struct kvpd_vllm_counters *v = &s->pools[i].stream.vllm;

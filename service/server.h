@@ -41,6 +41,7 @@ struct kvpd_pool_counters {
 	uint64_t events_emitted;
 	uint64_t calls, call_errors;
 	uint64_t event_batches, replays_served, replays_refused, snapshots;
+	uint64_t replay_bytes, replay_dropped_for_bytes;   /* the replay ring: held now, dropped */
 	uint64_t bytes_read, bytes_written;                /* block contents moved by data calls */
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call table row][status] */
 	/* Handling time by call (table row), lock wait included, not the network. */

@@ -10,17 +10,18 @@
 #include "proto/event_wire.h"
 
 int
-kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, bool sealed)
+kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, size_t ring_bytes, bool sealed)
 {
+	int rv;
+
 	memset(s, 0, sizeof(*s));
-	if (ring_cap == 0)
+	if (ring_cap == 0 || ring_bytes == 0)
 		return KVP_EINVAL;
 	if (sealed && kvp_seal_key_new(&s->key) != KVP_OK)
 		return KVP_EINTERNAL;
 	s->sealed = sealed;
-	if ((s->ring = calloc(ring_cap, sizeof(*s->ring))) == NULL)
-		return KVP_ENOMEM;
-	s->ring_cap = ring_cap;
+	if ((rv = kvpd_ring_init(&s->ring, ring_cap, ring_bytes)) != KVP_OK)
+		return rv;
 	do {
 		s->epoch = (uint64_t)nng_random() << 32 | nng_random();
 	} while (s->epoch == 0);
@@ -30,26 +31,20 @@ kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, bool sealed)
 void
 kvpd_stream_fini(struct kvpd_stream *s)
 {
-	if (s->ring != NULL)
-		for (uint32_t i = 0; i < s->ring_cap; i++)
-			free(s->ring[i].bytes);
-	free(s->ring);
+	kvpd_ring_fini(&s->ring);
 	memset(s, 0, sizeof(*s)); /* the key too */
 }
 
 uint64_t
 kvpd_stream_oldest(const struct kvpd_stream *s)
 {
-	return s->next_seq > s->ring_cap ? s->next_seq - s->ring_cap : 0;
+	return kvpd_ring_oldest(&s->ring);
 }
 
 const struct kvpd_ring_slot *
 kvpd_stream_get(const struct kvpd_stream *s, uint64_t seq)
 {
-	if (seq >= s->next_seq || seq < kvpd_stream_oldest(s))
-		return NULL;
-	const struct kvpd_ring_slot *slot = &s->ring[seq % s->ring_cap];
-	return slot->bytes != NULL && slot->seq == seq ? slot : NULL;
+	return kvpd_ring_get(&s->ring, seq);
 }
 
 /* Hands one encoded batch (or tick) to the publisher, sealed if the pool has a token. */
@@ -85,13 +80,11 @@ kvpd_stream_emit(struct kvpd_stream *s, const char *name, const struct kvp_event
 	h.seq = s->next_seq++; /* used even if encoding fails: subscribers see the gap */
 	s->batches++;
 	s->events += n;
-	if ((rv = kvp_wire_events_encode(name, &h, eb, &bytes, &len)) != KVP_OK)
+	if ((rv = kvp_wire_events_encode(name, &h, eb, &bytes, &len)) != KVP_OK) {
+		kvpd_ring_put(&s->ring, h.seq, NULL, 0);
 		return rv;
-	struct kvpd_ring_slot *slot = &s->ring[h.seq % s->ring_cap];
-	free(slot->bytes);
-	slot->seq = h.seq;
-	slot->bytes = bytes;
-	slot->len = len;
+	}
+	kvpd_ring_put(&s->ring, h.seq, bytes, len); /* the ring owns bytes, and keeps this one */
 	if (s->publish)
 		publish(s, name, bytes, len);
 	return KVP_OK;

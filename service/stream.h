@@ -16,6 +16,7 @@
 
 #include "common/events.h"
 #include "proto/event_seal.h"
+#include "service/ring.h"
 
 /*
  * A second consumer of every batch (the vLLM-wire publisher): called under
@@ -32,17 +33,10 @@ struct kvpd_vllm_counters {
 /* Sends one message: the pool's name, a 0 byte, then an encoded EventBatch. */
 typedef void (*kvpd_publish_fn)(void *ctx, const char *pool, const uint8_t *batch, size_t len);
 
-struct kvpd_ring_slot {
-	uint64_t seq;
-	uint8_t *bytes;           /* encoded EventBatch; NULL: empty */
-	size_t len;
-};
-
 struct kvpd_stream {
 	uint64_t epoch;           /* random, non-zero, chosen at pool start */
 	uint64_t next_seq;        /* the seq of the next batch */
-	struct kvpd_ring_slot *ring;
-	uint32_t ring_cap;
+	struct kvpd_ring ring;     /* encoded EventBatches, for Replay */
 	uint64_t batches, events, publish_failures;
 	kvpd_publish_fn publish;
 	void *publish_ctx;
@@ -57,10 +51,12 @@ struct kvpd_stream {
 /*
  * sealed: the pool has a token, so its published batches and ticks are
  * sealed under a fresh key (proto/event_seal.h); the ring keeps them in
- * clear for Replay, which goes to sessions only. KVP_OK or KVP_ENOMEM /
- * KVP_EINVAL (ring_cap 0) / KVP_EINTERNAL (no randomness for the key).
+ * clear for Replay, which goes to sessions only. The ring holds at most
+ * ring_cap batches and ring_bytes bytes (service/ring.h). KVP_OK or
+ * KVP_ENOMEM / KVP_EINVAL (a bound of 0) / KVP_EINTERNAL (no randomness for
+ * the key).
  */
-int kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, bool sealed);
+int kvpd_stream_init(struct kvpd_stream *s, uint32_t ring_cap, size_t ring_bytes, bool sealed);
 void kvpd_stream_fini(struct kvpd_stream *s);
 
 /*

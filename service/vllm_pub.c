@@ -16,17 +16,11 @@
 #include "common/kvp_status.h"
 #include "proto/vllm_wire.h"
 #include "service/log.h"
+#include "service/ring.h"
 #include "service/server.h"
 
 /* Largest replay request or subscription a peer may send; vLLM's are 8 bytes. */
 #define MAX_INBOUND_BYTES 4096
-
-struct slot {
-	uint64_t seq;
-	uint8_t *bytes;
-	size_t len, cap;
-	bool used;
-};
 
 struct pub {
 	char topic[KVPD_PATH_MAX];
@@ -36,8 +30,7 @@ struct pub {
 	void *pub, *router;
 	pthread_mutex_t mu;              /* pub socket, ring, next_seq */
 	uint64_t next_seq;
-	struct slot *ring;               /* NULL without a replay endpoint */
-	uint32_t ring_cap;
+	struct kvpd_ring ring;           /* slots NULL without a replay endpoint */
 	struct kvp_vllm_opts opts;
 	struct kvp_vllm_buf buf;         /* encoding scratch; under the pool's lock */
 	struct kvpd_vllm_counters *ctr;
@@ -69,30 +62,18 @@ emit(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns)
 	double ts = (double)(ts_unix_ns / 1000000000u) + (double)(ts_unix_ns % 1000000000u) * 1e-9;
 	uint8_t seqb[8];
 	bool encoded = kvp_vllm_encode(b, ts, p->rank, &p->opts, &p->buf) == KVP_OK;
+	uint8_t *copy = NULL; /* the ring's; NULL: lost to replay */
 
+	if (encoded && p->ring.slots != NULL && (copy = malloc(p->buf.len ? p->buf.len : 1)) != NULL)
+		memcpy(copy, p->buf.data, p->buf.len);
 	pthread_mutex_lock(&p->mu);
 	uint64_t seq = p->next_seq++; /* used even on failure: subscribers see the gap */
+	if (p->ring.slots != NULL)
+		kvpd_ring_put(&p->ring, seq, copy, p->buf.len);
 	if (!encoded) {
 		pthread_mutex_unlock(&p->mu);
 		count(&p->ctr->send_failures, 1);
 		return;
-	}
-	if (p->ring != NULL) {
-		struct slot *s = &p->ring[seq % p->ring_cap];
-		s->used = false;
-		if (s->cap < p->buf.len) {
-			uint8_t *nb = realloc(s->bytes, p->buf.len);
-			if (nb != NULL) {
-				s->bytes = nb;
-				s->cap = p->buf.len;
-			}
-		}
-		if (s->cap >= p->buf.len) {
-			memcpy(s->bytes, p->buf.data, p->buf.len);
-			s->len = p->buf.len;
-			s->seq = seq;
-			s->used = true;
-		}
 	}
 	kvp_vllm_seq_put(seqb, seq);
 	bool ok = zmq_send(p->pub, p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
@@ -154,15 +135,14 @@ serve_replay(struct kvpd_vllm *v, struct pub *p)
 	start = kvp_vllm_seq_get(zmq_msg_data(&f[nf - 1]));
 
 	pthread_mutex_lock(&p->mu);
-	uint64_t end = p->next_seq;
+	uint64_t end = p->next_seq, oldest = kvpd_ring_oldest(&p->ring);
 	pthread_mutex_unlock(&p->mu);
-	uint64_t oldest = end > p->ring_cap ? end - p->ring_cap : 0;
 	for (uint64_t s = start > oldest ? start : oldest; s < end; s++) {
 		zmq_msg_t payload;
 		bool have = false;
 		pthread_mutex_lock(&p->mu);
-		const struct slot *sl = &p->ring[s % p->ring_cap];
-		if (sl->used && sl->seq == s && zmq_msg_init_size(&payload, sl->len) == 0) {
+		const struct kvpd_ring_slot *sl = kvpd_ring_get(&p->ring, s);
+		if (sl != NULL && zmq_msg_init_size(&payload, sl->len) == 0) {
 			memcpy(zmq_msg_data(&payload), sl->bytes, sl->len);
 			have = true;
 		}
@@ -273,11 +253,10 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 			snprintf(err, len, "vLLM wire: pool %s: bad replay endpoint", pc->name);
 			return KVP_EINVAL;
 		}
-		if ((p->ring = calloc(w->buffer_steps, sizeof(*p->ring))) == NULL) {
+		if (kvpd_ring_init(&p->ring, w->buffer_steps, (size_t)w->buffer_mib << 20) != KVP_OK) {
 			snprintf(err, len, "vLLM wire: no memory for the replay ring");
 			return KVP_ENOMEM;
 		}
-		p->ring_cap = w->buffer_steps;
 		p->router = open_socket(v->ctx, ZMQ_ROUTER, w->hwm, ep, true, err, len);
 		if (p->router == NULL)
 			return KVP_EINVAL;
@@ -368,10 +347,7 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 		for (int k = 0; k < 2; k++) /* libzmq leaves the socket files behind */
 			if (p->ipc_paths[k][0] != '\0')
 				(void)unlink(p->ipc_paths[k]);
-		if (p->ring)
-			for (uint32_t k = 0; k < p->ring_cap; k++)
-				free(p->ring[k].bytes);
-		free(p->ring);
+		kvpd_ring_fini(&p->ring);
 		kvp_vllm_buf_fini(&p->buf);
 		pthread_mutex_destroy(&p->mu);
 	}

@@ -186,8 +186,16 @@ test_config_vllm_wire(void **state)
 	assert_string_equal(c.vllm.endpoint, "");
 	assert_string_equal(c.vllm.topic, "kv@{pod}@{model}");
 	assert_int_equal(c.vllm.buffer_steps, 10000);
+	assert_int_equal(c.vllm.buffer_mib, 64);
+	assert_int_equal(c.replay_mib, 64);
 	assert_int_equal(c.vllm.hwm, 100000);
 	assert_true(c.vllm.replay_topic);
+	char *mib[] = {"kvpoold", "--replay-mib", "3", "--vllm-buffer-mib", "5", NULL};
+	assert_int_equal(load(&c, mib, NULL), 0);
+	assert_int_equal(c.replay_mib, 3);
+	assert_int_equal(c.vllm.buffer_mib, 5);
+	char *zero[] = {"kvpoold", "--replay-mib", "0", NULL};
+	assert_int_not_equal(load(&c, zero, NULL), 0);
 
 	char *two[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay", "tcp://*:5558",
 	               "--pool", "a:10", "--pool", "name=b,blocks=10,model=llama,dp_rank=4",

@@ -1102,7 +1102,7 @@ test_service_kvpoolctl_exit_codes_and_json_errors(void **state)
 static void
 test_service_admin_endpoints_serve_health_and_metrics(void **state)
 {
-	static char body[1 << 16];
+	static char body[1 << 18];
 	struct kvp_client *c = open_on(ipc_url, "default", 0);
 	int32_t ids[2];
 
