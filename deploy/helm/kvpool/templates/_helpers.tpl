@@ -61,6 +61,7 @@ vllm-format = {{ .format }}
 vllm-hashes = {{ .hashes }}
 vllm-replay-topic = {{ ternary 1 0 .replayTopic }}
 vllm-buffer-steps = {{ int64 .bufferSteps }}
+vllm-buffer-mib = {{ int64 .bufferMib }}
 vllm-hwm = {{ int64 .hwm }}
 vllm-token-pools = {{ ternary 1 0 .includeTokenPools }}
 {{- end }}
@@ -81,6 +82,7 @@ contexts = {{ int64 .Values.daemon.contexts }}
 max-msg-bytes = {{ int64 .Values.daemon.maxMsgBytes }}
 max-sessions = {{ int64 .Values.daemon.maxSessions }}
 replay-batches = {{ int64 .Values.daemon.replayBatches }}
+replay-mib = {{ int64 .Values.daemon.replayMib }}
 log-level = {{ .Values.daemon.logLevel }}
 log-format = {{ .Values.daemon.logFormat }}
 {{- if .Values.tls.enabled }}
