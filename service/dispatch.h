@@ -12,6 +12,7 @@
 
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "service/config.h"
@@ -71,6 +72,7 @@ struct kvpd_server {
 	struct kvpd_config cfg;
 	struct kvpd_pool *pools;
 	size_t num_pools;
+	_Atomic uint64_t closes[KVPD_CLOSE_REASONS]; /* connections the transport closed */
 };
 
 /* Encodes a reply into the sink. KVP_OK or KVP_ENOMEM. */

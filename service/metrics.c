@@ -213,6 +213,13 @@ render_rpc(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_po
 {
 	help(o, "kvpool_build_info", "gauge", "The daemon's version and commit; always 1.");
 	put(o, "kvpool_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVP_VERSION, KVP_GIT_COMMIT);
+	help(o, "kvpool_connections_closed_total", "counter",
+	     "RPC connections the daemon closed, by reason (idle: no request for idle-timeout-ms; "
+	     "took_no_reply: a reply not taken within send-timeout-ms).");
+	for (int r = 0; r < KVPD_CLOSE_REASONS; r++)
+		put(o, "kvpool_connections_closed_total{reason=\"%s\"} %llu\n",
+		    kvpd_close_reason_name((enum kvpd_close_reason)r),
+		    (unsigned long long)kvpd_server_closes(s, (enum kvpd_close_reason)r));
 	help(o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
 	for (size_t i = 0; i < np; i++)
 		for (int call = 0; call < KVPD_NUM_CALLS; call++)

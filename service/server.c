@@ -581,3 +581,25 @@ kvpd_server_pool_gauges(struct kvpd_server *s, size_t i, struct kvpd_pool_gauges
 	kvpd_pool_gauges(&s->pools[i], out);
 	nng_mtx_unlock(s->pools[i].lock);
 }
+
+void
+kvpd_server_count_close(struct kvpd_server *s, enum kvpd_close_reason r)
+{
+	if (s != NULL && (unsigned)r < KVPD_CLOSE_REASONS)
+		atomic_fetch_add_explicit(&s->closes[r], 1, memory_order_relaxed);
+}
+
+uint64_t
+kvpd_server_closes(const struct kvpd_server *s, enum kvpd_close_reason r)
+{
+	if (s == NULL || (unsigned)r >= KVPD_CLOSE_REASONS)
+		return 0;
+	return atomic_load_explicit(&((struct kvpd_server *)s)->closes[r], memory_order_relaxed);
+}
+
+const char *
+kvpd_close_reason_name(enum kvpd_close_reason r)
+{
+	static const char *const names[KVPD_CLOSE_REASONS] = {"idle", "took_no_reply"};
+	return (unsigned)r < KVPD_CLOSE_REASONS ? names[r] : NULL;
+}

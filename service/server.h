@@ -167,4 +167,17 @@ const char *kvpd_server_pool_name(const struct kvpd_server *s, size_t i);
 const char *kvpd_server_pool_note(const struct kvpd_server *s, size_t i);
 void kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_counters *out);
 
+/* Why the transport closed a connection (kvpool_connections_closed_total{reason}). */
+enum kvpd_close_reason {
+	KVPD_CLOSE_IDLE,         /* no request for --idle-timeout-ms */
+	KVPD_CLOSE_NO_READ,      /* a reply not taken within --send-timeout-ms */
+	KVPD_CLOSE_REASONS
+};
+/* Counts one close (any thread). An unknown reason is ignored. */
+void kvpd_server_count_close(struct kvpd_server *s, enum kvpd_close_reason r);
+/* Closes so far for reason r (0 for an unknown reason). */
+uint64_t kvpd_server_closes(const struct kvpd_server *s, enum kvpd_close_reason r);
+/* The reason's label value: "idle", "took_no_reply"; NULL for an unknown reason. */
+const char *kvpd_close_reason_name(enum kvpd_close_reason r);
+
 #endif /* KVPD_SERVER_H */

@@ -246,6 +246,7 @@ reaper_cb(void *arg)
 		peer_name(p, peer, sizeof(peer));
 		if (nng_pipe_close(p) != 0)
 			continue;
+		kvpd_server_count_close(t->srv, KVPD_CLOSE_IDLE);
 		snprintf(conn, sizeof(conn), "%u", (unsigned)idle[k]);
 		snprintf(ms, sizeof(ms), "%d", (int)t->idle_timeout);
 		struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer}, {"idle_timeout_ms", ms}};
@@ -311,6 +312,7 @@ worker_cb(void *arg)
 				peer_name(w->pipe, peer, sizeof(peer)); /* before it closes */
 			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0 &&
 			    nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id) {
+				kvpd_server_count_close(t->srv, KVPD_CLOSE_NO_READ);
 				snprintf(conn, sizeof(conn), "%u", id);
 				snprintf(ms, sizeof(ms), "%d", (int)t->send_timeout);
 				struct kvpd_log_field f[] = {

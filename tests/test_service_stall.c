@@ -7,8 +7,8 @@
  * (or, when nng has already stopped reading it with one reply in flight,
  * leave it stuck alone) and keep serving everyone else. And a peer that
  * connects and then sends nothing is closed after --idle-timeout-ms, while
- * a live client idle as long redials by itself. Loopback only; bounded in
- * time.
+ * a live client idle as long redials by itself. Both closes are counted in
+ * /metrics. Loopback only; bounded in time.
  */
 #include "daemon_util.h"
 
@@ -20,7 +20,7 @@
 
 #include "clients/c/kvpool.h"
 
-static char ipc_url[256], tcp_url[256];
+static char ipc_url[256], tcp_url[256], admin[64];
 static pid_t daemon_pid;
 
 static int
@@ -28,7 +28,8 @@ setup(void **state)
 {
 	(void)state;
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
-	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", "none", "--events",
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", admin, "--events",
 	                      "none", "--pool", "name=default,blocks=64", "--contexts", "4",
 	                      "--send-timeout-ms", "300", "--idle-timeout-ms", "1000", NULL};
 	daemon_pid = daemon_start(args);
@@ -48,6 +49,19 @@ now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* kvpool_connections_closed_total{reason} from /metrics (-1 if absent). */
+static double
+closes(const char *reason)
+{
+	static char body[1 << 18];
+	char key[96];
+	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
+		return -1;
+	snprintf(key, sizeof(key), "\nkvpool_connections_closed_total{reason=\"%s\"} ", reason);
+	const char *p = strstr(body, key);
+	return p ? strtod(p + strlen(key), NULL) : -1;
 }
 
 /* Connects to the daemon's tcp port as an SP REQ peer with a tiny receive buffer. */
@@ -167,6 +181,10 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 	assert_true(served_at >= 0);
 	for (int i = 0; i < 20; i++)
 		assert_ok(kvp_client_stats(c, &st));
+	/* A close for a reply not taken is counted (a peer nng stopped reading is not closed). */
+	double cut = closes("took_no_reply");
+	print_message("kvpool_connections_closed_total{reason=\"took_no_reply\"} %.0f\n", cut);
+	assert_true(closed ? cut >= 1 : cut >= 0);
 	close(fd);
 	kvp_client_close(c);
 }
@@ -200,6 +218,7 @@ test_service_stall_silent_peer_is_closed_live_client_redials(void **state)
 	double closed_after = seconds_until_closed(fd, 5.0);
 	print_message("a silent peer was closed after %.2f s (idle timeout 1 s)\n", closed_after);
 	assert_true(closed_after >= 0.8 && closed_after < 3.0);
+	assert_true(closes("idle") >= 1);
 	close(fd);
 	/* The client was idle as long: its next calls redial and succeed. */
 	nanosleep(&(struct timespec){0, 500 * 1000 * 1000}, NULL);
