@@ -20,6 +20,9 @@
 
 #include "clients/c/kvpool.h"
 
+/* service/admin.h's KVPD_ADMIN_MAX_REQUEST (the test does not include the daemon's headers). */
+#define KVP_ADMIN_MAX_REQUEST_TEST 8192
+
 static char ipc_url[256], tcp_url[256], admin[64];
 static pid_t daemon_pid;
 
@@ -227,6 +230,82 @@ test_service_stall_silent_peer_is_closed_live_client_redials(void **state)
 	kvp_client_close(c);
 }
 
+/* A loopback connection to the admin port; -1 if it cannot connect. */
+static int
+admin_dial(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)daemon_admin_port())};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* Sends req on a fresh admin connection and returns the status of the reply (or -1). */
+static int
+admin_status(const char *req, size_t len)
+{
+	char buf[512] = "";
+	int fd = admin_dial(), status = -1;
+	if (fd < 0)
+		return -1;
+	if (send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len) {
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, 3000) > 0 && read(fd, buf, sizeof(buf) - 1) > 0)
+			(void)sscanf(buf, "HTTP/1.1 %d", &status);
+	}
+	close(fd);
+	return status;
+}
+
+/*
+ * The admin endpoint bounds what a peer can hold (service/admin.h): a
+ * half-sent request is answered 408 and closed at the deadline, connections
+ * past the limit are answered 503 at once, headers past the size limit 431;
+ * and once the stuck connections are gone, probes are answered again.
+ */
+static void
+test_service_admin_endpoint_cannot_be_held(void **state)
+{
+	static const char get[] = "GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n";
+	static char big[KVP_ADMIN_MAX_REQUEST_TEST + 64];
+	int fds[64], half;
+	char buf[256] = "";
+
+	(void)state;
+	assert_int_equal(admin_status(get, sizeof(get) - 1), 200);
+	memset(big, 'a', sizeof(big));
+	memcpy(big, "GET /healthz HTTP/1.1\r\nX: ", 27);
+	assert_int_equal(admin_status(big, sizeof(big)), 431);
+
+	/* One peer sends half a request; 63 send nothing: every slot is held. */
+	half = admin_dial();
+	assert_true(half >= 0);
+	assert_int_equal(send(half, "GET /healthz HTTP/1.1\r\nHo", 27, MSG_NOSIGNAL), 27);
+	double t0 = now_s();
+	for (int i = 0; i < 63; i++)
+		assert_true((fds[i] = admin_dial()) >= 0);
+	nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+	assert_int_equal(admin_status(get, sizeof(get) - 1), 503);
+
+	/* The deadline frees them all: the half request gets its 408. */
+	struct pollfd p = {.fd = half, .events = POLLIN};
+	assert_int_equal(poll(&p, 1, 8000), 1);
+	assert_true(read(half, buf, sizeof(buf) - 1) > 0);
+	double after = now_s() - t0;
+	print_message("half a request answered \"%.28s\" after %.2f s\n", buf, after);
+	assert_memory_equal(buf, "HTTP/1.1 408", 12);
+	assert_true(after > 4.0 && after < 7.0);
+	nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL);
+	assert_int_equal(admin_status(get, sizeof(get) - 1), 200);
+	close(half);
+	for (int i = 0; i < 63; i++)
+		close(fds[i]);
+}
+
 static void
 each_batch(void *ctx, const uint8_t *b, size_t len)
 {
@@ -274,6 +353,7 @@ main(void)
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
 		cmocka_unit_test(test_service_without_publisher_records_no_events),
 		cmocka_unit_test(test_service_stall_silent_peer_is_closed_live_client_redials),
+		cmocka_unit_test(test_service_admin_endpoint_cannot_be_held),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
