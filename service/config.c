@@ -320,6 +320,15 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 }
 
 static bool
+known(const char *name)
+{
+	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
+		if (strcmp(settings[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+static bool
 takes_arg(const char *name)
 {
 	for (size_t i = 0; i < sizeof(settings) / sizeof(settings[0]); i++)
@@ -544,6 +553,13 @@ from_flags(struct kvpd_config *c, int argc, char **argv, struct state *st, FILE 
 		}
 		memcpy(name, a + 2, nl);
 		name[nl] = '\0';
+		if (!known(name)) {
+			fprintf(err, "kvpoold: unknown setting '%s' (see --help)\n", name);
+			PROBLEM();
+			if (!eq && i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0)
+				i++; /* its value, if it has one, is not an argument of its own */
+			continue;
+		}
 		if (eq)
 			v = eq + 1;
 		else if (takes_arg(name)) {
@@ -592,8 +608,10 @@ resolve(struct kvpd_config *c, struct state *st, FILE *err)
 	return 0;
 }
 
-int
-kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
+/* lenient: go on past every problem (as --check-config) but run no extra checks. */
+static int
+load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err,
+     bool lenient)
 {
 	struct state state, *st = &state;
 	const char *cfgfile = NULL;
@@ -605,6 +623,8 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	defaults(c, st);
 	if ((rv = first_pass(c, argc, argv, &cfgfile, st, out)) != 0)
 		return rv;
+	if (lenient)
+		st->check = true;
 	if (cfgfile == NULL)
 		cfgfile = env_get(envp, "KVPOOL_CONFIG");
 	if (cfgfile && load_file(c, cfgfile, st, err) != 0)
@@ -612,7 +632,7 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 	if (from_env(c, envp, st, err) != 0 || from_flags(c, argc, argv, st, err) != 0 ||
 	    resolve(c, st, err) != 0)
 		return -1;
-	if (st->check) {
+	if (st->check && !lenient) {
 		st->problems += kvpd_cfg_check_more(c, err);
 		if (st->problems > 0) {
 			fprintf(err, "kvpoold: %u problem(s) in the configuration\n", st->problems);
@@ -620,6 +640,29 @@ kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE
 		}
 	}
 	return 0;
+}
+
+int
+kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out, FILE *err)
+{
+	return load(c, argc, argv, envp, out, err, false);
+}
+
+int
+kvpd_config_log_format(int argc, char **argv, char **envp)
+{
+	struct kvpd_config *c = malloc(sizeof(*c));
+	FILE *sink = fopen("/dev/null", "w");
+	int f = KVPD_LOG_TEXT;
+
+	if (c != NULL && sink != NULL) {
+		(void)load(c, argc, argv, envp, sink, sink, true);
+		f = c->log_format;
+	}
+	if (sink != NULL)
+		fclose(sink);
+	free(c);
+	return f;
 }
 
 #undef PROBLEM

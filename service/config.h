@@ -116,6 +116,14 @@ struct kvpd_config {
 int kvpd_config_load(struct kvpd_config *c, int argc, char **argv, char **envp, FILE *out,
                      FILE *err);
 
+/*
+ * The log format (enum kvpd_log_format) the configuration asks for, read as
+ * far as it parses (past its problems, as --check-config does), so that a
+ * failed kvpd_config_load's messages can be logged in that format. Prints
+ * nothing; KVPD_LOG_TEXT when nothing says otherwise or memory is short.
+ */
+int kvpd_config_log_format(int argc, char **argv, char **envp);
+
 /* Prints the effective configuration, one `name = value` per line (tokens masked). */
 void kvpd_config_print(const struct kvpd_config *c, FILE *out);
 

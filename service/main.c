@@ -86,6 +86,39 @@ log_config(const struct kvpd_config *cfg)
 	free(text);
 }
 
+/*
+ * A configuration that did not load: its messages (errs, one a line) go to
+ * stderr as they are, or, when the configuration asks for JSON logs (as far
+ * as it parses), as error log lines the cluster's pipeline can read.
+ */
+static void
+report_config_errors(int argc, char **argv, char **envp, const char *errs, bool check)
+{
+	if (errs == NULL || errs[0] == '\0')
+		return;
+	if (check || kvpd_config_log_format(argc, argv, envp) != KVPD_LOG_JSON) {
+		fputs(errs, stderr);
+		return;
+	}
+	kvpd_log_setup(stderr, KVPD_ERROR, KVPD_LOG_JSON);
+	for (const char *l = errs; *l != '\0';) {
+		char text[1024];
+		size_t len = 0;
+		/* One message, and the "(at FILE:LINE)" line that may follow it. */
+		do {
+			size_t n = strcspn(l, "\n");
+			const char *t = strncmp(l, "kvpoold: ", 9) == 0 ? l + 9 : l;
+			int k = snprintf(text + len, sizeof(text) - len, "%s%.*s", len ? " " : "",
+			                 (int)(n - (size_t)(t - l)), t);
+			if (k > 0)
+				len += (size_t)k < sizeof(text) - len ? (size_t)k : sizeof(text) - 1 - len;
+			l += n + (l[n] == '\n');
+		} while (strncmp(l, "kvpoold: (at ", 13) == 0);
+		struct kvpd_log_field f[] = {{"error", text}};
+		kvpd_log_fields(KVPD_ERROR, "config", "invalid configuration", f, 1);
+	}
+}
+
 static int
 fail(const char *what, const char *err)
 {
@@ -162,7 +195,18 @@ main(int argc, char **argv, char **envp)
 	sigset_t sigs;
 	int sig = 0, rv;
 
-	rv = kvpd_config_load(&cfg, argc, argv, envp, stdout, stderr);
+	/* Messages are held until it is known how to log them (text or JSON). */
+	char *errs = NULL;
+	size_t errs_len = 0;
+	FILE *errf = open_memstream(&errs, &errs_len);
+	rv = kvpd_config_load(&cfg, argc, argv, envp, stdout, errf != NULL ? errf : stderr);
+	if (errf != NULL)
+		fclose(errf);
+	if (rv < 0)
+		report_config_errors(argc, argv, envp, errs, cfg.check_config);
+	else if (errs != NULL)
+		fputs(errs, stderr);
+	free(errs);
 	if (rv != 0)
 		return rv > 0 ? 0 : 2;
 	if (cfg.check_config) {

@@ -1,11 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kvpoold's log lines: text and json forms, escaping, long records, the rate limit. */
+/*
+ * kvpoold's log lines: text and json forms, escaping, long records, the
+ * rate limit; and a configuration that does not load, reported by a real
+ * kvpoold in the log format it asked for.
+ */
 #define _POSIX_C_SOURCE 200809L
 #include "kvp_test.h"
 
 #include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "spawn.h"
+
+#include "service/config.h"
 #include "service/log.h"
 
 /* 2026-11-22T10:00:00.123Z */
@@ -108,6 +117,98 @@ test_log_limit_bounds_lines_and_counts_the_rest(void **state)
 	assert_int_equal(dropped, 995);
 }
 
+/*
+ * Runs kvpoold with argv (argv[0] replaced), KVPOOL_LOG_FORMAT=json in its
+ * environment if json_env; its stderr into err. Returns its exit status (or -1).
+ */
+static int
+run_kvpoold(char **argv, bool json_env, char *err, size_t cap)
+{
+	char path[64];
+	int st = -1;
+	snprintf(path, sizeof(path), "/tmp/kvp-test-log-err-%d", (int)getpid());
+	argv[0] = KVPOOLD_PATH;
+	if (json_env)
+		setenv("KVPOOL_LOG_FORMAT", "json", 1);
+	pid_t pid = kvp_spawn((const char *const *)argv, path);
+	unsetenv("KVPOOL_LOG_FORMAT");
+	if (pid > 0)
+		waitpid(pid, &st, 0);
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+	err[n] = '\0';
+	if (f)
+		fclose(f);
+	unlink(path);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Every line of text is a JSON error log line from component config; returns how many. */
+static int
+json_config_errors(const char *text, const char *want)
+{
+	int lines = 0;
+	bool found = false;
+	for (const char *l = text; *l; lines++) {
+		size_t n = strcspn(l, "\n");
+		char line[1024];
+		snprintf(line, sizeof(line), "%.*s", (int)n, l);
+		cJSON *o = cJSON_Parse(line);
+		assert_non_null(o);
+		assert_string_equal(cJSON_GetObjectItem(o, "level")->valuestring, "error");
+		assert_string_equal(cJSON_GetObjectItem(o, "component")->valuestring, "config");
+		assert_string_equal(cJSON_GetObjectItem(o, "msg")->valuestring, "invalid configuration");
+		found |= strstr(cJSON_GetObjectItem(o, "error")->valuestring, want) != NULL;
+		cJSON_Delete(o);
+		l += n + (l[n] == '\n');
+	}
+	assert_true(found);
+	return lines;
+}
+
+static void
+test_log_config_errors_come_in_the_asked_format(void **state)
+{
+	static char err[8192];
+	char cfg[64];
+	char *noenv[] = {NULL}, *jsonenv[] = {"KVPOOL_LOG_FORMAT=json", NULL};
+	unsetenv("KVPOOL_LOG_FORMAT");
+	(void)state;
+
+	/* JSON asked for on the command line, before or after the bad setting. */
+	char *a1[] = {"kvpoold", "--log-format", "json", "--pool", "name=a,blocks=x", NULL};
+	assert_int_equal(run_kvpoold(a1, false, err, sizeof(err)), 2);
+	assert_int_equal(json_config_errors(err, "bad pool spec 'name=a,blocks=x'"), 1);
+	char *a2[] = {"kvpoold", "--pool", "name=a,blocks=x", "--log-format", "json", NULL};
+	assert_int_equal(run_kvpoold(a2, false, err, sizeof(err)), 2);
+	assert_int_equal(json_config_errors(err, "bad pool spec"), 1);
+	/* In the config file: the file and line come in the same record. */
+	snprintf(cfg, sizeof(cfg), "/tmp/kvp-test-log-cfg-%d", (int)getpid());
+	FILE *f = fopen(cfg, "w");
+	assert_non_null(f);
+	fputs("log-format = json\nlease-ms = 1\n", f);
+	fclose(f);
+	char *a3[] = {"kvpoold", "--config", cfg, NULL};
+	assert_int_equal(run_kvpoold(a3, false, err, sizeof(err)), 2);
+	char at[160];
+	snprintf(at, sizeof(at), "bad value for lease-ms: '1' (at %s:2)", cfg);
+	assert_int_equal(json_config_errors(err, at), 1);
+	unlink(cfg);
+	/* From the environment; an unknown last flag is unknown, not "needs a value". */
+	char *a4[] = {"kvpoold", "--bogus", NULL};
+	assert_int_equal(run_kvpoold(a4, true, err, sizeof(err)), 2);
+	assert_int_equal(json_config_errors(err, "unknown setting 'bogus'"), 1);
+	/* No JSON asked for: the plain line, as before. */
+	char *a5[] = {"kvpoold", "--pool", "name=a,blocks=x", NULL};
+	assert_int_equal(run_kvpoold(a5, false, err, sizeof(err)), 2);
+	assert_string_equal(err, "kvpoold: bad pool spec 'name=a,blocks=x' (see --help)\n");
+	/* The format is read past problems, last source winning. */
+	char *a6[] = {"kvpoold", "--lease-ms", "1", "--log-format", "json", NULL};
+	assert_int_equal(kvpd_config_log_format(5, a6, noenv), KVPD_LOG_JSON);
+	assert_int_equal(kvpd_config_log_format(1, a6, noenv), KVPD_LOG_TEXT);
+	assert_int_equal(kvpd_config_log_format(1, a6, jsonenv), KVPD_LOG_JSON);
+}
+
 int
 main(void)
 {
@@ -117,6 +218,7 @@ main(void)
 		cmocka_unit_test(test_log_long_records_are_cut_whole),
 		cmocka_unit_test(test_log_levels_and_formats_parse),
 		cmocka_unit_test(test_log_limit_bounds_lines_and_counts_the_rest),
+		cmocka_unit_test(test_log_config_errors_come_in_the_asked_format),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
