@@ -46,14 +46,6 @@ teardown(void **state)
 	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
 }
 
-static double
-now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* kvpool_connections_closed_total{reason} from /metrics (-1 if absent). */
 static double
 closes(const char *reason)
@@ -271,6 +263,7 @@ static void
 test_service_admin_endpoint_cannot_be_held(void **state)
 {
 	static const char get[] = "GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n";
+	static const char head[] = "GET /healthz HTTP/1.1\r\nX: ", part[] = "GET /healthz HTTP/1.1\r\nHo";
 	static char big[KVP_ADMIN_MAX_REQUEST_TEST + 64];
 	int fds[64], half;
 	char buf[256] = "";
@@ -278,13 +271,13 @@ test_service_admin_endpoint_cannot_be_held(void **state)
 	(void)state;
 	assert_int_equal(admin_status(get, sizeof(get) - 1), 200);
 	memset(big, 'a', sizeof(big));
-	memcpy(big, "GET /healthz HTTP/1.1\r\nX: ", 27);
+	memcpy(big, head, sizeof(head) - 1);
 	assert_int_equal(admin_status(big, sizeof(big)), 431);
 
 	/* One peer sends half a request; 63 send nothing: every slot is held. */
 	half = admin_dial();
 	assert_true(half >= 0);
-	assert_int_equal(send(half, "GET /healthz HTTP/1.1\r\nHo", 27, MSG_NOSIGNAL), 27);
+	assert_int_equal(send(half, part, sizeof(part) - 1, MSG_NOSIGNAL), (ssize_t)sizeof(part) - 1);
 	double t0 = now_s();
 	for (int i = 0; i < 63; i++)
 		assert_true((fds[i] = admin_dial()) >= 0);
