@@ -110,4 +110,29 @@ sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Monotonic seconds, for timing. */
+static inline double
+now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A process's resident memory (VmRSS), in bytes; 0 if /proc does not say. */
+static inline double
+proc_rss_bytes(pid_t pid)
+{
+	char path[64], line[256];
+	double kb = 0;
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	while (f != NULL && fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
+			break;
+	if (f != NULL)
+		fclose(f);
+	return kb * 1024;
+}
+
 #endif /* KVP_DAEMON_UTIL_H */

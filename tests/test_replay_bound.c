@@ -48,23 +48,6 @@ teardown(void **state)
 	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
 }
 
-/* VmRSS of the daemon, in bytes (0 if /proc does not say). */
-static double
-daemon_rss(void)
-{
-	char path[64], line[256];
-	double kb = 0;
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)daemon_pid);
-	FILE *f = fopen(path, "r");
-	if (f == NULL)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
-			break;
-	fclose(f);
-	return kb * 1024;
-}
-
 /* A gauge's value for pool "default" from /metrics (-1 if absent). */
 static double
 metric(const char *name)
@@ -107,7 +90,7 @@ test_replay_ring_is_bounded_in_bytes(void **state)
 	for (int r = 0; r < ROUNDS + 20; r++) {
 		if (r == 20) {
 			sleep_ms(200);
-			assert_true((base = daemon_rss()) > 0);
+			assert_true((base = proc_rss_bytes(daemon_pid)) > 0);
 		}
 		for (size_t k = 0; k < BLOCKS * BS; k++) /* fresh hashes each round */
 			tokens[k] = (int64_t)((uint64_t)r * 1000003u + k) % 1000000007;
@@ -124,7 +107,7 @@ test_replay_ring_is_bounded_in_bytes(void **state)
 			double ring = metric("kvpool_replay_ring_bytes");
 			double dropped = metric("kvpool_replay_batches_dropped_for_bytes_total");
 			sleep_ms(200);
-			double grown = daemon_rss() - base;
+			double grown = proc_rss_bytes(daemon_pid) - base;
 			print_message("ring %.0f bytes, %.0f batches dropped for bytes, RSS +%.1f MB\n",
 			              ring, dropped, grown / 1e6);
 			/* One Cache batch is tens of kB: 1 MiB and the newest at most. */

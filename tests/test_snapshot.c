@@ -289,14 +289,6 @@ test_snapshot_unpaged_request_whole_or_too_large(void **state)
 
 /* ---- two million cached blocks ---- */
 
-static double
-now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static void
 test_snapshot_two_million_blocks_in_pages(void **state)
 {

@@ -47,14 +47,6 @@ static uint32_t samples[MAX_SAMPLES]; /* µs, this window's calls */
 static size_t nsamples;
 static atomic_ulong calls, failures, detached, killed, floods;
 
-static double
-now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static uint64_t
 rnd(uint64_t *s)
 {
@@ -236,21 +228,6 @@ flood_once(void)
 	close(fd);
 }
 
-static double
-daemon_rss_mb(void)
-{
-	char path[64], line[256];
-	double kb = 0;
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)daemon_pid);
-	FILE *f = fopen(path, "r");
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kb / 1024;
-}
-
 static int
 cmp_u32(const void *a, const void *b)
 {
@@ -343,7 +320,7 @@ main(int argc, char **argv)
 		}
 		if (now_s() >= next_window) {
 			window(&p50, &p99, &n);
-			rss = daemon_rss_mb();
+			rss = proc_rss_bytes(daemon_pid) / (1 << 20);
 			if (windows++ == 0) {
 				rss0 = rss;
 				p99_0 = p99;
