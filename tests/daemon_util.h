@@ -54,18 +54,22 @@ daemon_stop(pid_t pid)
 	return kvp_reap(pid, 10000);
 }
 
-/* A unique ipc:// URL, tcp port and admin port for this test process. */
+/*
+ * A unique ipc:// URL, tcp port and admin port for this test process, all
+ * below Linux's ephemeral range (32768-60999): a port there may be the
+ * local end of some connection (or its TIME_WAIT), and then cannot be bound.
+ */
 static inline void
 daemon_urls(char *ipc, size_t ipc_len, char *tcp, size_t tcp_len)
 {
 	snprintf(ipc, ipc_len, "ipc:///tmp/kvpool-test-%d.ipc", (int)getpid());
-	snprintf(tcp, tcp_len, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 20000));
+	snprintf(tcp, tcp_len, "tcp://127.0.0.1:%d", 20000 + (int)(getpid() % 12000));
 }
 
 static inline int
 daemon_admin_port(void)
 {
-	return 40000 + (int)(getpid() % 20000);
+	return 8000 + (int)(getpid() % 12000);
 }
 
 /*
