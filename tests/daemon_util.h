@@ -114,6 +114,24 @@ sleep_ms(long ms)
 	nanosleep(&ts, NULL);
 }
 
+/*
+ * The value of one series on the daemon's /metrics (admin on
+ * daemon_admin_port()), named in full with its labels, e.g.
+ * kvpool_blocks{pool="default"}; -1 if the page or the series is missing.
+ * Not thread-safe (one static buffer).
+ */
+static inline double
+metric_value(const char *series)
+{
+	static char body[1 << 18];
+	char key[256];
+	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
+		return -1;
+	snprintf(key, sizeof(key), "\n%s ", series);
+	const char *p = strstr(body, key);
+	return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
 /* Monotonic seconds, for timing. */
 static inline double
 now_s(void)

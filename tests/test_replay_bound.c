@@ -48,18 +48,6 @@ teardown(void **state)
 	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
 }
 
-/* A gauge's value for pool "default" from /metrics (-1 if absent). */
-static double
-metric(const char *name)
-{
-	static char body[1 << 18];
-	char key[160];
-	assert_int_equal(http_get(daemon_admin_port(), "/metrics", body, sizeof(body)), 200);
-	snprintf(key, sizeof(key), "\n%s{pool=\"default\"} ", name);
-	const char *p = strstr(body, key);
-	return p ? strtod(p + strlen(key), NULL) : -1;
-}
-
 struct count {
 	size_t batches, bytes;
 };
@@ -104,8 +92,8 @@ test_replay_ring_is_bounded_in_bytes(void **state)
 		assert_int_equal(kvp_client_free(c, ids, BLOCKS), KVP_OK);
 		assert_int_equal(kvp_client_reset(c), KVP_OK);
 		if (r == ROUNDS + 19) {
-			double ring = metric("kvpool_replay_ring_bytes");
-			double dropped = metric("kvpool_replay_batches_dropped_for_bytes_total");
+			double ring = metric_value("kvpool_replay_ring_bytes{pool=\"default\"}");
+			double dropped = metric_value("kvpool_replay_batches_dropped_for_bytes_total{pool=\"default\"}");
 			sleep_ms(200);
 			double grown = proc_rss_bytes(daemon_pid) - base;
 			print_message("ring %.0f bytes, %.0f batches dropped for bytes, RSS +%.1f MB\n",

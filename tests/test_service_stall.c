@@ -50,13 +50,9 @@ teardown(void **state)
 static double
 closes(const char *reason)
 {
-	static char body[1 << 18];
-	char key[96];
-	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
-		return -1;
-	snprintf(key, sizeof(key), "\nkvpool_connections_closed_total{reason=\"%s\"} ", reason);
-	const char *p = strstr(body, key);
-	return p ? strtod(p + strlen(key), NULL) : -1;
+	char series[96];
+	snprintf(series, sizeof(series), "kvpool_connections_closed_total{reason=\"%s\"}", reason);
+	return metric_value(series);
 }
 
 /* Connects to the daemon's tcp port as an SP REQ peer with a tiny receive buffer. */
