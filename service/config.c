@@ -275,8 +275,11 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		if (rv != 0)
 			return -1;
 	} else if (strcmp(name, "token") == 0) {
-		rv = kvpd_cfg_copy_str(st->global_token, sizeof(st->global_token), v);
+		/* Its own message, which never echoes the value. */
+		rv = kvpd_cfg_take_token(v ? v : "", v ? strlen(v) : 0, "token", st->global_token, err);
 		st->has_global_token = rv == 0;
+		if (rv != 0)
+			return -1;
 	} else if (strcmp(name, "lease-ms") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 100, 86400000u, &c->lease_ms);
 	} else if (strcmp(name, "contexts") == 0) {
@@ -572,6 +575,8 @@ from_flags(struct kvpd_config *c, int argc, char **argv, struct state *st, FILE 
 		}
 		if (strcmp(name, "config") == 0 || strcmp(name, "check-config") == 0)
 			continue;
+		if (strcmp(name, "token") == 0)
+			c->token_in_argv = true; /* main warns: every local user can read it */
 		if (apply(c, name, v, st, err) != 0)
 			PROBLEM();
 	}

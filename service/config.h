@@ -103,6 +103,7 @@ struct kvpd_config {
 	bool quiet;
 	int log_level;             /* enum kvpd_log_level */
 	int log_format;            /* enum kvpd_log_format */
+	bool token_in_argv;        /* --token on the command line: ps shows it */
 	bool check_config;         /* --check-config: check, print, exit */
 };
 

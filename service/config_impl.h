@@ -35,6 +35,7 @@ int kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *er
 int kvpd_cfg_exec_item(struct kvpd_exec_settings *e, const char *k, const char *v);
 /* Reads a token file (trailing whitespace dropped) into dst: 0, or -1 after printing why. */
 int kvpd_cfg_read_token(const char *path, char *dst, FILE *err);
+int kvpd_cfg_take_token(const char *src, size_t n, const char *what, char *dst, FILE *err);
 
 /* One groups= value of a pool spec: 0, or -1 after printing why. */
 int kvpd_cfg_parse_groups(struct kvpd_pool_config *p, const char *v, FILE *err);

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/block_hash.h"
 #include "common/kvp_status.h"
@@ -16,27 +17,69 @@
 #include "service/config.h"
 #include "service/config_impl.h"
 
+/*
+ * A token as given (a file's content or a flag's value): surrounding white
+ * space trimmed; empty, NUL-bearing or over-long tokens refused, since each
+ * would start a pool with no authentication or one nobody can present.
+ * Never echoes the token. 0 or -1 (why on err).
+ */
+int
+kvpd_cfg_take_token(const char *src, size_t n, const char *what, char *dst, FILE *err)
+{
+	while (n > 0 && isspace((unsigned char)src[n - 1]))
+		n--;
+	while (n > 0 && isspace((unsigned char)*src)) {
+		src++;
+		n--;
+	}
+	if (n > 0 && memchr(src, '\0', n) != NULL) {
+		fprintf(err, "kvpoold: %s: the token has a NUL byte in it\n", what);
+		return -1;
+	}
+	if (n == 0) {
+		fprintf(err, "kvpoold: %s: the token is empty (a pool without a token takes no "
+		             "token_file and no token)\n", what);
+		return -1;
+	}
+	if (n > KVPD_TOKEN_MAX - 1) {
+		fprintf(err, "kvpoold: %s: the token is %zu bytes, longer than %d\n", what, n,
+		        KVPD_TOKEN_MAX - 1);
+		return -1;
+	}
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+	return 0;
+}
+
 int
 kvpd_cfg_read_token(const char *path, char *dst, FILE *err)
 {
+	enum { CAP = 4096 }; /* room for a token and generous white space around it */
+	char buf[CAP + 1], what[KVPD_PATH_MAX + 16];
+	struct stat sb;
 	FILE *f = fopen(path, "r");
 	size_t n;
+	int rv;
 
+	snprintf(what, sizeof(what), "token file %s", path);
 	if (f == NULL) {
-		fprintf(err, "kvpoold: token file %s: %s\n", path, strerror(errno));
+		fprintf(err, "kvpoold: %s: %s\n", what, strerror(errno));
 		return -1;
 	}
-	n = fread(dst, 1, KVPD_TOKEN_MAX - 1, f);
-	if (!feof(f)) {
+	if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
 		fclose(f);
-		fprintf(err, "kvpoold: token file %s: longer than %d bytes\n", path, KVPD_TOKEN_MAX - 1);
+		fprintf(err, "kvpoold: %s: not a regular file\n", what);
 		return -1;
 	}
+	n = fread(buf, 1, CAP + 1, f);
 	fclose(f);
-	dst[n] = '\0';
-	while (n > 0 && isspace((unsigned char)dst[n - 1]))
-		dst[--n] = '\0';
-	return 0;
+	if (n > CAP) {
+		fprintf(err, "kvpoold: %s: larger than %d bytes\n", what, CAP);
+		return -1;
+	}
+	rv = kvpd_cfg_take_token(buf, n, what, dst, err);
+	memset(buf, 0, sizeof(buf));
+	return rv;
 }
 
 /* The short form NAME:BLOCKS[:BLOCK_SIZE] (buf is modified): 0 or -1. */

@@ -217,6 +217,10 @@ main(int argc, char **argv, char **envp)
 	kvpd_log_setup(stderr, (enum kvpd_log_level)cfg.log_level,
 	               (enum kvpd_log_format)cfg.log_format);
 	log_starting();
+	if (cfg.token_in_argv)
+		kvpd_log_fields(KVPD_WARN, "config",
+		                "--token shows in the process list to every local user; use "
+		                "--token-file (or KVPOOL_TOKEN_FILE)", NULL, 0);
 	if (!cfg.quiet)
 		log_config(&cfg);
 	/* Block the stop signals in every thread (nng's inherit this mask) and

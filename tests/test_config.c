@@ -175,6 +175,86 @@ test_config_long_lines_devices_and_directories_are_refused(void **state)
 	assert_non_null(strstr(msg, "KVPOOL_POOL is longer than"));
 }
 
+/* Writes n bytes to a fresh temporary file; returns its path (static). */
+static const char *
+token_file(const char *bytes, size_t n)
+{
+	static char path[64];
+	snprintf(path, sizeof(path), "/tmp/kvpool-test-token-%d", (int)getpid());
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	assert_int_equal(fwrite(bytes, 1, n, f), n);
+	assert_int_equal(fclose(f), 0);
+	return path;
+}
+
+/* Loads with err captured into msg (cap bytes). */
+static int
+load_err(struct kvpd_config *c, char **argv, char **envp, char *msg, size_t cap)
+{
+	int argc = 0;
+	while (argv[argc])
+		argc++;
+	memset(msg, 0, cap);
+	FILE *err = fmemopen(msg, cap - 1, "w");
+	assert_non_null(err);
+	int rv = kvpd_config_load(c, argc, argv, envp, sink, err);
+	fclose(err);
+	return rv;
+}
+
+/*
+ * A token that would start a pool with no authentication (empty, white
+ * space, a NUL first) is refused; 255 bytes with a newline are accepted; a
+ * longer one is refused without being printed; --token is noted for a warning.
+ */
+static void
+test_config_tokens_are_checked_and_never_printed(void **state)
+{
+	static char msg[2048], big[400], arg[420];
+	struct kvpd_config c;
+	(void)state;
+
+	const char *bad[][2] = {{"", "empty"}, {" \n\t\n", "empty"}, {"\0secret\n", "NUL"}};
+	for (size_t i = 0; i < 3; i++) {
+		size_t n = i == 2 ? 8 : strlen(bad[i][0]);
+		char *argv[] = {"kvpoold", "--token-file", (char *)token_file(bad[i][0], n), NULL};
+		assert_int_equal(load_err(&c, argv, NULL, msg, sizeof(msg)), -1);
+		assert_non_null(strstr(msg, bad[i][1]));
+		char *pool[] = {"kvpoold", "--pool", NULL, NULL};
+		static char spec[128];
+		snprintf(spec, sizeof(spec), "name=a,blocks=8,token_file=%s", argv[2]);
+		pool[2] = spec;
+		assert_int_equal(load_err(&c, pool, NULL, msg, sizeof(msg)), -1);
+	}
+
+	memset(big, 'k', 255);
+	big[255] = '\n';
+	char *argv[] = {"kvpoold", "--token-file", (char *)token_file(big, 256), NULL};
+	assert_int_equal(load_err(&c, argv, NULL, msg, sizeof(msg)), 0);
+	assert_int_equal(strlen(c.pools[0].token), 255);
+	assert_false(c.token_in_argv);
+
+	memset(big, 'k', 300);
+	argv[2] = (char *)token_file(big, 300);
+	assert_int_equal(load_err(&c, argv, NULL, msg, sizeof(msg)), -1);
+	assert_non_null(strstr(msg, "longer than 255"));
+	assert_null(strstr(msg, "kkkkkkkk"));
+	unlink(argv[2]);
+
+	snprintf(arg, sizeof(arg), "--token=%.300s", big);
+	char *flag[] = {"kvpoold", arg, NULL};
+	assert_int_equal(load_err(&c, flag, NULL, msg, sizeof(msg)), -1);
+	assert_non_null(strstr(msg, "longer than 255"));
+	assert_null(strstr(msg, "kkkkkkkk"));
+	char *empty[] = {"kvpoold", "--token", "  ", NULL};
+	assert_int_equal(load_err(&c, empty, NULL, msg, sizeof(msg)), -1);
+	char *good[] = {"kvpoold", "--token", "s3cret", NULL};
+	assert_int_equal(load_err(&c, good, NULL, msg, sizeof(msg)), 0);
+	assert_string_equal(c.pools[0].token, "s3cret");
+	assert_true(c.token_in_argv);
+}
+
 /* The vLLM wire: off by default; ranks, offsets and the topic resolved or refused at start. */
 static void
 test_config_vllm_wire(void **state)
@@ -232,21 +312,6 @@ test_config_vllm_wire(void **state)
 	assert_int_equal(load(&c, fmt, NULL), -1);
 	char *unk[] = {"kvpoold", "--vllm-nope", "1", NULL};
 	assert_int_equal(load(&c, unk, NULL), -1);
-}
-
-/* Loads with err captured into msg (cap bytes). */
-static int
-load_err(struct kvpd_config *c, char **argv, char **envp, char *msg, size_t cap)
-{
-	int argc = 0;
-	while (argv[argc])
-		argc++;
-	memset(msg, 0, cap);
-	FILE *err = fmemopen(msg, cap - 1, "w");
-	assert_non_null(err);
-	int rv = kvpd_config_load(c, argc, argv, envp, sink, err);
-	fclose(err);
-	return rv;
 }
 
 static int
@@ -333,6 +398,7 @@ main(void)
 		cmocka_unit_test(test_config_flags_over_env_over_file),
 		cmocka_unit_test(test_config_bad_settings_are_refused),
 		cmocka_unit_test(test_config_long_lines_devices_and_directories_are_refused),
+		cmocka_unit_test(test_config_tokens_are_checked_and_never_printed),
 		cmocka_unit_test(test_config_vllm_wire),
 		cmocka_unit_test(test_config_log_settings),
 		cmocka_unit_test(test_config_check_reports_every_problem),
