@@ -182,6 +182,15 @@ log_draining(int sig, uint32_t drain_ms)
 	kvpd_log_fields(KVPD_INFO, "main", "draining", f, 2);
 }
 
+/* SIGHUP (logs go to stderr: nothing to reopen) and SIGUSR1/2 do nothing but this. */
+static void
+log_ignored(int sig)
+{
+	struct kvpd_log_field f[] = {
+		{"signal", sig == SIGHUP ? "SIGHUP" : sig == SIGUSR1 ? "SIGUSR1" : "SIGUSR2"}};
+	kvpd_log_fields(KVPD_INFO, "main", "signal ignored (SIGTERM or SIGINT stops)", f, 1);
+}
+
 int
 main(int argc, char **argv, char **envp)
 {
@@ -224,10 +233,14 @@ main(int argc, char **argv, char **envp)
 	if (!cfg.quiet)
 		log_config(&cfg);
 	/* Block the stop signals in every thread (nng's inherit this mask) and
-	 * take them synchronously below. */
+	 * take them synchronously below; SIGHUP and SIGUSR1/2, whose default
+	 * action would end the daemon without a drain, are taken and ignored. */
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
 	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	sigaddset(&sigs, SIGUSR1);
+	sigaddset(&sigs, SIGUSR2);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
 	if ((rv = kvpd_server_create(&cfg, &srv, err, sizeof(err))) != KVP_OK)
@@ -267,7 +280,13 @@ main(int argc, char **argv, char **envp)
 	atomic_store(&ready, true);
 	log_ready(&cfg, admin != NULL, vllm != NULL);
 
-	sigwait(&sigs, &sig);
+	for (;;) {
+		if (sigwait(&sigs, &sig) != 0)
+			continue;
+		if (sig == SIGTERM || sig == SIGINT)
+			break;
+		log_ignored(sig);
+	}
 	log_draining(sig, cfg.drain_ms);
 	atomic_store(&ready, false); /* /readyz turns 503 while draining */
 	kvpd_transport_close(tr, cfg.drain_ms);

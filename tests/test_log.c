@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "spawn.h"
 
@@ -209,6 +210,60 @@ test_log_config_errors_come_in_the_asked_format(void **state)
 	assert_int_equal(kvpd_config_log_format(1, a6, jsonenv), KVPD_LOG_JSON);
 }
 
+/* Waits up to 5 s for path to hold want; returns how often it does. */
+static int
+log_holds(const char *path, const char *want, int at_least)
+{
+	static char text[65536];
+	int n = 0;
+	for (int tries = 0; tries == 0 || (tries < 100 && n < at_least); tries++) {
+		FILE *f = fopen(path, "r");
+		size_t len = f ? fread(text, 1, sizeof(text) - 1, f) : 0;
+		text[len] = '\0';
+		if (f)
+			fclose(f);
+		n = 0;
+		for (const char *p = text; (p = strstr(p, want)) != NULL; p += strlen(want))
+			n++;
+		if (n < at_least)
+			nanosleep(&(struct timespec){.tv_nsec = 50 * 1000000}, NULL);
+	}
+	return n;
+}
+
+/*
+ * SIGHUP and SIGUSR1/2 used to end kvpoold at once, with no drain and no
+ * invariant check: now each is logged and ignored, and SIGTERM still drains
+ * to exit 0. --token on the command line is warned about.
+ */
+static void
+test_log_hup_and_usr_signals_are_ignored(void **state)
+{
+	char path[64], url[96];
+	int st = -1;
+	(void)state;
+	snprintf(path, sizeof(path), "/tmp/kvp-test-log-sig-%d", (int)getpid());
+	snprintf(url, sizeof(url), "ipc:///tmp/kvp-test-log-sig-%d.ipc", (int)getpid());
+	const char *argv[] = {KVPOOLD_PATH, "--rpc", url, "--admin", "none", "--events", "none",
+	                      "--log-format", "json", "--token", "t0k3n", "--pool", "name=a,blocks=8", NULL};
+	pid_t pid = kvp_spawn(argv, path);
+	assert_true(pid > 0);
+	assert_int_equal(log_holds(path, "\"msg\":\"ready\"", 1), 1);
+	assert_int_equal(log_holds(path, "shows in the process list", 1), 1);
+	int sigs[] = {SIGHUP, SIGUSR1, SIGUSR2};
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(kill(pid, sigs[i]), 0);
+		assert_int_equal(log_holds(path, "signal ignored", i + 1), i + 1);
+	}
+	assert_int_equal(waitpid(pid, &st, WNOHANG), 0); /* still running */
+	assert_int_equal(kill(pid, SIGTERM), 0);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_int_equal(log_holds(path, "t0k3n", 0), 0); /* the token itself never */
+	unlink(path);
+}
+
 int
 main(void)
 {
@@ -219,6 +274,7 @@ main(void)
 		cmocka_unit_test(test_log_levels_and_formats_parse),
 		cmocka_unit_test(test_log_limit_bounds_lines_and_counts_the_rest),
 		cmocka_unit_test(test_log_config_errors_come_in_the_asked_format),
+		cmocka_unit_test(test_log_hup_and_usr_signals_are_ignored),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
