@@ -99,8 +99,8 @@ no_session(struct call *c, uint64_t id, uint64_t now_ms)
 }
 
 int
-kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
-              struct kvpd_sink *sink)
+kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
+              uint64_t now_ms, struct kvpd_sink *sink)
 {
 	struct call c = {.p = p, .call_id = rq->call_id, .sink = sink, .now_ms = now_ms};
 	Kvpool__V1__Reply out = KVPOOL__V1__REPLY__INIT;
@@ -117,15 +117,24 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 		c.sess->last_seen_ms = now_ms;
 		const struct kvpd_cached_reply *cached =
 			mutating ? kvpd_session_cached(c.sess, rq->call_id) : NULL;
-		if (cached != NULL) {
+		if (cached != NULL && cached->request_crc != request_crc) {
+			/* Not a retry: the caller reused a call id for another call. */
+			rv = kvpd_fail(&c, KVP_EINVAL,
+			               "call id %llu was already used for another call of this session "
+			               "(a retry resends the same request)",
+			               (unsigned long long)rq->call_id);
+			mutating = false; /* the first reply stays the one a retry gets */
+		} else if (cached != NULL) {
 			/* A retry: answer what the first attempt answered, apply nothing. */
 			if ((sink->buf = sink->alloc(sink->ctx, cached->len)) == NULL)
 				return KVP_ENOMEM;
 			memcpy(sink->buf, cached->bytes, cached->len);
 			sink->len = cached->len;
 			return KVP_OK;
+		} else {
+			rv = op == NULL ? kvpd_fail(&c, KVP_EINVAL, NO_CALL)
+			                : op->run(&c, rq->allocate, &out);
 		}
-		rv = op == NULL ? kvpd_fail(&c, KVP_EINVAL, NO_CALL) : op->run(&c, rq->allocate, &out);
 	}
 	if (c.oom && rv == KVP_OK)
 		rv = kvpd_fail(&c, KVP_ENOMEM, "out of memory");
@@ -147,7 +156,7 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_m
 	else
 		rv = kvpd_pack_reply(&out, sink);
 	if (rv == KVP_OK && c.sess != NULL && mutating)
-		kvpd_session_remember(c.sess, rq->call_id, sink->buf, sink->len);
+		kvpd_session_remember(c.sess, rq->call_id, request_crc, sink->buf, sink->len);
 	kvpd_scratch_reset(p);
 	kvpd_pool_publish(p); /* one batch per call that produced events */
 	return rv;

@@ -78,9 +78,13 @@ struct kvpd_server {
 /* Encodes a reply into the sink. KVP_OK or KVP_ENOMEM. */
 int kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink);
 
-/* Runs one decoded request on pool p and encodes the reply into the sink. */
-int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint64_t now_ms,
-                  struct kvpd_sink *sink);
+/*
+ * Runs one decoded request on pool p and encodes the reply into the sink.
+ * request_crc: CRC32C of the request's bytes, which tells a retry (same
+ * call id, same bytes: the first reply again) from a reused call id.
+ */
+int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
+                  uint64_t now_ms, struct kvpd_sink *sink);
 
 /* Releases every reference a session holds, newest first. Returns how many. */
 size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/crc32c.h"
 #include "service/dispatch.h"
 #include "gpu/executor.h"
 #include "engine/manager.h"
@@ -421,12 +422,16 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 		return rv;
 	}
 	struct timespec t0, t1;
+	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
+	/* Outside the lock: only a call whose reply is kept for retries needs it. */
+	uint32_t crc = op != NULL && (op->flags & KVPD_CALL_MUTATING) && rq->call_id != 0
+	                       ? kvp_crc32c(0, req, len)
+	                       : 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	nng_mtx_lock(p->lock);
-	rv = kvpd_dispatch(p, rq, now_ms, sink);
+	rv = kvpd_dispatch(p, rq, crc, now_ms, sink);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
 	if (op != NULL) { /* a call with no row was refused, and is not a call */
 		int b = 0, row = (int)kvpd_call_index(op);
 		while (b < KVPD_LATENCY_BUCKETS - 1 && secs > kvpd_latency_bounds[b])

@@ -206,7 +206,8 @@ kvpd_session_cached(const struct kvpd_session *s, uint64_t call_id)
 }
 
 void
-kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *reply,
+kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request_crc,
+                      const uint8_t *reply,
                       size_t len)
 {
 	uint8_t *copy;
@@ -228,6 +229,7 @@ kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *r
 	}
 	struct kvpd_cached_reply *c = &s->cache[s->cache_next];
 	c->call_id = call_id;
+	c->request_crc = request_crc;
 	c->bytes = copy;
 	c->len = len;
 	s->cache_bytes += len;

@@ -19,6 +19,7 @@
 
 struct kvpd_cached_reply {
 	uint64_t call_id; /* 0: empty */
+	uint32_t request_crc; /* CRC32C of the request: a reused call id is not a retry */
 	uint8_t *bytes;
 	size_t len;
 };
@@ -93,7 +94,8 @@ void kvpd_session_each_request(const struct kvpd_session *s,
 const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,
                                                     uint64_t call_id);
 /* Stores a copy of a reply (evicting the oldest as needed); silently skips on ENOMEM. */
-void kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, const uint8_t *reply,
+void kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request_crc,
+                           const uint8_t *reply,
                            size_t len);
 
 #endif /* KVPD_SESSION_H */

@@ -44,7 +44,7 @@ setup(void **state)
 	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
 	                      "--max-ids", "64", "--max-sessions", "12", "--max-msg-bytes", "65536",
 	                      "--lease-ms", "5000", "--log-format", "json", NULL};
-	setenv("KVPOOL_TOKEN", "", 1);
+	unsetenv("KVPOOL_TOKEN");
 	snprintf(log_path, sizeof(log_path), "/tmp/kvpool-test-%d.log", (int)getpid());
 	daemon_pid = daemon_start_log(args, log_path);
 	return daemon_pid > 0 ? 0 : -1;
@@ -691,6 +691,20 @@ test_service_retried_call_id_is_applied_once(void **state)
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	assert_ok(kvp_client_stats(c, &st));
 	assert_int_equal(st.num_free, 1);
+	/* Call id 777 again for a different call: refused, not the old reply. */
+	a.call_id = 777;
+	am.num_blocks = 1;
+	r = raw_call(buf, pack_req(&a, buf));
+	assert_int_equal(r->status, KVP_EINVAL);
+	assert_non_null(strstr(r->detail, "already used for another call"));
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, 1);
+	am.num_blocks = 3; /* the true retry still gets the first reply */
+	r = raw_call(buf, pack_req(&a, buf));
+	assert_int_equal(r->status, KVP_OK);
+	assert_int_equal(r->allocate->n_block_ids, 3);
+	kvpool__v1__reply__free_unpacked(r, NULL);
 	/* Goodbye over the raw socket releases all six. */
 	Kvpool__V1__GoodbyeRequest gb = KVPOOL__V1__GOODBYE_REQUEST__INIT;
 	a.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
