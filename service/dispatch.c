@@ -99,6 +99,30 @@ no_session(struct call *c, uint64_t id, uint64_t now_ms)
 }
 
 int
+kvpd_dispatch_precheck(struct kvpd_pool *p, int call_case, uint64_t call_id, uint64_t session_id,
+                       uint64_t now_ms, struct kvpd_sink *sink, int *pack_rv)
+{
+	const struct kvpd_call_op *op = kvpd_call_lookup(call_case);
+	size_t index;
+	if (op == NULL || (op->flags & KVPD_CALL_NO_SESSION) ||
+	    kvpd_pool_find_session(p, session_id, &index) != NULL)
+		return KVP_OK; /* the full dispatch decides */
+	struct call c = {.p = p, .call_id = call_id, .sink = sink, .now_ms = now_ms};
+	Kvpool__V1__Reply out = KVPOOL__V1__REPLY__INIT;
+	int rv = no_session(&c, session_id, now_ms);
+	p->counters.calls++;
+	p->counters.call_errors++;
+	p->counters.by_call[kvpd_call_index(op)][rv]++;
+	kvpd_sink_refusal(sink, KVPD_REFUSED_AUTH, p->cfg.name, c.detail);
+	out.call_id = call_id;
+	out.status = (Kvpool__V1__Status)rv;
+	out.detail = c.detail;
+	*pack_rv = kvpd_pack_reply(&out, sink);
+	kvpd_scratch_reset(p);
+	return rv;
+}
+
+int
 kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
               uint64_t now_ms, struct kvpd_sink *sink)
 {

@@ -86,6 +86,16 @@ int kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink);
 int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
                   uint64_t now_ms, struct kvpd_sink *sink);
 
+/*
+ * Before a request's body is decoded (p's lock held): a call that needs a
+ * session names one that p has. KVP_OK to go on; else the UNAUTHENTICATED
+ * reply is in the sink (counted as the call's), and *pack_rv is its encoding
+ * status.
+ */
+int kvpd_dispatch_precheck(struct kvpd_pool *p, int call_case, uint64_t call_id,
+                           uint64_t session_id, uint64_t now_ms, struct kvpd_sink *sink,
+                           int *pack_rv);
+
 /* Releases every reference a session holds, newest first. Returns how many. */
 size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);
 

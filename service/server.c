@@ -12,9 +12,13 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "common/crc32c.h"
 #include "service/dispatch.h"
+#include "service/envelope.h"
 #include "gpu/executor.h"
 #include "engine/manager.h"
 #include "engine/pool.h"
@@ -240,11 +244,13 @@ kvpd_server_destroy(struct kvpd_server *s)
  * into its own bump arena instead (POSIX thread-specific data, so the
  * arena is freed when the thread ends), reset after every request.
  */
+#define KVPD_TRIM_AFTER_BYTES (16u << 20)
+
 struct decode_arena {
 	uint8_t *buf;
 	size_t used, cap;
 	void **spill;        /* allocations that did not fit, freed at reset */
-	size_t nspill, capspill;
+	size_t nspill, capspill, spill_bytes;
 };
 
 static pthread_key_t arena_key;
@@ -287,8 +293,10 @@ arena_alloc(void *data, size_t size)
 		a->capspill = cap;
 	}
 	void *p = malloc(size ? size : 1);
-	if (p != NULL)
+	if (p != NULL) {
 		a->spill[a->nspill++] = p;
+		a->spill_bytes += size;
+	}
 	return p;
 }
 
@@ -326,6 +334,12 @@ arena_reset(struct decode_arena *a)
 	spilled = a->nspill;
 	a->nspill = 0;
 	a->used = 0;
+#ifdef __GLIBC__
+	/* After a spike (a huge request), give the pages back rather than keep them. */
+	if (a->spill_bytes >= KVPD_TRIM_AFTER_BYTES)
+		(void)malloc_trim(0);
+#endif
+	a->spill_bytes = 0;
 	/* A request that spilled wants a bigger arena next time (up to 8 MiB). */
 	if (spilled > 0 && a->cap < (8u << 20)) {
 		uint8_t *nb = malloc(a->cap * 2);
@@ -349,10 +363,10 @@ error_reply(uint64_t call_id, int status, const char *detail, struct kvpd_sink *
 }
 
 static struct kvpd_pool *
-find_pool(struct kvpd_server *s, const char *name)
+find_pool(struct kvpd_server *s, const uint8_t *name, size_t len)
 {
 	for (size_t i = 0; i < s->num_pools; i++)
-		if (strcmp(s->pools[i].cfg.name, name) == 0)
+		if (strlen(s->pools[i].cfg.name) == len && memcmp(s->pools[i].cfg.name, name, len) == 0)
 			return &s->pools[i];
 	return NULL;
 }
@@ -402,6 +416,32 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 		kvpd_sink_refusal(sink, KVPD_REFUSED_TOO_LARGE, "", why);
 		return error_reply(0, KVP_ETOOLARGE, "request larger than max-msg-bytes", sink);
 	}
+	/* The envelope first: no body is decoded for an unknown pool or session. */
+	struct kvpd_envelope env;
+	if (kvpd_envelope_scan(req, len, &env) != KVP_OK)
+		return error_reply(0, KVP_EINVAL, "malformed request (not a kvpool.v1.Request)", sink);
+	if (memchr(env.pool, '\0', env.pool_len) != NULL)
+		return error_reply(env.call_id, KVP_EINVAL, "the pool name has a NUL byte in it", sink);
+	if ((p = find_pool(s, env.pool, env.pool_len)) == NULL) {
+		char detail[KVP_WIRE_MAX_NAME + 32];
+		snprintf(detail, sizeof(detail), "no pool named '%.*s'",
+		         (int)(env.pool_len < 128 ? env.pool_len : 128), (const char *)env.pool);
+		return error_reply(env.call_id, KVP_EUNKNOWNPOOL, detail, sink);
+	}
+	nng_mtx_lock(p->lock);
+	int pack_rv = KVP_OK;
+	rv = kvpd_dispatch_precheck(p, (int)env.call_case, env.call_id, env.session_id, now_ms, sink,
+	                            &pack_rv);
+	nng_mtx_unlock(p->lock);
+	if (rv != KVP_OK)
+		return pack_rv;
+	if (env.batch_calls > p->limits.max_ids) {
+		char detail[96];
+		snprintf(detail, sizeof(detail), "%zu calls in one batch; the limit is %u (max-ids)",
+		         env.batch_calls, p->limits.max_ids);
+		return error_reply(env.call_id, KVP_EINVAL, detail, sink);
+	}
+
 	struct decode_arena *arena = arena_get();
 	ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = arena};
 	ProtobufCAllocator *al = arena ? &alloc : NULL;
@@ -409,17 +449,8 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	if (rq == NULL) {
 		if (arena)
 			arena_reset(arena);
-		return error_reply(0, KVP_EINVAL, "malformed request (not a kvpool.v1.Request)", sink);
-	}
-	if ((p = find_pool(s, rq->pool)) == NULL) {
-		char detail[KVP_WIRE_MAX_NAME + 32];
-		snprintf(detail, sizeof(detail), "no pool named '%.128s'", rq->pool);
-		rv = error_reply(rq->call_id, KVP_EUNKNOWNPOOL, detail, sink);
-		if (arena)
-			arena_reset(arena);
-		else
-			kvpool__v1__request__free_unpacked(rq, NULL);
-		return rv;
+		return error_reply(env.call_id, KVP_EINVAL,
+		                   "malformed request (not a kvpool.v1.Request)", sink);
 	}
 	struct timespec t0, t1;
 	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
