@@ -817,9 +817,10 @@ test_service_session_limit_is_busy(void **state)
 	(void)state;
 	for (int i = 0; i < 13; i++) {
 		int rv = kvp_client_open(&o, &c[i]);
-		if (rv == KVP_EBUSY)
-			busy++;
-		else
+		if (rv == KVP_EBUSY) {
+			busy++; /* with the daemon's reason, not an empty detail */
+			assert_non_null(strstr(kvp_client_open_detail(), "sessions, the limit"));
+		} else
 			assert_ok(rv);
 	}
 	assert_int_equal(busy, 1);
