@@ -79,6 +79,9 @@ static const struct setting {
 	{"max-msg-bytes", "N", "largest request accepted, in bytes. Default 8388608"},
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
 	{"max-sessions", "N", "most sessions per pool. Default 1024"},
+	{"ipc-mode", "MODE", "permissions of the ipc:// sockets kvpoold creates, in octal; a path "
+	                     "another user owns is refused. Default 0600 (its own user only); 0660 "
+	                     "lets its group connect"},
 	{"drain-ms", "MS", "on SIGTERM, time allowed for in-flight calls. Default 5000"},
 	{"send-timeout-ms", "MS", "a reply its peer has not taken within this long closes that "
 	                          "connection, so a peer that does not read cannot hold the "
@@ -290,6 +293,12 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &c->max_ids);
 	} else if (strcmp(name, "max-sessions") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 1, 1u << 20, &c->max_sessions);
+	} else if (strcmp(name, "ipc-mode") == 0) {
+		char *end = NULL;
+		unsigned long m = v ? strtoul(v, &end, 8) : 0;
+		rv = v == NULL || *v == '\0' || *end != '\0' || m > 0777 || (m & 0600) != 0600 ? -1 : 0;
+		if (rv == 0)
+			c->ipc_mode = (uint32_t)m;
 	} else if (strcmp(name, "drain-ms") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 0, 600000, &c->drain_ms);
 	} else if (strcmp(name, "send-timeout-ms") == 0) {
@@ -466,6 +475,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->drain_ms = 5000;
 	c->send_timeout_ms = 5000;
 	c->idle_timeout_ms = 300000;
+	c->ipc_mode = 0600;
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
 	c->log_level = KVPD_INFO;
 	c->log_format = KVPD_LOG_TEXT;

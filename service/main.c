@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "service/admin.h"
@@ -250,6 +251,9 @@ main(int argc, char **argv, char **envp)
 		                             {"executor", kvpd_server_pool_note(srv, i)}};
 		kvpd_log_fields(KVPD_INFO, "pool", "pool created", f, 2);
 	}
+	/* The sockets bound from here on get ipc-mode exactly (no window with
+	 * looser permissions); only this thread creates files meanwhile. */
+	mode_t old_mask = umask((mode_t)(~cfg.ipc_mode & 0777));
 	/* The vLLM wire first, so it carries the batches of the very first call. */
 	if ((rv = kvpd_vllm_open(srv, &cfg, &vllm, err, sizeof(err))) != KVP_OK) {
 		kvpd_server_destroy(srv);
@@ -260,6 +264,7 @@ main(int argc, char **argv, char **envp)
 		kvpd_server_destroy(srv);
 		return fail("cannot listen", err);
 	}
+	umask(old_mask);
 	if (cfg.admin[0] != '\0' &&
 	    kvpd_admin_open(srv, cfg.admin, &ready, &admin, err, sizeof(err)) != KVP_OK) {
 		kvpd_transport_close(tr, 0);

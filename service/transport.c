@@ -15,6 +15,7 @@
 
 #include "common/kvp_status.h"
 #include "proto/wire.h"
+#include "service/ipc.h"
 #include "service/log.h"
 
 enum { RECV, SEND };
@@ -422,6 +423,8 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	}
 	for (size_t i = 0; i < cfg->num_rpc; i++) {
 		nng_listener l;
+		if (kvpd_ipc_check(cfg->rpc[i], err, len) != 0)
+			goto fail;
 		if ((rv = nng_listener_create(&l, t->sock, cfg->rpc[i])) != 0) {
 			snprintf(err, len, "endpoint %s: %s", cfg->rpc[i], nng_strerror(rv));
 			goto fail;
@@ -439,6 +442,8 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	}
 	if (cfg->events[0] != '\0') {
 		nng_listener l;
+		if (kvpd_ipc_check(cfg->events, err, len) != 0)
+			goto fail;
 		if ((rv = nng_pub0_open(&t->pub)) != 0) {
 			snprintf(err, len, "cannot open a PUB socket: %s", nng_strerror(rv));
 			goto fail;

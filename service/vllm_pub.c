@@ -15,6 +15,7 @@
 
 #include "common/kvp_status.h"
 #include "proto/vllm_wire.h"
+#include "service/ipc.h"
 #include "service/log.h"
 #include "service/ring.h"
 #include "service/server.h"
@@ -206,6 +207,10 @@ open_socket(void *ctx, int type, uint32_t hwm, const char *ep, bool bind, char *
 
 	if (s == NULL) {
 		snprintf(err, len, "vLLM wire: cannot create a socket: %s", zmq_strerror(errno));
+		return NULL;
+	}
+	if (bind && kvpd_ipc_check(ep, err, len) != 0) {
+		zmq_close(s);
 		return NULL;
 	}
 	if (zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
