@@ -46,6 +46,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t samples[MAX_SAMPLES]; /* µs, this window's calls */
 static size_t nsamples;
 static atomic_ulong calls, failures, detached, killed, floods;
+static char why[4][192]; /* the first failures, as "call: status (detail)" */
 
 static uint64_t
 rnd(uint64_t *s)
@@ -56,25 +57,35 @@ rnd(uint64_t *s)
 	return *s;
 }
 
+/* Keeps the first few failures' reasons for the report. */
+static void
+fail(const char *call, int rv, const char *detail, double at)
+{
+	unsigned long n = atomic_fetch_add(&failures, 1);
+	if (n < sizeof(why) / sizeof(why[0]))
+		snprintf(why[n], sizeof(why[n]), "%s after %.3f s: %s (%s)", call, at, kvp_status_name(rv),
+		         detail ? detail : "");
+}
+
 /* Times one call's status: anything but OK and the load's expected refusals is a failure. */
 static void
-record(double t0, int rv)
+record(struct kvp_client *c, const char *call, double t0, int rv)
 {
 	uint32_t us = (uint32_t)((now_s() - t0) * 1e6);
 	atomic_fetch_add(&calls, 1);
 	if (rv != KVP_OK && rv != KVP_ENOSPACE)
-		atomic_fetch_add(&failures, 1);
+		fail(call, rv, kvp_client_last_detail(c), us / 1e6);
 	pthread_mutex_lock(&mu);
 	if (nsamples < MAX_SAMPLES)
 		samples[nsamples++] = us;
 	pthread_mutex_unlock(&mu);
 }
 
-#define TIMED(rv, call)                   \
-	do {                              \
-		double t0_ = now_s();     \
-		(rv) = (call);            \
-		record(t0_, (rv));        \
+#define TIMED(rv, call)                            \
+	do {                                       \
+		double t0_ = now_s();              \
+		(rv) = (call);                     \
+		record(c, #call, t0_, (rv));       \
 	} while (0)
 
 static struct kvp_client *
@@ -82,7 +93,11 @@ open_client(const char *url, const char *name)
 {
 	struct kvp_client_options o = {.url = url, .client_name = name, .timeout_ms = 5000};
 	struct kvp_client *c = NULL;
-	return kvp_client_open(&o, &c) == KVP_OK ? c : NULL;
+	double t0 = now_s();
+	int rv = kvp_client_open(&o, &c);
+	if (rv != KVP_OK)
+		fail("kvp_client_open", rv, kvp_client_open_detail(), now_s() - t0);
+	return rv == KVP_OK ? c : NULL;
 }
 
 /* One session's life: a few hundred calls, then Goodbye, or (sometimes) none. */
@@ -98,7 +113,6 @@ session(uint64_t *s, int worker)
 	struct kvp_client_slots_result res;
 
 	if (c == NULL) {
-		atomic_fetch_add(&failures, 1);
 		sleep_ms(100);
 		return;
 	}
@@ -368,6 +382,8 @@ main(int argc, char **argv)
 	}
 	if (atomic_load(&failures) > 0) {
 		printf("FAIL: %lu calls failed (not OK, not NO_SPACE)\n", atomic_load(&failures));
+		for (size_t i = 0; i < sizeof(why) / sizeof(why[0]) && why[i][0]; i++)
+			printf("  %s\n", why[i]);
 		ok = 0;
 	}
 	int rc = daemon_stop(daemon_pid);
