@@ -226,8 +226,10 @@ test_service_token_is_checked_per_pool(void **state)
 	assert_ok(kvp_client_open(&o, &c));
 	kvp_client_close(c);
 	/* Client-side failures are statuses too: TLS material that does not exist. */
-	struct kvp_client_options t = {.url = "tls+tcp://127.0.0.1:1", .tls_ca_file = "/nonexistent"};
-	assert_status(kvp_client_open(&t, &c), KVP_EINTERNAL);
+	struct kvp_client_options t = {.url = "tls+tcp://127.0.0.1:1", .tls_ca_file = "/nonexistent",
+	                               .tls_server_name = "localhost"};
+	assert_status(kvp_client_open(&t, &c), KVP_EINVAL);
+	assert_non_null(strstr(kvp_client_open_detail(), "TLS CA file /nonexistent"));
 	struct kvp_client_options bad = {.url = "bogus://x"};
 	assert_status(kvp_client_open(&bad, &c), KVP_EINVAL);
 	assert_status(kvp_client_open(NULL, &c), KVP_EINVAL);

@@ -112,6 +112,44 @@ test_service_tls_client_without_certificate_is_refused(void **state)
 	assert_null(c);
 }
 
+/*
+ * Verification is the default: with no CA given the system's bundle is
+ * used (it does not know the test CA, so the handshake fails, and says so);
+ * an IP address URL needs a server name; only tls_insecure skips the check.
+ */
+static void
+test_service_tls_verifies_the_daemon_by_default(void **state)
+{
+	struct kvp_client_options o = {.url = url, .tls_cert_file = cli_cert, .tls_key_file = cli_key,
+	                               .tls_server_name = "localhost", .timeout_ms = 500,
+	                               .retries = 1, .connect_timeout_ms = 1500};
+	struct kvp_client *c = NULL;
+	bool bundle = access("/etc/ssl/certs/ca-certificates.crt", R_OK) == 0;
+
+	(void)state;
+	if (!have_openssl)
+		skip();
+	int rv = kvp_client_open(&o, &c);
+	print_message("no CA given: %s\n", kvp_client_open_detail());
+	assert_int_not_equal(rv, KVP_OK);
+	assert_null(c);
+	if (bundle)
+		assert_non_null(strstr(kvp_client_open_detail(), "TLS handshake with"));
+	else
+		assert_non_null(strstr(kvp_client_open_detail(), "no system CA bundle"));
+
+	o.tls_ca_file = ca;
+	o.tls_server_name = NULL;
+	assert_int_equal(kvp_client_open(&o, &c), KVP_EINVAL);
+	assert_non_null(strstr(kvp_client_open_detail(), "IP address"));
+
+	o.tls_ca_file = NULL;
+	o.tls_insecure = true;
+	o.connect_timeout_ms = 5000;
+	assert_ok(kvp_client_open(&o, &c));
+	kvp_client_close(c);
+}
+
 static int batches_seen;
 
 static void
@@ -164,6 +202,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_tls_mutual_client_is_served),
 		cmocka_unit_test(test_service_tls_client_without_certificate_is_refused),
+		cmocka_unit_test(test_service_tls_verifies_the_daemon_by_default),
 		cmocka_unit_test(test_service_tls_events_reach_a_tls_subscriber),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

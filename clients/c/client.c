@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clients/c/client_impl.h"
+#include "clients/c/tls.h"
 #include "proto/wire.h"
 
 int
@@ -124,28 +125,12 @@ kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg, Kvpool_
 static int
 tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
 {
-	int rv;
-	if ((rv = nng_tls_config_alloc(&c->tls, NNG_TLS_MODE_CLIENT)) != 0)
-		return kvp_client_fail_(c, KVP_EINTERNAL, "TLS: %s", nng_strerror(rv));
-	if (o->tls_ca_file) {
-		if ((rv = nng_tls_config_ca_file(c->tls, o->tls_ca_file)) != 0)
-			return kvp_client_fail_(c, KVP_EINTERNAL, "TLS CA file: %s", nng_strerror(rv));
-		(void)nng_tls_config_auth_mode(c->tls, NNG_TLS_AUTH_MODE_REQUIRED);
-	} else {
-		(void)nng_tls_config_auth_mode(c->tls, NNG_TLS_AUTH_MODE_NONE);
-	}
-	if (o->tls_server_name && (rv = nng_tls_config_server_name(c->tls, o->tls_server_name)) != 0)
-		return kvp_client_fail_(c, KVP_EINTERNAL, "TLS server name: %s", nng_strerror(rv));
-	if (o->tls_cert_file) {
-		char *cert = kvp_wire_read_file(o->tls_cert_file);
-		char *key = o->tls_key_file ? kvp_wire_read_file(o->tls_key_file) : NULL;
-		rv = cert && key ? nng_tls_config_own_cert(c->tls, cert, key, NULL) : NNG_ENOENT;
-		free(cert);
-		free(key);
-		if (rv != 0)
-			return kvp_client_fail_(c, KVP_EINTERNAL, "TLS client certificate: %s", nng_strerror(rv));
-	}
-	return KVP_OK;
+	struct kvp_tls_options t = {.ca_file = o->tls_ca_file, .cert_file = o->tls_cert_file,
+	                            .key_file = o->tls_key_file, .server_name = o->tls_server_name,
+	                            .insecure = o->tls_insecure};
+	char why[512];
+	int rv = kvpc_tls_client_config(o->url, &t, &c->tls, why, sizeof(why));
+	return rv == KVP_OK ? KVP_OK : kvp_client_fail_(c, rv, "%s", why);
 }
 
 static void
@@ -244,10 +229,17 @@ wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
 	nng_mtx_unlock(c->mtx);
 	if (up)
 		return KVP_OK;
+	/* Over TLS a refused handshake looks the same from here: one dial tells. */
+	int why = c->tls != NULL ? kvpc_tls_probe(url, c->tls) : NNG_ECONNREFUSED;
+	if (why == NNG_ECRYPTO || why == NNG_EPEERAUTH) {
+		snprintf(c->detail, sizeof(c->detail),
+		         "TLS handshake with %s failed: %s (is the daemon's certificate signed by the CA "
+		         "given, for the server name asked? does it want a client certificate?)",
+		         url, nng_strerror(why));
+		return KVP_EUNAVAILABLE;
+	}
 	snprintf(c->detail, sizeof(c->detail),
-	         "cannot connect to %s within %u ms: no kvpoold listening (is it running?)%s", url,
-	         ms, strncmp(url, "tls+", 4) == 0 ? ", or the TLS handshake failed (certificates?)"
-	                                          : "");
+	         "cannot connect to %s within %u ms: no kvpoold listening (is it running?)", url, ms);
 	return KVP_EUNAVAILABLE;
 }
 

@@ -137,7 +137,8 @@ ctl_follow_events(struct ctl *x)
 	                             .tls_ca_file = o->tls_ca_file, .tls_cert_file = o->tls_cert_file,
 	                             .tls_key_file = o->tls_key_file,
 	                             .tls_server_name = o->tls_server_name,
-	                             .connect_timeout_ms = o->connect_timeout_ms};
+	                             .connect_timeout_ms = o->connect_timeout_ms,
+	                             .tls_insecure = o->tls_insecure};
 	struct kvp_sub_handler h = {.ctx = &f, .reset = on_reset, .batch = on_events};
 	struct kvp_sub *sub = NULL;
 	int rv = kvp_sub_open(&so, &h, &sub);

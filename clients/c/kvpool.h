@@ -48,6 +48,10 @@ struct kvp_client_options {
 	                              * connection before KVP_EUNAVAILABLE; 0:
 	                              * timeout_ms x (retries + 1), which also lets a
 	                              * daemon that is still starting come up */
+	bool tls_insecure;          /* tls+tcp:// without verifying the daemon (tests
+	                             * only); otherwise tls_ca_file or the system's
+	                             * CA bundle verifies it, and an IP address URL
+	                             * needs tls_server_name */
 };
 
 /* What Hello said about the pool and the session. */

@@ -176,8 +176,10 @@ static const struct opt {
 	{"--tls-cert", "PATH", NULL, "our certificate, for mutual TLS", O_STR, F(o.tls_cert_file), 0,
 	 0, 0},
 	{"--tls-key", "PATH", NULL, "its key", O_STR, F(o.tls_key_file), 0, 0, 0},
-	{"--tls-server-name", "NAME", NULL, "name to verify (default the URL's host)", O_STR,
-	 F(o.tls_server_name), 0, 0, 0},
+	{"--tls-server-name", "NAME", NULL, "name to verify (default the URL's host; needed for "
+	 "an IP address)", O_STR, F(o.tls_server_name), 0, 0, 0},
+	{"--tls-insecure", NULL, NULL, "do not verify the daemon's certificate (tests only; "
+	 "without --tls-ca the system's CA bundle verifies it)", O_FLAG, F(o.tls_insecure), 0, 0, 0},
 	{"--json", NULL, NULL, "print one JSON object (errors too) or, for events, one per line",
 	 O_FLAG, F(json), 0, 0, 0},
 	{"--help", NULL, NULL, "this help (also -h, kvpoolctl help); nothing is dialed", O_FLAG,

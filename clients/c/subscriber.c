@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "clients/c/client_impl.h"
+#include "clients/c/tls.h"
 #include "proto/event_seal.h"
 #include "proto/event_wire.h"
 #include "proto/wire.h"
@@ -46,7 +47,7 @@ rpc_options(const struct kvp_sub *s, const struct pool_state *ps)
 		.lease_ms = 86400000u, /* it holds no blocks: a long lease costs nothing */
 		.tls_ca_file = s->o.tls_ca_file, .tls_cert_file = s->o.tls_cert_file,
 		.tls_key_file = s->o.tls_key_file, .tls_server_name = s->o.tls_server_name,
-		.connect_timeout_ms = s->o.connect_timeout_ms,
+		.connect_timeout_ms = s->o.connect_timeout_ms, .tls_insecure = s->o.tls_insecure,
 	};
 	return co;
 }
@@ -339,25 +340,15 @@ kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *h,
 		return KVP_EINVAL;
 	}
 	if (strncmp(o->events_url, "tls+", 4) == 0) {
-		if (nng_tls_config_alloc(&s->tls, NNG_TLS_MODE_CLIENT) != 0 ||
-		    (o->tls_ca_file && nng_tls_config_ca_file(s->tls, o->tls_ca_file) != 0) ||
-		    (o->tls_server_name && nng_tls_config_server_name(s->tls, o->tls_server_name) != 0)) {
+		struct kvp_tls_options t = {.ca_file = o->tls_ca_file, .cert_file = o->tls_cert_file,
+		                            .key_file = o->tls_key_file,
+		                            .server_name = o->tls_server_name,
+		                            .insecure = o->tls_insecure};
+		char why[512];
+		if ((rv = kvpc_tls_client_config(o->events_url, &t, &s->tls, why, sizeof(why))) != KVP_OK) {
 			kvp_sub_close(s);
-			return KVP_EINTERNAL;
+			return rv;
 		}
-		if (o->tls_cert_file && o->tls_key_file) {
-			char *cert = kvp_wire_read_file(o->tls_cert_file);
-			char *key = kvp_wire_read_file(o->tls_key_file);
-			int e = cert && key ? nng_tls_config_own_cert(s->tls, cert, key, NULL) : NNG_ENOENT;
-			free(cert);
-			free(key);
-			if (e != 0) {
-				kvp_sub_close(s);
-				return KVP_EINTERNAL;
-			}
-		}
-		(void)nng_tls_config_auth_mode(s->tls, o->tls_ca_file ? NNG_TLS_AUTH_MODE_REQUIRED
-		                                                      : NNG_TLS_AUTH_MODE_NONE);
 		(void)nng_dialer_set_ptr(d, NNG_OPT_TLS_CONFIG, s->tls);
 	}
 	if (nng_dialer_start(d, NNG_FLAG_NONBLOCK) != 0) {

@@ -35,6 +35,7 @@ struct kvp_sub_options {
 	const char *tls_ca_file, *tls_cert_file, *tls_key_file, *tls_server_name;
 	uint32_t connect_timeout_ms; /* how long kvp_sub_open waits for the daemon's RPC;
 	                              * 0: as kvp_client_options' (timeout x attempts) */
+	bool tls_insecure;          /* as kvp_client_options' */
 };
 
 struct kvp_sub_handler {

@@ -50,7 +50,8 @@ class Options(Structure):
                 ("client_name", c_char_p), ("lease_ms", c_uint32), ("timeout_ms", c_uint32),
                 ("retries", c_uint32), ("tls_ca_file", c_char_p), ("tls_cert_file", c_char_p),
                 ("tls_key_file", c_char_p), ("tls_server_name", c_char_p),
-                ("session_id", c_uint64), ("connect_timeout_ms", c_uint32)]
+                ("session_id", c_uint64), ("connect_timeout_ms", c_uint32),
+                ("tls_insecure", c_bool)]
 
 
 class Executor(Structure):
@@ -258,7 +259,8 @@ class SubOptions(Structure):
                 ("pools", POINTER(c_char_p)), ("num_pools", c_size_t), ("token", c_char_p),
                 ("timeout_ms", c_uint32), ("recv_buffer", c_int), ("tls_ca_file", c_char_p),
                 ("tls_cert_file", c_char_p), ("tls_key_file", c_char_p),
-                ("tls_server_name", c_char_p), ("connect_timeout_ms", c_uint32)]
+                ("tls_server_name", c_char_p), ("connect_timeout_ms", c_uint32),
+                ("tls_insecure", c_bool)]
 
 
 RESET_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_uint64, c_uint64,

@@ -125,7 +125,7 @@ class Client:
                  connect_timeout_ms=0):
         self.url = url
         tls = tls or {}
-        unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name"}
+        unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name", "insecure"}
         if unknown:
             raise ValueError(f"kvpool: unknown tls keys {sorted(unknown)}")
         enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
@@ -134,7 +134,7 @@ class Client:
                          enc(tls.get("key_file")), enc(tls.get("server_name"))]
         s = self._strings
         o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
-                      s[7], session_id, connect_timeout_ms)
+                      s[7], session_id, connect_timeout_ms, bool(tls.get("insecure")))
         self._c = L.CLIENT()
         rv = L.kvp_client_open(byref(o), byref(self._c))
         if rv != 0:

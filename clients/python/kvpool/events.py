@@ -148,7 +148,7 @@ class Subscriber:
                          enc(tls.get("server_name")), names]
         s = self._strings
         o = L.SubOptions(s[0], s[1], None, names, len(self._names), s[2], timeout_ms, 0, s[3],
-                         s[4], s[5], s[6])
+                         s[4], s[5], s[6], 0, bool(tls.get("insecure")))
         self._queue = []
         self._error = None
         self.int_hashes = int_hashes
