@@ -84,17 +84,24 @@ writable(struct req_map *m, const int32_t *ids, size_t n, bool exclusive)
 {
 	struct call *c = m->c;
 	for (size_t i = 0; i < n; i++) {
-		bool held = kvpd_session_held(c->sess, ids[i]) > 0;
+		int32_t own = (int32_t)kvpd_session_held(c->sess, ids[i]);
+		bool by_request = false;
 		int rv;
-		if (!held && (rv = request_holds(m, ids[i], &held)) != KVP_OK)
+		if ((own == 0 || exclusive) && (rv = request_holds(m, ids[i], &by_request)) != KVP_OK)
 			return rv;
-		if (!held)
+		own += by_request;
+		if (own == 0)
 			return kvpd_fail(c, KVP_ENOTOWNER,
 			                 "neither this session nor its requests hold block %d", ids[i]);
 		if (exclusive && cached(c, ids[i]))
 			return kvpd_fail(c, KVP_ESTATE,
 			                 "block %d is cached: its content is shared (copy it, then write)",
 			                 ids[i]);
+		/* A reference taken with Touch is not ownership of the content. */
+		if (exclusive && kvp_pool_ref_cnt(c->p->pool, ids[i]) > own)
+			return kvpd_fail(c, KVP_ENOTOWNER,
+			                 "block %d is also held by another session or request: only its "
+			                 "sole holder may write it", ids[i]);
 	}
 	return KVP_OK;
 }

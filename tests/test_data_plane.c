@@ -228,6 +228,15 @@ copy_on_write(void **state)
 	assert_status(kvp_client_copy_blocks(c, copy, ids, 1), KVP_ESTATE);
 	int32_t src2[2] = {copy[0], copy[1]}, dst2[2] = {copy[1], copy[0]};
 	assert_status(kvp_client_copy_blocks(c, src2, dst2, 2), KVP_EINVAL);
+	/* Another session that Touches an uncached block it does not own may not write it. */
+	struct kvp_client *other = client(ipc_url, "kv");
+	assert_ok(kvp_client_touch(other, copy, 1));
+	assert_status(kvp_client_write_blocks(other, copy, 1, b, BLOCK_BYTES), KVP_ENOTOWNER);
+	assert_non_null(strstr(kvp_client_last_detail(other), "sole holder"));
+	assert_status(kvp_client_write_blocks(c, copy, 1, b, BLOCK_BYTES), KVP_ENOTOWNER);
+	assert_ok(kvp_client_free(other, copy, 1));
+	assert_ok(kvp_client_write_blocks(c, copy, 1, b, BLOCK_BYTES)); /* sole holder again */
+	kvp_client_close(other);
 	assert_ok(kvp_client_free(c, copy, 2));
 	assert_ok(kvp_client_free(c, ids, 2));
 	free(a);
