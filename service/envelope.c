@@ -6,7 +6,7 @@
 #include "common/kvp_status.h"
 
 /* Request's field numbers (proto/kvpool.proto). */
-enum { F_CALL_ID = 1, F_POOL = 2, F_SESSION_ID = 3, F_FIRST_CALL = 10, F_LAST_CALL = 30,
+enum { F_CALL_ID = 1, F_POOL = 2, F_SESSION_ID = 3, F_TOKEN = 4, F_FIRST_CALL = 10, F_LAST_CALL = 30,
        F_BATCH = 22, F_BATCH_CALLS = 1 };
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
@@ -96,6 +96,7 @@ kvpd_envelope_scan(const uint8_t *b, size_t n, struct kvpd_envelope *e)
 		return KVP_EINVAL;
 	memset(&out, 0, sizeof(out));
 	out.pool = (const uint8_t *)"";
+	out.token = (const uint8_t *)"";
 	while ((rv = next_field(b, n, &pos, &field, &wt, &v, &bytes)) == 1) {
 		if (field == F_CALL_ID && wt == WT_VARINT) {
 			out.call_id = v;
@@ -104,6 +105,9 @@ kvpd_envelope_scan(const uint8_t *b, size_t n, struct kvpd_envelope *e)
 		} else if (field == F_POOL && wt == WT_LEN) {
 			out.pool = bytes;
 			out.pool_len = (size_t)v;
+		} else if (field == F_TOKEN && wt == WT_LEN) {
+			out.token = bytes;
+			out.token_len = (size_t)v;
 		} else if (field >= F_FIRST_CALL && field <= F_LAST_CALL && wt == WT_LEN) {
 			out.call_case = field;
 			/* A repeated message field merges: a Batch's calls add up. */

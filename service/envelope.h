@@ -20,6 +20,8 @@ struct kvpd_envelope {
 	uint64_t call_id, session_id;
 	const uint8_t *pool; /* not NUL-terminated; may hold a NUL (refused by the caller) */
 	size_t pool_len;
+	const uint8_t *token; /* the call's token bytes (may be empty) */
+	size_t token_len;
 	uint32_t call_case;  /* the call's field number (Request's oneof); 0: none */
 	size_t batch_calls;  /* for a Batch: its calls, over every occurrence */
 };

@@ -30,17 +30,31 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 {
 	int rv = NNG_ETIMEDOUT;
 
-	if (rq != NULL)
+	size_t extra = 0;
+	uint8_t tail[3];
+	if (rq != NULL) {
 		len = kvpool__v1__request__get_packed_size(rq);
+	} else if (c->token_len > 0) {
+		/* Raw bytes get the token appended as field 4 (the last occurrence wins). */
+		tail[0] = 4 << 3 | 2;
+		tail[1] = (uint8_t)(c->token_len | (c->token_len >= 0x80 ? 0x80 : 0));
+		tail[2] = (uint8_t)(c->token_len >> 7);
+		extra = (c->token_len >= 0x80 ? 3 : 2) + c->token_len;
+	}
 	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
 		nng_msg *msg;
-		if (nng_msg_alloc(&msg, len) != 0)
+		if (nng_msg_alloc(&msg, len + extra) != 0)
 			return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
+		uint8_t *body = nng_msg_body(msg);
 		if (rq != NULL)
-			kvpool__v1__request__pack(rq, nng_msg_body(msg));
+			kvpool__v1__request__pack(rq, body);
 		else if (len > 0)
-			memcpy(nng_msg_body(msg), req, len);
-		c->last_sent = len;
+			memcpy(body, req, len);
+		if (extra > 0) {
+			memcpy(body + len, tail, extra - c->token_len);
+			memcpy(body + len + extra - c->token_len, c->token, c->token_len);
+		}
+		c->last_sent = len + extra;
 		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
 			nng_msg_free(msg);
 			if (rv == NNG_ETIMEDOUT)
@@ -84,6 +98,7 @@ kvp_client_send_(struct kvp_client *c, Kvpool__V1__Request *rq, nng_msg **reply)
 	rq->call_id = c->next_call_id++;
 	rq->pool = c->pool;
 	rq->session_id = c->session;
+	kvp_client_set_token_(c, rq);
 	return roundtrip(c, rq, NULL, 0, reply);
 }
 
@@ -315,9 +330,18 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 		         KVP_WIRE_MAX_NAME - 1);
 		return KVP_EINVAL;
 	}
+	if (o->token && strlen(o->token) > 255) {
+		/* A daemon's token is at most 255 bytes: this one can match none. */
+		snprintf(open_detail, sizeof(open_detail), "token longer than 255 bytes");
+		return KVP_EINVAL;
+	}
 	if ((c = calloc(1, sizeof(*c))) == NULL) {
 		snprintf(open_detail, sizeof(open_detail), "out of memory");
 		return KVP_ENOMEM;
+	}
+	if (o->token != NULL) {
+		c->token_len = strlen(o->token);
+		memcpy(c->token, o->token, c->token_len);
 	}
 	snprintf(c->pool, sizeof(c->pool), "%s", o->pool ? o->pool : "default");
 	c->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
@@ -371,10 +395,21 @@ fail:
 }
 
 void
+kvp_client_set_token_(const struct kvp_client *c, Kvpool__V1__Request *rq)
+{
+	rq->token.data = (uint8_t *)c->token;
+	rq->token.len = c->token_len;
+}
+
+void
 kvp_client_detach(struct kvp_client *c)
 {
 	if (c == NULL)
 		return;
+	/* The token leaves no copy in freed memory. */
+	volatile uint8_t *t = c->token;
+	for (size_t i = 0; i < sizeof(c->token); i++)
+		t[i] = 0;
 	nng_close(c->sock); /* after it, no pipe callback runs */
 	if (c->tls)
 		nng_tls_config_free(c->tls);

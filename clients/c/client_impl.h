@@ -25,6 +25,9 @@ struct kvp_client {
 	char pool[KVP_WIRE_MAX_NAME];
 	uint64_t session;
 	uint64_t next_call_id;
+	/* The pool's token, sent on every call (the daemon checks each, not only Hello). */
+	uint8_t token[256];
+	size_t token_len;
 	uint32_t timeout_ms, retries;
 	size_t last_sent;           /* bytes of the last request sent */
 	struct kvp_client_info info;
@@ -53,6 +56,9 @@ int kvp_client_call_(struct kvp_client *c, Kvpool__V1__Request *rq, Kvpool__V1__
  * undecoded (the caller frees it), for replies parsed in place.
  */
 int kvp_client_send_(struct kvp_client *c, Kvpool__V1__Request *rq, nng_msg **reply);
+
+/* Puts the client's token (if any) in rq's envelope. */
+void kvp_client_set_token_(const struct kvp_client *c, Kvpool__V1__Request *rq);
 
 /* Decodes a reply message as kvp_client_call_ does (and frees the message). */
 int kvp_client_decode_(struct kvp_client *c, uint64_t call_id, nng_msg *msg,

@@ -412,7 +412,9 @@ int kvp_client_replay(struct kvp_client *c, uint64_t epoch, uint64_t from_seq, b
 
 /*
  * Sends one pre-encoded kvpool.v1.Request and returns the raw reply bytes
- * (malloc'd): for tools and tests that speak the wire directly.
+ * (malloc'd): for tools and tests that speak the wire directly. A client
+ * opened with a token appends it to the bytes (Request.token, whose last
+ * occurrence wins), as every call of a pool with a token must carry it.
  */
 int kvp_client_raw(struct kvp_client *c, const uint8_t *req, size_t len, uint8_t **reply,
                    size_t *reply_len);
