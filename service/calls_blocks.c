@@ -44,6 +44,20 @@ check_owned(struct call *c, const int32_t *ids, size_t n)
 	return KVP_OK;
 }
 
+/* Whether the pool's sessions may take n more references (--max-refs). */
+static int
+room_for_refs(struct call *c, size_t n)
+{
+	uint64_t held = c->p->refs_held, limit = c->p->limits.max_refs;
+	if (held + n <= limit)
+		return KVP_OK;
+	c->p->counters.limit_refusals++;
+	return kvpd_fail(c, KVP_EBUSY, "the pool's sessions hold %llu block references (this one "
+	                 "%llu); %zu more would pass the limit of %llu (max-refs): free some first",
+	                 (unsigned long long)held, (unsigned long long)c->sess->held, n,
+	                 (unsigned long long)limit);
+}
+
 static int
 engine(struct call *c, int rv, const char *what)
 {
@@ -67,6 +81,8 @@ kvpd_h_allocate(struct call *c, const Kvpool__V1__AllocateRequest *m, Kvpool__V1
 	if (m->num_blocks > kvp_pool_num_free(c->p->pool))
 		return kvpd_fail(c, KVP_ENOSPACE, "%u blocks asked, %u free", m->num_blocks,
 		            kvp_pool_num_free(c->p->pool));
+	if ((rv = room_for_refs(c, m->num_blocks)))
+		return rv;
 	r = NEW(c, Kvpool__V1__AllocateReply, kvpool__v1__allocate_reply__descriptor);
 	ids = kvpd_scratch(c, (size_t)m->num_blocks * sizeof(*ids));
 	if (r == NULL || ids == NULL || kvpd_session_reserve(c->sess, m->num_blocks) != KVP_OK)
@@ -88,7 +104,12 @@ kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Repl
 	Kvpool__V1__TouchReply *r = NEW(c, Kvpool__V1__TouchReply, kvpool__v1__touch_reply__descriptor);
 	int rv;
 
+	size_t refs = 0;
 	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)))
+		return rv;
+	for (size_t i = 0; i < m->n_block_ids; i++)
+		refs += m->block_ids[i] != KVP_NULL_BLOCK;
+	if ((rv = room_for_refs(c, refs)))
 		return rv;
 	if (r == NULL || kvpd_session_reserve(c->sess, m->n_block_ids) != KVP_OK)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");

@@ -25,14 +25,14 @@ kvpd_pool_find_session(struct kvpd_pool *p, uint64_t id, size_t *index)
 	return NULL;
 }
 
-static bool
-token_ok(const char *want, const char *got)
+bool
+kvpd_token_matches(const char *want, const uint8_t *got, size_t lg)
 {
 	/* Compares every byte whatever the first difference: no timing hint. */
-	size_t lw = strlen(want), lg = strlen(got);
-	unsigned diff = (unsigned)(lw ^ lg);
+	size_t lw = strlen(want);
+	unsigned diff = lw != lg;
 	for (size_t i = 0; i < lw; i++)
-		diff |= (unsigned char)want[i] ^ (unsigned char)(i < lg ? got[i] : 0);
+		diff |= (unsigned char)want[i] ^ (i < lg ? got[i] : 0u);
 	return diff == 0;
 }
 
@@ -139,7 +139,7 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	if (p->cfg.token[0] != '\0' && tok[0] == '\0')
 		return kvpd_fail(c, KVP_EUNAUTH, "pool %s needs an auth token and none was given",
 		                 p->cfg.name);
-	if (!token_ok(p->cfg.token, tok))
+	if (!kvpd_token_matches(p->cfg.token, (const uint8_t *)tok, strlen(tok)))
 		return kvpd_fail(c, KVP_EUNAUTH, "wrong auth token for pool %s", p->cfg.name);
 	if (p->num_sessions >= p->limits.max_sessions) {
 		kvpd_fail(c, KVP_EBUSY, "pool %s has %zu sessions, the limit", p->cfg.name,
@@ -165,6 +165,8 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	if ((info = pool_info(c)) == NULL)
 		return c->status;
 	struct kvpd_session *s = kvpd_session_create(new_session_id(p), lease, m->client_name, now_ms);
+	if (s != NULL)
+		s->pool_held = &p->refs_held;
 	if (s == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	p->sessions[p->num_sessions++] = s;
@@ -184,24 +186,44 @@ free_request(void *mgr, uint64_t mgr_id)
 	(void)kvp_mgr_free_request(mgr, mgr_id);
 }
 
+static int
+free_one(void *pool, int32_t id)
+{
+	return kvp_pool_free_blocks(pool, &id, 1);
+}
+
 size_t
 kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s)
 {
-	size_t n = 0;
-	int32_t *ids;
-
+	size_t n = s->held;
 	/* The session's requests first, newest first: each frees its blocks tail first. */
 	kvpd_session_end_requests(s, free_request, p->mgr);
-	ids = kvpd_session_all_newest_first(s, &n);
-
-	/* One block at a time, newest first, as the scheduler would have freed them. */
-	for (size_t i = 0; i < n; i++) {
-		int rv = kvp_pool_free_blocks(p->pool, &ids[i], 1);
-		if (rv == KVP_OK)
-			kvpd_session_remove(s, ids[i]);
-	}
-	free(ids);
+	/* Then one block at a time, newest first, as the scheduler would have freed them. */
+	kvpd_session_release_some(s, SIZE_MAX, free_one, p->pool);
 	return n;
+}
+
+/* Forgets an ended session whose references are all released. */
+static void
+finish(struct kvpd_pool *p, struct kvpd_session *s)
+{
+	p->refs_held -= s->held; /* 0, unless the engine refused a release */
+	kvpd_session_destroy(s);
+}
+
+bool
+kvpd_pool_release_pending(struct kvpd_pool *p, size_t max)
+{
+	while (p->num_ending > 0 && max > 0) {
+		struct kvpd_session *s = p->ending[0];
+		size_t seen = kvpd_session_release_some(s, max, free_one, p->pool);
+		max -= seen < max ? seen : max;
+		if (s->held == 0 || s->log_len == 0) {
+			finish(p, s);
+			memmove(p->ending, p->ending + 1, --p->num_ending * sizeof(*p->ending));
+		}
+	}
+	return p->num_ending > 0;
 }
 
 const struct kvpd_gone_session *
@@ -216,6 +238,12 @@ kvpd_pool_find_gone(const struct kvpd_pool *p, uint64_t id)
 	return NULL;
 }
 
+/*
+ * Ends a session: it leaves the table at once (no call finds it), its
+ * requests end and its stored replies go; its references join the pool's
+ * pending releases, which kvpd_pool_release_pending works through in
+ * slices, so one session's end never holds the lock for all of them.
+ */
 static void
 drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why, uint64_t now_ms)
 {
@@ -225,16 +253,30 @@ drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why, uint64_t
 	                                .lease_ms = s->lease_ms, .requests = (uint32_t)s->num_reqs,
 	                                .why = (uint8_t)why};
 	memcpy(g->client, s->client, sizeof(g->client));
-	kvpd_pool_release_session(p, s);
-	kvpd_session_destroy(s);
 	p->sessions[index] = p->sessions[--p->num_sessions];
+	kvpd_session_end_requests(s, free_request, p->mgr);
+	p->reply_cache_used -= kvpd_session_forget_replies(s);
+	if (s->held > 0 && p->num_ending == p->cap_ending) {
+		size_t cap = p->cap_ending ? 2 * p->cap_ending : 8;
+		struct kvpd_session **e = realloc(p->ending, cap * sizeof(*e));
+		if (e != NULL) {
+			p->ending = e;
+			p->cap_ending = cap;
+		}
+	}
+	if (s->held > 0 && p->num_ending < p->cap_ending) {
+		p->ending[p->num_ending++] = s;
+		return;
+	}
+	kvpd_session_release_some(s, SIZE_MAX, free_one, p->pool); /* out of memory: at once */
+	finish(p, s);
 }
 
 size_t
-kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms)
+kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max)
 {
 	size_t n = 0;
-	for (size_t i = 0; i < p->num_sessions;) {
+	for (size_t i = 0; i < p->num_sessions && n < max;) {
 		struct kvpd_session *s = p->sessions[i];
 		if (now_ms - s->last_seen_ms > s->lease_ms && now_ms > s->last_seen_ms) {
 			drop_session(p, i, KVPD_GONE_EXPIRED, now_ms);

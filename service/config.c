@@ -79,6 +79,16 @@ static const struct setting {
 	{"max-msg-bytes", "N", "largest request accepted, in bytes. Default 8388608"},
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
 	{"max-sessions", "N", "most sessions per pool. Default 1024"},
+	{"max-refs", "N", "most block references a pool's sessions may hold in all (each block "
+	                  "an Allocate or Touch names is one; a call that would pass it is refused "
+	                  "BUSY); each costs the daemon 4-16 bytes. 0: 16 per block of the pool, at "
+	                  "least 1048576. Default 0"},
+	{"max-session-requests", "N", "most live requests (AllocateSlots) one session may hold, so "
+	                              "one scheduler cannot take a pool's every request slot. "
+	                              "Default 4096"},
+	{"reply-cache-mib", "N", "MiB of stored replies (kept so a retried call is answered, not "
+	                         "applied twice) per pool, over all its sessions; the oldest go "
+	                         "first. Default 64"},
 	{"ipc-mode", "MODE", "permissions of the ipc:// sockets kvpoold creates, in octal; a path "
 	                     "another user owns is refused. Default 0600 (its own user only); 0660 "
 	                     "lets its group connect"},
@@ -293,6 +303,12 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_parse_u32(v, 1, 1u << 24, &c->max_ids);
 	} else if (strcmp(name, "max-sessions") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 1, 1u << 20, &c->max_sessions);
+	} else if (strcmp(name, "max-refs") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 0, 1u << 30, &c->max_refs);
+	} else if (strcmp(name, "max-session-requests") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 1, 1u << 20, &c->max_session_requests);
+	} else if (strcmp(name, "reply-cache-mib") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 1, 1u << 16, &c->reply_cache_mib);
 	} else if (strcmp(name, "ipc-mode") == 0) {
 		char *end = NULL;
 		unsigned long m = v ? strtoul(v, &end, 8) : 0;
@@ -472,6 +488,8 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->max_msg_bytes = KVP_WIRE_DEFAULT_MAX_MSG;
 	c->max_ids = KVP_WIRE_DEFAULT_MAX_IDS;
 	c->max_sessions = 1024;
+	c->max_session_requests = 4096;
+	c->reply_cache_mib = 64;
 	c->drain_ms = 5000;
 	c->send_timeout_ms = 5000;
 	c->idle_timeout_ms = 300000;

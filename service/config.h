@@ -95,6 +95,9 @@ struct kvpd_config {
 	uint32_t max_msg_bytes;
 	uint32_t max_ids;          /* ids or tokens per call */
 	uint32_t max_sessions;     /* per pool */
+	uint32_t max_refs;         /* block references a pool's sessions hold in all; 0: auto */
+	uint32_t max_session_requests; /* live requests one session may hold */
+	uint32_t reply_cache_mib;  /* stored replies per pool, over its sessions */
 	uint32_t drain_ms;         /* graceful shutdown budget */
 	uint32_t send_timeout_ms;  /* a reply not taken within this closes its connection */
 	uint32_t idle_timeout_ms;  /* a connection with no request this long is closed; 0: never */

@@ -48,6 +48,8 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 	             "max-sessions = %u\ndrain-ms = %u\nsend-timeout-ms = %u\nidle-timeout-ms = %u\n",
 	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms,
 	        c->send_timeout_ms, c->idle_timeout_ms);
+	fprintf(out, "max-refs = %u\nmax-session-requests = %u\nreply-cache-mib = %u\n",
+	        c->max_refs, c->max_session_requests, c->reply_cache_mib);
 	fprintf(out, "ipc-mode = %04o\n", (unsigned)c->ipc_mode);
 	fprintf(out, "executor = %s\ndevice = %d\nkv-layers = %u\nkv-heads = %u\nkv-head-size = %u\n"
 	             "kv-dtype = %s\nkv-layout = %s\nkv-memory = %s\n",

@@ -98,28 +98,76 @@ no_session(struct call *c, uint64_t id, uint64_t now_ms)
 	                 (unsigned long long)g->released);
 }
 
-int
-kvpd_dispatch_precheck(struct kvpd_pool *p, int call_case, uint64_t call_id, uint64_t session_id,
-                       uint64_t now_ms, struct kvpd_sink *sink, int *pack_rv)
+/* Why a call on a pool with a token is refused: it carried none, or another. */
+static int
+token_refused(struct call *c, size_t len)
 {
-	const struct kvpd_call_op *op = kvpd_call_lookup(call_case);
+	if (len == 0)
+		return kvpd_fail(c, KVP_EUNAUTH, "pool %s has a token and this call carries none: "
+		                 "every call of such a pool carries it, not only Hello (kvpool's "
+		                 "clients do this themselves)", c->p->cfg.name);
+	return kvpd_fail(c, KVP_EUNAUTH, "wrong auth token for pool %s on this call",
+	                 c->p->cfg.name);
+}
+
+int
+kvpd_dispatch_precheck(struct kvpd_pool *p, const struct kvpd_envelope *e, uint64_t now_ms,
+                       struct kvpd_sink *sink, int *pack_rv)
+{
+	const struct kvpd_call_op *op = kvpd_call_lookup((int)e->call_case);
+	struct call c = {.p = p, .call_id = e->call_id, .sink = sink, .now_ms = now_ms};
 	size_t index;
-	if (op == NULL || (op->flags & KVPD_CALL_NO_SESSION) ||
-	    kvpd_pool_find_session(p, session_id, &index) != NULL)
+	int rv;
+	if (op == NULL || (op->flags & KVPD_CALL_NO_SESSION))
 		return KVP_OK; /* the full dispatch decides */
-	struct call c = {.p = p, .call_id = call_id, .sink = sink, .now_ms = now_ms};
+	if (p->cfg.token[0] != '\0' && !kvpd_token_matches(p->cfg.token, e->token, e->token_len))
+		rv = token_refused(&c, e->token_len);
+	else if (kvpd_pool_find_session(p, e->session_id, &index) == NULL)
+		rv = no_session(&c, e->session_id, now_ms);
+	else
+		return KVP_OK;
 	Kvpool__V1__Reply out = KVPOOL__V1__REPLY__INIT;
-	int rv = no_session(&c, session_id, now_ms);
 	p->counters.calls++;
 	p->counters.call_errors++;
 	p->counters.by_call[kvpd_call_index(op)][rv]++;
 	kvpd_sink_refusal(sink, KVPD_REFUSED_AUTH, p->cfg.name, c.detail);
-	out.call_id = call_id;
+	out.call_id = e->call_id;
 	out.status = (Kvpool__V1__Status)rv;
 	out.detail = c.detail;
 	*pack_rv = kvpd_pack_reply(&out, sink);
 	kvpd_scratch_reset(p);
 	return rv;
+}
+
+/*
+ * Stores a mutating call's reply for retries, within the pool's byte budget
+ * over every session: the pool's oldest stored replies (whoever's) go first.
+ * O(sessions) per reply evicted, which only a pool at its budget pays.
+ */
+static void
+remember(struct kvpd_pool *p, struct kvpd_session *s, uint64_t call_id, uint32_t crc,
+         const struct kvpd_sink *sink)
+{
+	size_t before = s->cache_bytes;
+	if (sink->len > p->limits.reply_cache_bytes)
+		return;
+	kvpd_session_remember(s, call_id, crc, sink->buf, sink->len, ++p->reply_stamp);
+	p->reply_cache_used = p->reply_cache_used - before + s->cache_bytes;
+	while (p->reply_cache_used > p->limits.reply_cache_bytes) {
+		struct kvpd_session *old = NULL;
+		uint64_t best = UINT64_MAX;
+		for (size_t i = 0; i < p->num_sessions; i++) {
+			uint64_t st = kvpd_session_oldest_stamp(p->sessions[i]);
+			if (st < best) {
+				best = st;
+				old = p->sessions[i];
+			}
+		}
+		if (old == NULL)
+			break; /* cannot happen: the bytes are some session's */
+		p->reply_cache_used -= kvpd_session_forget_oldest(old);
+		p->counters.replies_forgotten++;
+	}
 }
 
 int
@@ -180,7 +228,7 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t reque
 	else
 		rv = kvpd_pack_reply(&out, sink);
 	if (rv == KVP_OK && c.sess != NULL && mutating)
-		kvpd_session_remember(c.sess, rq->call_id, request_crc, sink->buf, sink->len);
+		remember(p, c.sess, rq->call_id, request_crc, sink);
 	kvpd_scratch_reset(p);
 	kvpd_pool_publish(p); /* one batch per call that produced events */
 	return rv;
@@ -240,6 +288,8 @@ kvpd_pool_check(struct kvpd_pool *p, char *detail, size_t len)
 		uint64_t held = 0;
 		for (size_t i = 0; i < p->num_sessions; i++)
 			held += kvpd_session_held(p->sessions[i], (int32_t)id);
+		for (size_t i = 0; i < p->num_ending; i++)
+			held += kvpd_session_held(p->ending[i], (int32_t)id);
 		if (held > (uint64_t)kvp_pool_ref_cnt(p->pool, (int32_t)id)) {
 			snprintf(detail, len, "block %u: sessions hold %llu references, ref_cnt %d", id,
 			         (unsigned long long)held, kvp_pool_ref_cnt(p->pool, (int32_t)id));

@@ -13,11 +13,13 @@
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "service/config.h"
 #include "common/events.h"
 #include "kvpool.pb-c.h"
+#include "service/envelope.h"
 #include "service/server.h"
 #include "service/session.h"
 #include "service/stream.h"
@@ -44,8 +46,16 @@ struct kvpd_pool {
 	struct kvpd_pool_config cfg;
 	struct {
 		uint32_t max_ids, lease_ms, max_sessions;
+		uint64_t max_refs;        /* every session's references together */
+		uint32_t max_session_requests;
 		size_t max_reply_bytes;
+		size_t reply_cache_bytes; /* stored replies over every session */
 	} limits;
+	size_t reply_cache_used;        /* bytes of stored replies, every session */
+	uint64_t refs_held;             /* block references every session holds */
+	struct kvpd_session **ending;   /* ended sessions whose references are being released */
+	size_t num_ending, cap_ending;
+	uint64_t reply_stamp;           /* order of storing, pool-wide */
 	nng_mtx *lock;
 	struct kvp_pool *pool;
 	struct kvp_hasher *hasher;
@@ -88,22 +98,34 @@ int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t r
 
 /*
  * Before a request's body is decoded (p's lock held): a call that needs a
- * session names one that p has. KVP_OK to go on; else the UNAUTHENTICATED
- * reply is in the sink (counted as the call's), and *pack_rv is its encoding
- * status.
+ * session names one that p has and, on a pool with a token, carries that
+ * token. KVP_OK to go on; else the UNAUTHENTICATED reply is in the sink
+ * (counted as the call's), and *pack_rv is its encoding status.
  */
-int kvpd_dispatch_precheck(struct kvpd_pool *p, int call_case, uint64_t call_id,
-                           uint64_t session_id, uint64_t now_ms, struct kvpd_sink *sink,
-                           int *pack_rv);
+int kvpd_dispatch_precheck(struct kvpd_pool *p, const struct kvpd_envelope *e, uint64_t now_ms,
+                           struct kvpd_sink *sink, int *pack_rv);
 
-/* Releases every reference a session holds, newest first. Returns how many. */
+/* Whether got (len bytes) is the token want, compared in constant time. */
+bool kvpd_token_matches(const char *want, const uint8_t *got, size_t len);
+
+/* Ends a session's requests and releases every reference it holds, newest first. */
 size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);
+
+/* References an ended session's release examines per lock hold. */
+#define KVPD_RELEASE_SLICE 65536u
+
+/*
+ * Goes on releasing ended sessions' references (Goodbye, expiry), at most
+ * max of them; true while some remain. The caller drops and retakes the
+ * lock between calls, so other calls run between slices.
+ */
+bool kvpd_pool_release_pending(struct kvpd_pool *p, size_t max);
 
 /* Publishes the events the last calls produced as one batch (if any). */
 void kvpd_pool_publish(struct kvpd_pool *p);
 
-/* Ends the pool's sessions whose lease ran out. Returns how many. */
-size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms);
+/* Ends at most max of the pool's sessions whose lease ran out. Returns how many. */
+size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max);
 
 /* The pool's engine gauges and counters (for Stats and /metrics). */
 void kvpd_pool_gauges(struct kvpd_pool *p, struct kvpd_pool_gauges *out);

@@ -177,6 +177,14 @@ render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_
 	        c[i].bytes_read);
 	COUNTER("block_bytes_written_total",
 	        "Bytes of block contents written (WriteBlocks, WriteTokens).", c[i].bytes_written);
+	GAUGE("reply_cache_bytes", "Bytes of stored replies kept for retried calls "
+	      "(reply-cache-mib bounds it).", c[i].reply_cache_bytes);
+	COUNTER("replies_forgotten_total", "Stored replies dropped early to stay within "
+	        "reply-cache-mib (a retry of one is applied again).", c[i].replies_forgotten);
+	GAUGE("session_refs", "Block references the pool's sessions hold (max-refs bounds it).",
+	      c[i].refs_held);
+	COUNTER("limit_refusals_total", "Calls refused BUSY at max-refs or max-session-requests.",
+	        c[i].limit_refusals);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

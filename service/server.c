@@ -41,6 +41,8 @@ pool_fini(struct kvpd_pool *p)
 		}
 		free(p->sessions);
 	}
+	(void)kvpd_pool_release_pending(p, SIZE_MAX);
+	free(p->ending);
 	kvp_mgr_destroy(p->mgr);
 	kvp_pool_destroy(p->pool);
 	kvp_exec_close(p->exec);
@@ -157,6 +159,12 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
 	p->limits.max_sessions = cfg->max_sessions;
+	p->limits.max_refs = cfg->max_refs != 0 ? cfg->max_refs
+	                     : (uint64_t)p->cfg.num_blocks * 16 > (1u << 20)
+	                           ? (uint64_t)p->cfg.num_blocks * 16
+	                           : 1u << 20;
+	p->limits.max_session_requests = cfg->max_session_requests;
+	p->limits.reply_cache_bytes = (size_t)cfg->reply_cache_mib << 20;
 	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;
 	kvp_event_batch_init(&p->events);
 	if ((rv = kvpd_stream_init(&p->stream, cfg->replay_batches,
@@ -399,6 +407,28 @@ kvpd_server_handle(struct kvpd_server *s, const uint8_t *req, size_t len, uint64
 	return KVP_OK;
 }
 
+/*
+ * With p's lock held (and again on return): releases what ended sessions
+ * still hold, a slice per lock hold, letting other calls in between. Only
+ * the thread that ended a session (a Goodbye, the reaper) calls it, so the
+ * work is not handed to a call that came by between two slices.
+ */
+static void
+release_pending(struct kvpd_pool *p)
+{
+	while (kvpd_pool_release_pending(p, KVPD_RELEASE_SLICE)) {
+		nng_mtx_unlock(p->lock);
+		/*
+		 * A waiting call must get the lock before the next slice: a mutex
+		 * is not fair, and a yield returns before a waiter on another CPU
+		 * has woken. 100 us per slice of up to ~2 ms.
+		 */
+		struct timespec pause = {0, 100000};
+		nanosleep(&pause, NULL);
+		nng_mtx_lock(p->lock);
+	}
+}
+
 int
 kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,
                       struct kvpd_sink *sink)
@@ -430,8 +460,7 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	}
 	nng_mtx_lock(p->lock);
 	int pack_rv = KVP_OK;
-	rv = kvpd_dispatch_precheck(p, (int)env.call_case, env.call_id, env.session_id, now_ms, sink,
-	                            &pack_rv);
+	rv = kvpd_dispatch_precheck(p, &env, now_ms, sink, &pack_rv);
 	nng_mtx_unlock(p->lock);
 	if (rv != KVP_OK)
 		return pack_rv;
@@ -460,7 +489,10 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	                       : 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	nng_mtx_lock(p->lock);
+	size_t ending = p->num_ending;
 	rv = kvpd_dispatch(p, rq, crc, now_ms, sink);
+	if (p->num_ending > ending) /* this call ended a session: it does the releasing */
+		release_pending(p);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	if (op != NULL) { /* a call with no row was refused, and is not a call */
@@ -488,9 +520,20 @@ kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms)
 
 	for (size_t i = 0; i < s->num_pools; i++) {
 		struct kvpd_pool *p = &s->pools[i];
-		nng_mtx_lock(p->lock);
-		n += kvpd_pool_expire(p, now_ms);
-		nng_mtx_unlock(p->lock);
+		/*
+		 * One session per lock hold: each releases at most max-session-refs
+		 * references, so calls wait for one session's release, not for all
+		 * of a burst of expiries.
+		 */
+		size_t k;
+		do {
+			nng_mtx_lock(p->lock);
+			k = kvpd_pool_expire(p, now_ms, 1);
+			if (k > 0)
+				release_pending(p);
+			nng_mtx_unlock(p->lock);
+			n += k;
+		} while (k > 0);
 	}
 	return n;
 }
@@ -595,6 +638,8 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	out->sessions = (uint32_t)s->pools[i].num_sessions;
 	out->event_batches = s->pools[i].stream.batches;
 	out->replay_bytes = s->pools[i].stream.ring.bytes;
+	out->reply_cache_bytes = s->pools[i].reply_cache_used;
+	out->refs_held = s->pools[i].refs_held;
 	out->replay_dropped_for_bytes = s->pools[i].stream.ring.dropped_for_bytes;
 	out->vllm_on = s->pools[i].stream.on_events != NULL;
 	nng_mtx_unlock(s->pools[i].lock);

@@ -149,6 +149,8 @@ kvpd_session_add(struct kvpd_session *s, int32_t id)
 	}
 	s->counts[i]++;
 	s->held++;
+	if (s->pool_held)
+		(*s->pool_held)++;
 	s->log[s->log_len++] = id;
 }
 
@@ -161,37 +163,27 @@ kvpd_session_remove(struct kvpd_session *s, int32_t id)
 	/* A zero count keeps its slot (tombstone-free table): rehash drops it. */
 	s->counts[i]--;
 	s->held--;
+	if (s->pool_held)
+		(*s->pool_held)--;
 }
 
-int32_t *
-kvpd_session_all_newest_first(const struct kvpd_session *s, size_t *n)
+size_t
+kvpd_session_release_some(struct kvpd_session *s, size_t max,
+                          int (*free_one)(void *ctx, int32_t id), void *ctx)
 {
-	uint32_t *taken;
-	int32_t *out;
-	size_t k = 0;
-
-	*n = 0;
-	if (s->held == 0)
-		return NULL;
-	taken = calloc(s->cap, sizeof(*taken));
-	out = malloc(s->held * sizeof(*out));
-	if (taken == NULL || out == NULL) {
-		free(taken);
-		free(out);
-		return NULL;
+	size_t seen = 0;
+	/*
+	 * The references an id still holds are its newest log entries; walking
+	 * newest first and releasing as we go, an entry is held exactly when its
+	 * id's count is still above zero.
+	 */
+	while (s->log_len > 0 && s->held > 0 && seen < max) {
+		int32_t id = s->log[--s->log_len];
+		seen++;
+		if (kvpd_session_held(s, id) > 0 && free_one(ctx, id) == KVP_OK)
+			kvpd_session_remove(s, id);
 	}
-	/* The newest log entries of each id are the references still held. */
-	for (size_t r = s->log_len; r-- > 0 && k < s->held;) {
-		int32_t id = s->log[r];
-		uint32_t i = slot_of(s, id);
-		if (s->ids[i] == id && taken[i] < s->counts[i]) {
-			taken[i]++;
-			out[k++] = id;
-		}
-	}
-	free(taken);
-	*n = k;
-	return out;
+	return seen;
 }
 
 const struct kvpd_cached_reply *
@@ -205,24 +197,27 @@ kvpd_session_cached(const struct kvpd_session *s, uint64_t call_id)
 	return NULL;
 }
 
+static size_t
+forget(struct kvpd_cached_reply *c)
+{
+	size_t len = c->len;
+	free(c->bytes);
+	*c = (struct kvpd_cached_reply){0};
+	return len;
+}
+
 void
 kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request_crc,
-                      const uint8_t *reply,
-                      size_t len)
+                      const uint8_t *reply, size_t len, uint64_t stamp)
 {
 	uint8_t *copy;
 
-	if (call_id == 0 || (copy = malloc(len ? len : 1)) == NULL)
+	if (call_id == 0 || len > KVPD_REPLY_CACHE_BYTES || (copy = malloc(len ? len : 1)) == NULL)
 		return;
 	memcpy(copy, reply, len);
 	/* Evict the oldest entries until the new one fits the byte budget. */
 	for (int tries = 0; tries < KVPD_REPLY_CACHE; tries++) {
-		struct kvpd_cached_reply *c = &s->cache[s->cache_next];
-		s->cache_bytes -= c->len;
-		free(c->bytes);
-		c->bytes = NULL;
-		c->len = 0;
-		c->call_id = 0;
+		s->cache_bytes -= forget(&s->cache[s->cache_next]);
 		if (s->cache_bytes + len <= KVPD_REPLY_CACHE_BYTES)
 			break;
 		s->cache_next = (s->cache_next + 1) % KVPD_REPLY_CACHE;
@@ -230,10 +225,49 @@ kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request
 	struct kvpd_cached_reply *c = &s->cache[s->cache_next];
 	c->call_id = call_id;
 	c->request_crc = request_crc;
+	c->stamp = stamp;
 	c->bytes = copy;
 	c->len = len;
 	s->cache_bytes += len;
 	s->cache_next = (s->cache_next + 1) % KVPD_REPLY_CACHE;
+}
+
+/* The ring's oldest used entry: from cache_next on, the first that holds a reply. */
+static struct kvpd_cached_reply *
+oldest(const struct kvpd_session *s)
+{
+	for (unsigned k = 0; k < KVPD_REPLY_CACHE; k++) {
+		const struct kvpd_cached_reply *c = &s->cache[(s->cache_next + k) % KVPD_REPLY_CACHE];
+		if (c->call_id != 0)
+			return (struct kvpd_cached_reply *)c;
+	}
+	return NULL;
+}
+
+uint64_t
+kvpd_session_oldest_stamp(const struct kvpd_session *s)
+{
+	const struct kvpd_cached_reply *c = oldest(s);
+	return c != NULL ? c->stamp : UINT64_MAX;
+}
+
+size_t
+kvpd_session_forget_replies(struct kvpd_session *s)
+{
+	size_t n = 0;
+	for (int i = 0; i < KVPD_REPLY_CACHE; i++)
+		n += forget(&s->cache[i]);
+	s->cache_bytes = 0;
+	return n;
+}
+
+size_t
+kvpd_session_forget_oldest(struct kvpd_session *s)
+{
+	struct kvpd_cached_reply *c = oldest(s);
+	size_t n = c != NULL ? forget(c) : 0;
+	s->cache_bytes -= n;
+	return n;
 }
 
 static uint32_t

@@ -20,6 +20,7 @@
 struct kvpd_cached_reply {
 	uint64_t call_id; /* 0: empty */
 	uint32_t request_crc; /* CRC32C of the request: a reused call id is not a retry */
+	uint64_t stamp;       /* the pool's order of storing, so its oldest go first */
 	uint8_t *bytes;
 	size_t len;
 };
@@ -34,6 +35,7 @@ struct kvpd_session {
 	uint32_t *counts;
 	uint32_t cap, used;
 	uint64_t held;        /* references in total */
+	uint64_t *pool_held;  /* the pool's count over its sessions, kept with held; may be NULL */
 	int32_t *log;         /* acquisition order; may hold released entries */
 	size_t log_len, log_cap;
 	/*
@@ -67,10 +69,16 @@ void kvpd_session_add(struct kvpd_session *s, int32_t id);
 /* Drops one reference on id; the caller checked it is held. */
 void kvpd_session_remove(struct kvpd_session *s, int32_t id);
 /*
- * Every held reference, newest first (one id per reference), into a new
- * array; *n gets the count. Returns NULL only when n == 0 or on ENOMEM.
+ * Releases the session's references newest first, examining at most max
+ * entries of its acquisition log: free_one(ctx, id) for each reference
+ * still held (KVP_OK: released). It consumes the log from its end, so a
+ * later call goes on where this one stopped; the session is done when
+ * s->held or s->log_len is 0. Returns how many entries it examined.
  */
-int32_t *kvpd_session_all_newest_first(const struct kvpd_session *s, size_t *n);
+size_t kvpd_session_release_some(struct kvpd_session *s, size_t max,
+                                 int (*free_one)(void *ctx, int32_t id), void *ctx);
+/* Forgets every stored reply; returns the bytes freed. */
+size_t kvpd_session_forget_replies(struct kvpd_session *s);
 
 /* The manager id of this session's request client_id, or 0 if none. */
 uint64_t kvpd_session_request(const struct kvpd_session *s, uint64_t client_id);
@@ -93,9 +101,17 @@ void kvpd_session_each_request(const struct kvpd_session *s,
 /* A stored reply for call_id, or NULL. */
 const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s,
                                                     uint64_t call_id);
-/* Stores a copy of a reply (evicting the oldest as needed); silently skips on ENOMEM. */
+/*
+ * Stores a copy of a reply with the pool's stamp (evicting this session's
+ * oldest as needed); silently skips on ENOMEM or a reply over the session's
+ * byte budget. The caller reads s->cache_bytes before and after to keep the
+ * pool's total.
+ */
 void kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request_crc,
-                           const uint8_t *reply,
-                           size_t len);
+                           const uint8_t *reply, size_t len, uint64_t stamp);
+/* The stamp of this session's oldest stored reply; UINT64_MAX if it has none. */
+uint64_t kvpd_session_oldest_stamp(const struct kvpd_session *s);
+/* Forgets this session's oldest stored reply; returns the bytes it freed. */
+size_t kvpd_session_forget_oldest(struct kvpd_session *s);
 
 #endif /* KVPD_SESSION_H */
