@@ -22,6 +22,7 @@
 #include "service/config.h"
 #include "common/kvp_status.h"
 #include "common/kvp_version.h"
+#include "service/fdlimit.h"
 #include "service/log.h"
 #include "service/server.h"
 #include "service/transport.h"
@@ -134,6 +135,7 @@ reaper_main(void *arg)
 {
 	struct reaper *r = arg;
 	nng_time last_tick = nng_clock();
+	struct kvpd_fd_watch fds = {0};
 	while (!atomic_load(&stopping)) {
 		for (uint32_t t = 0; t < r->period_ms && !atomic_load(&stopping); t += 20)
 			nng_msleep(20);
@@ -142,6 +144,7 @@ reaper_main(void *arg)
 		/* Idle streams still tell subscribers their epoch and next seq. */
 		if (nng_clock() - last_tick >= 1000) {
 			kvpd_server_tick(r->srv);
+			kvpd_fd_check(&fds, nng_clock());
 			last_tick = nng_clock();
 		}
 	}
@@ -227,6 +230,7 @@ main(int argc, char **argv, char **envp)
 	kvpd_log_setup(stderr, (enum kvpd_log_level)cfg.log_level,
 	               (enum kvpd_log_format)cfg.log_format);
 	log_starting();
+	kvpd_fd_raise();
 	if (cfg.token_in_argv)
 		kvpd_log_fields(KVPD_WARN, "config",
 		                "--token shows in the process list to every local user; use "
