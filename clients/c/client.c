@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clients/c/client_impl.h"
+#include "clients/c/probe.h"
 #include "clients/c/tls.h"
 #include "proto/wire.h"
 
@@ -251,6 +252,14 @@ wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
 		         "TLS handshake with %s failed: %s (is the daemon's certificate signed by the CA "
 		         "given, for the server name asked? does it want a client certificate?)",
 		         url, nng_strerror(why));
+		return KVP_EUNAVAILABLE;
+	}
+	/* Something may listen and yet complete no connection: one plain connect tells. */
+	if (kvpc_listen_probe(url, 1000) == 1) {
+		snprintf(c->detail, sizeof(c->detail),
+		         "cannot connect to %s within %u ms: something listens there but completed "
+		         "no connection (a kvpoold at its open-files limit or too busy to accept: see "
+		         "its log; or not a kvpoold)", url, ms);
 		return KVP_EUNAVAILABLE;
 	}
 	snprintf(c->detail, sizeof(c->detail),
