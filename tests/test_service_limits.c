@@ -326,6 +326,62 @@ test_limits_goodbye_releases_in_slices(void **state)
 	stop();
 }
 
+/* ---- the open-files limit: said on both sides ---- */
+
+/* Whether the file at path contains needle, within wait_ms. */
+static bool
+log_says(const char *path, const char *needle, int wait_ms)
+{
+	static char buf[1 << 16];
+	for (int t = 0; t <= wait_ms; t += 50) {
+		FILE *f = fopen(path, "r");
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = '\0';
+		if (strstr(buf, needle) != NULL)
+			return true;
+		sleep_ms(50);
+	}
+	return false;
+}
+
+static void
+test_limits_open_files_limit_is_said_on_both_sides(void **state)
+{
+	(void)state;
+	if (access("/usr/bin/prlimit", X_OK) != 0)
+		skip(); /* util-linux: in every Debian */
+	char log[96];
+	snprintf(rpc_url, sizeof(rpc_url), "ipc:///tmp/kvpool-lim-fds-%d.ipc", (int)getpid());
+	snprintf(log, sizeof(log), "/tmp/kvpool-lim-fds-%d.log", (int)getpid());
+	const char *argv[] = {"/usr/bin/prlimit", "--nofile=40:40", KVPOOLD_PATH, "--rpc", rpc_url,
+	                      "--admin", "none", "--events", "none", "--executor", "none", NULL};
+	daemon_pid = kvp_spawn(argv, log);
+	assert_true(daemon_pid > 0);
+	enum { MAX = 64 };
+	struct kvp_client *c[MAX];
+	int n = 0, rv = KVP_OK;
+	for (; n < MAX; n++) {
+		struct kvp_client_options o = {.url = rpc_url, .connect_timeout_ms = n ? 1500 : 10000};
+		if ((rv = kvp_client_open(&o, &c[n])) != KVP_OK)
+			break;
+	}
+	print_message("%d clients connected under a limit of 40 files: %s\n", n,
+	              kvp_client_open_detail());
+	assert_int_equal(rv, KVP_EUNAVAILABLE);
+	assert_true(n > 0);
+	if (strstr(kvp_client_open_detail(), "something listens") == NULL)
+		fail_msg("detail: %s", kvp_client_open_detail());
+	assert_true(log_says(log, "near the open-files limit", 3000));
+	for (int i = 0; i < n; i++)
+		kvp_client_close(c[i]);
+	assert_true(log_says(log, "clear of the open-files limit", 3000));
+	assert_true(log_says(log, "open-files limit (each connection takes one) limit=40", 0));
+	stop();
+	unlink(log);
+}
+
 int
 main(void)
 {
@@ -335,6 +391,7 @@ main(void)
 		cmocka_unit_test(test_limits_stored_replies_are_bounded_per_pool),
 		cmocka_unit_test(test_limits_session_id_alone_acts_on_nothing),
 		cmocka_unit_test(test_limits_goodbye_releases_in_slices),
+		cmocka_unit_test(test_limits_open_files_limit_is_said_on_both_sides),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
