@@ -382,6 +382,69 @@ test_limits_open_files_limit_is_said_on_both_sides(void **state)
 	unlink(log);
 }
 
+/* ---- SIGTERM while the heaviest calls run ---- */
+
+struct loader {
+	struct kvp_client *c;
+	atomic_int *stop;
+	long calls;
+};
+
+/* Lookups of 65,536 tokens with a 1 KiB LoRA name and salt: the most hashing one call may ask. */
+static void *
+load(void *arg)
+{
+	struct loader *l = arg;
+	static int64_t tokens[65536];
+	static char name[1025], salt[1025];
+	memset(name, 'n', 1024);
+	memset(salt, 's', 1024);
+	struct kvp_request_keys keys = {.lora_name = name, .cache_salt = salt};
+	struct kvp_client_lookup q = {.tokens = tokens, .num_tokens = 65536, .keys = &keys};
+	int32_t ids[64];
+	uint32_t hit, hit_tokens;
+	while (!atomic_load(l->stop) &&
+	       kvp_client_lookup(l->c, &q, ids, 64, &hit, &hit_tokens) == KVP_OK)
+		l->calls++;
+	return NULL;
+}
+
+static void
+test_limits_sigterm_under_load_exits_within_drain(void **state)
+{
+	(void)state;
+	enum { THREADS = 4 };
+	const char *extra[] = {"--drain-ms", "1000", "--pool", "name=default,blocks=4096,block_size=16",
+	                       NULL};
+	start("drain", extra);
+	atomic_int stop = 0;
+	struct loader l[THREADS];
+	pthread_t th[THREADS];
+	for (int i = 0; i < THREADS; i++) {
+		struct kvp_client_options o = {.url = rpc_url, .timeout_ms = 2000, .retries = 1};
+		l[i] = (struct loader){.stop = &stop};
+		assert_ok(kvp_client_open(&o, &l[i].c));
+		assert_int_equal(pthread_create(&th[i], NULL, load, &l[i]), 0);
+	}
+	sleep_ms(500);
+	double t0 = now_s();
+	assert_int_equal(kill(daemon_pid, SIGTERM), 0);
+	int rv = daemon_stop(daemon_pid);
+	double took = now_s() - t0;
+	atomic_store(&stop, 1);
+	long calls = 0;
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(th[i], NULL);
+		calls += l[i].calls;
+		kvp_client_detach(l[i].c);
+	}
+	print_message("SIGTERM after %ld Lookups of 65,536 tokens: exit %d in %.2f s "
+	              "(drain-ms 1000)\n", calls, rv, took);
+	assert_int_equal(rv, 0);
+	assert_true(calls > 0);
+	assert_true(took < 1.0 + 2.0); /* drain-ms and the release of what the sessions hold */
+}
+
 int
 main(void)
 {
@@ -392,6 +455,7 @@ main(void)
 		cmocka_unit_test(test_limits_session_id_alone_acts_on_nothing),
 		cmocka_unit_test(test_limits_goodbye_releases_in_slices),
 		cmocka_unit_test(test_limits_open_files_limit_is_said_on_both_sides),
+		cmocka_unit_test(test_limits_sigterm_under_load_exits_within_drain),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
