@@ -88,10 +88,14 @@ record(struct kvp_client *c, const char *call, double t0, int rv)
 		record(c, #call, t0_, (rv));       \
 	} while (0)
 
+#define SOAK_TOKEN "soak-token"
+
 static struct kvp_client *
 open_client(const char *url, const char *name)
 {
-	struct kvp_client_options o = {.url = url, .client_name = name, .timeout_ms = 5000};
+	/* The pool has a token: every call carries it, and its events are sealed. */
+	struct kvp_client_options o = {.url = url, .client_name = name, .timeout_ms = 5000,
+	                               .token = SOAK_TOKEN};
 	struct kvp_client *c = NULL;
 	double t0 = now_s();
 	int rv = kvp_client_open(&o, &c);
@@ -292,9 +296,17 @@ main(int argc, char **argv)
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
 	snprintf(ev_url, sizeof(ev_url), "ipc:///tmp/kvpool-soak-ev-%d.ipc", (int)getpid());
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
-	char lease[16], pool[96];
+	char lease[16], pool[192];
 	snprintf(lease, sizeof(lease), "%d", LEASE_MS);
-	snprintf(pool, sizeof(pool), "name=default,blocks=%d,block_size=16,seed=0", BLOCKS);
+	char tok_path[96];
+	snprintf(tok_path, sizeof(tok_path), "/tmp/kvpool-soak-token-%d", (int)getpid());
+	FILE *tf = fopen(tok_path, "w");
+	if (tf == NULL || fputs(SOAK_TOKEN "\n", tf) < 0 || fclose(tf) != 0) {
+		fprintf(stderr, "kvp-soak: cannot write %s\n", tok_path);
+		return 2;
+	}
+	snprintf(pool, sizeof(pool), "name=default,blocks=%d,block_size=16,seed=0,token_file=%s",
+	         BLOCKS, tok_path);
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--events", ev_url, "--admin",
 	                      admin, "--lease-ms", lease, "--send-timeout-ms", "300",
 	                      "--idle-timeout-ms", "5000", "--executor", "none", "--pool", pool,
@@ -387,6 +399,7 @@ main(int argc, char **argv)
 		ok = 0;
 	}
 	int rc = daemon_stop(daemon_pid);
+	unlink(tok_path);
 	if (rc != 0) {
 		printf("FAIL: kvpoold exited %d (its drain checks the invariants)\n", rc);
 		ok = 0;
