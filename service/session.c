@@ -212,7 +212,7 @@ kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request
 {
 	uint8_t *copy;
 
-	if (call_id == 0 || len > KVPD_REPLY_CACHE_BYTES || (copy = malloc(len ? len : 1)) == NULL)
+	if (call_id == 0 || (copy = malloc(len ? len : 1)) == NULL)
 		return;
 	memcpy(copy, reply, len);
 	/* Evict the oldest entries until the new one fits the byte budget. */

@@ -103,9 +103,9 @@ const struct kvpd_cached_reply *kvpd_session_cached(const struct kvpd_session *s
                                                     uint64_t call_id);
 /*
  * Stores a copy of a reply with the pool's stamp (evicting this session's
- * oldest as needed); silently skips on ENOMEM or a reply over the session's
- * byte budget. The caller reads s->cache_bytes before and after to keep the
- * pool's total.
+ * oldest until it fits the session's budget, or all of them for a reply
+ * larger than the budget); silently skips on ENOMEM. The caller reads
+ * s->cache_bytes before and after to keep the pool's total.
  */
 void kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t request_crc,
                            const uint8_t *reply, size_t len, uint64_t stamp);
