@@ -79,10 +79,9 @@ static const struct setting {
 	{"max-msg-bytes", "N", "largest request accepted, in bytes. Default 8388608"},
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
 	{"max-sessions", "N", "most sessions per pool. Default 1024"},
-	{"max-refs", "N", "most block references a pool's sessions may hold in all (each block "
-	                  "an Allocate or Touch names is one; a call that would pass it is refused "
-	                  "BUSY); each costs the daemon 4-16 bytes. 0: 16 per block of the pool, at "
-	                  "least 1048576. Default 0"},
+	{"max-refs", "N", "most block references a pool's sessions hold in all (one per block an "
+	                  "Allocate or Touch names; past it: BUSY); 4-16 bytes each. 0: 16 per "
+	                  "block of the pool, at least 1048576. Default 0"},
 	{"max-session-requests", "N", "most live requests (AllocateSlots) one session may hold, so "
 	                              "one scheduler cannot take a pool's every request slot. "
 	                              "Default 4096"},
