@@ -25,7 +25,8 @@ int kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 
 /*
  * Stops accepting connections, waits up to drain_ms for calls in flight to
- * finish, then closes everything. NULL: no-op.
+ * finish, then closes everything. NULL: no-op. Returns within about
+ * drain_ms + 2 s even when nng's own close hangs (see transport.c).
  */
 void kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms);
 
