@@ -488,7 +488,7 @@ main(int argc, char **argv)
 		if (strcmp(argv[i], "--quick") == 0)
 			seconds = 0.3;
 		else
-			daemon = argv[i];
+			daemon = bench_daemon_arg("kvp-bench-events", "[--quick] [KVPOOLD]", argv[i]);
 	}
 	int pid = (int)getpid();
 	snprintf(rpc_url, sizeof(rpc_url), "ipc:///tmp/kvpool-bev-%d.ipc", pid);

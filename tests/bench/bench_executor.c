@@ -529,7 +529,7 @@ main(int argc, char **argv)
 		else if (strcmp(argv[i], "--gpu") == 0)
 			gpu = true;
 		else
-			daemon = argv[i];
+			daemon = bench_daemon_arg("kvp-bench-executor", "[--quick] [--gpu] [KVPOOLD]", argv[i]);
 	}
 	printf("kvp-bench-executor: %.2f s per measurement%s\n\n", seconds, quick ? " (--quick)" : "");
 	if (gpu) {

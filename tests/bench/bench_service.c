@@ -411,7 +411,7 @@ main(int argc, char **argv)
 		else if (strcmp(argv[i], "--only-batch") == 0)
 			only_batch = 1, seconds = 3.0; /* one row, for a profiler */
 		else
-			daemon = argv[i];
+			daemon = bench_daemon_arg("kvp-bench-service", "[--quick] [--only-batch] [KVPOOLD]", argv[i]);
 	}
 	int pid = (int)getpid();
 	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-bench-%d.ipc", pid);

@@ -3,7 +3,10 @@
 #ifndef KVP_BENCH_UTIL_H
 #define KVP_BENCH_UTIL_H
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 /* Monotonic seconds. */
@@ -38,6 +41,26 @@ median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(*v), cmp_d);
 	return v[n / 2];
+}
+
+/*
+ * An argument no flag of the bench took: --help/-h prints usage and exits 0;
+ * a KVPOOLD path must be executable; anything else is a usage error (exit 2),
+ * never a daemon path the bench would wait on forever.
+ */
+static inline const char *
+bench_daemon_arg(const char *prog, const char *usage, const char *a)
+{
+	if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+		printf("usage: %s %s\n", prog, usage);
+		exit(0);
+	}
+	if (a[0] == '-' || access(a, X_OK) != 0) {
+		fprintf(stderr, "%s: bad argument '%s' (%s)\nusage: %s %s\n", prog, a,
+		        a[0] == '-' ? "unknown option" : "not an executable kvpoold", prog, usage);
+		exit(2);
+	}
+	return a;
 }
 
 #endif /* KVP_BENCH_UTIL_H */
