@@ -3,7 +3,7 @@
  * kvp-bench-events: the event stream's throughput and latency, beside raw
  * nng PUB/SUB of messages of the same size measured in the same run.
  *
- * usage: kvp-bench-events [--quick] [PATH_TO_KVPOOLD]
+ * usage: kvp-bench-events [--quick] [--only-vllm] [PATH_TO_KVPOOLD]
  * For each transport (ipc://, tcp://127.0.0.1) it starts a kvpoold (fork+exec
  * before touching nng) whose pool is 100,000 blocks of block size 16, drives
  * it with Batches that evict and cache 64 blocks each (64 BlockRemoved and one
@@ -483,12 +483,16 @@ int
 main(int argc, char **argv)
 {
 	const char *daemon = KVPOOLD_PATH;
+	bool only_vllm = false;
 	setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they are measured */
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--quick") == 0)
 			seconds = 0.3;
+		else if (strcmp(argv[i], "--only-vllm") == 0)
+			only_vllm = true; /* the vLLM wire's rows alone */
 		else
-			daemon = bench_daemon_arg("kvp-bench-events", "[--quick] [KVPOOLD]", argv[i]);
+			daemon = bench_daemon_arg("kvp-bench-events", "[--quick] [--only-vllm] [KVPOOLD]",
+			                          argv[i]);
 	}
 	int pid = (int)getpid();
 	snprintf(rpc_url, sizeof(rpc_url), "ipc:///tmp/kvpool-bev-%d.ipc", pid);
@@ -502,6 +506,10 @@ main(int argc, char **argv)
 	/* The vLLM wire's daemons too: fork+exec before the first nng call. */
 	struct vllm_bench vb;
 	vllm_bench_start(&vb, daemon, pid);
+	if (only_vllm) {
+		nanosleep(&(struct timespec){0, 400000000}, NULL);
+		return vllm_bench_run(&vb, seconds);
+	}
 	/* fork+exec both daemons before the first nng call: nng is not fork-safe. */
 	/* Daemons 0 and 1: ipc and tcp in clear; 2: ipc with a token, so it seals its events. */
 	pid_t daemons[3];
