@@ -453,6 +453,25 @@ plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_ar
 	return KVP_OK;
 }
 
+/* full_sequence_must_fit: would the request's whole known length fit now? */
+static bool
+whole_fits(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_args *a,
+           size_t local)
+{
+	size_t full = r->num_tokens < m->max_model_len ? r->num_tokens : m->max_model_len;
+	size_t hit = a->num_new_computed_tokens;
+	uint64_t n = 0;
+
+	for (uint32_t g = 0; g < m->num_groups; g++) {
+		struct kvp_grp_plan p;
+		size_t nh = hit > 0 ? hit / m->spec[g].block_size : 0;
+		kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, nh ? a->computed_blocks[g] : NULL,
+		             nh, local, full, full, &p);
+		n += p.to_allocate;
+	}
+	return n <= kvp_pool_num_free(m->pool);
+}
+
 /* Every buffer the step can need, before anything changes. */
 static int
 reserve_step(struct kvp_mgr *m, struct kvp_mreq *r, const struct kvp_grp_plan *plan)
@@ -527,6 +546,10 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 	if ((rv = plan_step(m, r, a, new_blocks, cap, local, need, main, plan, &to_allocate)) ||
 	    (rv = reserve_step(m, r, plan)))
 		return rv;
+	if (a->full_sequence_must_fit && !whole_fits(m, r, a, local)) {
+		m->stats.alloc_failures++;
+		return KVP_ENOSPACE;
+	}
 	/* vLLM frees what left the window first, even if the step is refused. */
 	for (uint32_t g = 0; g < m->num_groups && !m->all_full; g++)
 		kvp_grp_remove_skipped(&m->spec[g], &r->groups[g], m->pool, total_computed);

@@ -86,6 +86,12 @@ struct kvp_alloc_args {
 	const int32_t *const *computed_blocks; /* per group: the hit blocks, or NULL if no hit */
 	uint32_t num_lookahead_tokens;
 	bool delay_cache_blocks;
+	/*
+	 * vLLM's admission gate: refuse (KVP_ENOSPACE, before anything changes,
+	 * skipped blocks included) unless the request's whole known length,
+	 * min(its tokens, max_model_len), fits, not only this step's chunk.
+	 */
+	bool full_sequence_must_fit;
 };
 
 struct kvp_mgr_stats {

@@ -119,7 +119,8 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 	                           .num_new_computed_tokens = hit,
 	                           .computed_blocks = hit ? (const int32_t *const *)hit_row : NULL,
 	                           .num_lookahead_tokens = m->num_lookahead_tokens,
-	                           .delay_cache_blocks = m->delay_cache_blocks};
+	                           .delay_cache_blocks = m->delay_cache_blocks,
+	                           .full_sequence_must_fit = m->full_sequence_must_fit};
 	rv = kvp_mgr_allocate_slots(mgr, mid, &a, fresh_row, cap, counts);
 	if (rv == KVP_EINVAL && num_new == 0)
 		return kvpd_fail(c, rv, "allocate_slots: nothing to schedule (every token is computed)");

@@ -168,6 +168,49 @@ test_manager_allocate_failure_is_atomic(void **state)
 	env_close(&e);
 }
 
+/*
+ * full_sequence_must_fit (vLLM's admission gate): a chunk that fits is
+ * refused when the whole request would not, before anything changes; a
+ * request that fits whole gets only its chunk's blocks.
+ */
+static void
+test_manager_full_sequence_must_fit_gates_admission(void **state)
+{
+	struct env e;
+	const uint32_t bs[] = {4};
+	int32_t fresh[64];
+	int32_t *const out[] = {fresh};
+	size_t n;
+	struct kvp_mgr_stats st;
+
+	(void)state;
+	env_open(&e, 5, 4, bs, 1, 0); /* 4 usable blocks */
+	add(&e, 1, 24);               /* 6 blocks whole */
+	struct kvp_alloc_args a = {.num_new_tokens = 8, .full_sequence_must_fit = true};
+	assert_status(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, &n), KVP_ENOSPACE);
+	assert_int_equal(kvp_pool_num_free(e.pool), 4);
+	assert_queue(e.pool, 1, 2, 3, 4);
+	kvp_mgr_get_stats(e.mgr, &st);
+	assert_int_equal(st.alloc_failures, 1);
+	/* Without the gate the same chunk fits (vLLM's chunked prefill). */
+	a.full_sequence_must_fit = false;
+	assert_ok(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, &n));
+	assert_ids(fresh, n, 1, 2);
+	assert_ok(kvp_mgr_free_request(e.mgr, 1));
+
+	add(&e, 2, 16); /* 4 blocks whole: fits; the chunk gets 2 */
+	a.full_sequence_must_fit = true;
+	assert_ok(kvp_mgr_allocate_slots(e.mgr, 2, &a, out, 64, &n));
+	assert_int_equal(n, 2);
+	/* The next chunk: 2 more blocks needed of 2 free, the whole still fits. */
+	assert_ok(kvp_mgr_allocate_slots(e.mgr, 2, &a, out, 64, &n));
+	assert_int_equal(n, 2);
+	assert_int_equal(kvp_pool_num_free(e.pool), 0);
+	kvp_mgr_get_stats(e.mgr, &st);
+	assert_int_equal(st.alloc_failures, 1);
+	env_close(&e);
+}
+
 /* Decode: tokens appended one at a time; a block that fills is cached, chained. */
 static void
 test_manager_decode_caches_filled_block_with_parent(void **state)
@@ -391,6 +434,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_manager_prefix_hit_capped_at_num_tokens_minus_one),
 		cmocka_unit_test(test_manager_allocate_failure_is_atomic),
+		cmocka_unit_test(test_manager_full_sequence_must_fit_gates_admission),
 		cmocka_unit_test(test_manager_decode_caches_filled_block_with_parent),
 		cmocka_unit_test(test_manager_multi_group_chunks_and_all_or_nothing),
 		cmocka_unit_test(test_manager_hybrid_block_sizes_align_to_lcm),

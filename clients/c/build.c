@@ -84,5 +84,6 @@ kvp_build_slots_(Kvpool__V1__AllocateSlotsRequest *m, const struct kvp_client_sl
 	m->num_lookahead_tokens = a->num_lookahead_tokens;
 	m->use_prefix_cache = a->use_prefix_cache;
 	m->delay_cache_blocks = a->delay_cache_blocks;
+	m->full_sequence_must_fit = a->full_sequence_must_fit;
 	return KVP_OK;
 }

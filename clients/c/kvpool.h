@@ -213,6 +213,7 @@ struct kvp_client_slots {
 	uint32_t num_lookahead_tokens;
 	bool use_prefix_cache;          /* a request holding no blocks takes its prefix hit */
 	bool delay_cache_blocks;
+	bool full_sequence_must_fit;    /* KVP_ENOSPACE unless the whole request fits (vLLM's gate) */
 };
 struct kvp_client_slots_result {
 	uint32_t hit_tokens;

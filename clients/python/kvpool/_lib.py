@@ -131,7 +131,7 @@ class Slots(Structure):
                 ("new_tokens", POINTER(c_int64)), ("num_new_token_ids", c_size_t),
                 ("num_new_tokens", c_uint32), ("token_budget", c_uint32),
                 ("num_lookahead_tokens", c_uint32), ("use_prefix_cache", c_bool),
-                ("delay_cache_blocks", c_bool)]
+                ("delay_cache_blocks", c_bool), ("full_sequence_must_fit", c_bool)]
 
 
 class SlotsResult(Structure):

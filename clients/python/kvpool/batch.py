@@ -125,14 +125,16 @@ class Batch:
 
     def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
                        token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
-                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None):
+                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None,
+                       full_sequence_must_fit=False):
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
         p, np_ = _tokens(prompt)
         t, nt = _tokens(new_tokens)
         keys, keep = _keys(lora_name, cache_salt, mm)
         a = L.Slots(request_id, p if np_ else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if nt else None, nt, num_new_tokens, token_budget,
-                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks)
+                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
+                    full_sequence_must_fit)
         return self._add("allocate_slots", L.kvp_batch_allocate_slots(self._b, byref(a)), p, t,
                          keep, a)
 

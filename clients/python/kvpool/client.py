@@ -326,14 +326,16 @@ class Client:
     # ---- requests (vLLM's KVCacheManager) ----
     def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
                        token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
-                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None):
+                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None,
+                       full_sequence_must_fit=False):
         """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
         p, np_ = _tokens(prompt or [])
         t, nt = _tokens(new_tokens or [])
         keys, keep = _keys(lora_name, cache_salt, mm)
         a = L.Slots(request_id, p if prompt else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if new_tokens else None, nt, num_new_tokens, token_budget,
-                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks)
+                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
+                    full_sequence_must_fit)
         cap = self.info["max_ids_per_call"]
         out = (c_int32 * cap)()
         res = L.SlotsResult()

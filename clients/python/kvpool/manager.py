@@ -27,15 +27,26 @@ class RemoteKVCacheManager(_Remote):
     reports can be evicted by another session before allocate_slots takes
     it; allocate_slots then undoes its call and returns None (as vLLM does
     when a request does not fit), and the scheduler retries it next step.
-    Not supported (NotSupported): external (connector) tokens, encoder
-    tokens, full_sequence_must_fit, and get_computed_blocks on a pool whose
+    num_encoder_tokens is accepted and ignored, as vLLM's non-cross-attention
+    groups ignore it (a pool has no cross-attention group);
+    full_sequence_must_fit is vLLM's admission gate, checked in the daemon.
+    Not supported (NotSupported): external (connector) tokens, and
+    get_computed_blocks on a pool whose
     only group is not full attention or that has several groups (the hit
     there is vLLM's hybrid fixed point, which the daemon computes inside
     AllocateSlots; Client.allocate_slots(use_prefix_cache=True) takes it and
     reports hit_tokens, but vLLM's two-call shape cannot carry it exactly)."""
 
-    def __init__(self, client, enable_kv_cache_events=False, *, events_url=None, token=None):
+    def __init__(self, client, enable_kv_cache_events=False, *, events_url=None, token=None,
+                 shared_prefix_boundary=False):
+        """shared_prefix_boundary=True: get_computed_blocks returns the
+        triple of vLLM's newer KVCacheManager (blocks, hit tokens,
+        shared_prefix_boundary) instead of the pair. The boundary is that of
+        a sparse-retention group (Mamba, sliding window) lagging full
+        attention; get_computed_blocks serves single full-attention pools
+        only, where vLLM's is always 0, so it is 0 here."""
         super().__init__(client, enable_kv_cache_events, events_url, token, annotate=True)
+        self._triple = shared_prefix_boundary
         self.max_model_len = client.info["max_model_len"]
         self.groups = client.info["groups"] or [{"kind": "full_attention",
                                                  "block_size": client.info["block_size"]}]
@@ -52,8 +63,13 @@ class RemoteKVCacheManager(_Remote):
         return self.client.stats()["usage"]
 
     def get_computed_blocks(self, request):
-        """(KVCacheBlocks of the longest cached prefix, its tokens); the last
-        token is always recomputed. No reference is taken."""
+        """(KVCacheBlocks of the longest cached prefix, its tokens), plus 0
+        with shared_prefix_boundary=True; the last token is always
+        recomputed. No reference is taken."""
+        found = self._computed(request)
+        return found + (0,) if self._triple else found
+
+    def _computed(self, request):
         if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
             return self.empty_kv_cache_blocks, 0
         if len(self.groups) != 1 or self.groups[0]["kind"] != "full_attention":
@@ -134,10 +150,11 @@ class RemoteKVCacheManager(_Remote):
     def _slots_call(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                     num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
                     full_sequence_must_fit):
-        if num_external_computed_tokens or num_encoder_tokens or full_sequence_must_fit:
+        if num_external_computed_tokens:
             raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                               "external tokens, encoder tokens and full_sequence_must_fit are "
-                               "not on kvpool's wire")
+                               "external (connector) computed tokens are not on kvpool's wire")
+        # num_encoder_tokens only sizes vLLM's cross-attention groups, which a
+        # kvpool pool cannot have: every group here ignores it, as vLLM's do.
         if num_new_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0")
         req = self._reqs.get(request.request_id)
@@ -147,7 +164,8 @@ class RemoteKVCacheManager(_Remote):
         tokens = request.all_token_ids
         kw = {"num_new_tokens": num_new_tokens, "num_lookahead_tokens": num_lookahead_tokens,
               "delay_cache_blocks": delay_cache_blocks,
-              "use_prefix_cache": num_new_computed_tokens > 0}
+              "use_prefix_cache": num_new_computed_tokens > 0,
+              "full_sequence_must_fit": full_sequence_must_fit}
         if req.sent == 0:
             kw["prompt"] = list(tokens)
             keys = _request_keys(request)
@@ -282,7 +300,7 @@ class Step:
         req = self._mgr._reqs.get(request.request_id)
         if req is not None and req.sent and num_new_tokens > 0 and not (
                 num_new_computed_tokens or num_lookahead_tokens or delay_cache_blocks
-                or num_external_computed_tokens or num_encoder_tokens or full_sequence_must_fit):
+                or num_external_computed_tokens or full_sequence_must_fit):
             run = self._run
             if run is None:
                 run = self._run = _Run()

@@ -13,7 +13,7 @@ from conftest import start, stop
 A, B, C, D = (bytes([c]) * 32 for c in b"ABCD")
 iA, iB, iC, iD = (int.from_bytes(x[-8:], "big") for x in (A, B, C, D))
 POOLS = {"b2": 10, "b5": 10, "b7": 5, "c1": 6, "c2": 10, "c5": 10, "c6": 10, "m1": 16,
-         "m2": 16, "ev": 32, "m3": 4, "m4": 4}
+         "m2": 16, "ev": 32, "m3": 4, "m4": 4, "g1": 5, "g2": 5}
 
 
 @pytest.fixture(scope="module")
@@ -310,3 +310,35 @@ def test_manager_events_are_annotated_as_vllms(pools):
         got = s.commit()
     assert got[0].get_block_ids() == ([4],) and got[1] is None  # 1-3 were freed tail first
     assert m.get_block_ids("b") == ([4],)
+
+
+@pytest.mark.parametrize("pool,step", [("g1", False), ("g2", True)])
+def test_full_sequence_must_fit_and_encoder_tokens(pools, pool, step):
+    """vLLM's admission gate: a first chunk that fits is refused (None,
+    nothing changed) when the whole prompt would not; num_encoder_tokens,
+    which only vLLM's cross-attention groups read, changes nothing."""
+    url, ev = pools
+    c = kvpool.Client(url, pool=pool)
+    m = RemoteKVCacheManager(c, shared_prefix_boundary=True)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+
+    def alloc(req, n, **kw):
+        if not step:
+            return m.allocate_slots(req, n, **kw)
+        with m.step() as s:
+            s.allocate_slots(req, n, **kw)
+            return s.commit()[0]
+
+    big = Req("big", range(24), hasher=h)  # 6 blocks of 4; the pool has 4
+    assert alloc(big, 8, full_sequence_must_fit=True) is None
+    assert c.stats()["num_free"] == 4 and c.stats()["active_requests"] == 0
+    assert alloc(big, 8).get_block_ids() == ([1, 2],)  # chunked prefill, no gate
+    m.free(big)
+    fits = Req("fits", range(100, 116), hasher=h)  # 4 blocks whole
+    got = alloc(fits, 8, full_sequence_must_fit=True, num_encoder_tokens=1500)
+    assert len(got.get_block_ids()[0]) == 2
+    assert c.stats()["num_free"] == 2
+    blocks, hit, boundary = m.get_computed_blocks(Req("p", range(100, 109), hasher=h))
+    assert (hit, boundary) == (8, 0) and blocks.get_block_ids() == (got.get_block_ids()[0],)
+    m.free(fits)
+    c.close()
