@@ -135,14 +135,36 @@ evictable(const struct kvp_pool *pool, const int32_t *ids, size_t n)
 	return e;
 }
 
-void
-kvp_grp_plan(const struct kvp_group_spec *s, const struct kvp_grp_blocks *b,
-             const struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t local,
-             size_t need, size_t main, struct kvp_grp_plan *out)
+/*
+ * allocate_new_computed_blocks' table for a request holding no blocks:
+ * nulls for the skipped blocks, the hits past them, then (if external
+ * tokens remain in the window) new blocks up to cdiv(total, bs). Its length.
+ */
+static size_t
+adopted_len(const struct kvp_group_spec *s, size_t nh, size_t total, size_t ext, size_t *ext_new)
 {
 	uint32_t bs = s->block_size;
-	/* The table's length once the hit is adopted (hits only come with no blocks held). */
-	size_t len = (!b->started && nh > 0) ? nh : b->n;
+	size_t skipped_tokens = kvp_grp_skipped_tokens(s, total), skipped = skipped_tokens / bs;
+	size_t len = skipped > nh ? skipped : nh;
+
+	*ext_new = 0;
+	if (skipped > 0 && total - skipped_tokens < ext)
+		ext = total - skipped_tokens; /* external tokens that left the window too */
+	if (ext > 0 && cdiv(total, bs) > len)
+		*ext_new = cdiv(total, bs) - len;
+	return len + *ext_new;
+}
+
+void
+kvp_grp_plan(const struct kvp_group_spec *s, const struct kvp_grp_blocks *b,
+             const struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
+             size_t ext, size_t need, size_t main, struct kvp_grp_plan *out)
+{
+	uint32_t bs = s->block_size;
+	size_t ext_new = 0;
+	/* The table's length once the hit (and external blocks) are in: only with no blocks held. */
+	size_t len = (!b->started && (nh > 0 || ext > 0)) ? adopted_len(s, nh, total, ext, &ext_new)
+	                                                  : b->n;
 
 	memset(out, 0, sizeof(*out));
 	if (mamba_align(s)) {
@@ -155,12 +177,13 @@ kvp_grp_plan(const struct kvp_group_spec *s, const struct kvp_grp_blocks *b,
 	}
 	size_t required = cdiv(need, bs);
 	out->num_returned = required > len ? required - len : 0;
+	out->num_external = ext_new;
 	out->max_len = required > len ? required : len;
 	if (b->started) {
 		out->to_allocate = required > b->n ? required - b->n : 0;
 		return;
 	}
-	size_t skipped = kvp_grp_skipped_tokens(s, local) / bs;
+	size_t skipped = kvp_grp_skipped_tokens(s, total) / bs;
 	size_t have = nh + b->n;
 	size_t floor = skipped > have ? skipped : have;
 	size_t skip_hits = skipped > b->n ? skipped - b->n : 0;
@@ -222,25 +245,42 @@ kvp_grp_remove_skipped(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
 	}
 }
 
-void
+int
 kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
-                   struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t local)
+                   struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
+                   size_t ext, size_t *ext_new)
 {
-	size_t skipped;
+	size_t skipped, len;
 
+	*ext_new = 0;
 	if (b->started)
-		return;
-	skipped = kvp_grp_skipped_tokens(s, local) / s->block_size;
-	if (skipped > nh)
-		skipped = nh;
+		return KVP_OK; /* a running request: no hit, no external blocks (as vLLM) */
+	len = adopted_len(s, nh, total, ext, ext_new) - *ext_new;
+	skipped = kvp_grp_skipped_tokens(s, total) / s->block_size;
+	size_t kept = skipped < nh ? skipped : nh;
 	/* Validated and counted by the caller: cannot fail. */
-	(void)kvp_pool_touch(pool, hits + skipped, nh - skipped);
-	for (size_t i = 0; i < skipped; i++)
+	(void)kvp_pool_touch(pool, hits + kept, nh - kept);
+	for (size_t i = 0; i < len - (nh - kept); i++)
 		b->ids[i] = KVP_NULL_BLOCK;
-	memcpy(b->ids + skipped, hits + skipped, (nh - skipped) * sizeof(*hits));
-	b->n = nh;
-	b->num_cached = (uint32_t)nh;
+	memcpy(b->ids + len - (nh - kept), hits + kept, (nh - kept) * sizeof(*hits));
+	b->n = len;
+	b->num_cached = (uint32_t)len;
 	b->started = true;
+	return KVP_OK;
+}
+
+int
+kvp_grp_add_external(struct kvp_grp_blocks *b, struct kvp_pool *pool, size_t n, int32_t *out)
+{
+	int rv;
+
+	if (n == 0)
+		return KVP_OK;
+	if ((rv = kvp_pool_get_new_blocks(pool, (uint32_t)n, b->ids + b->n)) != KVP_OK)
+		return rv;
+	memcpy(out, b->ids + b->n, n * sizeof(*out));
+	b->n += n;
+	return KVP_OK;
 }
 
 int

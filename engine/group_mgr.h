@@ -54,17 +54,19 @@ size_t kvp_grp_skipped_tokens(const struct kvp_group_spec *s, size_t n);
 struct kvp_grp_plan {
 	size_t to_allocate;   /* get_num_blocks_to_allocate */
 	size_t num_returned;  /* entries allocate_new_blocks returns (nulls included) */
+	size_t num_external;  /* new blocks for external tokens (allocate_new_computed_blocks) */
 	size_t max_len;       /* the longest the block table gets */
 };
 
 /*
  * Plans one step: hits/nh the prefix hit (only for a request holding no
- * blocks), local = computed tokens including the hit, need = tokens that
- * need a slot (lookahead included), main = without lookahead.
+ * blocks), total = computed tokens including the hit and ext external
+ * (connector) tokens, need = tokens that need a slot (lookahead included),
+ * main = without lookahead.
  */
 void kvp_grp_plan(const struct kvp_group_spec *s, const struct kvp_grp_blocks *b,
-                  const struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t local,
-                  size_t need, size_t main, struct kvp_grp_plan *out);
+                  const struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
+                  size_t ext, size_t need, size_t main, struct kvp_grp_plan *out);
 
 /* Grows the block table to hold n entries. KVP_ENOMEM. */
 int kvp_grp_reserve(struct kvp_grp_blocks *b, size_t n);
@@ -73,9 +75,19 @@ int kvp_grp_reserve(struct kvp_grp_blocks *b, size_t n);
 void kvp_grp_remove_skipped(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
                             struct kvp_pool *pool, size_t total_computed);
 
-/* allocate_new_computed_blocks: touches and adopts the hit (nulls for skipped). */
-void kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
-                        struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t local);
+/*
+ * allocate_new_computed_blocks for a request holding no blocks, first
+ * phase: touches and adopts the hit (nulls for skipped blocks) and says in
+ * *ext_new how many new blocks the external tokens still in the window
+ * need (kvp_grp_add_external, once every group has touched its hits, as
+ * vLLM does since its fix for hits evicted across groups). A running
+ * request: nothing. KVP_OK.
+ */
+int kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
+                       struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
+                       size_t ext, size_t *ext_new);
+/* Appends n new blocks for external tokens (planned: the pool has room); copies them to out. */
+int kvp_grp_add_external(struct kvp_grp_blocks *b, struct kvp_pool *pool, size_t n, int32_t *out);
 
 /*
  * allocate_new_blocks: appends new blocks (planned; the pool has room) and

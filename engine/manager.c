@@ -421,12 +421,20 @@ check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const 
 /* Validates the step and plans every group; changes nothing. */
 static int
 plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_args *a,
-          int32_t *const *new_blocks, size_t cap, size_t local, size_t need, size_t main,
+          int32_t *const *new_blocks, size_t cap, size_t total, size_t need, size_t main,
           struct kvp_grp_plan *plan, uint64_t *to_allocate)
 {
-	size_t hit = a->num_new_computed_tokens;
+	size_t hit = a->num_new_computed_tokens, ext = a->num_external_computed_tokens;
 	int rv;
 
+	if (ext > 0) {
+		/* A connector computes tokens the request has; Mamba align's external path is not here. */
+		if ((uint64_t)r->num_computed + hit + ext > r->num_tokens)
+			return KVP_EINVAL;
+		for (uint32_t g = 0; g < m->num_groups; g++)
+			if (m->spec[g].kind == KVP_GROUP_MAMBA && m->spec[g].mamba_mode == KVP_MAMBA_ALIGN)
+				return KVP_ENOTSUP;
+	}
 	if (hit > 0) {
 		bool holds = false;
 		for (uint32_t g = 0; g < m->num_groups; g++)
@@ -443,10 +451,10 @@ plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_ar
 			return KVP_EINVAL;
 		if (nh > 0 && (rv = check_hits(m, r, g, hits, nh)) != KVP_OK)
 			return rv;
-		kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, hits, nh, local, need, main,
+		kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, hits, nh, total, ext, need, main,
 		             &plan[g]);
-		if (plan[g].num_returned > cap ||
-		    (plan[g].num_returned > 0 && (new_blocks == NULL || new_blocks[g] == NULL)))
+		size_t out = plan[g].num_returned + plan[g].num_external;
+		if (out > cap || (out > 0 && (new_blocks == NULL || new_blocks[g] == NULL)))
 			return KVP_EINVAL;
 		*to_allocate += plan[g].to_allocate;
 	}
@@ -456,7 +464,7 @@ plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_ar
 /* full_sequence_must_fit: would the request's whole known length fit now? */
 static bool
 whole_fits(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_args *a,
-           size_t local)
+           size_t total)
 {
 	size_t full = r->num_tokens < m->max_model_len ? r->num_tokens : m->max_model_len;
 	size_t hit = a->num_new_computed_tokens;
@@ -466,7 +474,7 @@ whole_fits(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_a
 		struct kvp_grp_plan p;
 		size_t nh = hit > 0 ? hit / m->spec[g].block_size : 0;
 		kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, nh ? a->computed_blocks[g] : NULL,
-		             nh, local, full, full, &p);
+		             nh, total, a->num_external_computed_tokens, full, full, &p);
 		n += p.to_allocate;
 	}
 	return n <= kvp_pool_num_free(m->pool);
@@ -528,15 +536,17 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 {
 	struct kvp_grp_plan plan[KVP_MGR_MAX_GROUPS];
 	struct kvp_mreq *r;
-	size_t local, total_computed, main, need;
+	size_t local, total_computed, main, need, ext_new[KVP_MGR_MAX_GROUPS];
 	uint64_t to_allocate;
+	size_t ext = a ? a->num_external_computed_tokens : 0;
 	int rv;
 
-	if (m == NULL || a == NULL || counts == NULL || a->num_new_tokens == 0)
+	if (m == NULL || a == NULL || counts == NULL || (a->num_new_tokens == 0 && ext == 0))
 		return KVP_EINVAL;
 	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
 		return KVP_ENOTFOUND;
-	local = r->num_computed + a->num_new_computed_tokens;
+	/* Computed tokens: the request's, the hit, and the connector's (external). */
+	local = r->num_computed + a->num_new_computed_tokens + ext;
 	total_computed = local < m->max_model_len ? local : m->max_model_len;
 	main = total_computed + a->num_new_tokens;
 	need = main + (size_t)a->num_lookahead_tokens;
@@ -557,15 +567,27 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 		m->stats.alloc_failures++;
 		return KVP_ENOSPACE;
 	}
-	for (uint32_t g = 0; g < m->num_groups && a->num_new_computed_tokens > 0; g++)
-		kvp_grp_adopt_hits(&m->spec[g], &r->groups[g], m->pool, a->computed_blocks[g],
-		                   a->num_new_computed_tokens / m->spec[g].block_size, local);
-	/* allocate_new_blocks, in group order: consecutive chunks of the queue head. */
+	for (uint32_t g = 0; g < m->num_groups; g++) {
+		size_t nh = a->num_new_computed_tokens / m->spec[g].block_size;
+		ext_new[g] = 0;
+		if (nh > 0 || ext > 0)
+			(void)kvp_grp_adopt_hits(&m->spec[g], &r->groups[g], m->pool,
+			                         nh ? a->computed_blocks[g] : NULL, nh, local, ext,
+			                         &ext_new[g]);
+	}
+	/* External blocks, then allocate_new_blocks, in group order: chunks of the queue head. */
+	for (uint32_t g = 0; g < m->num_groups && ext > 0; g++)
+		if ((rv = kvp_grp_add_external(&r->groups[g], m->pool, ext_new[g], new_blocks[g])))
+			return rv;
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		rv = kvp_grp_allocate(&m->spec[g], &r->groups[g], m->pool, need, main,
-		                      plan[g].num_returned ? new_blocks[g] : NULL, &counts[g]);
+		                      plan[g].num_returned ? new_blocks[g] + ext_new[g] : NULL,
+		                      &counts[g]);
 		if (rv != KVP_OK)
 			return rv;
+		counts[g] += ext_new[g];
+		if (a->num_external_blocks != NULL)
+			a->num_external_blocks[g] = ext_new[g];
 	}
 	r->num_computed = main < m->max_model_len ? main : m->max_model_len;
 	if (a->delay_cache_blocks || !kvp_pool_caching_enabled(m->pool))

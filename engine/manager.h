@@ -24,10 +24,13 @@
  * size is k x hash_block_size uses coarse hashes of k fine hashes.
  * With caching off nothing is hashed, looked up or cached.
  *
+ * External (connector) computed tokens get blocks as vLLM's
+ * allocate_new_computed_blocks gives them (kvp_alloc_args).
+ *
  * Not supported: eagle's last-block drop, Mamba speculative blocks,
- * external (connector) computed tokens, cross-attention and sink groups,
- * prompt-embeds extra keys, and vLLM's newer per-request admission cap for
- * recycling groups (issue #39734).
+ * external tokens beside a Mamba align group, cross-attention and sink
+ * groups, prompt-embeds extra keys, and vLLM's newer per-request admission
+ * cap for recycling groups (issue #39734), watermark and reserved_blocks.
  *
  * Differences from vLLM, as in pool.h, are refusals instead of asserts:
  * unknown requests are KVP_ENOTFOUND; hit blocks passed to allocate_slots
@@ -92,6 +95,16 @@ struct kvp_alloc_args {
 	 * min(its tokens, max_model_len), fits, not only this step's chunk.
 	 */
 	bool full_sequence_must_fit;
+	/*
+	 * Tokens a KV connector computed (vLLM's num_external_computed_tokens),
+	 * after the hit; the request must have them. num_new_tokens may be 0
+	 * with them (an asynchronous load). A request holding no blocks gets new
+	 * blocks for those still in its window (nulls for the rest); they lead
+	 * new_blocks[g], and *num_external_blocks (per group, NULL: not asked)
+	 * says how many. Not with a Mamba align group (KVP_ENOTSUP).
+	 */
+	uint32_t num_external_computed_tokens;
+	size_t *num_external_blocks;
 };
 
 struct kvp_mgr_stats {

@@ -250,16 +250,16 @@ test_hybrid_num_blocks_to_allocate_skips_null_hits(void **state)
 		hits2[i] = i < 5 ? KVP_NULL_BLOCK : held[i - 5];
 	}
 	/* Held elsewhere (ref 1): only the 10 new blocks count. */
-	kvp_grp_plan(&s, &b, p, hits1, 10, 0, 40, 40, &plan);
+	kvp_grp_plan(&s, &b, p, hits1, 10, 0, 0, 40, 40, &plan);
 	assert_int_equal(plan.to_allocate, 10);
-	kvp_grp_plan(&s, &b, p, hits2, 10, 0, 40, 40, &plan);
+	kvp_grp_plan(&s, &b, p, hits2, 10, 0, 0, 40, 40, &plan);
 	assert_int_equal(plan.to_allocate, 10);
 	/* Free cached hits (ref 0, as in vLLM's test) leave the queue when touched. */
 	assert_ok(kvp_pool_free_blocks(p, held, 10));
 	for (int k = 0; k < 2; k++) {
-		kvp_grp_plan(&s, &b, p, hits1, 10, 0, 40, 40, &plan);
+		kvp_grp_plan(&s, &b, p, hits1, 10, 0, 0, 40, 40, &plan);
 		assert_int_equal(plan.to_allocate, 20);
-		kvp_grp_plan(&s, &b, p, hits2, 10, 0, 40, 40, &plan);
+		kvp_grp_plan(&s, &b, p, hits2, 10, 0, 0, 40, 40, &plan);
 		assert_int_equal(plan.to_allocate, 15);
 		s = (struct kvp_group_spec){.kind = KVP_GROUP_CHUNKED_LOCAL, .block_size = 2,
 		                            .window = 4};
