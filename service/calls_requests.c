@@ -102,17 +102,21 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 			return rv;
 	}
 	(void)kvp_mgr_request_info(mgr, mid, &ntok, &ncomp, NULL);
-	uint32_t num_new = m->num_new_tokens;
-	if (num_new == 0) {
-		size_t remaining = ntok > ncomp + hit ? ntok - ncomp - hit : 0;
+	size_t ext = m->num_external_computed_tokens;
+	if (ncomp + hit + ext > ntok)
+		return kvpd_fail(c, KVP_EINVAL, "allocate_slots: %zu external tokens, but the request "
+		                 "has %zu not computed after the hit", ext, ntok - ncomp - hit);
+	uint32_t num_new = m->no_new_tokens ? 0 : m->num_new_tokens;
+	if (num_new == 0 && !m->no_new_tokens) {
+		size_t remaining = ntok - ncomp - hit - ext;
 		if (m->token_budget > 0 && remaining > m->token_budget)
 			remaining = m->token_budget;
 		num_new = (uint32_t)remaining;
 	}
-	size_t need = ncomp + hit + num_new + m->num_lookahead_tokens;
-	size_t cap = need / mbs + 2;
+	size_t need = ncomp + hit + ext + num_new + m->num_lookahead_tokens;
+	size_t cap = need / mbs + 2, ext_blocks[KVP_MGR_MAX_GROUPS] = {0};
 	int32_t *fresh = group_rows(c, ng, cap, fresh_row);
-	uint32_t *per_group = kvpd_scratch(c, ng * sizeof(*per_group));
+	uint32_t *per_group = kvpd_scratch(c, 2 * ng * sizeof(*per_group));
 	if (fresh == NULL || per_group == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	struct kvp_alloc_args a = {.num_new_tokens = num_new,
@@ -120,10 +124,15 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 	                           .computed_blocks = hit ? (const int32_t *const *)hit_row : NULL,
 	                           .num_lookahead_tokens = m->num_lookahead_tokens,
 	                           .delay_cache_blocks = m->delay_cache_blocks,
-	                           .full_sequence_must_fit = m->full_sequence_must_fit};
+	                           .full_sequence_must_fit = m->full_sequence_must_fit,
+	                           .num_external_computed_tokens = (uint32_t)ext,
+	                           .num_external_blocks = ext_blocks};
 	rv = kvp_mgr_allocate_slots(mgr, mid, &a, fresh_row, cap, counts);
-	if (rv == KVP_EINVAL && num_new == 0)
+	if (rv == KVP_EINVAL && num_new == 0 && ext == 0)
 		return kvpd_fail(c, rv, "allocate_slots: nothing to schedule (every token is computed)");
+	if (rv == KVP_ENOTSUP)
+		return kvpd_fail(c, rv, "allocate_slots: external tokens on a pool with a Mamba align "
+		                 "group are not supported");
 	if ((rv = mgr_status(c, rv, "allocate_slots")))
 		return rv;
 	(void)kvp_mgr_request_info(mgr, mid, NULL, &ncomp, NULL);
@@ -132,10 +141,16 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 	r->num_computed_tokens = (uint32_t)ncomp;
 	r->new_block_ids = fresh;
 	r->n_new_block_ids = pack_rows(fresh, ng, cap, counts);
-	for (uint32_t g = 0; g < ng; g++)
+	for (uint32_t g = 0; g < ng; g++) {
 		per_group[g] = (uint32_t)counts[g];
+		per_group[ng + g] = (uint32_t)ext_blocks[g];
+	}
 	r->new_blocks_per_group = per_group;
 	r->n_new_blocks_per_group = ng;
+	if (ext > 0) {
+		r->external_blocks_per_group = per_group + ng;
+		r->n_external_blocks_per_group = ng;
+	}
 	out->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS;
 	out->allocate_slots = r;
 	return KVP_OK;
@@ -159,7 +174,8 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	if (m->n_prompt_token_ids > c->p->limits.max_ids || m->n_new_token_ids > c->p->limits.max_ids ||
-	    m->num_new_tokens > c->p->limits.max_ids || m->num_lookahead_tokens > c->p->limits.max_ids)
+	    m->num_new_tokens > c->p->limits.max_ids || m->num_lookahead_tokens > c->p->limits.max_ids ||
+	    m->num_external_computed_tokens > c->p->limits.max_ids)
 		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call; the limit is %u",
 		            c->p->limits.max_ids);
 	if (mid == 0) {

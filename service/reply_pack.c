@@ -94,11 +94,13 @@ result_len(const Kvpool__V1__Reply *r, size_t *ids_len, size_t *per_len)
 		const Kvpool__V1__AllocateSlotsReply *a = r->allocate_slots;
 		*ids_len = i32s_len(a->new_block_ids, a->n_new_block_ids);
 		*per_len = u32s_len(a->new_blocks_per_group, a->n_new_blocks_per_group);
+		size_t ext_len = u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group);
 		return kvp_pb_varint_field(1, a->hit_tokens) +
 		       packed_len(2, *ids_len, a->n_new_block_ids) +
 		       packed_len(3, *per_len, a->n_new_blocks_per_group) +
 		       kvp_pb_varint_field(4, a->num_scheduled_tokens) +
-		       kvp_pb_varint_field(5, a->num_computed_tokens);
+		       kvp_pb_varint_field(5, a->num_computed_tokens) +
+		       packed_len(6, ext_len, a->n_external_blocks_per_group);
 	}
 	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS: {
 		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
@@ -175,6 +177,8 @@ put_sub(uint8_t *p, const Kvpool__V1__Reply *r)
 		p = put_u32s(p, 3, a->new_blocks_per_group, a->n_new_blocks_per_group, per);
 		p = kvp_pb_put_varint_field(p, 4, a->num_scheduled_tokens);
 		p = kvp_pb_put_varint_field(p, 5, a->num_computed_tokens);
+		p = put_u32s(p, 6, a->external_blocks_per_group, a->n_external_blocks_per_group,
+		             u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group));
 	} else if (r->result_case == KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS) {
 		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
 		p = kvp_pb_put_varint_field(p, 1, g->hit_tokens);

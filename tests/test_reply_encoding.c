@@ -226,6 +226,8 @@ batch_reply_is_protobuf_c_bytes(void **state)
 				as[i].n_new_blocks_per_group = next_rand() % 5;
 				as[i].num_scheduled_tokens = (uint32_t)rand_wide();
 				as[i].num_computed_tokens = (uint32_t)rand_wide();
+				as[i].external_blocks_per_group = per[i];
+				as[i].n_external_blocks_per_group = next_rand() % 5;
 				r->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS;
 				r->allocate_slots = &as[i];
 				break;

@@ -85,5 +85,7 @@ kvp_build_slots_(Kvpool__V1__AllocateSlotsRequest *m, const struct kvp_client_sl
 	m->use_prefix_cache = a->use_prefix_cache;
 	m->delay_cache_blocks = a->delay_cache_blocks;
 	m->full_sequence_must_fit = a->full_sequence_must_fit;
+	m->num_external_computed_tokens = a->num_external_computed_tokens;
+	m->no_new_tokens = a->no_new_tokens;
 	return KVP_OK;
 }

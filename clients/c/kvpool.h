@@ -214,6 +214,8 @@ struct kvp_client_slots {
 	bool use_prefix_cache;          /* a request holding no blocks takes its prefix hit */
 	bool delay_cache_blocks;
 	bool full_sequence_must_fit;    /* KVP_ENOSPACE unless the whole request fits (vLLM's gate) */
+	uint32_t num_external_computed_tokens; /* a KV connector's tokens after the hit */
+	bool no_new_tokens;             /* schedule none (an async load): num_new_tokens ignored */
 };
 struct kvp_client_slots_result {
 	uint32_t hit_tokens;
@@ -222,6 +224,8 @@ struct kvp_client_slots_result {
 	size_t num_new_blocks;      /* in new_blocks: each group's, group after group */
 	uint32_t num_groups;
 	uint32_t new_blocks_per_group[KVP_MAX_GROUPS];
+	/* Of each group's new blocks, how many lead them as the external tokens' blocks. */
+	uint32_t external_blocks_per_group[KVP_MAX_GROUPS];
 };
 /* KVP_ENOSPACE: not enough free blocks; nothing was allocated (preempt or wait). */
 int kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a,

@@ -17,6 +17,9 @@ kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s, struct kvp_clien
 	res->num_groups = 0;
 	for (size_t g = 0; g < s->n_new_blocks_per_group && g < KVP_MAX_GROUPS; g++)
 		res->new_blocks_per_group[res->num_groups++] = s->new_blocks_per_group[g];
+	for (size_t g = 0; g < KVP_MAX_GROUPS; g++)
+		res->external_blocks_per_group[g] =
+			g < s->n_external_blocks_per_group ? s->external_blocks_per_group[g] : 0;
 }
 
 int

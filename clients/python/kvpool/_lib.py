@@ -131,13 +131,15 @@ class Slots(Structure):
                 ("new_tokens", POINTER(c_int64)), ("num_new_token_ids", c_size_t),
                 ("num_new_tokens", c_uint32), ("token_budget", c_uint32),
                 ("num_lookahead_tokens", c_uint32), ("use_prefix_cache", c_bool),
-                ("delay_cache_blocks", c_bool), ("full_sequence_must_fit", c_bool)]
+                ("delay_cache_blocks", c_bool), ("full_sequence_must_fit", c_bool),
+                ("num_external_computed_tokens", c_uint32), ("no_new_tokens", c_bool)]
 
 
 class SlotsResult(Structure):
     _fields_ = [("hit_tokens", c_uint32), ("num_scheduled_tokens", c_uint32),
                 ("num_computed_tokens", c_uint32), ("num_new_blocks", c_size_t),
-                ("num_groups", c_uint32), ("new_blocks_per_group", c_uint32 * MAX_GROUPS)]
+                ("num_groups", c_uint32), ("new_blocks_per_group", c_uint32 * MAX_GROUPS),
+                ("external_blocks_per_group", c_uint32 * MAX_GROUPS)]
 
 
 CLIENT = c_void_p

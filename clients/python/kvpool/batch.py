@@ -126,7 +126,8 @@ class Batch:
     def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
                        token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
                        delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None,
-                       full_sequence_must_fit=False):
+                       full_sequence_must_fit=False, num_external_computed_tokens=0,
+                       no_new_tokens=False):
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
         p, np_ = _tokens(prompt)
         t, nt = _tokens(new_tokens)
@@ -134,7 +135,7 @@ class Batch:
         a = L.Slots(request_id, p if np_ else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if nt else None, nt, num_new_tokens, token_budget,
                     num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
-                    full_sequence_must_fit)
+                    full_sequence_must_fit, num_external_computed_tokens, no_new_tokens)
         return self._add("allocate_slots", L.kvp_batch_allocate_slots(self._b, byref(a)), p, t,
                          keep, a)
 
@@ -212,7 +213,8 @@ class Batch:
                 rows.append(out.block_ids[off:off + s.new_blocks_per_group[g]])
                 off += s.new_blocks_per_group[g]
             out.slots = SlotsResult(out.block_ids, s.hit_tokens, s.num_scheduled_tokens,
-                                    s.num_computed_tokens, rows)
+                                    s.num_computed_tokens, rows,
+                                    list(s.external_blocks_per_group[:s.num_groups]))
         elif kind in ("lookup", "get_computed_blocks"):
             out.slots = SlotsResult(out.block_ids, r.slots.hit_tokens, 0, 0, None)
         return out

@@ -111,6 +111,8 @@ class SlotsResult:
     num_scheduled_tokens: int
     num_computed_tokens: int
     new_blocks_by_group: list = None
+    # Per group, how many of its new blocks lead it as the external tokens' blocks.
+    external_blocks_by_group: list = None
 
 
 class Client:
@@ -327,7 +329,8 @@ class Client:
     def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
                        token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
                        delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None,
-                       full_sequence_must_fit=False):
+                       full_sequence_must_fit=False, num_external_computed_tokens=0,
+                       no_new_tokens=False):
         """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
         p, np_ = _tokens(prompt or [])
         t, nt = _tokens(new_tokens or [])
@@ -335,7 +338,7 @@ class Client:
         a = L.Slots(request_id, p if prompt else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if new_tokens else None, nt, num_new_tokens, token_budget,
                     num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
-                    full_sequence_must_fit)
+                    full_sequence_must_fit, num_external_computed_tokens, no_new_tokens)
         cap = self.info["max_ids_per_call"]
         out = (c_int32 * cap)()
         res = L.SlotsResult()
@@ -346,7 +349,8 @@ class Client:
             rows.append(flat[off:off + res.new_blocks_per_group[g]])
             off += res.new_blocks_per_group[g]
         return SlotsResult(flat, res.hit_tokens, res.num_scheduled_tokens,
-                           res.num_computed_tokens, rows)
+                           res.num_computed_tokens, rows,
+                           list(res.external_blocks_per_group[:res.num_groups]))
 
     def free_request(self, request_id, preempt=False):
         self._check(L.kvp_client_free_request(self._live(), request_id, preempt))

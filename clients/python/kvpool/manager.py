@@ -30,8 +30,11 @@ class RemoteKVCacheManager(_Remote):
     num_encoder_tokens is accepted and ignored, as vLLM's non-cross-attention
     groups ignore it (a pool has no cross-attention group);
     full_sequence_must_fit is vLLM's admission gate, checked in the daemon.
-    Not supported (NotSupported): external (connector) tokens, and
-    get_computed_blocks on a pool whose
+    External (connector) tokens get their blocks in the daemon as vLLM's
+    allocate_new_computed_blocks gives them: they join the request's table
+    (get_block_ids) and are not in allocate_slots' return value, as in vLLM;
+    a pool with a Mamba align group refuses them (NotSupported).
+    Not supported (NotSupported): get_computed_blocks on a pool whose
     only group is not full attention or that has several groups (the hit
     there is vLLM's hybrid fixed point, which the daemon computes inside
     AllocateSlots; Client.allocate_slots(use_prefix_cache=True) takes it and
@@ -105,7 +108,7 @@ class RemoteKVCacheManager(_Remote):
         try:
             res = self.client.allocate_slots(req.wire_id, **kw)
         except NoSpace:
-            self._refused(request, req, num_new_computed_tokens)
+            self._refused(request, req, num_new_computed_tokens + kw["num_external_computed_tokens"])
             return None
         return self._slots_done(request, req, kw, res, num_new_computed_tokens,
                                 new_computed_blocks)
@@ -150,13 +153,11 @@ class RemoteKVCacheManager(_Remote):
     def _slots_call(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                     num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
                     full_sequence_must_fit):
-        if num_external_computed_tokens:
-            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                               "external (connector) computed tokens are not on kvpool's wire")
         # num_encoder_tokens only sizes vLLM's cross-attention groups, which a
         # kvpool pool cannot have: every group here ignores it, as vLLM's do.
-        if num_new_tokens == 0:
-            raise ValueError("num_new_tokens must be greater than 0")
+        if num_new_tokens == 0 and num_external_computed_tokens == 0:
+            raise ValueError("num_new_tokens must be greater than 0 when there are no "
+                             "external computed tokens")
         req = self._reqs.get(request.request_id)
         if req is None:
             req = self._reqs[request.request_id] = _Req(self._next_id, len(self.groups))
@@ -165,7 +166,9 @@ class RemoteKVCacheManager(_Remote):
         kw = {"num_new_tokens": num_new_tokens, "num_lookahead_tokens": num_lookahead_tokens,
               "delay_cache_blocks": delay_cache_blocks,
               "use_prefix_cache": num_new_computed_tokens > 0,
-              "full_sequence_must_fit": full_sequence_must_fit}
+              "full_sequence_must_fit": full_sequence_must_fit,
+              "num_external_computed_tokens": num_external_computed_tokens,
+              "no_new_tokens": num_new_tokens == 0}
         if req.sent == 0:
             kw["prompt"] = list(tokens)
             keys = _request_keys(request)
@@ -183,13 +186,22 @@ class RemoteKVCacheManager(_Remote):
             req.blocks = [[] for _ in self.groups]
             return None
         req.sent = len(request.all_token_ids)
+        fresh = not any(req.blocks)
         if num_new_computed_tokens and new_computed_blocks is not None:
             for g, hit in enumerate(new_computed_blocks.blocks):
                 for b in hit:
                     b.ref_cnt += 1
                 req.blocks[g].extend(hit)
-        total_computed = req.computed + num_new_computed_tokens
+        ext = kw.get("num_external_computed_tokens", 0)
+        total_computed = req.computed + num_new_computed_tokens + ext
         self._drop_skipped(req, total_computed)
+        if fresh and ext:
+            # vLLM pads a new request's table with nulls for every skipped
+            # block, past its hit too when external tokens reach further.
+            for g, spec in enumerate(self.groups):
+                short = _skipped_blocks(spec, total_computed) - len(req.blocks[g])
+                req.blocks[g].extend([self.null_block] * max(short, 0))
+        lead = res.external_blocks_by_group or [0] * len(self.groups)
         new = []
         for g, ids in enumerate(res.new_blocks_by_group):
             row = []
@@ -200,11 +212,13 @@ class RemoteKVCacheManager(_Remote):
                     b.reset_hash()
                 row.append(b)
             req.blocks[g].extend(row)
-            new.append(row)
+            # The external tokens' blocks join the table; vLLM returns only the rest.
+            new.append(row[lead[g]:])
         req.computed = res.num_computed_tokens
         return self.create_kv_cache_blocks(tuple(new))
 
     def _refused(self, request, req, num_new_computed_tokens):
+        # num_new_computed_tokens: the hit and the external tokens, as vLLM's total_computed
         """The mirror's side of a NoSpace: a registered request keeps the
         tokens it brought (the daemon appended them before it refused), and
         its skipped blocks are dropped (vLLM frees them even when the step is
@@ -217,20 +231,27 @@ class RemoteKVCacheManager(_Remote):
         """vLLM's remove_skipped_blocks on the mirror: blocks that left a
         sliding window or a finished local chunk become the null block."""
         for g, spec in enumerate(self.groups):
-            bs = spec["block_size"]
-            if spec["kind"] == "sliding_window":
-                skipped = max(0, num_computed - spec["sliding_window"] + 1) // bs
-            elif spec["kind"] == "chunked_local_attention":
-                chunk = spec["attention_chunk_size"]
-                skipped = (num_computed // chunk * chunk) // bs
-            else:
+            if spec["kind"] not in ("sliding_window", "chunked_local_attention"):
                 continue
+            skipped = _skipped_blocks(spec, num_computed)
             row = req.blocks[g]
             for i in range(min(skipped, len(row)) - 1, -1, -1):
                 if row[i].is_null:
                     break
                 row[i].ref_cnt -= 1
                 row[i] = self.null_block
+
+
+def _skipped_blocks(spec, num_computed):
+    """get_num_skipped_tokens(num_computed) // block_size for a window or
+    chunk group (Mamba's are not mirrored: see get_block_ids); 0 otherwise."""
+    bs = spec["block_size"]
+    if spec["kind"] == "sliding_window":
+        return max(0, num_computed - spec["sliding_window"] + 1) // bs
+    if spec["kind"] == "chunked_local_attention":
+        chunk = spec["attention_chunk_size"]
+        return (num_computed // chunk * chunk) // bs
+    return 0
 
 
 def _released(req):
@@ -362,7 +383,7 @@ class Step:
                     continue
                 _, request, req, kw, nhit, hit_blocks = op
                 if isinstance(r.error, NoSpace):
-                    self._mgr._refused(request, req, nhit)
+                    self._mgr._refused(request, req, nhit + kw["num_external_computed_tokens"])
                     out.append(None)
                 elif r.error is not None:
                     raise r.error

@@ -342,3 +342,64 @@ def test_full_sequence_must_fit_and_encoder_tokens(pools, pool, step):
     assert (hit, boundary) == (8, 0) and blocks.get_block_ids() == (got.get_block_ids()[0],)
     m.free(fits)
     c.close()
+
+
+@pytest.fixture(scope="module")
+def xpools(tmp_path_factory):
+    """A second daemon (a daemon hosts at most 16 pools): hybrid pools for external tokens."""
+    args = []
+    for name in ("x1", "x2"):
+        args += ["--pool", f"name={name},blocks=64,seed=0,executor=none,"
+                           "groups=full:4+sliding_window:4:8"]
+    args += ["--pool", "name=x3,blocks=64,seed=0,executor=none,groups=full:4+mamba:4:align"]
+    proc, url, ev = start(tmp_path_factory.mktemp("kvpoold-ext"), *args, pool="x1")
+    yield url, ev
+    stop(proc)
+
+
+@pytest.mark.parametrize("pool,step", [("x1", False), ("x2", True)])
+def test_external_tokens_as_a_kv_connector_passes_them(xpools, pool, step):
+    """vLLM's num_external_computed_tokens: the connector's 12 tokens get
+    blocks in the full-attention group and, past the window's reach, a null
+    block in the sliding-window one; they join the table, not the return
+    value; an asynchronous load (no new token) allocates them alone."""
+    url, ev = xpools
+    c = kvpool.Client(url, pool=pool)
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+
+    def alloc(req, n, **kw):
+        if not step:
+            return m.allocate_slots(req, n, **kw)
+        with m.step() as s:
+            s.allocate_slots(req, n, **kw)
+            return s.commit()[0]
+
+    r = Req("r", range(16), hasher=h)
+    got = alloc(r, 4, num_external_computed_tokens=12)
+    assert got.get_block_ids() == ([6], [7])
+    assert m.get_block_ids("r") == ([1, 2, 3, 6], [0, 4, 5, 7])
+    assert c.stats()["num_free"] == 63 - 7
+    m.free(r)
+    a = Req("a", range(100, 113), hasher=h)  # an asynchronous load of 12 tokens
+    got = alloc(a, 0, num_external_computed_tokens=12, delay_cache_blocks=True)
+    assert got.get_block_ids() == ([], [])
+    assert [len(g) for g in m.get_block_ids("a")] == [3, 3]
+    assert m.get_block_ids("a")[1][0] == 0
+    assert len(alloc(a, 1).get_block_ids()[0]) == 1
+    m.free(a)
+    with pytest.raises(ValueError):
+        alloc(Req("z", range(8), hasher=h), 0)
+    assert c.stats()["num_free"] == 63
+    c.close()
+
+
+def test_external_tokens_on_a_mamba_align_pool_are_refused(xpools):
+    url, ev = xpools
+    c = kvpool.Client(url, pool="x3")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    with pytest.raises(kvpool.NotSupported, match="Mamba align"):
+        m.allocate_slots(Req("r", range(16), hasher=h), 4, num_external_computed_tokens=8)
+    assert c.stats()["num_free"] == 63 and c.stats()["active_requests"] == 0
+    c.close()
