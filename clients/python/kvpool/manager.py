@@ -122,9 +122,9 @@ class RemoteKVCacheManager(_Remote):
 
     def get_block_ids(self, request_id):
         """The request's block table per group, as this adapter mirrors it
-        (hits, new blocks, and the null block where sliding-window and
-        chunked-local groups have dropped blocks). Mamba groups: the blocks
-        the daemon returned, not vLLM's per-mode recycling."""
+        (hits, external and new blocks, and the null block where a
+        sliding-window, chunked-local or Mamba group has dropped blocks, as
+        vLLM's remove_skipped_blocks does)."""
         req = self._reqs.get(request_id)
         if req is None:
             return tuple([] for _ in self.groups)
@@ -183,7 +183,7 @@ class RemoteKVCacheManager(_Remote):
             # The hit changed since get_computed_blocks: undo, let the scheduler retry.
             self.client.free_request(req.wire_id, preempt=True)
             req.sent = len(request.all_token_ids)
-            req.blocks = [[] for _ in self.groups]
+            req.reset(len(self.groups))
             return None
         req.sent = len(request.all_token_ids)
         fresh = not any(req.blocks)
@@ -204,6 +204,12 @@ class RemoteKVCacheManager(_Remote):
         lead = res.external_blocks_by_group or [0] * len(self.groups)
         new = []
         for g, ids in enumerate(res.new_blocks_by_group):
+            if ids and self.groups[g].get("mamba_cache_mode") == "align":
+                # The running state of the previous step (or the hit's) is the last block.
+                prev = len(req.blocks[g])
+                if req.allocated[g] or prev > 0:
+                    req.last_state[g] = prev - 1
+                req.allocated[g] = True
             row = []
             for i in ids:
                 b = self.null_block if i == 0 else self._block(i)
@@ -229,23 +235,36 @@ class RemoteKVCacheManager(_Remote):
 
     def _drop_skipped(self, req, num_computed):
         """vLLM's remove_skipped_blocks on the mirror: blocks that left a
-        sliding window or a finished local chunk become the null block."""
+        sliding window or a finished local chunk become the null block, as
+        do a Mamba group's states before the last computed token, and in
+        align mode the state block of two steps ago."""
+        num_computed = min(num_computed, self.max_model_len)
         for g, spec in enumerate(self.groups):
-            if spec["kind"] not in ("sliding_window", "chunked_local_attention"):
+            if spec["kind"] == "full_attention":
                 continue
             skipped = _skipped_blocks(spec, num_computed)
             row = req.blocks[g]
             for i in range(min(skipped, len(row)) - 1, -1, -1):
                 if row[i].is_null:
                     break
-                row[i].ref_cnt -= 1
-                row[i] = self.null_block
+                self._to_null(row, i)
+            idx = req.last_state[g]
+            if (idx is not None and num_computed > 0 and idx + 1 < -(-num_computed //
+                                                                    spec["block_size"])
+                    and idx < len(row) and not row[idx].is_null):
+                self._to_null(row, idx)
+
+    def _to_null(self, row, i):
+        row[i].ref_cnt -= 1
+        row[i] = self.null_block
 
 
 def _skipped_blocks(spec, num_computed):
-    """get_num_skipped_tokens(num_computed) // block_size for a window or
-    chunk group (Mamba's are not mirrored: see get_block_ids); 0 otherwise."""
+    """get_num_skipped_tokens(num_computed) // block_size: a window's or a
+    chunk's tokens before it, a Mamba group's before the last token."""
     bs = spec["block_size"]
+    if spec["kind"] == "mamba":
+        return max(num_computed - 1, 0) // bs
     if spec["kind"] == "sliding_window":
         return max(0, num_computed - spec["sliding_window"] + 1) // bs
     if spec["kind"] == "chunked_local_attention":

@@ -272,13 +272,22 @@ class KVCacheBlocks:
 
 
 class _Req:
-    __slots__ = ("wire_id", "sent", "blocks", "computed")
+    __slots__ = ("wire_id", "sent", "blocks", "computed", "last_state", "allocated")
 
     def __init__(self, wire_id, ngroups):
         self.wire_id = wire_id
         self.sent = 0          # tokens the daemon has
-        self.blocks = [[] for _ in range(ngroups)]
         self.computed = 0      # tokens computed, as the daemon reported
+        self.reset(ngroups)
+
+    def reset(self, ngroups):
+        """No blocks: as new, or after a preemption."""
+        self.blocks = [[] for _ in range(ngroups)]
+        # Mamba align, per group: the previous state block's index, and
+        # whether blocks were ever allocated (vLLM's last_state_block_idx
+        # and _allocated_block_reqs).
+        self.last_state = [None] * ngroups
+        self.allocated = [False] * ngroups
 
 
 from .manager import RemoteKVCacheManager, Step  # noqa: E402,F401  (kept in its own module)

@@ -352,6 +352,9 @@ def xpools(tmp_path_factory):
         args += ["--pool", f"name={name},blocks=64,seed=0,executor=none,"
                            "groups=full:4+sliding_window:4:8"]
     args += ["--pool", "name=x3,blocks=64,seed=0,executor=none,groups=full:4+mamba:4:align"]
+    for name, mode in (("x4", "align"), ("x5", "align"), ("x6", "all")):
+        args += ["--pool", f"name={name},blocks=64,seed=0,executor=none,"
+                           f"groups=full:4+mamba:4:{mode}"]
     proc, url, ev = start(tmp_path_factory.mktemp("kvpoold-ext"), *args, pool="x1")
     yield url, ev
     stop(proc)
@@ -402,4 +405,43 @@ def test_external_tokens_on_a_mamba_align_pool_are_refused(xpools):
     with pytest.raises(kvpool.NotSupported, match="Mamba align"):
         m.allocate_slots(Req("r", range(16), hasher=h), 4, num_external_computed_tokens=8)
     assert c.stats()["num_free"] == 63 and c.stats()["active_requests"] == 0
+    c.close()
+
+
+@pytest.mark.parametrize("pool,step", [("x4", False), ("x5", True), ("x6", False)])
+def test_mamba_tables_are_mirrored_as_vllm_recycles_them(xpools, pool, step):
+    """A Mamba group keeps only the last computed token's state: vLLM frees
+    the blocks before it (and in align mode the state block of two steps
+    ago) and nulls their places. The mirror's table says so: its live
+    blocks are exactly what the pool holds for the request."""
+    url, ev = xpools
+    c = kvpool.Client(url, pool=pool)
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+
+    def alloc(req, n):
+        if not step:
+            return m.allocate_slots(req, n)
+        with m.step() as s:
+            s.allocate_slots(req, n)
+            return s.commit()[0]
+
+    def live():
+        return sum(1 for g in m.get_block_ids("r") for i in g if i != 0)
+
+    r = Req("r", range(8), hasher=h)
+    assert alloc(r, 8) is not None
+    if pool != "x6":
+        # align: one state block, the null block before it (vLLM pads the table)
+        assert m.get_block_ids("r") == ([1, 2], [0, 3])
+    for t in range(20):
+        r.all_token_ids.append(100 + t)
+        assert alloc(r, 1) is not None
+        assert live() == 63 - c.stats()["num_free"], (t, m.get_block_ids("r"))
+    if pool != "x6":
+        # 28 tokens computed: full attention holds 7 blocks; Mamba only the last state
+        mamba = m.get_block_ids("r")[1]
+        assert len(mamba) == 7 and mamba[:-1] == [0] * 6 and mamba[-1] != 0
+    m.free(r)
+    assert c.stats()["num_free"] == 63
     c.close()
