@@ -204,12 +204,8 @@ class RemoteKVCacheManager(_Remote):
         lead = res.external_blocks_by_group or [0] * len(self.groups)
         new = []
         for g, ids in enumerate(res.new_blocks_by_group):
-            if ids and self.groups[g].get("mamba_cache_mode") == "align":
-                # The running state of the previous step (or the hit's) is the last block.
-                prev = len(req.blocks[g])
-                if req.allocated[g] or prev > 0:
-                    req.last_state[g] = prev - 1
-                req.allocated[g] = True
+            if ids:
+                self._note_state(req, g)
             row = []
             for i in ids:
                 b = self.null_block if i == 0 else self._block(i)
@@ -253,6 +249,15 @@ class RemoteKVCacheManager(_Remote):
                                                                     spec["block_size"])
                     and idx < len(row) and not row[idx].is_null):
                 self._to_null(row, idx)
+
+    def _note_state(self, req, g):
+        """Before group g's table grows: in Mamba align mode the running
+        state of the previous step (or the hit's) is its last block."""
+        if self.groups[g].get("mamba_cache_mode") == "align":
+            prev = len(req.blocks[g])
+            if req.allocated[g] or prev > 0:
+                req.last_state[g] = prev - 1
+            req.allocated[g] = True
 
     def _to_null(self, row, i):
         row[i].ref_cnt -= 1
@@ -454,6 +459,8 @@ class Step:
             req, new = items[j][1], []
             for g in range(ng):
                 k = rows[j * ng + g]
+                if k and not mgr._plain:
+                    mgr._note_state(req, g)
                 row = []
                 for i in ids[off:off + k]:
                     if i == 0:
