@@ -258,11 +258,13 @@ kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
 	len = adopted_len(s, nh, total, ext, ext_new) - *ext_new;
 	skipped = kvp_grp_skipped_tokens(s, total) / s->block_size;
 	size_t kept = skipped < nh ? skipped : nh;
-	/* Validated and counted by the caller: cannot fail. */
-	(void)kvp_pool_touch(pool, hits + kept, nh - kept);
 	for (size_t i = 0; i < len - (nh - kept); i++)
 		b->ids[i] = KVP_NULL_BLOCK;
-	memcpy(b->ids + len - (nh - kept), hits + kept, (nh - kept) * sizeof(*hits));
+	if (nh > kept) { /* external tokens alone come with no hit (hits may be NULL) */
+		/* Validated and counted by the caller: cannot fail. */
+		(void)kvp_pool_touch(pool, hits + kept, nh - kept);
+		memcpy(b->ids + len - (nh - kept), hits + kept, (nh - kept) * sizeof(*hits));
+	}
 	b->n = len;
 	b->num_cached = (uint32_t)len;
 	b->started = true;
