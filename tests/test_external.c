@@ -6,47 +6,7 @@
  * still in the window, nulls for the rest, counted against capacity, cached
  * like computed tokens.
  */
-#include "pool_util.h"
-
-#include "common/group_spec.h"
-#include "engine/manager.h"
-
-struct env {
-	struct kvp_pool *pool;
-	struct kvp_hasher *hasher;
-	struct kvp_mgr *mgr;
-	struct kvp_event_batch ev;
-};
-
-static void
-env_open(struct env *e, uint32_t n, const char *groups)
-{
-	struct kvp_group_spec g[KVP_MAX_GROUPS];
-	size_t ng = 0;
-	char err[160];
-	struct kvp_pool_config pc = {.num_blocks = n, .hash_block_size = 4, .max_hash_len = 128,
-	                             .enable_caching = true, .enable_events = true};
-
-	if (kvp_group_specs_parse(groups, g, KVP_MAX_GROUPS, &ng, err, sizeof(err)) != KVP_OK)
-		fail_msg("%s", err);
-	struct kvp_mgr_config mc = {.num_groups = (uint32_t)ng, .groups = g,
-	                            .max_model_len = 8192, .max_requests = 16};
-	assert_ok(kvp_pool_create(&pc, &e->pool));
-	assert_ok(kvp_hasher_create("0", &e->hasher));
-	assert_ok(kvp_mgr_create(e->pool, e->hasher, &mc, &e->mgr));
-	kvp_event_batch_init(&e->ev);
-}
-
-static void
-env_close(struct env *e)
-{
-	assert_pool_ok(e->pool);
-	kvp_mgr_destroy(e->mgr);
-	assert_int_equal(kvp_pool_num_free(e->pool), kvp_pool_num_blocks(e->pool) - 1);
-	kvp_pool_destroy(e->pool);
-	kvp_hasher_destroy(e->hasher);
-	kvp_event_batch_fini(&e->ev);
-}
+#include "mgr_util.h"
 
 static void
 add(struct env *e, uint64_t id, size_t ntok)
@@ -97,7 +57,7 @@ test_external_tokens_get_blocks_and_are_cached(void **state)
 	size_t num_computed;
 
 	(void)state;
-	env_open(&e, 10, "full:4");
+	env_open(&e, 10, 4, "full:4", true);
 	add(&e, 1, 16);
 	assert_ok(alloc_ext(&e, 1, 4, 8, false, &f));
 	assert_ids(f.ids[0], f.n[0], 1, 2, 3);
@@ -121,7 +81,7 @@ test_external_async_load_allocates_without_new_tokens(void **state)
 	struct rows f;
 
 	(void)state;
-	env_open(&e, 10, "full:4");
+	env_open(&e, 10, 4, "full:4", true);
 	add(&e, 1, 13);
 	assert_ok(alloc_ext(&e, 1, 0, 12, true, &f));
 	assert_ids(f.ids[0], f.n[0], 1, 2, 3);
@@ -152,7 +112,7 @@ test_external_tokens_outside_the_window_are_null(void **state)
 	int32_t held[7];
 
 	(void)state;
-	env_open(&e, 10, "sliding_window:4:8");
+	env_open(&e, 10, 4, "sliding_window:4:8", true);
 	add(&e, 1, 16);
 	assert_ok(kvp_pool_get_new_blocks(e.pool, 7, held)); /* leave 2 free */
 	assert_status(alloc_ext(&e, 1, 4, 12, false, &f), KVP_ENOSPACE);
@@ -179,14 +139,14 @@ test_external_bad_calls_change_nothing(void **state)
 	struct rows f;
 
 	(void)state;
-	env_open(&e, 10, "full:4");
+	env_open(&e, 10, 4, "full:4", true);
 	add(&e, 1, 8);
 	assert_status(alloc_ext(&e, 1, 1, 9, false, &f), KVP_EINVAL);
 	assert_int_equal(kvp_pool_num_free(e.pool), 9);
 	assert_ok(kvp_mgr_free_request(e.mgr, 1));
 	env_close(&e);
 
-	env_open(&e, 10, "full:4+mamba:4:align");
+	env_open(&e, 10, 4, "full:4+mamba:4:align", true);
 	add(&e, 1, 8);
 	assert_status(alloc_ext(&e, 1, 4, 4, false, &f), KVP_ENOTSUP);
 	assert_int_equal(kvp_pool_num_free(e.pool), 9);

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pool_util.h"
+#include "mgr_util.h"
 
 #include "engine/group_mgr.h"
 #include "engine/manager.h"
@@ -268,46 +268,6 @@ test_hybrid_num_blocks_to_allocate_skips_null_hits(void **state)
 }
 
 /* ---- the manager with hybrid groups ---- */
-
-struct env {
-	struct kvp_pool *pool;
-	struct kvp_hasher *hasher;
-	struct kvp_mgr *mgr;
-	struct kvp_event_batch ev;
-	uint32_t ngroups;
-};
-
-static void
-env_open(struct env *e, uint32_t n, uint32_t hash_bs, const char *groups, bool caching)
-{
-	struct kvp_group_spec g[KVP_MAX_GROUPS];
-	size_t ng = 0;
-	char err[160];
-	struct kvp_pool_config pc = {.num_blocks = n, .hash_block_size = hash_bs,
-	                             .max_hash_len = 128, .enable_caching = caching,
-	                             .enable_events = true};
-
-	if (kvp_group_specs_parse(groups, g, KVP_MAX_GROUPS, &ng, err, sizeof(err)) != KVP_OK)
-		fail_msg("%s", err);
-	struct kvp_mgr_config mc = {.num_groups = (uint32_t)ng, .groups = g,
-	                            .max_model_len = 8192, .max_requests = 16};
-	assert_ok(kvp_pool_create(&pc, &e->pool));
-	assert_ok(kvp_hasher_create("0", &e->hasher));
-	assert_ok(kvp_mgr_create(e->pool, e->hasher, &mc, &e->mgr));
-	kvp_event_batch_init(&e->ev);
-	e->ngroups = (uint32_t)ng;
-}
-
-static void
-env_close(struct env *e)
-{
-	assert_pool_ok(e->pool);
-	kvp_mgr_destroy(e->mgr);
-	assert_int_equal(kvp_pool_num_free(e->pool), kvp_pool_num_blocks(e->pool) - 1);
-	kvp_pool_destroy(e->pool);
-	kvp_hasher_destroy(e->hasher);
-	kvp_event_batch_fini(&e->ev);
-}
 
 static void
 add_tokens(struct env *e, uint64_t id, const int64_t *tok, size_t n)

@@ -56,6 +56,18 @@ def ids(blocks):
     return [b.block_id for b in blocks]
 
 
+def slots(m, step):
+    """allocate_slots(req, n, ...) one call per round trip, or (step) as a
+    Step of one call: the two must give the same answers."""
+    def alloc(req, n, *args, **kw):
+        if not step:
+            return m.allocate_slots(req, n, *args, **kw)
+        with m.step() as s:
+            s.allocate_slots(req, n, *args, **kw)
+            return s.commit()[0]
+    return alloc
+
+
 def bp(pools, name, events=False):
     url, ev = pools
     return RemoteBlockPool(kvpool.Client(url, pool=name), events, events_url=ev)
@@ -175,12 +187,7 @@ def _manager_flow(m, h, step=False):
     """Spec 5.2-5.5 on Mgr(4, 16): a 13-token prompt, the same prompt again
     (hit 12 tokens: the last token is recomputed), a 12-token prompt (hit 8),
     one decode step, then every request freed tail first."""
-    def alloc(req, n, hit=0, blocks=None):
-        if not step:
-            return m.allocate_slots(req, n, hit, blocks)
-        with m.step() as s:
-            s.allocate_slots(req, n, hit, blocks)
-            return s.commit()[0]
+    alloc = slots(m, step)
 
     r1 = Req("r1", range(13), hasher=h)
     blocks, hit = m.get_computed_blocks(r1)
@@ -235,12 +242,7 @@ def test_refused_decode_keeps_its_token_and_retries(pools, pool, step):
     m = RemoteKVCacheManager(c)
     h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
 
-    def alloc(req, n):
-        if not step:
-            return m.allocate_slots(req, n)
-        with m.step() as s:
-            s.allocate_slots(req, n)
-            return s.commit()[0]
+    alloc = slots(m, step)
 
     r1, r2 = Req("r1", range(4), hasher=h), Req("r2", range(100, 108), hasher=h)
     assert alloc(r1, 4).get_block_ids() == ([1],)
@@ -322,12 +324,7 @@ def test_full_sequence_must_fit_and_encoder_tokens(pools, pool, step):
     m = RemoteKVCacheManager(c, shared_prefix_boundary=True)
     h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
 
-    def alloc(req, n, **kw):
-        if not step:
-            return m.allocate_slots(req, n, **kw)
-        with m.step() as s:
-            s.allocate_slots(req, n, **kw)
-            return s.commit()[0]
+    alloc = slots(m, step)
 
     big = Req("big", range(24), hasher=h)  # 6 blocks of 4; the pool has 4
     assert alloc(big, 8, full_sequence_must_fit=True) is None
@@ -371,12 +368,7 @@ def test_external_tokens_as_a_kv_connector_passes_them(xpools, pool, step):
     m = RemoteKVCacheManager(c)
     h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
 
-    def alloc(req, n, **kw):
-        if not step:
-            return m.allocate_slots(req, n, **kw)
-        with m.step() as s:
-            s.allocate_slots(req, n, **kw)
-            return s.commit()[0]
+    alloc = slots(m, step)
 
     r = Req("r", range(16), hasher=h)
     got = alloc(r, 4, num_external_computed_tokens=12)
@@ -419,12 +411,7 @@ def test_mamba_tables_are_mirrored_as_vllm_recycles_them(xpools, pool, step):
     m = RemoteKVCacheManager(c)
     h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
 
-    def alloc(req, n):
-        if not step:
-            return m.allocate_slots(req, n)
-        with m.step() as s:
-            s.allocate_slots(req, n)
-            return s.commit()[0]
+    alloc = slots(m, step)
 
     def live():
         return sum(1 for g in m.get_block_ids("r") for i in g if i != 0)
