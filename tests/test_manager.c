@@ -1,19 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The request-level manager against vLLM's KVCacheManager (spec section 5). */
-#include "pool_util.h"
+#include "mgr_util.h"
 
-#include "engine/manager.h"
-
-struct env {
-	struct kvp_pool *pool;
-	struct kvp_hasher *hasher;
-	struct kvp_mgr *mgr;
-	struct kvp_event_batch ev;
-};
-
+/* Full-attention groups of these block sizes (the manager's block_sizes form). */
 static void
-env_open(struct env *e, uint32_t n, uint32_t hash_bs, const uint32_t *bs, uint32_t ngroups,
-         uint32_t max_hash_len)
+env_open_sizes(struct env *e, uint32_t n, uint32_t hash_bs, const uint32_t *bs, uint32_t ngroups,
+               uint32_t max_hash_len)
 {
 	struct kvp_pool_config pc = {.num_blocks = n, .hash_block_size = hash_bs,
 	                             .max_hash_len = max_hash_len, .enable_caching = true,
@@ -24,18 +16,7 @@ env_open(struct env *e, uint32_t n, uint32_t hash_bs, const uint32_t *bs, uint32
 	assert_ok(kvp_hasher_create("0", &e->hasher));
 	assert_ok(kvp_mgr_create(e->pool, e->hasher, &mc, &e->mgr));
 	kvp_event_batch_init(&e->ev);
-}
-
-static void
-env_close(struct env *e)
-{
-	assert_pool_ok(e->pool);
-	kvp_mgr_destroy(e->mgr);
-	/* Destroying the manager released every request's blocks. */
-	assert_int_equal(kvp_pool_num_free(e->pool), kvp_pool_num_blocks(e->pool) - 1);
-	kvp_pool_destroy(e->pool);
-	kvp_hasher_destroy(e->hasher);
-	kvp_event_batch_fini(&e->ev);
+	e->ngroups = ngroups;
 }
 
 static void
@@ -81,7 +62,7 @@ test_manager_prefix_hit_capped_at_num_tokens_minus_one(void **state)
 	const int32_t *blocks;
 
 	(void)state;
-	env_open(&e, 10, 4, bs, 1, 0);
+	env_open_sizes(&e, 10, 4, bs, 1, 0);
 	add(&e, 1, 12);
 	assert_int_equal(lookup1(&e, 1, hits), 0);
 	assert_ok(alloc1(&e, 1, 12, 0, NULL, fresh, &n));
@@ -140,7 +121,7 @@ test_manager_allocate_failure_is_atomic(void **state)
 	size_t n;
 
 	(void)state;
-	env_open(&e, 5, 4, bs, 1, 0);
+	env_open_sizes(&e, 5, 4, bs, 1, 0);
 	add(&e, 1, 8);
 	assert_ok(alloc1(&e, 1, 8, 0, NULL, fresh, &n));
 	assert_ids(fresh, n, 1, 2);
@@ -184,7 +165,7 @@ test_manager_full_sequence_must_fit_gates_admission(void **state)
 	struct kvp_mgr_stats st;
 
 	(void)state;
-	env_open(&e, 5, 4, bs, 1, 0); /* 4 usable blocks */
+	env_open_sizes(&e, 5, 4, bs, 1, 0); /* 4 usable blocks */
 	add(&e, 1, 24);               /* 6 blocks whole */
 	struct kvp_alloc_args a = {.num_new_tokens = 8, .full_sequence_must_fit = true};
 	assert_status(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, &n), KVP_ENOSPACE);
@@ -223,7 +204,7 @@ test_manager_decode_caches_filled_block_with_parent(void **state)
 	const int32_t *blocks;
 
 	(void)state;
-	env_open(&e, 10, 4, bs, 1, 0);
+	env_open_sizes(&e, 10, 4, bs, 1, 0);
 	add(&e, 7, 6);
 	assert_ok(alloc1(&e, 7, 6, 0, NULL, fresh, &n));
 	assert_ids(fresh, n, 1, 2);
@@ -273,7 +254,7 @@ test_manager_multi_group_chunks_and_all_or_nothing(void **state)
 	struct kvp_alloc_args a = {.num_new_tokens = 16};
 
 	(void)state;
-	env_open(&e, 20, 4, bs, 3, 0);
+	env_open_sizes(&e, 20, 4, bs, 3, 0);
 	add(&e, 1, 16);
 	assert_ok(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 8, counts));
 	assert_ids(g0, counts[0], 1, 2, 3, 4);
@@ -309,7 +290,7 @@ test_manager_hybrid_block_sizes_align_to_lcm(void **state)
 	struct kvp_alloc_args a = {.num_new_tokens = 17};
 
 	(void)state;
-	env_open(&e, 20, 4, bs, 2, 64);
+	env_open_sizes(&e, 20, 4, bs, 2, 64);
 	add(&e, 1, 17);
 	assert_ok(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 8, counts));
 	assert_int_equal(counts[0], 5);
@@ -338,7 +319,7 @@ test_manager_bad_calls_are_rejected(void **state)
 	size_t n;
 
 	(void)state;
-	env_open(&e, 10, 4, bs, 1, 0);
+	env_open_sizes(&e, 10, 4, bs, 1, 0);
 	add(&e, 1, 8);
 	assert_ok(alloc1(&e, 1, 8, 0, NULL, fresh, &n));
 	assert_ok(kvp_mgr_free_request(e.mgr, 1));
@@ -405,7 +386,7 @@ test_manager_lora_salt_mm_reach_hash_and_event(void **state)
 	(void)state;
 	for (int i = 0; i < 8; i++)
 		tok[i] = i;
-	env_open(&e, 10, 4, bs, 1, 0);
+	env_open_sizes(&e, 10, 4, bs, 1, 0);
 	struct kvp_request_desc d = {.prompt = tok, .num_prompt = 8, .keys = &k,
 	                             .has_lora_id = true, .lora_id = 7};
 	assert_ok(kvp_mgr_add_request(e.mgr, 1, &d));
