@@ -23,7 +23,7 @@ kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const char *
 /*
  * One round trip: the request is rq packed straight into the message (or
  * the raw bytes req when rq is NULL), sent again, same call id, after a
- * timeout. On KVP_OK *reply is the daemon's message (the caller frees it).
+ * timeout or a connection reset. On KVP_OK *reply is the daemon's message (the caller frees it).
  */
 static int
 roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *req, size_t len,
@@ -62,7 +62,13 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 				continue;
 			return kvp_client_fail_(c, KVP_EINTERNAL, "send: %s", nng_strerror(rv));
 		}
-		if ((rv = nng_recvmsg(c->sock, &msg, 0)) == NNG_ETIMEDOUT)
+		/*
+		 * A connection closed under the call (the daemon's idle timeout can
+		 * fire just as a request leaves; a restart) is retried like a
+		 * timeout: nng redials, and the same call id makes a mutating call
+		 * run once.
+		 */
+		if ((rv = nng_recvmsg(c->sock, &msg, 0)) == NNG_ETIMEDOUT || rv == NNG_ECONNRESET)
 			continue;
 		if (rv != 0)
 			return kvp_client_fail_(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
