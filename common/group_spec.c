@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/events.h"
 #include "common/kvp_status.h"
 
 static const struct {
@@ -300,4 +301,19 @@ kvp_group_specs_validate(const struct kvp_group_spec *groups, size_t n, uint32_t
 			            "vLLM requires", i, lcm);
 	}
 	return KVP_OK;
+}
+
+void
+kvp_group_specs_annotate(const struct kvp_group_spec *groups, size_t n, struct kvp_event_batch *b)
+{
+	for (size_t i = 0; i < kvp_event_batch_count(b); i++) {
+		struct kvp_event ev;
+		(void)kvp_event_batch_get(b, i, &ev);
+		if (ev.type != KVP_EVENT_BLOCK_STORED || !ev.has_group_idx || ev.group_idx >= n)
+			continue;
+		const struct kvp_group_spec *s = &groups[ev.group_idx];
+		bool sw = s->kind == KVP_GROUP_SLIDING_WINDOW;
+		(void)kvp_event_batch_set_spec(b, i, kvp_group_kind_name(s->kind), sw,
+		                               sw ? (int64_t)s->window : 0);
+	}
 }

@@ -114,4 +114,13 @@ uint32_t kvp_group_specs_hash_block_size(const struct kvp_group_spec *groups, si
 /* The LCM of the block sizes (0 if it exceeds UINT32_MAX or n is 0). */
 uint32_t kvp_group_specs_lcm(const struct kvp_group_spec *groups, size_t n);
 
+struct kvp_event_batch;
+/*
+ * Names each BlockStored event's group kind and window, from its group
+ * index (vLLM's KVCacheManager.take_events); events of no known group are
+ * left as they are.
+ */
+void kvp_group_specs_annotate(const struct kvp_group_spec *groups, size_t n,
+                              struct kvp_event_batch *b);
+
 #endif /* KVP_GROUP_SPEC_H */

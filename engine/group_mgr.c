@@ -245,17 +245,16 @@ kvp_grp_remove_skipped(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
 	}
 }
 
-int
+void
 kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
                    struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
-                   size_t ext, size_t *ext_new)
+                   size_t ext)
 {
-	size_t skipped, len;
+	size_t skipped, len, ext_new;
 
-	*ext_new = 0;
 	if (b->started)
-		return KVP_OK; /* a running request: no hit, no external blocks (as vLLM) */
-	len = adopted_len(s, nh, total, ext, ext_new) - *ext_new;
+		return; /* a running request: no hit, no external blocks (as vLLM) */
+	len = adopted_len(s, nh, total, ext, &ext_new) - ext_new;
 	skipped = kvp_grp_skipped_tokens(s, total) / s->block_size;
 	size_t kept = skipped < nh ? skipped : nh;
 	for (size_t i = 0; i < len - (nh - kept); i++)
@@ -268,7 +267,6 @@ kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
 	b->n = len;
 	b->num_cached = (uint32_t)len;
 	b->started = true;
-	return KVP_OK;
 }
 
 int

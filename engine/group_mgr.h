@@ -77,15 +77,15 @@ void kvp_grp_remove_skipped(const struct kvp_group_spec *s, struct kvp_grp_block
 
 /*
  * allocate_new_computed_blocks for a request holding no blocks, first
- * phase: touches and adopts the hit (nulls for skipped blocks) and says in
- * *ext_new how many new blocks the external tokens still in the window
- * need (kvp_grp_add_external, once every group has touched its hits, as
- * vLLM does since its fix for hits evicted across groups). A running
- * request: nothing. KVP_OK.
+ * phase: touches and adopts the hit (nulls for skipped blocks). The new
+ * blocks the external tokens still in the window need (the plan's
+ * num_external) come from kvp_grp_add_external once every group has touched
+ * its hits, as vLLM does since its fix for hits evicted across groups. A
+ * running request: nothing.
  */
-int kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
-                       struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
-                       size_t ext, size_t *ext_new);
+void kvp_grp_adopt_hits(const struct kvp_group_spec *s, struct kvp_grp_blocks *b,
+                        struct kvp_pool *pool, const int32_t *hits, size_t nh, size_t total,
+                        size_t ext);
 /* Appends n new blocks for external tokens (planned: the pool has room); copies them to out. */
 int kvp_grp_add_external(struct kvp_grp_blocks *b, struct kvp_pool *pool, size_t n, int32_t *out);
 

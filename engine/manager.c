@@ -24,6 +24,7 @@ struct kvp_mgr {
 	struct attn_group attn[KVP_MGR_MAX_GROUPS];
 	bool simple_hybrid;            /* 1 full + 1 other: one pass of the fixed point */
 	bool all_full;                 /* only full attention: nothing skipped or masked */
+	bool has_mamba_align;          /* refuses external tokens */
 	uint32_t lcm;
 	bool *cache_mask;              /* cache_full_blocks mask scratch */
 	size_t mask_cap;
@@ -130,6 +131,9 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 	m->hasher = hasher;
 	m->num_groups = cfg->num_groups;
 	memcpy(m->spec, spec, cfg->num_groups * sizeof(*spec));
+	for (uint32_t g = 0; g < cfg->num_groups; g++)
+		m->has_mamba_align |= spec[g].kind == KVP_GROUP_MAMBA &&
+		                      spec[g].mamba_mode == KVP_MAMBA_ALIGN;
 	m->lcm = kvp_group_specs_lcm(spec, cfg->num_groups);
 	split_attention_groups(m);
 	m->hash_bs = hbs;
@@ -427,14 +431,11 @@ plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_ar
 	size_t hit = a->num_new_computed_tokens, ext = a->num_external_computed_tokens;
 	int rv;
 
-	if (ext > 0) {
-		/* A connector computes tokens the request has; Mamba align's external path is not here. */
-		if ((uint64_t)r->num_computed + hit + ext > r->num_tokens)
-			return KVP_EINVAL;
-		for (uint32_t g = 0; g < m->num_groups; g++)
-			if (m->spec[g].kind == KVP_GROUP_MAMBA && m->spec[g].mamba_mode == KVP_MAMBA_ALIGN)
-				return KVP_ENOTSUP;
-	}
+	/* A connector computes tokens the request has; Mamba align's external path is not here. */
+	if (ext > 0 && (uint64_t)r->num_computed + hit + ext > r->num_tokens)
+		return KVP_EINVAL;
+	if (ext > 0 && m->has_mamba_align)
+		return KVP_ENOTSUP;
 	if (hit > 0) {
 		bool holds = false;
 		for (uint32_t g = 0; g < m->num_groups; g++)
@@ -536,7 +537,7 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 {
 	struct kvp_grp_plan plan[KVP_MGR_MAX_GROUPS];
 	struct kvp_mreq *r;
-	size_t local, total_computed, main, need, ext_new[KVP_MGR_MAX_GROUPS];
+	size_t local, total_computed, main, need;
 	uint64_t to_allocate;
 	size_t ext = a ? a->num_external_computed_tokens : 0;
 	int rv;
@@ -569,25 +570,23 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 	}
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		size_t nh = a->num_new_computed_tokens / m->spec[g].block_size;
-		ext_new[g] = 0;
 		if (nh > 0 || ext > 0)
-			(void)kvp_grp_adopt_hits(&m->spec[g], &r->groups[g], m->pool,
-			                         nh ? a->computed_blocks[g] : NULL, nh, local, ext,
-			                         &ext_new[g]);
+			kvp_grp_adopt_hits(&m->spec[g], &r->groups[g], m->pool,
+			                   nh ? a->computed_blocks[g] : NULL, nh, local, ext);
 	}
 	/* External blocks, then allocate_new_blocks, in group order: chunks of the queue head. */
 	for (uint32_t g = 0; g < m->num_groups && ext > 0; g++)
-		if ((rv = kvp_grp_add_external(&r->groups[g], m->pool, ext_new[g], new_blocks[g])))
+		if ((rv = kvp_grp_add_external(&r->groups[g], m->pool, plan[g].num_external,
+		                               new_blocks[g])))
 			return rv;
 	for (uint32_t g = 0; g < m->num_groups; g++) {
-		rv = kvp_grp_allocate(&m->spec[g], &r->groups[g], m->pool, need, main,
-		                      plan[g].num_returned ? new_blocks[g] + ext_new[g] : NULL,
-		                      &counts[g]);
-		if (rv != KVP_OK)
+		size_t e = plan[g].num_external;
+		if ((rv = kvp_grp_allocate(&m->spec[g], &r->groups[g], m->pool, need, main,
+		                           plan[g].num_returned ? new_blocks[g] + e : NULL, &counts[g])))
 			return rv;
-		counts[g] += ext_new[g];
+		counts[g] += e;
 		if (a->num_external_blocks != NULL)
-			a->num_external_blocks[g] = ext_new[g];
+			a->num_external_blocks[g] = e;
 	}
 	r->num_computed = main < m->max_model_len ? main : m->max_model_len;
 	if (a->delay_cache_blocks || !kvp_pool_caching_enabled(m->pool))
@@ -677,17 +676,7 @@ kvp_mgr_take_events(struct kvp_mgr *m, struct kvp_event_batch *out)
 		return KVP_EINVAL;
 	if ((rv = kvp_pool_take_events(m->pool, out)) != KVP_OK)
 		return rv;
-	for (size_t i = 0; i < kvp_event_batch_count(out); i++) {
-		struct kvp_event ev;
-		(void)kvp_event_batch_get(out, i, &ev);
-		if (ev.type != KVP_EVENT_BLOCK_STORED || !ev.has_group_idx ||
-		    ev.group_idx >= m->num_groups)
-			continue;
-		const struct kvp_group_spec *s = &m->spec[ev.group_idx];
-		bool sw = s->kind == KVP_GROUP_SLIDING_WINDOW;
-		(void)kvp_event_batch_set_spec(out, i, kvp_group_kind_name(s->kind), sw,
-		                               sw ? (int64_t)s->window : 0);
-	}
+	kvp_group_specs_annotate(m->spec, m->num_groups, out);
 	return KVP_OK;
 }
 
