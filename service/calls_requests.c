@@ -103,12 +103,14 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 	}
 	(void)kvp_mgr_request_info(mgr, mid, &ntok, &ncomp, NULL);
 	size_t ext = m->num_external_computed_tokens;
-	if (ncomp + hit + ext > ntok)
+	/* Computed tokens can pass the known ones (draft tokens): no unsigned underflow here. */
+	size_t left = ntok > ncomp + hit ? ntok - ncomp - hit : 0;
+	if (ext > left)
 		return kvpd_fail(c, KVP_EINVAL, "allocate_slots: %zu external tokens, but the request "
-		                 "has %zu not computed after the hit", ext, ntok - ncomp - hit);
+		                 "has %zu not computed after the hit", ext, left);
 	uint32_t num_new = m->no_new_tokens ? 0 : m->num_new_tokens;
 	if (num_new == 0 && !m->no_new_tokens) {
-		size_t remaining = ntok - ncomp - hit - ext;
+		size_t remaining = left - ext;
 		if (m->token_budget > 0 && remaining > m->token_budget)
 			remaining = m->token_budget;
 		num_new = (uint32_t)remaining;
