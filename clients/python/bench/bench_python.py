@@ -100,6 +100,49 @@ def py_run(kvpool, url, pool, mode, n):
         return ((time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6)
 
 
+def py_breakdown(kvpool, url, pool, n):
+    """The Python step cut into its phases (medians over n steps, µs): a
+    Stats sent right after the previous step's commit, a second Stats, each
+    of the 8 get_computed_blocks, queueing the Step's calls, and commit."""
+    from kvpool.vllm import RemoteKVCacheManager
+    t = {}
+
+    def timed(key, f, *args):
+        t0 = time.perf_counter()
+        out = f(*args)
+        t.setdefault(key, []).append(time.perf_counter() - t0)
+        return out
+
+    with kvpool.Client(url, pool=pool, timeout_ms=10000) as c:
+        h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+        reqs = [Req(r, h) for r in range(RUNNING + (n + 1) * TURNOVER)]
+        m = RemoteKVCacheManager(c)
+        running, nxt = [], 0
+        for _ in range(RUNNING // 32):
+            nxt = py_step(m, reqs, running, nxt, 32, 0)
+        for _ in range(n):
+            timed("Stats right after a step", c.stats)
+            timed("Stats after a Stats", c.stats)
+            hits = [timed(f"get_computed_blocks {k + 1}", m.get_computed_blocks, reqs[nxt + k])
+                    for k in range(TURNOVER)]
+            t0 = time.perf_counter()
+            s = m.step()
+            for _ in range(TURNOVER):
+                s.free(running.pop(0))
+            for q in running:
+                q.all_token_ids.append(7)
+                s.allocate_slots(q, 1)
+            for k in range(TURNOVER):
+                q = reqs[nxt + k]
+                s.allocate_slots(q, PROMPT - hits[k][1], hits[k][1], hits[k][0])
+                running.append(q)
+            t.setdefault("queueing the Step's calls", []).append(time.perf_counter() - t0)
+            timed("commit (one Batch)", s.commit)
+            s.close()
+            nxt += TURNOVER
+    return {k: statistics.median(v) * 1e6 for k, v in t.items()}
+
+
 def c_run(mod, url, pool, mode, n):
     """The C client's (wall µs, process CPU µs) per op, in this process."""
     us, cpu = ctypes.c_double(), ctypes.c_double()
@@ -117,6 +160,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
     ap.add_argument("--no-pin", action="store_true",
                     help="do not pin the daemon and this process to separate CPUs")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also time the Python step's phases, on a pool of its own")
     a = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = not a.no_pin and len(cpus) >= 2
@@ -139,6 +184,8 @@ def main():
         for who in ("c", "py"):
             pools += ["--pool", f"name=step-{who}{r},blocks=16384,block_size={BS},seed=0,"
                                 "executor=none"]
+    if a.breakdown:
+        pools += ["--pool", f"name=step-bd,blocks=16384,block_size={BS},seed=0,executor=none"]
     taskset = ["taskset", "-c", str(cpus[1])] if pin else []
     proc = subprocess.Popen(taskset + [kvpoold, "--quiet", "--rpc", url, "--admin", "none",
                                        "--events", "none", "--lease-ms", "60000", "--pool",
@@ -161,6 +208,7 @@ def main():
                 res[(mode, "c")].append(c_run(mod, url, pool or f"step-c{r}", mode, n))
                 res[(mode, "py")].append(py_run(kvpool, url, pool or f"step-py{r}", mode, n))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
+        bd = py_breakdown(kvpool, url, "step-bd", counts["step"]) if a.breakdown else None
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -180,6 +228,11 @@ def main():
               f"{cc:.1f} | {pc:.1f} | {(pc - cc) / cw * 100:.1f}% |")
     cs, ps = med["step"]
     print(f"| step, µs per request call | {cs / calls:.2f} | {ps / calls:.2f} | | | | | |")
+    if bd:
+        print(f"\nThe Python step's phases (medians of {counts['step']} steps, µs):\n")
+        print("| phase | µs |\n|---|---|")
+        for k, v in bd.items():
+            print(f"| {k} | {v:.1f} |")
 
 if __name__ == "__main__":
     main()
