@@ -445,6 +445,62 @@ test_limits_sigterm_under_load_exits_within_drain(void **state)
 	assert_true(took < 1.0 + 2.0); /* drain-ms and the release of what the sessions hold */
 }
 
+/* ---- a connection reset under a call ---- */
+
+struct inflight {
+	struct kvp_client *c;
+	atomic_int started;
+	int rv;
+	char detail[256];
+};
+
+static void *
+slow_lookup(void *arg)
+{
+	struct inflight *f = arg;
+	static int64_t tokens[65536];
+	static char name[1025], salt[1025];
+	memset(name, 'n', 1024);
+	memset(salt, 's', 1024);
+	struct kvp_request_keys keys = {.lora_name = name, .cache_salt = salt};
+	struct kvp_client_lookup q = {.tokens = tokens, .num_tokens = 65536, .keys = &keys};
+	int32_t ids[64];
+	uint32_t hit, hit_tokens;
+	atomic_store(&f->started, 1);
+	f->rv = kvp_client_lookup(f->c, &q, ids, 64, &hit, &hit_tokens);
+	snprintf(f->detail, sizeof(f->detail), "%s", kvp_client_last_detail(f->c));
+	return NULL;
+}
+
+/*
+ * nng fails a call whose connection closes under it with ECONNRESET (the
+ * client does its own resending). The daemon dies mid-call and a new one
+ * takes its place: the call is sent again and answered by the new daemon
+ * (which knows no such session), not reported as a transport failure.
+ */
+static void
+test_limits_call_survives_its_connection_reset(void **state)
+{
+	(void)state;
+	const char *extra[] = {"--pool", "name=default,blocks=4096,block_size=16", NULL};
+	start("reset", extra);
+	struct inflight f = {.c = open_client(NULL)};
+	pthread_t th;
+	assert_int_equal(pthread_create(&th, NULL, slow_lookup, &f), 0);
+	while (!atomic_load(&f.started))
+		sleep_ms(1);
+	sleep_ms(3); /* the call is on its way or being hashed (tens of ms) */
+	assert_int_equal(kill(daemon_pid, SIGKILL), 0);
+	assert_int_equal(waitpid(daemon_pid, NULL, 0), daemon_pid);
+	start("reset", extra);
+	pthread_join(th, NULL);
+	print_message("the call after its daemon died: %s: %s\n", kvp_status_name(f.rv), f.detail);
+	assert_int_not_equal(f.rv, KVP_EINTERNAL);
+	assert_null(strstr(f.detail, "Connection reset"));
+	kvp_client_detach(f.c);
+	stop();
+}
+
 int
 main(void)
 {
@@ -456,6 +512,7 @@ main(void)
 		cmocka_unit_test(test_limits_goodbye_releases_in_slices),
 		cmocka_unit_test(test_limits_open_files_limit_is_said_on_both_sides),
 		cmocka_unit_test(test_limits_sigterm_under_load_exits_within_drain),
+		cmocka_unit_test(test_limits_call_survives_its_connection_reset),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
