@@ -431,18 +431,18 @@ plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_ar
 	size_t hit = a->num_new_computed_tokens, ext = a->num_external_computed_tokens;
 	int rv;
 
-	/* A connector computes tokens the request has; Mamba align's external path is not here. */
-	if (ext > 0 && (uint64_t)r->num_computed + hit + ext > r->num_tokens)
-		return KVP_EINVAL;
-	if (ext > 0 && m->has_mamba_align)
-		return KVP_ENOTSUP;
-	if (hit > 0) {
-		bool holds = false;
-		for (uint32_t g = 0; g < m->num_groups; g++)
-			holds |= r->groups[g].started || r->groups[g].n > 0;
-		if (holds || a->computed_blocks == NULL || r->num_computed + hit > r->num_tokens)
-			return KVP_EINVAL;
+	bool holds = false, unstarted = false; /* unstarted: blocks held, none cached yet */
+	for (uint32_t g = 0; g < m->num_groups && (hit > 0 || ext > 0); g++) {
+		holds |= r->groups[g].started || r->groups[g].n > 0;
+		unstarted |= !r->groups[g].started && r->groups[g].n > 0;
 	}
+	if (hit > 0 && (holds || a->computed_blocks == NULL || r->num_computed + hit > r->num_tokens))
+		return KVP_EINVAL;
+	/* A connector computes tokens the request has; an unstarted table is vLLM's assert. */
+	if (ext > 0 && (unstarted || (uint64_t)r->num_computed + hit + ext > r->num_tokens))
+		return KVP_EINVAL;
+	if (ext > 0 && m->has_mamba_align) /* Mamba align's external path is not here */
+		return KVP_ENOTSUP;
 	*to_allocate = 0;
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		uint32_t bs = m->spec[g].block_size;

@@ -144,6 +144,14 @@ test_external_bad_calls_change_nothing(void **state)
 	assert_status(alloc_ext(&e, 1, 1, 9, false, &f), KVP_EINVAL);
 	assert_int_equal(kvp_pool_num_free(e.pool), 9);
 	assert_ok(kvp_mgr_free_request(e.mgr, 1));
+	/* Blocks held, none cached yet (delayed): external tokens now would rebuild the
+	 * table over them (vLLM asserts the table is empty). Refused; nothing changes. */
+	add(&e, 2, 16);
+	assert_ok(alloc_ext(&e, 2, 4, 0, true, &f));
+	assert_int_equal(kvp_pool_num_free(e.pool), 8);
+	assert_status(alloc_ext(&e, 2, 4, 4, false, &f), KVP_EINVAL);
+	assert_int_equal(kvp_pool_num_free(e.pool), 8);
+	assert_ok(kvp_mgr_free_request(e.mgr, 2));
 	env_close(&e);
 
 	env_open(&e, 10, 4, "full:4+mamba:4:align", true);
