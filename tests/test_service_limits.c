@@ -390,21 +390,26 @@ struct loader {
 	long calls;
 };
 
-/* Lookups of 65,536 tokens with a 1 KiB LoRA name and salt: the most hashing one call may ask. */
-static void *
-load(void *arg)
+/* A Lookup of 65,536 tokens with a 1 KiB LoRA name and salt: the most hashing one call may ask. */
+static int
+heaviest_lookup(struct kvp_client *c)
 {
-	struct loader *l = arg;
-	static int64_t tokens[65536];
-	static char name[1025], salt[1025];
+	static const int64_t tokens[65536]; /* read only: shared by every thread */
+	char name[1025] = "", salt[1025] = "";
 	memset(name, 'n', 1024);
 	memset(salt, 's', 1024);
 	struct kvp_request_keys keys = {.lora_name = name, .cache_salt = salt};
 	struct kvp_client_lookup q = {.tokens = tokens, .num_tokens = 65536, .keys = &keys};
 	int32_t ids[64];
 	uint32_t hit, hit_tokens;
-	while (!atomic_load(l->stop) &&
-	       kvp_client_lookup(l->c, &q, ids, 64, &hit, &hit_tokens) == KVP_OK)
+	return kvp_client_lookup(c, &q, ids, 64, &hit, &hit_tokens);
+}
+
+static void *
+load(void *arg)
+{
+	struct loader *l = arg;
+	while (!atomic_load(l->stop) && heaviest_lookup(l->c) == KVP_OK)
 		l->calls++;
 	return NULL;
 }
@@ -458,16 +463,8 @@ static void *
 slow_lookup(void *arg)
 {
 	struct inflight *f = arg;
-	static int64_t tokens[65536];
-	static char name[1025], salt[1025];
-	memset(name, 'n', 1024);
-	memset(salt, 's', 1024);
-	struct kvp_request_keys keys = {.lora_name = name, .cache_salt = salt};
-	struct kvp_client_lookup q = {.tokens = tokens, .num_tokens = 65536, .keys = &keys};
-	int32_t ids[64];
-	uint32_t hit, hit_tokens;
 	atomic_store(&f->started, 1);
-	f->rv = kvp_client_lookup(f->c, &q, ids, 64, &hit, &hit_tokens);
+	f->rv = heaviest_lookup(f->c);
 	snprintf(f->detail, sizeof(f->detail), "%s", kvp_client_last_detail(f->c));
 	return NULL;
 }

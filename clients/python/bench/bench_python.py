@@ -52,12 +52,14 @@ class Req:
         return len(self.all_token_ids)
 
 
-def py_step(m, reqs, running, nxt, admit, finish):
+def py_step(m, reqs, running, nxt, admit, finish, mark=None):
     """bench_client.c's step through RemoteKVCacheManager (get_computed_blocks,
-    then one Step)."""
+    then one Step). mark(phase), if given, is called as each phase ends."""
+    mark = mark or (lambda phase: None)
     hits = []
     for k in range(admit):
         hits.append(m.get_computed_blocks(reqs[nxt + k]))
+        mark(f"get_computed_blocks {k + 1}")
     with m.step() as s:
         for _ in range(finish):
             s.free(running.pop(0))
@@ -69,7 +71,9 @@ def py_step(m, reqs, running, nxt, admit, finish):
             blocks, hit = hits[k]
             s.allocate_slots(q, PROMPT - hit, hit, blocks)
             running.append(q)
+        mark("queueing the Step's calls")
         got = s.commit()
+        mark("commit (one Batch)")
     if any(g is None for g in got[finish:]):
         raise RuntimeError("a request did not fit: the pool is too small for the bench")
     return nxt + admit
@@ -105,13 +109,12 @@ def py_breakdown(kvpool, url, pool, n):
     Stats sent right after the previous step's commit, a second Stats, each
     of the 8 get_computed_blocks, queueing the Step's calls, and commit."""
     from kvpool.vllm import RemoteKVCacheManager
-    t = {}
+    t, last = {}, [0.0]
 
-    def timed(key, f, *args):
-        t0 = time.perf_counter()
-        out = f(*args)
-        t.setdefault(key, []).append(time.perf_counter() - t0)
-        return out
+    def mark(phase):
+        now = time.perf_counter()
+        t.setdefault(phase, []).append(now - last[0])
+        last[0] = now
 
     with kvpool.Client(url, pool=pool, timeout_ms=10000) as c:
         h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
@@ -121,25 +124,12 @@ def py_breakdown(kvpool, url, pool, n):
         for _ in range(RUNNING // 32):
             nxt = py_step(m, reqs, running, nxt, 32, 0)
         for _ in range(n):
-            timed("Stats right after a step", c.stats)
-            timed("Stats after a Stats", c.stats)
-            hits = [timed(f"get_computed_blocks {k + 1}", m.get_computed_blocks, reqs[nxt + k])
-                    for k in range(TURNOVER)]
-            t0 = time.perf_counter()
-            s = m.step()
-            for _ in range(TURNOVER):
-                s.free(running.pop(0))
-            for q in running:
-                q.all_token_ids.append(7)
-                s.allocate_slots(q, 1)
-            for k in range(TURNOVER):
-                q = reqs[nxt + k]
-                s.allocate_slots(q, PROMPT - hits[k][1], hits[k][1], hits[k][0])
-                running.append(q)
-            t.setdefault("queueing the Step's calls", []).append(time.perf_counter() - t0)
-            timed("commit (one Batch)", s.commit)
-            s.close()
-            nxt += TURNOVER
+            last[0] = time.perf_counter()
+            c.stats()
+            mark("Stats right after a step")
+            c.stats()
+            mark("Stats after a Stats")
+            nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER, mark)
     return {k: statistics.median(v) * 1e6 for k, v in t.items()}
 
 
