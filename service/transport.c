@@ -272,8 +272,14 @@ worker_cb(void *arg)
 			nng_ctx_recv(w->ctx, w->aio); /* a broken pipe: keep serving */
 			return;
 		}
-		atomic_fetch_add(&t->in_flight, 1);
 		msg = nng_aio_get_msg(w->aio);
+		nng_aio_set_msg(w->aio, NULL); /* ours now: the aio holds only what nng must send */
+		if (atomic_load(&t->closing)) {
+			/* Drained: a request that arrives now is not started (its client retries). */
+			nng_msg_free(msg);
+			return;
+		}
+		atomic_fetch_add(&t->in_flight, 1);
 		w->pipe = nng_msg_get_pipe(msg);
 		conn_touch(t, w->pipe);
 		nng_msg *reply = NULL;
@@ -306,6 +312,7 @@ worker_cb(void *arg)
 	case SEND:
 		if ((rv = nng_aio_result(w->aio)) != 0) {
 			nng_msg_free(nng_aio_get_msg(w->aio));
+			nng_aio_set_msg(w->aio, NULL);
 			/* Its other timed-out replies close it again: log it once. */
 			unsigned id = (unsigned)nng_pipe_id(w->pipe);
 			char peer[160] = "", conn[24], ms[24];
@@ -557,8 +564,17 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 	atomic_store(&t->closing, true);
 	for (uint32_t waited = 0; atomic_load(&t->in_flight) > 0 && waited < drain_ms; waited += 10)
 		nng_msleep(10);
-	for (size_t i = 0; i < t->num_workers; i++)
+	for (size_t i = 0; i < t->num_workers; i++) {
 		nng_aio_stop(t->workers[i].aio);
+		/*
+		 * A reply handed to a stopped aio is refused without a callback
+		 * (nng 1.5: nni_aio_begin fails): it is still in the aio, ours.
+		 */
+		nng_msg *left = nng_aio_get_msg(t->workers[i].aio);
+		nng_aio_set_msg(t->workers[i].aio, NULL);
+		if (left != NULL)
+			nng_msg_free(left);
+	}
 	nng_aio_stop(t->reaper);
 	if (t->has_pub)
 		kvpd_server_set_publisher(t->srv, NULL, NULL);
