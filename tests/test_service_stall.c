@@ -5,6 +5,7 @@
  * replies fill the socket and each further reply would hold a request
  * context. The daemon must close that connection after --send-timeout-ms
  * (or, when nng has already stopped reading it with one reply in flight,
+ * after --idle-timeout-ms, since no request arrives from it any more, or
  * leave it stuck alone) and keep serving everyone else. And a peer that
  * connects and then sends nothing is closed after --idle-timeout-ms, while
  * a live client idle as long redials by itself. Both closes are counted in
@@ -34,7 +35,7 @@ setup(void **state)
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", admin, "--events",
 	                      "none", "--pool", "name=default,blocks=64", "--contexts", "4",
-	                      "--send-timeout-ms", "300", "--idle-timeout-ms", "1000", NULL};
+	                      "--send-timeout-ms", "300", "--idle-timeout-ms", "3000", NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
 }
@@ -169,13 +170,32 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 		}
 	}
 	print_message("another client served %.2f s after the flood\n", served_at);
-	assert_true(served_at >= 0);
+	/*
+	 * At once: contexts held by the peer's replies would wait until its
+	 * idle close, a second after the flood gave up (idle timeout 3 s).
+	 */
+	assert_true(served_at >= 0 && served_at < 0.5);
 	for (int i = 0; i < 20; i++)
 		assert_ok(kvp_client_stats(c, &st));
-	/* A close for a reply not taken is counted (a peer nng stopped reading is not closed). */
-	double cut = closes("took_no_reply");
-	print_message("kvpool_connections_closed_total{reason=\"took_no_reply\"} %.0f\n", cut);
-	assert_true(closed ? cut >= 1 : cut >= 0);
+	/*
+	 * A close is counted: for a reply not taken, or, where nng stopped
+	 * reading the peer before a second reply queued, for idling (the test
+	 * machine's timing decides which comes first). A peer nng stopped
+	 * reading and the idle timeout has not closed yet is not counted.
+	 */
+	double cut = 0, idle = 0;
+	t0 = now_s();
+	do { /* the daemon counts a close just after it closes; c stays busy meanwhile */
+		assert_ok(kvp_client_stats(c, &st));
+		cut = closes("took_no_reply");
+		idle = closes("idle");
+		if (closed && cut + idle < 1)
+			nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+	} while (closed && cut + idle < 1 && now_s() - t0 < 2.0);
+	print_message("kvpool_connections_closed_total{reason=\"took_no_reply\"} %.0f, "
+	              "{reason=\"idle\"} %.0f\n", cut, idle);
+	assert_true(cut >= 0 && idle >= 0);
+	assert_true(closed ? cut + idle >= 1 : true);
 	close(fd);
 	kvp_client_close(c);
 }
@@ -206,14 +226,15 @@ test_service_stall_silent_peer_is_closed_live_client_redials(void **state)
 	assert_ok(kvp_client_open(&o, &c));
 	/* An SP peer that completes the handshake, then says nothing. */
 	int fd = raw_req_connect();
-	double closed_after = seconds_until_closed(fd, 5.0);
-	print_message("a silent peer was closed after %.2f s (idle timeout 1 s)\n", closed_after);
-	assert_true(closed_after >= 0.8 && closed_after < 3.0);
+	double idle0 = closes("idle");
+	double closed_after = seconds_until_closed(fd, 7.0);
+	print_message("a silent peer was closed after %.2f s (idle timeout 3 s)\n", closed_after);
+	assert_true(closed_after >= 2.8 && closed_after < 5.0);
 	/* The daemon counts a close just after it closes: give the counter a moment. */
 	double idle = 0, t0 = now_s();
-	while ((idle = closes("idle")) < 1 && now_s() - t0 < 2.0)
+	while ((idle = closes("idle")) < idle0 + 1 && now_s() - t0 < 2.0)
 		nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
-	assert_true(idle >= 1);
+	assert_true(idle0 >= 0 && idle >= idle0 + 1);
 	close(fd);
 	/* The client was idle as long: its next calls redial and succeed. */
 	nanosleep(&(struct timespec){0, 500 * 1000 * 1000}, NULL);
