@@ -320,7 +320,10 @@ class Step:
     """One scheduler step's calls as one Batch (keep-going: a request that
     does not fit is refused alone). allocate_slots() and free() queue and
     return the call's index; commit() sends them and returns one result per
-    call: KVCacheBlocks or None for allocate_slots, None for free.
+    call: KVCacheBlocks or None for allocate_slots, None for free. A request
+    takes one allocate_slots per step (a second raises ValueError and queues
+    nothing), as in vLLM's scheduler, which retries one only after it has
+    the answer.
 
     Decode-shaped calls (a request the daemon already has, without a prefix
     hit, lookahead or delay) take a bulk path: runs of them are added and
@@ -337,12 +340,18 @@ class Step:
         self._ops = []      # ("slots", ...), ("free", req), ("noop",) or a _Run
         self._run = None    # the open _Run, if the last call was decode-shaped
         self._count = 0
+        self._queued = set()  # request ids with an allocate_slots in this step
 
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
                        num_external_computed_tokens=0, delay_cache_blocks=False,
                        num_encoder_tokens=0, full_sequence_must_fit=False):
-        req = self._mgr._reqs.get(request.request_id)
+        rid = request.request_id
+        if rid in self._queued:
+            # Its tokens are counted at commit: a second call would send them twice.
+            raise ValueError(f"request {rid!r} already has an allocate_slots call in this "
+                             "step: commit the step first")
+        req = self._mgr._reqs.get(rid)
         if req is not None and req.sent and num_new_tokens > 0 and not (
                 num_new_computed_tokens or num_lookahead_tokens or delay_cache_blocks
                 or num_external_computed_tokens or full_sequence_must_fit):
@@ -351,6 +360,7 @@ class Step:
                 run = self._run = _Run()
                 self._ops.append(run)
             run.items.append((request, req, num_new_tokens))
+            self._queued.add(rid)
             self._count += 1
             return self._count - 1
         kw, req = self._mgr._slots_call(request, num_new_tokens, num_new_computed_tokens,
@@ -361,11 +371,13 @@ class Step:
         self._batch.allocate_slots(req.wire_id, **kw)
         self._ops.append(("slots", request, req, kw, num_new_computed_tokens,
                           new_computed_blocks))
+        self._queued.add(rid)
         self._count += 1
         return self._count - 1
 
     def free(self, request):
         self._close_run()
+        self._queued.discard(request.request_id)
         req = self._mgr._reqs.pop(request.request_id, None)
         if req is not None and req.sent:
             self._batch.free_request(req.wire_id)
@@ -417,6 +429,7 @@ class Step:
         finally:
             batch.clear()
             self._ops.clear()
+            self._queued.clear()
             self._count = 0
         return out
 

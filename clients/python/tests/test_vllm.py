@@ -352,9 +352,42 @@ def xpools(tmp_path_factory):
     for name, mode in (("x4", "align"), ("x5", "align"), ("x6", "all")):
         args += ["--pool", f"name={name},blocks=64,seed=0,executor=none,"
                            f"groups=full:4+mamba:4:{mode}"]
+    args += ["--pool", "name=q1,blocks=8,block_size=4,seed=0,executor=none"]
     proc, url, ev = start(tmp_path_factory.mktemp("kvpoold-ext"), *args, pool="x1")
     yield url, ev
     stop(proc)
+
+
+def test_step_takes_one_allocate_slots_per_request(xpools):
+    """A second allocate_slots for a request in one Step is refused before
+    anything is queued (its tokens would go twice); the first call commits
+    alone, and the block it fills is cached under the request's true tokens."""
+    url, ev = xpools
+    c = kvpool.Client(url, pool="q1")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r = Req("r", range(6), hasher=h)
+    assert m.allocate_slots(r, 6).get_block_ids() == ([1, 2],)
+    r.all_token_ids += [6, 7]
+    with m.step() as s:
+        assert s.allocate_slots(r, 2) == 0
+        with pytest.raises(ValueError, match="already has an allocate_slots call"):
+            s.allocate_slots(r, 2)
+        assert s.free(Req("other", range(4), hasher=h)) == 1
+        got = s.commit()
+    assert [g.get_block_ids() if g else g for g in got] == [([],), None]
+    assert m.get_block_ids("r") == ([1, 2],)
+    probe = Req("p", range(9), hasher=h)
+    blocks, hit = m.get_computed_blocks(probe)
+    assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
+    # The next step takes the request again.
+    r.all_token_ids.append(8)
+    with m.step() as s:
+        s.allocate_slots(r, 1)
+        assert s.commit()[0].get_block_ids() == ([3],)
+    m.free(r)
+    assert c.stats()["num_free"] == 7
+    c.close()
 
 
 @pytest.mark.parametrize("pool,step", [("x1", False), ("x2", True)])
