@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 
 #include "common/kvp_status.h"
+#include "common/nng_close.h"
 #include "proto/wire.h"
 #include "service/ipc.h"
 #include "service/log.h"
@@ -482,75 +483,27 @@ fail:
 }
 
 /*
- * nng 1.5 (Debian 12) can hang in nng_close when a socket closes while a
- * peer is still sending: an aio stopped between its begin and its schedule
- * never completes (nanomsg/nng#1813, fixed in nng 1.8). A daemon asked to
- * stop must stop, so the close runs on its own thread and is waited for at
- * most CLOSE_GRACE_MS; past that, what nng may still touch is left alive
+ * nng 1.5 can hang in nng_close (common/nng_close.h). A daemon asked to stop
+ * must stop: past CLOSE_GRACE_MS what nng may still touch is left alive
  * (reachable from `abandoned`) and the process exits without it.
  */
 enum { CLOSE_GRACE_MS = 1000 };
 
-struct closer {
-	nng_socket sock;
-	nng_mtx *mu;
-	nng_cv *cv;
-	bool done;
-	nng_thread *thr;
-};
-
 static struct kvpd_transport *abandoned;
-
-static void
-closer_main(void *arg)
-{
-	struct closer *c = arg;
-	nng_close(c->sock);
-	nng_mtx_lock(c->mu);
-	c->done = true;
-	nng_cv_wake(c->cv);
-	nng_mtx_unlock(c->mu);
-}
 
 /* Closes s within CLOSE_GRACE_MS; false if nng did not finish (s is then left as it is). */
 static bool
 close_bounded(nng_socket s, const char *what)
 {
-	struct closer *c = calloc(1, sizeof(*c));
-	if (c == NULL || nng_mtx_alloc(&c->mu) != 0) {
-		free(c);
-		nng_close(s);
+	if (kvp_nng_close_bounded(s, CLOSE_GRACE_MS, NULL, NULL))
 		return true;
-	}
-	c->sock = s;
-	if (nng_cv_alloc(&c->cv, c->mu) != 0 || nng_thread_create(&c->thr, closer_main, c) != 0) {
-		if (c->cv)
-			nng_cv_free(c->cv);
-		nng_mtx_free(c->mu);
-		free(c);
-		nng_close(s);
-		return true;
-	}
-	nng_time until = nng_clock() + CLOSE_GRACE_MS;
-	nng_mtx_lock(c->mu);
-	while (!c->done && nng_cv_until(c->cv, until) != NNG_ETIMEDOUT)
-		;
-	bool done = c->done;
-	nng_mtx_unlock(c->mu);
-	if (!done) {
-		char ms[24];
-		snprintf(ms, sizeof(ms), "%d", CLOSE_GRACE_MS);
-		struct kvpd_log_field f[] = {{"socket", what}, {"waited_ms", ms},
-		                             {"cause", "nng 1.5 shutdown race (nanomsg/nng#1813)"}};
-		kvpd_log_fields(KVPD_WARN, "transport",
-		                "a socket did not close in time; exiting without waiting for it", f, 3);
-		return false; /* c and its thread stay: nng may still finish */
-	}
-	nng_thread_destroy(c->thr);
-	nng_cv_free(c->cv);
-	nng_mtx_free(c->mu);
-	free(c);
-	return true;
+	char ms[24];
+	snprintf(ms, sizeof(ms), "%d", CLOSE_GRACE_MS);
+	struct kvpd_log_field f[] = {{"socket", what}, {"waited_ms", ms},
+	                             {"cause", "nng 1.5 shutdown race (nanomsg/nng#1813)"}};
+	kvpd_log_fields(KVPD_WARN, "transport",
+	                "a socket did not close in time; exiting without waiting for it", f, 3);
+	return false;
 }
 
 void
