@@ -416,6 +416,17 @@ kvp_client_set_token_(const struct kvp_client *c, Kvpool__V1__Request *rq)
 	rq->token.len = c->token_len;
 }
 
+static void
+client_free(void *arg)
+{
+	struct kvp_client *c = arg;
+	if (c->tls)
+		nng_tls_config_free(c->tls);
+	nng_cv_free(c->cv);
+	nng_mtx_free(c->mtx);
+	free(c);
+}
+
 void
 kvp_client_detach(struct kvp_client *c)
 {
@@ -425,12 +436,9 @@ kvp_client_detach(struct kvp_client *c)
 	volatile uint8_t *t = c->token;
 	for (size_t i = 0; i < sizeof(c->token); i++)
 		t[i] = 0;
-	nng_close(c->sock); /* after it, no pipe callback runs */
-	if (c->tls)
-		nng_tls_config_free(c->tls);
-	nng_cv_free(c->cv);
-	nng_mtx_free(c->mtx);
-	free(c);
+	/* After the close no pipe callback runs: only then may c go. */
+	if (kvp_nng_close_bounded(c->sock, KVPC_CLOSE_GRACE_MS, client_free, c))
+		client_free(c);
 }
 
 void

@@ -17,6 +17,10 @@
 #include "kvpool.pb-c.h"
 #include "proto/event_seal.h"
 #include "proto/wire.h"
+#include "common/nng_close.h"
+
+/* How long closing a client or subscriber waits for nng (common/nng_close.h). */
+enum { KVPC_CLOSE_GRACE_MS = 1000 };
 
 struct kvp_client {
 	nng_socket sock;

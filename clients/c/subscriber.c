@@ -389,13 +389,20 @@ kvp_sub_last_detail(const struct kvp_sub *s)
 	return s ? s->detail : "";
 }
 
+static void
+tls_free(void *cfg)
+{
+	if (cfg != NULL)
+		nng_tls_config_free(cfg);
+}
+
 void
 kvp_sub_close(struct kvp_sub *s)
 {
 	if (s == NULL)
 		return;
-	nng_close(s->sock);
-	if (s->tls)
+	/* The dialer holds the TLS configuration until the close ends. */
+	if (kvp_nng_close_bounded(s->sock, KVPC_CLOSE_GRACE_MS, tls_free, s->tls) && s->tls)
 		nng_tls_config_free(s->tls);
 	for (size_t i = 0; s->pools && i < s->num_pools; i++)
 		kvp_client_close(s->pools[i].rpc);
