@@ -5,9 +5,13 @@
  * (a raw intrusive list, raw OpenSSL SHA-256), so ratios survive a noisy
  * machine. Prints a Markdown table; BENCHMARKS.md records it.
  *
- * usage: kvp-bench-engine [--quick | --only-b SECONDS]
- *   --quick   fewer repetitions and no 10M-block pool (for a smoke run)
- *   --only-b  run loop (b) alone for SECONDS (for a profiler)
+ * usage: kvp-bench-engine [--quick | --only-b SECONDS | --count-b CYCLES]
+ *   --quick    fewer repetitions and no 10M-block pool (for a smoke run)
+ *   --only-b   run loop (b) alone for SECONDS (for a profiler)
+ *   --count-b  run exactly CYCLES cycles of loop (b) after its warm-up, for
+ *              an instruction count: valgrind --tool=callgrind
+ *              --toggle-collect=cycle_b counts the warm-up's cycles too, so
+ *              take the difference of two CYCLES
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -132,51 +136,67 @@ loop_a(void)
 }
 
 /* (b) allocate 16, cache 16 unique hashes, free reversed, 16 lookups, touch, free reversed. */
+struct bstate {
+	struct kvp_pool *p;
+	uint8_t hashes[16 * KVP_HASH_LEN];
+	uint64_t counter;
+	struct kvp_cache_args a;
+};
+
+/* One cycle; its own function so that callgrind can count it (--toggle-collect=cycle_b). */
+static __attribute__((noinline)) void
+cycle_b(struct bstate *s, bool lookups)
+{
+	int32_t ids[16], hits[16];
+	const uint32_t g0 = 0;
+
+	kvp_pool_get_new_blocks(s->p, 16, ids);
+	for (int i = 0; i < 16; i++) {
+		s->counter++;
+		memcpy(s->hashes + i * KVP_HASH_LEN, &s->counter, sizeof(s->counter));
+	}
+	kvp_pool_cache_full_blocks(s->p, ids, 16, &s->a);
+	if (!lookups) {
+		kvp_pool_free_blocks(s->p, ids, 16);
+		return;
+	}
+	rev16(ids);
+	kvp_pool_free_blocks(s->p, ids, 16);
+	for (int i = 0; i < 16; i++)
+		kvp_pool_get_cached_block(s->p, s->hashes + i * KVP_HASH_LEN, KVP_HASH_LEN, &g0, 1,
+		                          &hits[i]);
+	kvp_pool_touch(s->p, hits, 16);
+	rev16(hits);
+	kvp_pool_free_blocks(s->p, hits, 16);
+}
+
+/*
+ * Warms a pool of nblocks up to the steady state, untimed: until every
+ * block has been cached once, allocation evicts nothing and the pool's
+ * pages are still being mapped, which flatters short runs.
+ */
+static void
+warm_b(struct bstate *s, uint32_t nblocks)
+{
+	memset(s, 0, sizeof(*s));
+	s->p = mkpool(nblocks, 16);
+	s->a = (struct kvp_cache_args){.block_hashes = s->hashes, .num_block_hashes = 16,
+	                               .num_full_blocks = 16, .block_size = 16};
+	memset(s->hashes, 0x5a, sizeof(s->hashes));
+	for (uint32_t w = 0; w < 2 * nblocks / 16; w++)
+		cycle_b(s, false);
+}
+
 static double
 loop_b_n(uint32_t nblocks)
 {
-	struct kvp_pool *p = mkpool(nblocks, 16);
-	int32_t ids[16], hits[16];
-	uint8_t hashes[16 * KVP_HASH_LEN];
-	uint64_t counter = 0;
-	const uint32_t g0 = 0;
-	struct kvp_cache_args a = {.block_hashes = hashes, .num_block_hashes = 16,
-	                           .num_full_blocks = 16, .block_size = 16};
-
-	memset(hashes, 0x5a, sizeof(hashes));
-	/*
-	 * Warm up to the steady state, untimed: until every block has been cached
-	 * once, allocation evicts nothing and the pool's pages are still being
-	 * mapped, which flatters short runs.
-	 */
-	for (uint32_t w = 0; w < 2 * nblocks / 16; w++) {
-		kvp_pool_get_new_blocks(p, 16, ids);
-		for (int i = 0; i < 16; i++) {
-			counter++;
-			memcpy(hashes + i * KVP_HASH_LEN, &counter, sizeof(counter));
-		}
-		kvp_pool_cache_full_blocks(p, ids, 16, &a);
-		kvp_pool_free_blocks(p, ids, 16);
-	}
+	struct bstate s;
 	double r;
-	RATE(r, 1, {
-		kvp_pool_get_new_blocks(p, 16, ids);
-		for (int i = 0; i < 16; i++) {
-			counter++;
-			memcpy(hashes + i * KVP_HASH_LEN, &counter, sizeof(counter));
-		}
-		kvp_pool_cache_full_blocks(p, ids, 16, &a);
-		rev16(ids);
-		kvp_pool_free_blocks(p, ids, 16);
-		for (int i = 0; i < 16; i++)
-			kvp_pool_get_cached_block(p, hashes + i * KVP_HASH_LEN, KVP_HASH_LEN, &g0, 1,
-			                          &hits[i]);
-		kvp_pool_touch(p, hits, 16);
-		rev16(hits);
-		kvp_pool_free_blocks(p, hits, 16);
-	});
-	check(kvp_pool_check(p, NULL, 0), "invariants after loop b");
-	kvp_pool_destroy(p);
+
+	warm_b(&s, nblocks);
+	RATE(r, 1, cycle_b(&s, true));
+	check(kvp_pool_check(s.p, NULL, 0), "invariants after loop b");
+	kvp_pool_destroy(s.p);
 	return r;
 }
 
@@ -388,6 +408,17 @@ main(int argc, char **argv)
 		if (argc > 3)
 			printf("(b) %.0f cycles/s with %s blocks\n",
 			       loop_b_n((uint32_t)atoi(argv[3])), argv[3]);
+		return 0;
+	}
+	if (argc > 2 && strcmp(argv[1], "--count-b") == 0) { /* exactly N cycles, for callgrind */
+		struct bstate st;
+		long cycles = atol(argv[2]);
+		warm_b(&st, 100000);
+		for (long i = 0; i < cycles; i++)
+			cycle_b(&st, true);
+		check(kvp_pool_check(st.p, NULL, 0), "invariants after loop b");
+		kvp_pool_destroy(st.p);
+		printf("(b) %ld cycles after %d warm-up cycles\n", cycles, 2 * 100000 / 16);
 		return 0;
 	}
 	if (argc > 3 && strcmp(argv[1], "--only-m") == 0) { /* A/B runs of loop (m) */
