@@ -383,28 +383,36 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	 * Hash the keys a chunk at a time and prefetch their buckets before
 	 * inserting, so the buckets' cache misses overlap.
 	 */
-	enum { CHUNK = 32 };
+	enum { CHUNK = 32, KEY1 = KVP_HASH_LEN + GROUP_LEN };
 	uint32_t khash[CHUNK];
+	uint8_t k1[CHUNK][KEY1]; /* the chunk's keys when a block has one hash (the usual case) */
+	bool one = hlen == KVP_HASH_LEN;
 	int64_t mm_idx = 0;
 	for (uint32_t i = nc; i < nf; i++) {
 		int32_t id = blocks[i];
-		const uint8_t *h = a->block_hashes + (size_t)i * hlen;
-		if ((i - nc) % CHUNK == 0) {
+		const uint8_t *h = a->block_hashes + (size_t)i * hlen, *ki = key;
+		uint32_t c = (i - nc) % CHUNK;
+		if (c == 0) {
 			for (uint32_t j = i; j < nf && j < i + CHUNK; j++) {
-				if (hlen == KVP_HASH_LEN)
-					memcpy(key, a->block_hashes + (size_t)j * KVP_HASH_LEN, KVP_HASH_LEN);
+				uint8_t *kj = one ? k1[j - i] : key;
+				if (one)
+					memcpy(kj, a->block_hashes + (size_t)j * KVP_HASH_LEN, KVP_HASH_LEN);
 				else
-					memcpy(key, a->block_hashes + (size_t)j * hlen, hlen);
-				kvp_map_key_put_group(key + hlen, a->group_id);
-				khash[j - i] = kvp_map_hash(key, hlen + GROUP_LEN);
+					memcpy(kj, a->block_hashes + (size_t)j * hlen, hlen);
+				kvp_map_key_put_group(kj + hlen, a->group_id);
+				khash[j - i] = kvp_map_hash(kj, hlen + GROUP_LEN);
 				kvp_map_prefetch_hash(&p->map, khash[j - i]);
 			}
 		}
 		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
 			continue;
-		memcpy(key, h, hlen);
-		kvp_map_key_put_group(key + hlen, a->group_id);
-		rv = kvp_map_insert_hashed(&p->map, key, hlen + GROUP_LEN, khash[(i - nc) % CHUNK], id);
+		if (one) {
+			ki = k1[c];
+		} else {
+			memcpy(key, h, hlen);
+			kvp_map_key_put_group(key + hlen, a->group_id);
+		}
+		rv = kvp_map_insert_hashed(&p->map, ki, hlen + GROUP_LEN, khash[c], id);
 		assert(rv == KVP_OK);
 		p->num_hashed++;
 		if (p->events_on) {
