@@ -21,7 +21,8 @@
  * call. Aim (issue #16): remote <= 1.5 x (engine + raw).
  *
  * usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]
- *                       [--only engine|remote|core] [--events off|on] [KVPOOLD]
+ *                       [--only engine|remote|core] [--events off|on] [--cold MIB]
+ *                       [KVPOOLD]
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -73,6 +74,21 @@ mix64(uint64_t z)
 }
 
 static uint64_t seed;
+
+/*
+ * --cold MIB: before each in-process step (engine, core), untimed, write a
+ * buffer of MIB MiB, so the step starts with caches as cold as a daemon's
+ * are after the client, the kernel and nng's threads ran in between.
+ */
+static uint8_t *cold_buf;
+static size_t cold_len;
+
+static void
+cold_touch(void)
+{
+	for (size_t i = 0; i < cold_len; i += 64)
+		cold_buf[i]++;
+}
 
 static int64_t
 tok(uint64_t d, uint64_t r, uint64_t j)
@@ -324,6 +340,7 @@ run_engine(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, st
 	for (uint64_t s = 0; s < w_steps + n_steps; s++) {
 		wl_next(&w, st);
 		bool timed = s >= w_steps;
+		cold_touch();
 		double t0 = now(), c0 = thread_cpu();
 		for (size_t i = 0; i < st->ndec; i++) {
 			struct kvp_alloc_args a = {.num_new_tokens = 1};
@@ -652,6 +669,7 @@ run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, stru
 		rq.batch = &br;
 		rq.call_id = s + 1;
 		double secs = 0;
+		cold_touch();
 		if ((r = core_call(srv, &rq, &secs)) == NULL || r->status != 0 ||
 		    r->result_case != KVPOOL__V1__REPLY__RESULT_BATCH || r->batch->n_replies != k) {
 			fprintf(stderr, "bench: core: step %" PRIu64 ": %s\n", s,
@@ -840,11 +858,13 @@ static void
 usage(FILE *f)
 {
 	fprintf(f, "usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]\n"
-	           "                      [--only engine|remote|core] [--events off|on] [KVPOOLD]\n"
+	           "                      [--only engine|remote|core] [--events off|on] [--cold MIB]\n"
+	           "                      [KVPOOLD]\n"
 	           "S256 (step-workload-s256.md): the scheduler step in process on the engine, the\n"
 	           "daemon's handling of it in process (core), as one Batch to kvpoold over ipc://,\n"
 	           "and a raw nng round trip of its sizes, in one run.\n"
-	           "Defaults: W=256 N=256 (--quick: 160 and 16), 1 round, both event variants.\n");
+	           "Defaults: W=256 N=256 (--quick: 160 and 16), 1 round, both event variants.\n"
+	           "--cold MIB: write MIB MiB before each in-process step (untimed): cold caches.\n");
 }
 
 static int
@@ -865,7 +885,7 @@ int
 main(int argc, char **argv)
 {
 	const char *daemon = KVPOOLD_PATH, *only = NULL, *ev_only = NULL;
-	uint64_t w = 256, n = 256, rounds = 1;
+	uint64_t w = 256, n = 256, rounds = 1, cold_mib = 0;
 	int failed = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -886,6 +906,8 @@ main(int argc, char **argv)
 		} else if (strcmp(a, "--events") == 0 && v &&
 		           (strcmp(v, "off") == 0 || strcmp(v, "on") == 0)) {
 			ev_only = argv[++i];
+		} else if (strcmp(a, "--cold") == 0 && parse_u64(v, 1, 1024, &cold_mib) == 0) {
+			i++;
 		} else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return 0;
@@ -897,6 +919,11 @@ main(int argc, char **argv)
 			usage(stderr);
 			return 2;
 		}
+	}
+	if (cold_mib > 0) {
+		cold_len = (size_t)cold_mib << 20;
+		if ((cold_buf = calloc(1, cold_len)) == NULL)
+			return 1;
 	}
 	if (!check_vectors()) {
 		fprintf(stderr, "bench: the token generator does not match S256's test vectors\n");
@@ -1016,6 +1043,7 @@ main(int argc, char **argv)
 	free(cpu);
 	free(build);
 	free(raw);
+	free(cold_buf);
 	if ((d_off > 0 && stop_daemon(d_off) != 0) || (d_on > 0 && stop_daemon(d_on) != 0)) {
 		fprintf(stderr, "bench: a daemon did not stop cleanly\n");
 		failed = 1;
