@@ -185,10 +185,10 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 		if (m->n_prompt_token_ids == 0)
 			return kvpd_fail(c, KVP_ENOTFOUND, "no request %llu in this session (send its prompt "
 			                              "to add it)", (unsigned long long)m->request_id);
-		if (c->sess->num_reqs >= c->p->limits.max_session_requests) {
+		if (c->sess->reqs.n >= c->p->limits.max_session_requests) {
 			c->p->counters.limit_refusals++;
 			return kvpd_fail(c, KVP_EBUSY, "this session holds %zu live requests, the limit "
-			                 "(max-session-requests): free one first", c->sess->num_reqs);
+			                 "(max-session-requests): free one first", c->sess->reqs.n);
 		}
 		if ((rv = kvpd_parse_keys(c, m->keys, &ck)))
 			return rv;

@@ -16,13 +16,12 @@
 struct kvpd_session *
 kvpd_pool_find_session(struct kvpd_pool *p, uint64_t id, size_t *index)
 {
-	for (size_t i = 0; i < p->num_sessions; i++)
-		if (p->sessions[i]->id == id) {
-			if (index)
-				*index = i;
-			return p->sessions[i];
-		}
-	return NULL;
+	uint64_t at = kvpd_u64map_get(&p->session_index, id);
+	if (at == 0)
+		return NULL;
+	if (index)
+		*index = (size_t)(at - 1);
+	return p->sessions[at - 1];
 }
 
 bool
@@ -167,8 +166,10 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	struct kvpd_session *s = kvpd_session_create(new_session_id(p), lease, m->client_name, now_ms);
 	if (s != NULL)
 		s->pool_held = &p->refs_held;
-	if (s == NULL)
+	if (s == NULL || kvpd_u64map_put(&p->session_index, s->id, p->num_sessions + 1) != KVP_OK) {
+		kvpd_session_destroy(s);
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	}
 	p->sessions[p->num_sessions++] = s;
 	p->counters.sessions_opened++;
 	r->session_id = s->id;
@@ -250,10 +251,13 @@ drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why, uint64_t
 	struct kvpd_session *s = p->sessions[index];
 	struct kvpd_gone_session *g = &p->gone[p->gone_total++ % KVPD_GONE_KEEP];
 	*g = (struct kvpd_gone_session){.id = s->id, .at_ms = now_ms, .released = s->held,
-	                                .lease_ms = s->lease_ms, .requests = (uint32_t)s->num_reqs,
+	                                .lease_ms = s->lease_ms, .requests = (uint32_t)s->reqs.n,
 	                                .why = (uint8_t)why};
 	memcpy(g->client, s->client, sizeof(g->client));
+	(void)kvpd_u64map_del(&p->session_index, s->id);
 	p->sessions[index] = p->sessions[--p->num_sessions];
+	if (index < p->num_sessions) /* the last session moved into the hole: a replace, no growth */
+		(void)kvpd_u64map_put(&p->session_index, p->sessions[index]->id, index + 1);
 	kvpd_session_end_requests(s, free_request, p->mgr);
 	p->reply_cache_used -= kvpd_session_forget_replies(s);
 	if (s->held > 0 && p->num_ending == p->cap_ending) {

@@ -21,6 +21,7 @@
 #include "kvpool.pb-c.h"
 #include "service/envelope.h"
 #include "service/server.h"
+#include "service/u64map.h"
 #include "service/session.h"
 #include "service/stream.h"
 
@@ -65,6 +66,7 @@ struct kvpd_pool {
 	struct kvp_event_batch events;  /* drained after every call (published by #4) */
 	struct kvpd_session **sessions;
 	size_t num_sessions, cap_sessions;
+	struct kvpd_u64map session_index; /* session id -> its index in sessions + 1 */
 	uint8_t none_fp[8];
 	struct kvpd_stream stream;      /* epoch, seq, replay ring, publisher */
 	bool events_on;                 /* a publisher consumes events (else none are recorded) */

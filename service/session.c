@@ -31,7 +31,7 @@ kvpd_session_destroy(struct kvpd_session *s)
 	free(s->ids);
 	free(s->counts);
 	free(s->log);
-	free(s->reqs);
+	kvpd_u64map_fini(&s->reqs);
 	for (int i = 0; i < KVPD_REPLY_CACHE; i++)
 		free(s->cache[i].bytes);
 	free(s);
@@ -270,87 +270,29 @@ kvpd_session_forget_oldest(struct kvpd_session *s)
 	return n;
 }
 
-static uint32_t
-req_slot(uint64_t client_id, size_t mask)
-{
-	uint64_t x = client_id * 0x9e3779b97f4a7c15ull;
-	return (uint32_t)((x ^ (x >> 29)) & mask);
-}
-
 uint64_t
 kvpd_session_request(const struct kvpd_session *s, uint64_t client_id)
 {
-	if (s->cap_reqs == 0)
-		return 0;
-	size_t mask = s->cap_reqs - 1;
-	for (size_t i = req_slot(client_id, mask);; i = (i + 1) & mask) {
-		const struct kvpd_request_ref *r = &s->reqs[i];
-		if (r->mgr_id == 0 || r->client_id == client_id)
-			return r->mgr_id;
-	}
-}
-
-static void
-req_put(struct kvpd_request_ref *tab, size_t mask, uint64_t client_id, uint64_t mgr_id)
-{
-	size_t i = req_slot(client_id, mask);
-	while (tab[i].mgr_id != 0)
-		i = (i + 1) & mask;
-	tab[i].client_id = client_id;
-	tab[i].mgr_id = mgr_id;
+	return kvpd_u64map_get(&s->reqs, client_id);
 }
 
 int
 kvpd_session_add_request(struct kvpd_session *s, uint64_t client_id, uint64_t mgr_id)
 {
-	if (mgr_id == 0)
-		return KVP_EINVAL;
-	/* At most half full, so probes stay short and always end. */
-	if (2 * (s->num_reqs + 1) > s->cap_reqs) {
-		size_t cap = s->cap_reqs ? s->cap_reqs * 2 : 16;
-		struct kvpd_request_ref *t = calloc(cap, sizeof(*t));
-		if (t == NULL)
-			return KVP_ENOMEM;
-		for (size_t i = 0; i < s->cap_reqs; i++)
-			if (s->reqs[i].mgr_id != 0)
-				req_put(t, cap - 1, s->reqs[i].client_id, s->reqs[i].mgr_id);
-		free(s->reqs);
-		s->reqs = t;
-		s->cap_reqs = cap;
-	}
-	req_put(s->reqs, s->cap_reqs - 1, client_id, mgr_id);
-	s->num_reqs++;
-	return KVP_OK;
+	return kvpd_u64map_put(&s->reqs, client_id, mgr_id);
 }
 
 void
 kvpd_session_remove_request(struct kvpd_session *s, uint64_t client_id)
 {
-	if (s->cap_reqs == 0)
-		return;
-	size_t mask = s->cap_reqs - 1, i = req_slot(client_id, mask);
-	while (s->reqs[i].mgr_id != 0 && s->reqs[i].client_id != client_id)
-		i = (i + 1) & mask;
-	if (s->reqs[i].mgr_id == 0)
-		return;
-	/* Backward-shift deletion: later entries of the probe run move up. */
-	for (size_t j = (i + 1) & mask; s->reqs[j].mgr_id != 0; j = (j + 1) & mask) {
-		size_t home = req_slot(s->reqs[j].client_id, mask);
-		bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
-		if (!stays) {
-			s->reqs[i] = s->reqs[j];
-			i = j;
-		}
-	}
-	s->reqs[i].mgr_id = 0;
-	s->num_reqs--;
+	(void)kvpd_u64map_del(&s->reqs, client_id);
 }
 
 static int
 newest_first(const void *a, const void *b)
 {
-	uint64_t x = ((const struct kvpd_request_ref *)a)->mgr_id;
-	uint64_t y = ((const struct kvpd_request_ref *)b)->mgr_id;
+	uint64_t x = ((const struct kvpd_u64pair *)a)->val;
+	uint64_t y = ((const struct kvpd_u64pair *)b)->val;
 	return (x < y) - (x > y);
 }
 
@@ -358,24 +300,24 @@ void
 kvpd_session_end_requests(struct kvpd_session *s, void (*fn)(void *ctx, uint64_t mgr_id),
                           void *ctx)
 {
+	struct kvpd_u64pair *v = s->reqs.v;
 	size_t k = 0;
-	if (s->cap_reqs == 0)
-		return; /* never had a request: no table */
-	for (size_t i = 0; i < s->cap_reqs; i++)
-		if (s->reqs[i].mgr_id != 0)
-			s->reqs[k++] = s->reqs[i];
-	qsort(s->reqs, k, sizeof(*s->reqs), newest_first);
+	/* Newest first: the table's slots are packed and sorted in place, then cleared. */
+	for (size_t i = 0; i < s->reqs.cap; i++)
+		if (v[i].val != 0)
+			v[k++] = v[i];
+	if (k > 0)
+		qsort(v, k, sizeof(*v), newest_first);
 	for (size_t i = 0; i < k; i++)
-		fn(ctx, s->reqs[i].mgr_id);
-	memset(s->reqs, 0, s->cap_reqs * sizeof(*s->reqs));
-	s->num_reqs = 0;
+		fn(ctx, v[i].val);
+	kvpd_u64map_clear(&s->reqs);
 }
 
 void
 kvpd_session_each_request(const struct kvpd_session *s, void (*fn)(void *ctx, uint64_t mgr_id),
                           void *ctx)
 {
-	for (size_t i = 0; i < s->cap_reqs; i++)
-		if (s->reqs[i].mgr_id != 0)
-			fn(ctx, s->reqs[i].mgr_id);
+	for (size_t i = 0; i < s->reqs.cap; i++)
+		if (s->reqs.v[i].val != 0)
+			fn(ctx, s->reqs.v[i].val);
 }

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "service/u64map.h"
+
 #define KVPD_REPLY_CACHE 16
 #define KVPD_REPLY_CACHE_BYTES (4u << 20)
 
@@ -40,13 +42,10 @@ struct kvpd_session {
 	size_t log_len, log_cap;
 	/*
 	 * Requests this session created: its ids -> the manager's (pool-wide,
-	 * increasing, so also creation order). Open addressing, mgr_id 0 empty:
-	 * every request call looks one up, so a scan was O(requests) per call.
+	 * increasing, so also creation order; never 0). Every request call
+	 * looks one up, so a scan would be O(requests) per call.
 	 */
-	struct kvpd_request_ref {
-		uint64_t client_id, mgr_id;
-	} *reqs;
-	size_t num_reqs, cap_reqs; /* cap_reqs: 0 or a power of two */
+	struct kvpd_u64map reqs;
 	struct kvpd_cached_reply cache[KVPD_REPLY_CACHE];
 	unsigned cache_next;
 	size_t cache_bytes;

@@ -97,6 +97,71 @@ test_limits_refs_over_every_session_are_bounded(void **state)
 	stop();
 }
 
+/* ---- sessions found by id, whatever order they end in ---- */
+
+/* Each live client frees and takes back its own block: another session's would be NOT_OWNER. */
+static void
+check_owners(struct kvp_client **c, int32_t *held, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (c[i] == NULL)
+			continue;
+		assert_ok(kvp_client_free(c[i], &held[i], 1));
+		assert_ok(kvp_client_allocate(c[i], 1, &held[i]));
+	}
+}
+
+/*
+ * The daemon finds a session by its id through an index, and an ended
+ * session's slot is filled by the last one: every surviving session must
+ * still be itself after ends in a shuffled order and new sessions after.
+ */
+static void
+test_limits_sessions_end_in_any_order_and_stay_themselves(void **state)
+{
+	enum { N = 48 };
+	struct kvp_client *c[N];
+	struct kvp_client_stats st;
+	int32_t held[N];
+	size_t order[N];
+	uint64_t seed = 0x5e551005u;
+
+	(void)state;
+	const char *extra[] = {"--max-sessions", "64", "--pool",
+	                       "name=default,blocks=256,block_size=4", NULL};
+	start("sessidx", extra);
+	print_message("seed %#llx\n", (unsigned long long)seed);
+	for (size_t i = 0; i < N; i++) {
+		c[i] = open_client(NULL);
+		assert_ok(kvp_client_allocate(c[i], 1, &held[i]));
+		order[i] = i;
+	}
+	for (size_t i = N - 1; i > 0; i--) { /* Fisher-Yates, seeded */
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		size_t j = (size_t)(seed >> 33) % (i + 1), t = order[i];
+		order[i] = order[j];
+		order[j] = t;
+	}
+	for (size_t k = 0; k < N / 2; k++) {
+		kvp_client_close(c[order[k]]); /* Goodbye: its block goes back */
+		c[order[k]] = NULL;
+		if (k % 8 == 7)
+			check_owners(c, held, N);
+	}
+	check_owners(c, held, N);
+	for (size_t k = 0; k < N / 2; k++) { /* new sessions take the freed slots */
+		c[order[k]] = open_client(NULL);
+		assert_ok(kvp_client_allocate(c[order[k]], 1, &held[order[k]]));
+	}
+	check_owners(c, held, N);
+	assert_ok(kvp_client_stats(c[0], &st));
+	assert_int_equal(st.sessions, N);
+	assert_int_equal(st.num_free, 256 - 1 - N);
+	for (size_t i = 0; i < N; i++)
+		kvp_client_close(c[i]);
+	stop();
+}
+
 /* ---- --max-session-requests ---- */
 
 static int
@@ -503,6 +568,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_limits_refs_over_every_session_are_bounded),
+		cmocka_unit_test(test_limits_sessions_end_in_any_order_and_stay_themselves),
 		cmocka_unit_test(test_limits_one_session_cannot_take_every_request),
 		cmocka_unit_test(test_limits_stored_replies_are_bounded_per_pool),
 		cmocka_unit_test(test_limits_session_id_alone_acts_on_nothing),

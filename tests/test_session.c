@@ -3,7 +3,8 @@
  * A session's request table (service/session.c): an open-addressing map
  * from the client's request ids to the manager's, against a plain array
  * model through 200,000 seeded adds, removes and lookups (ids chosen to
- * collide), and the newest-first order a session's end releases them in.
+ * collide), and the newest-first order a session's end releases them in;
+ * and the map under it (service/u64map.h) at its edges.
  */
 #include "kvp_test.h"
 
@@ -74,7 +75,7 @@ test_session_request_table_matches_a_model(void **state)
 			break;
 		}
 		assert_int_equal(kvpd_session_request(s, id), at < n && client[at] == id ? mgr[at] : 0);
-		assert_int_equal(s->num_reqs, n);
+		assert_int_equal(s->reqs.n, n);
 	}
 	for (size_t i = 0; i < n; i++)
 		assert_int_equal(kvpd_session_request(s, client[i]), mgr[i]);
@@ -84,7 +85,7 @@ test_session_request_table_matches_a_model(void **state)
 	assert_int_equal(e.n, n);
 	for (size_t i = 1; i < e.n; i++)
 		assert_true(e.ids[i - 1] > e.ids[i]);
-	assert_int_equal(s->num_reqs, 0);
+	assert_int_equal(s->reqs.n, 0);
 	for (size_t i = 0; i < n; i++)
 		assert_int_equal(kvpd_session_request(s, client[i]), 0);
 	e.n = 0;
@@ -103,11 +104,49 @@ test_session_request_table_matches_a_model(void **state)
 	kvpd_session_destroy(empty);
 }
 
+/* u64map: a replace does not add, 0 is no value, a delete says what it removed. */
+static void
+test_session_u64map_edges(void **state)
+{
+	struct kvpd_u64map m = {0};
+
+	(void)state;
+	assert_int_equal(kvpd_u64map_get(&m, 7), 0);
+	assert_int_equal(kvpd_u64map_del(&m, 7), 0);
+	assert_status(kvpd_u64map_put(&m, 7, 0), KVP_EINVAL);
+	assert_int_equal(m.n, 0);
+	assert_ok(kvpd_u64map_put(&m, 7, 1));
+	assert_ok(kvpd_u64map_put(&m, 7, 2));
+	assert_int_equal(m.n, 1);
+	assert_int_equal(kvpd_u64map_get(&m, 7), 2);
+	/* Key 0 and the largest key are keys like any other. */
+	assert_ok(kvpd_u64map_put(&m, 0, 5));
+	assert_ok(kvpd_u64map_put(&m, UINT64_MAX, 6));
+	for (uint64_t k = 100; k < 1100; k++) /* grows several times */
+		assert_ok(kvpd_u64map_put(&m, k << 40, k));
+	assert_int_equal(m.n, 1003);
+	assert_true(2 * m.n <= m.cap);
+	assert_int_equal(kvpd_u64map_get(&m, 0), 5);
+	assert_int_equal(kvpd_u64map_get(&m, UINT64_MAX), 6);
+	for (uint64_t k = 100; k < 1100; k += 2)
+		assert_int_equal(kvpd_u64map_del(&m, k << 40), k);
+	for (uint64_t k = 100; k < 1100; k++)
+		assert_int_equal(kvpd_u64map_get(&m, k << 40), k % 2 ? k : 0);
+	assert_int_equal(kvpd_u64map_del(&m, 7), 2);
+	assert_int_equal(m.n, 502);
+	kvpd_u64map_clear(&m);
+	assert_int_equal(m.n, 0);
+	assert_int_equal(kvpd_u64map_get(&m, 0), 0);
+	kvpd_u64map_fini(&m);
+	assert_null(m.v);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_session_request_table_matches_a_model),
+		cmocka_unit_test(test_session_u64map_edges),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
