@@ -18,6 +18,7 @@
 #include "proto/wire.h"
 #include "service/ipc.h"
 #include "service/log.h"
+#include "service/u64map.h"
 
 enum { RECV, SEND };
 
@@ -31,17 +32,12 @@ struct worker {
 
 /*
  * The open connections and when each last sent a request (or took a reply):
- * an open-addressed table keyed by nng pipe id (never 0), so the hot path
+ * nng pipe id -> that time + 1 (a u64map value is never 0), so the hot path
  * (one update per request) costs one probe.
  */
-struct conn {
-	uint32_t id;
-	nng_time last;
-};
 struct conns {
 	nng_mtx *mu;
-	struct conn *v;
-	size_t cap, n;        /* cap: a power of two, at least twice n */
+	struct kvpd_u64map m;
 };
 
 struct kvpd_transport {
@@ -135,64 +131,6 @@ msg_sink(void *ctx, size_t len)
 
 /* ---- idle connections ---- */
 
-/* Where id's probe starts (Fibonacci hashing: pipe ids are sequential). */
-static size_t
-conn_home(const struct conns *c, uint32_t id)
-{
-	return (id * 2654435761u) & (c->cap - 1);
-}
-
-static size_t
-conn_slot(const struct conns *c, uint32_t id)
-{
-	size_t mask = c->cap - 1, i = conn_home(c, id);
-	while (c->v[i].id != 0 && c->v[i].id != id)
-		i = (i + 1) & mask;
-	return i;
-}
-
-/* Records a connection (or refreshes its time). Under the lock. */
-static void
-conn_put(struct conns *c, uint32_t id, nng_time now)
-{
-	if (2 * (c->n + 1) > c->cap) {
-		size_t ncap = c->cap ? 2 * c->cap : 64;
-		struct conn *nv = calloc(ncap, sizeof(*nv)), *old = c->v;
-		size_t ocap = c->cap;
-		if (nv == NULL)
-			return; /* untracked: this connection is never closed for idling */
-		c->v = nv;
-		c->cap = ncap;
-		for (size_t k = 0; k < ocap; k++)
-			if (old[k].id != 0)
-				c->v[conn_slot(c, old[k].id)] = old[k];
-		free(old);
-	}
-	size_t i = conn_slot(c, id);
-	if (c->v[i].id == 0)
-		c->n++;
-	c->v[i] = (struct conn){id, now};
-}
-
-/* Forgets a connection; backward-shift deletion keeps every probe chain whole. */
-static void
-conn_del(struct conns *c, uint32_t id)
-{
-	size_t mask = c->cap - 1, i, j;
-	if (c->cap == 0 || c->v[i = conn_slot(c, id)].id == 0)
-		return;
-	c->n--;
-	for (j = (i + 1) & mask; c->v[j].id != 0; j = (j + 1) & mask) {
-		size_t home = conn_home(c, c->v[j].id);
-		/* Move j back into the hole at i unless its home lies in (i, j]. */
-		if (((j - home) & mask) >= ((j - i) & mask)) {
-			c->v[i] = c->v[j];
-			i = j;
-		}
-	}
-	c->v[i].id = 0;
-}
-
 static void
 conn_touch(struct kvpd_transport *t, nng_pipe p)
 {
@@ -200,9 +138,8 @@ conn_touch(struct kvpd_transport *t, nng_pipe p)
 	if (t->idle_timeout <= 0 || (int32_t)id <= 0)
 		return;
 	nng_mtx_lock(t->conns.mu);
-	size_t i = t->conns.cap ? conn_slot(&t->conns, id) : 0;
-	if (t->conns.cap && t->conns.v[i].id == id)
-		t->conns.v[i].last = nng_clock();
+	if (kvpd_u64map_get(&t->conns.m, id) != 0) /* a replace: never allocates */
+		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1);
 	nng_mtx_unlock(t->conns.mu);
 }
 
@@ -213,10 +150,10 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 
 	nng_mtx_lock(t->conns.mu);
-	if (ev == NNG_PIPE_EV_ADD_POST)
-		conn_put(&t->conns, id, nng_clock());
+	if (ev == NNG_PIPE_EV_ADD_POST) /* out of memory: untracked, never closed for idling */
+		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1);
 	else if (ev == NNG_PIPE_EV_REM_POST)
-		conn_del(&t->conns, id);
+		(void)kvpd_u64map_del(&t->conns.m, id);
 	nng_mtx_unlock(t->conns.mu);
 }
 
@@ -237,9 +174,11 @@ reaper_cb(void *arg)
 	if (nng_aio_result(t->reaper) != 0 || atomic_load(&t->closing))
 		return;
 	nng_mtx_lock(t->conns.mu);
-	for (size_t i = 0; i < t->conns.cap && n < BATCH; i++)
-		if (t->conns.v[i].id != 0 && now - t->conns.v[i].last >= (nng_time)t->idle_timeout)
-			idle[n++] = t->conns.v[i].id;
+	for (size_t i = 0; i < t->conns.m.cap && n < BATCH; i++) {
+		const struct kvpd_u64pair *e = &t->conns.m.v[i];
+		if (e->val != 0 && now - (nng_time)(e->val - 1) >= (nng_time)t->idle_timeout)
+			idle[n++] = (uint32_t)e->key;
+	}
 	nng_mtx_unlock(t->conns.mu);
 	for (size_t k = 0; k < n; k++) {
 		nng_pipe p = NNG_PIPE_INITIALIZER;
@@ -540,7 +479,7 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 		nng_aio_free(t->workers[i].aio);
 	nng_aio_free(t->reaper);
 	nng_mtx_free(t->conns.mu);
-	free(t->conns.v);
+	kvpd_u64map_fini(&t->conns.m);
 	free(t->workers);
 	if (t->tls)
 		nng_tls_config_free(t->tls);
