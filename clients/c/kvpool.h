@@ -113,7 +113,12 @@ int kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
  * library's), "" if it succeeded. Valid until this thread's next open.
  */
 const char *kvp_client_open_detail(void);
-/* Says Goodbye (releasing the session's blocks) and closes. NULL: no-op. */
+/*
+ * Says Goodbye (releasing the session's blocks) and closes. NULL: no-op.
+ * Returns within the call's timeout plus about a second: nng 1.5 can hang
+ * closing a socket (nanomsg/nng#1813); past a second the close goes on in
+ * the background and frees the client if nng ever finishes it.
+ */
 void kvp_client_close(struct kvp_client *c);
 /* Closes without Goodbye: the session and its blocks live until the lease ends. */
 void kvp_client_detach(struct kvp_client *c);

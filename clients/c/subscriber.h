@@ -83,7 +83,7 @@ int kvp_sub_poll(struct kvp_sub *s, uint32_t timeout_ms);
 /* A pool's counters (pool NULL: the first pool). KVP_ENOTFOUND if not followed. */
 int kvp_sub_get_stats(const struct kvp_sub *s, const char *pool, struct kvp_sub_stats *out);
 const char *kvp_sub_last_detail(const struct kvp_sub *s);
-/* NULL: no-op. */
+/* NULL: no-op. Waits for nng at most about a second (see kvp_client_close). */
 void kvp_sub_close(struct kvp_sub *s);
 
 /*
