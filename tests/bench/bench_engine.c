@@ -5,9 +5,11 @@
  * (a raw intrusive list, raw OpenSSL SHA-256), so ratios survive a noisy
  * machine. Prints a Markdown table; BENCHMARKS.md records it.
  *
- * usage: kvp-bench-engine [--quick | --only-b SECONDS | --count-b CYCLES]
+ * usage: kvp-bench-engine [--quick | --only-b SECONDS | --count-a CYCLES | --count-b CYCLES]
  *   --quick    fewer repetitions and no 10M-block pool (for a smoke run)
  *   --only-b   run loop (b) alone for SECONDS (for a profiler)
+ *   --count-a  run exactly CYCLES cycles of loop (a) and of the raw list,
+ *              for callgrind --toggle-collect=cycle_a --toggle-collect=cycle_raw
  *   --count-b  run exactly CYCLES cycles of loop (b) after its warm-up, for
  *              an instruction count: valgrind --tool=callgrind
  *              --toggle-collect=cycle_b counts the warm-up's cycles too, so
@@ -83,40 +85,75 @@ struct rnode {
 	int32_t prev, next;
 };
 
-static double
-raw_list_blocks_per_s(uint32_t n)
+/* Pops 16 from the head and appends them reversed at the tail. */
+#define RAW_CYCLE(b, head, tail, out)                      \
+	do {                                               \
+		int32_t cur = b[head].next;                \
+		for (int i = 0; i < 16; i++) {             \
+			out[i] = cur;                      \
+			cur = b[cur].next;                 \
+		}                                          \
+		b[head].next = cur;                        \
+		b[cur].prev = head;                        \
+		int32_t last = b[tail].prev;               \
+		for (int i = 15; i >= 0; i--) {            \
+			b[last].next = out[i];             \
+			b[out[i]].prev = last;             \
+			last = out[i];                     \
+		}                                          \
+		b[last].next = tail;                       \
+		b[tail].prev = last;                       \
+	} while (0)
+
+static struct rnode *
+raw_list_make(uint32_t n)
 {
 	struct rnode *b = malloc(((size_t)n + 2) * sizeof(*b));
-	int32_t head = (int32_t)n, tail = (int32_t)n + 1, out[16];
-	volatile int32_t sink = 0;
-	double r;
-
+	int32_t head = (int32_t)n, tail = (int32_t)n + 1;
+	if (b == NULL)
+		return NULL;
 	for (uint32_t i = 0; i < n; i++) {
 		b[i].prev = i ? (int32_t)i - 1 : head;
 		b[i].next = i + 1 < n ? (int32_t)i + 1 : tail;
 	}
 	b[head].next = 0;
 	b[tail].prev = (int32_t)n - 1;
+	return b;
+}
+
+static double
+raw_list_blocks_per_s(uint32_t n)
+{
+	struct rnode *b = raw_list_make(n);
+	int32_t head = (int32_t)n, tail = (int32_t)n + 1, out[16];
+	volatile int32_t sink = 0;
+	double r;
+
+	if (b == NULL)
+		return 0;
 	RATE(r, 16, {
-		int32_t cur = b[head].next;
-		for (int i = 0; i < 16; i++) {
-			out[i] = cur;
-			cur = b[cur].next;
-		}
-		b[head].next = cur;
-		b[cur].prev = head;
-		int32_t last = b[tail].prev;
-		for (int i = 15; i >= 0; i--) {
-			b[last].next = out[i];
-			b[out[i]].prev = last;
-			last = out[i];
-		}
-		b[last].next = tail;
-		b[tail].prev = last;
+		RAW_CYCLE(b, head, tail, out);
 		sink += out[0];
 	});
 	free(b);
 	return r;
+}
+
+/* One cycle of each of loop (a)'s two sides, as functions callgrind can count (--count-a). */
+static __attribute__((noinline)) void
+cycle_raw(struct rnode *b, int32_t head, int32_t tail)
+{
+	int32_t out[16];
+	RAW_CYCLE(b, head, tail, out);
+}
+
+static __attribute__((noinline)) void
+cycle_a(struct kvp_pool *p)
+{
+	int32_t ids[16];
+	kvp_pool_get_new_blocks(p, 16, ids);
+	rev16(ids);
+	kvp_pool_free_blocks(p, ids, 16);
 }
 
 /* (a) get_new_blocks(16) then free reversed. */
@@ -126,11 +163,8 @@ loop_a(void)
 	struct kvp_pool *p = mkpool(100000, 16);
 	int32_t ids[16];
 	double r;
-	RATE(r, 16, {
-		kvp_pool_get_new_blocks(p, 16, ids);
-		rev16(ids);
-		kvp_pool_free_blocks(p, ids, 16);
-	});
+	(void)ids;
+	RATE(r, 16, cycle_a(p));
 	kvp_pool_destroy(p);
 	return r;
 }
@@ -408,6 +442,21 @@ main(int argc, char **argv)
 		if (argc > 3)
 			printf("(b) %.0f cycles/s with %s blocks\n",
 			       loop_b_n((uint32_t)atoi(argv[3])), argv[3]);
+		return 0;
+	}
+	if (argc > 2 && strcmp(argv[1], "--count-a") == 0) { /* N cycles of (a) and of the raw list */
+		long cycles = atol(argv[2]);
+		struct kvp_pool *p = mkpool(100000, 16);
+		struct rnode *b = raw_list_make(100000);
+		if (b == NULL)
+			return 1;
+		for (long i = 0; i < cycles; i++) {
+			cycle_a(p);
+			cycle_raw(b, 100000, 100001);
+		}
+		kvp_pool_destroy(p);
+		free(b);
+		printf("(a) %ld cycles of 16 blocks, and of the raw list\n", cycles);
 		return 0;
 	}
 	if (argc > 2 && strcmp(argv[1], "--count-b") == 0) { /* exactly N cycles, for callgrind */
