@@ -183,14 +183,22 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 			if (kvp_map_has_id(&p->map, ids[i]))
 				kvp_map_prefetch_hash(&p->map, p->map.ent[ids[i]].hash);
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		int32_t id = ids[i];
-		if (evict)
-			maybe_evict(p, id);
-		assert(p->blocks[id].ref_cnt == 0);
-		p->blocks[id].ref_cnt = 1;
-		if (p->metrics)
-			kvp_metrics_on_allocated(p->metrics, id);
+	struct kvp_block *b = p->blocks; /* locals: the stores below could alias p's fields */
+	if (!evict && p->metrics == NULL) {
+		for (uint32_t i = 0; i < n; i++) {
+			assert(b[ids[i]].ref_cnt == 0);
+			b[ids[i]].ref_cnt = 1;
+		}
+	} else {
+		for (uint32_t i = 0; i < n; i++) {
+			int32_t id = ids[i];
+			if (evict)
+				maybe_evict(p, id);
+			assert(b[id].ref_cnt == 0);
+			b[id].ref_cnt = 1;
+			if (p->metrics)
+				kvp_metrics_on_allocated(p->metrics, id);
+		}
 	}
 	p->stats.blocks_allocated += n;
 	return KVP_OK;
@@ -270,21 +278,22 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	if (p == NULL || (ids == NULL && n > 0))
 		return KVP_EINVAL;
 	mark = next_stamp(p);
+	struct kvp_block *b = p->blocks;
+	uint32_t nb = p->n;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if (id < 0 || (uint32_t)id >= p->n)
+		if ((uint32_t)id >= nb) /* a negative id too */
 			return KVP_ERANGE;
 		if (id == KVP_NULL_BLOCK)
 			continue;
-		if (p->blocks[id].mark == mark)
+		if (b[id].mark == mark)
 			return KVP_EINVAL;
-		if (p->blocks[id].ref_cnt == 0)
+		if (b[id].ref_cnt == 0)
 			return KVP_ESTATE;
-		p->blocks[id].mark = mark;
+		b[id].mark = mark;
 	}
 	/* Each block appears once, so decrement-then-append in one pass keeps
 	 * vLLM's order (all decrements, then appends in list order). */
-	struct kvp_block *b = p->blocks;
 	int32_t last = b[p->queue.tail].prev;
 	uint32_t appended = 0;
 	for (size_t i = 0; i < n; i++) {
