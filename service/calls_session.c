@@ -277,11 +277,18 @@ drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why, uint64_t
 }
 
 size_t
-kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max)
+kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max, bool *more)
 {
-	size_t n = 0;
-	for (size_t i = 0; i < p->num_sessions && n < max;) {
+	size_t n = 0, looked = 0, i = p->expire_at;
+	/*
+	 * From where the last call stopped: a round of calls looks at each
+	 * session once, however many expire, and no call looks at more than
+	 * KVPD_EXPIRE_SCAN (a dropped session's slot takes the last one, so i
+	 * is looked at again).
+	 */
+	while (i < p->num_sessions && n < max && looked < KVPD_EXPIRE_SCAN) {
 		struct kvpd_session *s = p->sessions[i];
+		looked++;
 		if (now_ms - s->last_seen_ms > s->lease_ms && now_ms > s->last_seen_ms) {
 			drop_session(p, i, KVPD_GONE_EXPIRED, now_ms);
 			p->counters.leases_expired++;
@@ -290,6 +297,8 @@ kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max)
 			i++;
 		}
 	}
+	*more = i < p->num_sessions;
+	p->expire_at = *more ? i : 0;
 	if (n > 0)
 		kvpd_pool_publish(p);
 	return n;

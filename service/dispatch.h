@@ -67,6 +67,7 @@ struct kvpd_pool {
 	struct kvpd_session **sessions;
 	size_t num_sessions, cap_sessions;
 	struct kvpd_u64map session_index; /* session id -> its index in sessions + 1 */
+	size_t expire_at;                 /* where kvpd_pool_expire's round goes on */
 	uint8_t none_fp[8];
 	struct kvpd_stream stream;      /* epoch, seq, replay ring, publisher */
 	bool events_on;                 /* a publisher consumes events (else none are recorded) */
@@ -126,8 +127,15 @@ bool kvpd_pool_release_pending(struct kvpd_pool *p, size_t max);
 /* Publishes the events the last calls produced as one batch (if any). */
 void kvpd_pool_publish(struct kvpd_pool *p);
 
-/* Ends at most max of the pool's sessions whose lease ran out. Returns how many. */
-size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max);
+/*
+ * Ends at most max of the pool's sessions whose lease ran out, looking at
+ * no more than KVPD_EXPIRE_SCAN sessions, from where the previous call
+ * stopped. Returns how many it ended; *more says whether this round has
+ * sessions left to look at (call again, the lock released in between; a
+ * round ends with *more false and the next starts at the first session).
+ */
+#define KVPD_EXPIRE_SCAN 256
+size_t kvpd_pool_expire(struct kvpd_pool *p, uint64_t now_ms, size_t max, bool *more);
 
 /* The pool's engine gauges and counters (for Stats and /metrics). */
 void kvpd_pool_gauges(struct kvpd_pool *p, struct kvpd_pool_gauges *out);

@@ -524,17 +524,19 @@ kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms)
 		/*
 		 * One session per lock hold: each releases at most max-session-refs
 		 * references, so calls wait for one session's release, not for all
-		 * of a burst of expiries.
+		 * of a burst of expiries; and each hold looks at a bounded number
+		 * of sessions, the round going on from where the last one stopped.
 		 */
 		size_t k;
+		bool more;
 		do {
 			nng_mtx_lock(p->lock);
-			k = kvpd_pool_expire(p, now_ms, 1);
+			k = kvpd_pool_expire(p, now_ms, 1, &more);
 			if (k > 0)
 				release_pending(p);
 			nng_mtx_unlock(p->lock);
 			n += k;
-		} while (k > 0);
+		} while (more);
 	}
 	return n;
 }
