@@ -53,10 +53,10 @@ setup(void **state)
 	         dir, dir);
 	if (sh(cmd) != 0)
 		return -1;
-	snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 10000));
+	snprintf(url, sizeof(url), "tls+tcp://127.0.0.1:%d", 22000 + 2 * (int)(getpid() % 4000));
 	char admin[64];
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
-	snprintf(ev_url, sizeof(ev_url), "tls+tcp://127.0.0.1:%d", 30000 + (int)(getpid() % 10000) + 1);
+	snprintf(ev_url, sizeof(ev_url), "tls+tcp://127.0.0.1:%d", 22000 + 2 * (int)(getpid() % 4000) + 1);
 	const char *args[] = {"--rpc", url, "--admin", admin, "--events", ev_url, "--tls-cert", srv_cert,
 	                      "--tls-key", srv_key, "--tls-ca", ca,
 	                      "--pool", "name=default,blocks=16,block_size=4", NULL};

@@ -190,7 +190,7 @@ run_variant(const struct variant *v)
 {
 	char rpc[128], ev[128], admin[64], pub[128], rep[128], sub_ep[128], rep_ep[128];
 	char rank_s[8], rtopic_s[8], delim_s[8], pool[128], n_s[32], line[4096];
-	int base = 30000 + (int)(getpid() % 10000) * 2;
+	int base = 24000 + (int)(getpid() % 2000) * 4; /* below the ephemeral range (32768-) */
 	unsigned seed = (unsigned)time(NULL) ^ (unsigned)getpid();
 
 	printf("vLLM wire %s, replay topic %d, dp rank %d, %s: seed %u\n", v->format,

@@ -499,9 +499,9 @@ main(int argc, char **argv)
 	const char *transports[2] = {"ipc", "tcp"};
 	char ev_urls[2][128], raw_urls[2][128];
 	snprintf(ev_urls[0], 128, "ipc:///tmp/kvpool-bev-pub-%d.ipc", pid);
-	snprintf(ev_urls[1], 128, "tcp://127.0.0.1:%d", 22000 + pid % 20000);
+	snprintf(ev_urls[1], 128, "tcp://127.0.0.1:%d", bench_tcp_port(0));
 	snprintf(raw_urls[0], 128, "ipc:///tmp/kvpool-bev-raw-%d.ipc", pid);
-	snprintf(raw_urls[1], 128, "tcp://127.0.0.1:%d", 42000 + pid % 20000);
+	snprintf(raw_urls[1], 128, "tcp://127.0.0.1:%d", bench_tcp_port(1));
 
 	/* The vLLM wire's daemons too: fork+exec before the first nng call. */
 	struct vllm_bench vb;

@@ -305,9 +305,9 @@ bench_remote(const char *daemon, bool quick, const char *executor)
 	char blocks[64], layers[16], heads[16], head[16];
 
 	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-bench-x-%d.ipc", pid);
-	snprintf(tcp_url, sizeof(tcp_url), "tcp://127.0.0.1:%d", 22000 + pid % 20000);
+	snprintf(tcp_url, sizeof(tcp_url), "tcp://127.0.0.1:%d", bench_tcp_port(0));
 	snprintf(raw_ipc, sizeof(raw_ipc), "ipc:///tmp/kvpool-bench-xraw-%d.ipc", pid);
-	snprintf(raw_tcp, sizeof(raw_tcp), "tcp://127.0.0.1:%d", 42000 + pid % 20000);
+	snprintf(raw_tcp, sizeof(raw_tcp), "tcp://127.0.0.1:%d", bench_tcp_port(1));
 	snprintf(blocks, sizeof(blocks), "name=bench,blocks=%d,block_size=%d,executor=%s",
 	         quick ? 256 : 1024, BS, executor);
 	snprintf(layers, sizeof(layers), "%d", LAYERS);

@@ -415,9 +415,9 @@ main(int argc, char **argv)
 	}
 	int pid = (int)getpid();
 	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-bench-%d.ipc", pid);
-	snprintf(tcp_url, sizeof(tcp_url), "tcp://127.0.0.1:%d", 21000 + pid % 20000);
+	snprintf(tcp_url, sizeof(tcp_url), "tcp://127.0.0.1:%d", bench_tcp_port(0));
 	snprintf(echo_ipc, sizeof(echo_ipc), "ipc:///tmp/kvpool-bench-echo-%d.ipc", pid);
-	snprintf(echo_tcp, sizeof(echo_tcp), "tcp://127.0.0.1:%d", 41000 + pid % 20000);
+	snprintf(echo_tcp, sizeof(echo_tcp), "tcp://127.0.0.1:%d", bench_tcp_port(1));
 
 	/* fork+exec before the first nng call: nng is not fork-safe. */
 	const char *dargv[] = {daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin",

@@ -9,6 +9,17 @@
 #include <unistd.h>
 #include <time.h>
 
+/*
+ * A loopback tcp port for this process, one per slot (0..2), all below
+ * Linux's ephemeral range (32768-60999): a port there may be the local end
+ * of some connection (or its TIME_WAIT), and then cannot be bound.
+ */
+static inline int
+bench_tcp_port(int slot)
+{
+	return 20000 + 4000 * slot + (int)(getpid() % 4000);
+}
+
 /* Monotonic seconds. */
 static inline double
 now(void)
