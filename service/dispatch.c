@@ -140,31 +140,59 @@ kvpd_dispatch_precheck(struct kvpd_pool *p, const struct kvpd_envelope *e, uint6
 }
 
 /*
+ * Makes room for one more entry in p->ages: drops the entries whose reply
+ * has gone (and those already taken from the front), then grows if it is
+ * still over half full. O(1) amortized per entry. False if out of memory.
+ */
+static bool
+ages_reserve(struct kvpd_pool *p)
+{
+	if (p->ages_len < p->ages_cap)
+		return true;
+	size_t k = 0;
+	for (size_t i = p->ages_head; i < p->ages_len; i++) {
+		const struct kvpd_session *s = kvpd_pool_find_session(p, p->ages[i].session_id, NULL);
+		if (s != NULL && kvpd_session_holds_stamp(s, p->ages[i].stamp))
+			p->ages[k++] = p->ages[i];
+	}
+	p->ages_head = 0;
+	p->ages_len = k;
+	if (2 * k < p->ages_cap)
+		return true;
+	size_t cap = p->ages_cap ? 2 * p->ages_cap : 64;
+	struct kvpd_reply_age *v = realloc(p->ages, cap * sizeof(*v));
+	if (v == NULL)
+		return k < p->ages_cap;
+	p->ages = v;
+	p->ages_cap = cap;
+	return true;
+}
+
+/*
  * Stores a mutating call's reply for retries, within the pool's byte budget
- * over every session: the pool's oldest stored replies (whoever's) go first.
- * O(sessions) per reply evicted, which only a pool at its budget pays.
+ * over every session: the pool's oldest stored replies (whoever's) go
+ * first, found at the front of p->ages. Out of memory, the reply is not
+ * stored (as one over the budget is not).
  */
 static void
 remember(struct kvpd_pool *p, struct kvpd_session *s, uint64_t call_id, uint32_t crc,
          const struct kvpd_sink *sink)
 {
 	size_t before = s->cache_bytes;
-	if (sink->len > p->limits.reply_cache_bytes)
+	if (sink->len > p->limits.reply_cache_bytes || !ages_reserve(p))
 		return;
 	kvpd_session_remember(s, call_id, crc, sink->buf, sink->len, ++p->reply_stamp);
+	p->ages[p->ages_len++] = (struct kvpd_reply_age){s->id, p->reply_stamp};
 	p->reply_cache_used = p->reply_cache_used - before + s->cache_bytes;
-	while (p->reply_cache_used > p->limits.reply_cache_bytes) {
-		struct kvpd_session *old = NULL;
-		uint64_t best = UINT64_MAX;
-		for (size_t i = 0; i < p->num_sessions; i++) {
-			uint64_t st = kvpd_session_oldest_stamp(p->sessions[i]);
-			if (st < best) {
-				best = st;
-				old = p->sessions[i];
-			}
-		}
-		if (old == NULL)
-			break; /* cannot happen: the bytes are some session's */
+	while (p->reply_cache_used > p->limits.reply_cache_bytes && p->ages_head < p->ages_len) {
+		/*
+		 * Every stored reply has its entry here and the entries are in
+		 * stamp order, so the front one is its session's oldest, or gone.
+		 */
+		struct kvpd_reply_age a = p->ages[p->ages_head++];
+		struct kvpd_session *old = kvpd_pool_find_session(p, a.session_id, NULL);
+		if (old == NULL || kvpd_session_oldest_stamp(old) != a.stamp)
+			continue;
 		p->reply_cache_used -= kvpd_session_forget_oldest(old);
 		p->counters.replies_forgotten++;
 	}

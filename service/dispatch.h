@@ -57,6 +57,16 @@ struct kvpd_pool {
 	struct kvpd_session **ending;   /* ended sessions whose references are being released */
 	size_t num_ending, cap_ending;
 	uint64_t reply_stamp;           /* order of storing, pool-wide */
+	/*
+	 * Every stored reply's (session id, stamp), oldest first, from
+	 * ages[ages_head]; entries whose reply has gone since are skipped when
+	 * met and dropped when the array is full, so finding the pool's oldest
+	 * stored reply is O(1) amortized, whatever the number of sessions.
+	 */
+	struct kvpd_reply_age {
+		uint64_t session_id, stamp;
+	} *ages;
+	size_t ages_head, ages_len, ages_cap;
 	nng_mtx *lock;
 	struct kvp_pool *pool;
 	struct kvp_hasher *hasher;

@@ -42,6 +42,7 @@ pool_fini(struct kvpd_pool *p)
 		free(p->sessions);
 	}
 	kvpd_u64map_fini(&p->session_index);
+	free(p->ages);
 	(void)kvpd_pool_release_pending(p, SIZE_MAX);
 	free(p->ending);
 	kvp_mgr_destroy(p->mgr);

@@ -261,6 +261,15 @@ kvpd_session_forget_replies(struct kvpd_session *s)
 	return n;
 }
 
+bool
+kvpd_session_holds_stamp(const struct kvpd_session *s, uint64_t stamp)
+{
+	for (unsigned k = 0; k < KVPD_REPLY_CACHE; k++)
+		if (s->cache[k].call_id != 0 && s->cache[k].stamp == stamp)
+			return true;
+	return false;
+}
+
 size_t
 kvpd_session_forget_oldest(struct kvpd_session *s)
 {

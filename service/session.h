@@ -110,6 +110,8 @@ void kvpd_session_remember(struct kvpd_session *s, uint64_t call_id, uint32_t re
                            const uint8_t *reply, size_t len, uint64_t stamp);
 /* The stamp of this session's oldest stored reply; UINT64_MAX if it has none. */
 uint64_t kvpd_session_oldest_stamp(const struct kvpd_session *s);
+/* Whether this session still stores the reply stored with stamp. */
+bool kvpd_session_holds_stamp(const struct kvpd_session *s, uint64_t stamp);
 /* Forgets this session's oldest stored reply; returns the bytes it freed. */
 size_t kvpd_session_forget_oldest(struct kvpd_session *s);
 

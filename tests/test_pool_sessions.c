@@ -1,14 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * Lease expiry at scale, in process (kvpd_core, no sockets, the clock given
- * to each call): a pool with more sessions than one expiry pass looks at
- * (KVPD_EXPIRE_SCAN), half of them kept alive by heartbeats. One
- * kvpd_server_expire ends exactly the others and releases their blocks;
- * every survivor still answers as itself, every ended one is refused.
+ * A pool's sessions at scale, in process (kvpd_core, no sockets, the clock
+ * given to each call).
+ * - Lease expiry: a pool with more sessions than one expiry pass looks at
+ *   (KVPD_EXPIRE_SCAN), half of them kept alive by heartbeats. One
+ *   kvpd_server_expire ends exactly the others and releases their blocks;
+ *   every survivor still answers as itself, every ended one is refused.
+ * - Stored replies over the pool's budget go oldest first, whoever's, while
+ *   sessions overwrite and end theirs: a retried call is answered from the
+ *   store exactly for the newest replies.
  */
 #include "kvp_test.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvpool.pb-c.h"
 #include "service/config.h"
@@ -75,15 +80,44 @@ heartbeat(uint64_t session, uint64_t now_ms)
 	return on_session(session, &rq, now_ms, NULL);
 }
 
+/* Allocate n blocks as call call_id (0: none); their ids into ids if not NULL. */
 static int
-allocate_one(uint64_t session, uint64_t now_ms)
+allocate_n(uint64_t session, uint32_t n, uint64_t call_id, int32_t *ids)
 {
 	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
 	Kvpool__V1__AllocateRequest a = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
-	a.num_blocks = 1;
+	Kvpool__V1__Reply *r;
+	a.num_blocks = n;
+	rq.call_id = call_id;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE;
 	rq.allocate = &a;
-	return on_session(session, &rq, now_ms, NULL);
+	int status = on_session(session, &rq, 1000, &r);
+	if (status == KVP_OK && ids != NULL) {
+		assert_int_equal(r->allocate->n_block_ids, n);
+		memcpy(ids, r->allocate->block_ids, n * sizeof(*ids));
+	}
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return status;
+}
+
+static int
+allocate_one(uint64_t session, uint64_t now_ms)
+{
+	(void)now_ms;
+	return allocate_n(session, 1, 0, NULL);
+}
+
+static int
+free_ids(uint64_t session, const int32_t *ids, size_t n, uint64_t call_id)
+{
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__FreeRequest f = KVPOOL__V1__FREE_REQUEST__INIT;
+	f.block_ids = (int32_t *)ids;
+	f.n_block_ids = n;
+	rq.call_id = call_id;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_FREE;
+	rq.free = &f;
+	return on_session(session, &rq, 1000, NULL);
 }
 
 static void
@@ -126,7 +160,7 @@ open_sessions(uint64_t *id, uint32_t *num_free)
 }
 
 static void
-test_expiry_ends_exactly_the_lapsed_sessions_in_one_call(void **state)
+test_pool_sessions_expiry_ends_exactly_the_lapsed_ones(void **state)
 {
 	static uint64_t id[N];
 	uint32_t sessions, num_free, before;
@@ -158,7 +192,7 @@ test_expiry_ends_exactly_the_lapsed_sessions_in_one_call(void **state)
  * goes on from where the last call stopped until it says there is no more.
  */
 static void
-test_expiry_one_call_looks_at_a_bounded_number(void **state)
+test_pool_sessions_expiry_pass_looks_at_a_bounded_number(void **state)
 {
 	static uint64_t id[N];
 	uint32_t before;
@@ -186,12 +220,101 @@ test_expiry_one_call_looks_at_a_bounded_number(void **state)
 	srv = NULL;
 }
 
+static void
+server_create(char **argv, int argc)
+{
+	struct kvpd_config cfg;
+	char err[512];
+	FILE *devnull = fopen("/dev/null", "w");
+	assert_non_null(devnull);
+	assert_int_equal(kvpd_config_load(&cfg, argc, argv, NULL, devnull, devnull), 0);
+	fclose(devnull);
+	assert_ok(kvpd_server_create(&cfg, &srv, err, sizeof(err)));
+}
+
+/*
+ * Eight sessions: 40 rounds of one small Free each (a session keeps its last
+ * 16 replies, so its older ones go on its own), then 4 rounds of a 48 KB
+ * Allocate and its Free each, 1.3 MB over a 1 MiB budget, one session
+ * ending in between. Retried newest first, the Allocates are answered from
+ * the store (no block taken) down to some point and re-run from there on;
+ * and every small Free, older than them all, is re-run (refused: the block
+ * is no longer the session's).
+ */
+static void
+test_pool_sessions_stored_replies_go_oldest_first(void **state)
+{
+	enum { S = 8, SMALL = 40, BIG = 4, NB = 16000 };
+	char *argv[] = {"kvpoold", "--quiet", "--executor", "none", "--events", "none",
+	                "--reply-cache-mib", "1", "--max-ids", "65536",
+	                "--pool", "name=p,blocks=65536,block_size=4", NULL};
+	static int32_t own[S][SMALL], big[NB];
+	uint64_t id[S];
+	uint32_t sessions, num_free, before;
+	int kept = 0, rerun = 0;
+
+	(void)state;
+	server_create(argv, (int)(sizeof(argv) / sizeof(*argv)) - 1);
+	for (size_t k = 0; k < S; k++) {
+		id[k] = hello(1000);
+		assert_ok(allocate_n(id[k], SMALL, 1, own[k]));
+	}
+	for (uint64_t r = 0; r < SMALL; r++)
+		for (size_t k = 0; k < S; k++)
+			assert_ok(free_ids(id[k], &own[k][r], 1, 100 + r));
+	for (uint64_t r = 0; r < BIG; r++) {
+		for (size_t k = 0; k < S; k++) {
+			if (k == 3 && r >= 1)
+				continue; /* ended after the first round: its replies went with it */
+			assert_ok(allocate_n(id[k], NB, 1000 + r, big));
+			assert_ok(free_ids(id[k], big, NB, 2000 + r));
+		}
+		if (r == 0) {
+			Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+			Kvpool__V1__GoodbyeRequest g = KVPOOL__V1__GOODBYE_REQUEST__INIT;
+			rq.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
+			rq.goodbye = &g;
+			assert_ok(on_session(id[3], &rq, 1000, NULL));
+		}
+	}
+	/* Newest first: answered from the store, then (once one was forgotten) re-run. */
+	for (int r = BIG - 1; r >= 0; r--)
+		for (int k = S - 1; k >= 0; k--) {
+			if (k == 3)
+				continue; /* gone, and its stored replies with it */
+			uint64_t who = id[k];
+			stats(who, 1000, &sessions, &before);
+			assert_ok(allocate_n(who, NB, 1000 + (uint64_t)r, big));
+			stats(who, 1000, &sessions, &num_free);
+			bool answered = num_free == before;
+			if (!answered)
+				assert_ok(free_ids(who, big, NB, 0)); /* give the re-run's blocks back */
+			if (answered) {
+				assert_int_equal(rerun, 0); /* nothing newer was forgotten */
+				kept++;
+			} else {
+				rerun++;
+			}
+		}
+	print_message("Allocate replies retried newest first: %d answered from the store, %d re-run\n",
+	              kept, rerun);
+	assert_true(kept >= 10 && rerun >= 1);
+	/* The small Frees are older than every Allocate: forgotten, so a retry runs again. */
+	for (size_t k = 0; k < S; k++)
+		if (k != 3)
+			assert_status(free_ids(id[k], &own[k][SMALL - 1], 1, 100 + SMALL - 1),
+			              KVP_ENOTOWNER);
+	kvpd_server_destroy(srv);
+	srv = NULL;
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_expiry_ends_exactly_the_lapsed_sessions_in_one_call),
-		cmocka_unit_test(test_expiry_one_call_looks_at_a_bounded_number),
+		cmocka_unit_test(test_pool_sessions_expiry_ends_exactly_the_lapsed_ones),
+		cmocka_unit_test(test_pool_sessions_expiry_pass_looks_at_a_bounded_number),
+		cmocka_unit_test(test_pool_sessions_stored_replies_go_oldest_first),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
