@@ -15,6 +15,7 @@
 
 #include "common/kvp_status.h"
 #include "proto/vllm_wire.h"
+#include "proto/vllm_zmq.h"
 #include "service/ipc.h"
 #include "service/log.h"
 #include "service/ring.h"
@@ -110,23 +111,10 @@ static void
 serve_replay(struct kvpd_vllm *v, struct pub *p)
 {
 	zmq_msg_t f[4];
-	int nf = 0, more = 1;
+	int nf = kvp_vllm_recv_frames(p->router, ZMQ_DONTWAIT, f, 4);
 	bool delim;
 	uint64_t start;
 
-	while (more) {
-		zmq_msg_t m;
-		zmq_msg_init(&m);
-		if (zmq_msg_recv(&m, p->router, ZMQ_DONTWAIT) < 0) {
-			zmq_msg_close(&m);
-			break;
-		}
-		more = zmq_msg_more(&m);
-		if (nf < 4)
-			f[nf++] = m;
-		else
-			zmq_msg_close(&m);
-	}
 	if (nf == 3 && zmq_msg_size(&f[1]) == 0 && zmq_msg_size(&f[2]) == 8)
 		delim = true;
 	else if (nf == 2 && zmq_msg_size(&f[1]) == 8)

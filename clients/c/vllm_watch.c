@@ -19,6 +19,7 @@
 
 #include "common/kvp_status.h"
 #include "proto/vllm_wire.h"
+#include "proto/vllm_zmq.h"
 
 struct watch {
 	const struct kvp_vllm_watch_options *o;
@@ -50,30 +51,6 @@ print_batch(struct watch *w, const char *topic, size_t topic_len, uint64_t seq,
 	w->have_last = true;
 }
 
-/*
- * Receives one whole multipart message: its first cap frames into f (the
- * caller closes them), the rest dropped. Returns how many frames were kept.
- */
-static int
-recv_frames(void *sock, zmq_msg_t *f, int cap)
-{
-	int nf = 0, more = 1;
-	while (more) {
-		zmq_msg_t m;
-		zmq_msg_init(&m);
-		if (zmq_msg_recv(&m, sock, 0) < 0) {
-			zmq_msg_close(&m);
-			break;
-		}
-		more = zmq_msg_more(&m);
-		if (nf < cap)
-			f[nf++] = m;
-		else
-			zmq_msg_close(&m);
-	}
-	return nf;
-}
-
 /* Asks the replay socket for every batch from `from` on; prints those not yet seen. */
 static void
 replay_from(struct watch *w, uint64_t from)
@@ -93,7 +70,7 @@ replay_from(struct watch *w, uint64_t from)
 			fprintf(stderr, "kvpoolctl: replay: no answer within %d ms\n", w->o->timeout_ms);
 			return;
 		}
-		nf = recv_frames(w->replay, f, 4);
+		nf = kvp_vllm_recv_frames(w->replay, 0, f, 4);
 		/* ["", [topic,] seq, payload] */
 		bool done = true;
 		if (nf >= 3 && zmq_msg_size(&f[nf - 2]) == 8) {
@@ -161,7 +138,7 @@ kvp_vllm_watch(const struct kvp_vllm_watch_options *o)
 		}
 		idle_ms = 0;
 		zmq_msg_t f[3];
-		int nf = recv_frames(sub, f, 3);
+		int nf = kvp_vllm_recv_frames(sub, 0, f, 3);
 		if (nf == 3 && zmq_msg_size(&f[1]) == 8) {
 			uint64_t seq = kvp_vllm_seq_get(zmq_msg_data(&f[1]));
 			if (w.have_last && seq > w.last + 1) {
