@@ -67,13 +67,20 @@ kvp_nng_close_bounded(nng_socket s, int grace_ms, void (*then)(void *), void *ar
 		free(c);
 		goto inline_close;
 	}
-	if (pthread_condattr_init(&ca) != 0 || pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) != 0 ||
-	    pthread_cond_init(&c->cv, &ca) != 0) {
+	if (pthread_condattr_init(&ca) != 0) {
 		pthread_mutex_destroy(&c->mu);
 		free(c);
 		goto inline_close;
 	}
+	int crv = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	if (crv == 0)
+		crv = pthread_cond_init(&c->cv, &ca);
 	pthread_condattr_destroy(&ca);
+	if (crv != 0) {
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		goto inline_close;
+	}
 	c->sock = s;
 	c->refs = 2;
 	c->then = then;
