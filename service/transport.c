@@ -33,7 +33,7 @@ struct worker {
 /*
  * The open connections and when each last sent a request (or took a reply):
  * nng pipe id -> that time + 1 (a u64map value is never 0), so the hot path
- * (one update per request) costs one probe.
+ * (one update per request) costs two short probes.
  */
 struct conns {
 	nng_mtx *mu;
