@@ -16,13 +16,17 @@
  * once per block, in a slab of max_key_len bytes per block.
  *
  * Internal to the engine; exposed so tests can check it against vLLM
- * (scenarios C3, C4). Not thread-safe. Never prints.
+ * (scenarios C3, C4). The hot paths (hash, lookup, insert) are inline, at
+ * the end. Not thread-safe. Never prints.
  */
 #ifndef KVP_HASH_MAP_H
 #define KVP_HASH_MAP_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "common/kvp_status.h"
 
 /* Per block id, 16 bytes so one cache line serves every field. */
 struct kvp_map_entry {
@@ -51,15 +55,6 @@ int kvp_map_init(struct kvp_map *m, uint32_t num_ids, uint32_t max_key_len);
 /* Frees the map's memory. Safe on a zeroed or already finalised map. */
 void kvp_map_fini(struct kvp_map *m);
 
-/*
- * Adds block id under key. KVP_EINVAL if len is 0 or over max_key_len or id
- * is out of range; KVP_ESTATE if id is already in the map (a block has at
- * most one hash: vLLM asserts). Nothing changes on error.
- */
-int kvp_map_insert(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id);
-
-/* Returns the first inserted block id still under key, or -1. */
-int32_t kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len);
 
 /*
  * Removes block id from key. Returns 1 if it was there, 0 (no change) if the
@@ -94,11 +89,6 @@ kvp_map_next_same_key(const struct kvp_map *m, int32_t id)
 	return m->ent[id].next;
 }
 
-/*
- * The hash of a key. Callers that touch many keys at once hash them first
- * and prefetch (below) so the cache misses overlap instead of queueing.
- */
-uint32_t kvp_map_hash(const uint8_t *key, size_t len);
 
 /* Hints that block id's entry, or the bucket a hash starts at, is needed soon. */
 static inline void
@@ -121,13 +111,212 @@ kvp_map_prefetch_hash(const struct kvp_map *m, uint32_t hash)
 #endif
 }
 
-/* kvp_map_insert / kvp_map_lookup with the key's hash already computed. */
-int kvp_map_insert_hashed(struct kvp_map *m, const uint8_t *key, size_t len, uint32_t hash,
-                          int32_t id);
-int32_t kvp_map_lookup_hashed(const struct kvp_map *m, const uint8_t *key, size_t len,
-                              uint32_t hash);
 
 /* Empties the map (vLLM replaces it with a fresh one). O(buckets + ids). */
 void kvp_map_clear(struct kvp_map *m);
+
+
+/*
+ * ---- The hot paths, inline ----
+ * The pool inserts, looks up and hashes once or more per block on every
+ * call; as calls these cost more than their bodies (callgrind,
+ * kvp-bench-engine --count-b), so they live here. kvp_map__* is internal.
+ */
+#if defined(__GNUC__)
+#define KVP_MAP__HOT static inline __attribute__((always_inline))
+#else
+#define KVP_MAP__HOT static inline
+#endif
+/* The common key: a 32-byte block hash and a 4-byte group id. */
+#define KVP_MAP__KEY36 36u
+
+static inline uint64_t
+kvp_map__load64(const uint8_t *p)
+{
+	uint64_t w;
+	memcpy(&w, p, 8);
+	return w;
+}
+
+static inline uint64_t
+kvp_map__fmix64(uint64_t h)
+{
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdull;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ull;
+	h ^= h >> 33;
+	return h;
+}
+
+/* kvp_map_hash for every length but 36 (out of line). */
+uint32_t kvp_map__hash_any(const uint8_t *k, size_t len);
+
+/*
+ * The hash of a key. Keys are mostly SHA-256 output (already uniform)
+ * followed by a small group id, but tests and callers may pass short or
+ * patterned keys, so every byte is mixed in. Callers that touch many keys
+ * at once hash them first and prefetch (below) so the misses overlap.
+ */
+KVP_MAP__HOT uint32_t
+kvp_map_hash(const uint8_t *k, size_t len)
+{
+	if (len != KVP_MAP__KEY36)
+		return kvp_map__hash_any(k, len);
+	/* The common key in straight-line code; independent lanes so the multiplies overlap. */
+	uint64_t a = 0x9e3779b97f4a7c15ull ^ len, b = 0xbf58476d1ce4e5b9ull;
+	uint32_t g;
+	memcpy(&g, k + 32, 4);
+	a ^= (kvp_map__load64(k) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
+	b ^= (kvp_map__load64(k + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+	a += (kvp_map__load64(k + 16) ^ 0xc4ceb9fe1a85ec53ull) * 0x9e3779b97f4a7c15ull;
+	b += (kvp_map__load64(k + 24) ^ 0xbf58476d1ce4e5b9ull) * 0x94d049bb133111ebull;
+	b ^= ((uint64_t)g + 1) * 0xc4ceb9fe1a85ec53ull;
+	return (uint32_t)kvp_map__fmix64(a ^ ((b << 31) | (b >> 33)));
+}
+
+/* Key equality; keys are short (36 bytes for a plain hash) so a word loop beats a call. */
+static inline int
+kvp_map__key_equal(const uint8_t *x, const uint8_t *y, size_t len)
+{
+	if (len == KVP_MAP__KEY36) { /* the common key, branch-free */
+		uint32_t a, b;
+		memcpy(&a, x + 32, 4);
+		memcpy(&b, y + 32, 4);
+		return ((kvp_map__load64(x) ^ kvp_map__load64(y)) |
+		        (kvp_map__load64(x + 8) ^ kvp_map__load64(y + 8)) |
+		        (kvp_map__load64(x + 16) ^ kvp_map__load64(y + 16)) |
+		        (kvp_map__load64(x + 24) ^ kvp_map__load64(y + 24)) | (uint64_t)(a ^ b)) == 0;
+	}
+	while (len >= 8) {
+		if (kvp_map__load64(x) != kvp_map__load64(y))
+			return 0;
+		x += 8;
+		y += 8;
+		len -= 8;
+	}
+	while (len > 0) {
+		if (*x++ != *y++)
+			return 0;
+		len--;
+	}
+	return 1;
+}
+
+/* A bucket: (hash32 << 32) | (head id + 1); 0 = empty. */
+static inline uint64_t
+kvp_map__bucket(uint32_t hash, int32_t head)
+{
+	return ((uint64_t)hash << 32) | (uint32_t)(head + 1);
+}
+
+static inline int32_t
+kvp_map__head(uint64_t b)
+{
+	return (int32_t)(uint32_t)b - 1;
+}
+
+static inline uint32_t
+kvp_map__bhash(uint64_t b)
+{
+	return (uint32_t)(b >> 32);
+}
+
+static inline const uint8_t *
+kvp_map__slot(const struct kvp_map *m, int32_t id)
+{
+	return m->keys + (size_t)id * m->max_key_len;
+}
+
+/*
+ * The probe: the bucket index holding key, or (*found false) the empty
+ * bucket where it would go.
+ */
+KVP_MAP__HOT uint32_t
+kvp_map__probe(const struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h, int *found)
+{
+	for (uint32_t i = h & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t b = m->buckets[i];
+		if (b == 0) {
+			*found = 0;
+			return i;
+		}
+		if (kvp_map__bhash(b) == h) {
+			int32_t id = kvp_map__head(b);
+			if (m->ent[id].len == len && kvp_map__key_equal(kvp_map__slot(m, id), key, len)) {
+				*found = 1;
+				return i;
+			}
+		}
+	}
+}
+
+/* kvp_map_lookup with the key's hash already computed. */
+KVP_MAP__HOT int32_t
+kvp_map_lookup_hashed(const struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h)
+{
+	int found;
+	if (len == 0 || len > m->max_key_len)
+		return -1;
+	uint32_t i = kvp_map__probe(m, key, len, h, &found);
+	return found ? kvp_map__head(m->buckets[i]) : -1;
+}
+
+/* Returns the first inserted block id still under key, or -1. */
+KVP_MAP__HOT int32_t
+kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len)
+{
+	if (len == 0 || len > m->max_key_len)
+		return -1;
+	return kvp_map_lookup_hashed(m, key, len, kvp_map_hash(key, len));
+}
+
+/*
+ * kvp_map_insert with the key's hash already computed. KVP_EINVAL if len is
+ * 0 or over max_key_len or id is out of range; KVP_ESTATE if id is already
+ * in the map (a block has at most one hash: vLLM asserts). Nothing changes
+ * on error.
+ */
+KVP_MAP__HOT int
+kvp_map_insert_hashed(struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h, int32_t id)
+{
+	int found;
+	if (len == 0 || len > m->max_key_len || id < 0 || (uint32_t)id >= m->num_ids)
+		return KVP_EINVAL;
+	struct kvp_map_entry *e = &m->ent[id];
+	if (e->len != 0)
+		return KVP_ESTATE;
+	/* One probe: it ends at the key's bucket, or at the empty bucket it takes. */
+	uint32_t bi = kvp_map__probe(m, key, len, h, &found);
+	uint8_t *dst = m->keys + (size_t)id * m->max_key_len;
+	if (len == KVP_MAP__KEY36)
+		memcpy(dst, key, KVP_MAP__KEY36); /* moves, not a call */
+	else
+		memcpy(dst, key, len);
+	e->len = (uint16_t)len;
+	e->hash = h;
+	e->next = -1;
+	if (found) {
+		int32_t head = kvp_map__head(m->buckets[bi]);
+		int32_t tail = m->ent[head].prev;
+		m->ent[tail].next = id;
+		e->prev = tail;
+		m->ent[head].prev = id;
+	} else {
+		m->buckets[bi] = kvp_map__bucket(h, id);
+		e->prev = id;
+		m->num_keys++;
+	}
+	return KVP_OK;
+}
+
+/* Adds block id under key (see kvp_map_insert_hashed). */
+static inline int
+kvp_map_insert(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
+{
+	if (len == 0 || len > m->max_key_len)
+		return KVP_EINVAL;
+	return kvp_map_insert_hashed(m, key, len, kvp_map_hash(key, len), id);
+}
 
 #endif /* KVP_HASH_MAP_H */
