@@ -52,7 +52,24 @@ start(const char *name, const char *const *extra)
 static void
 stop(void)
 {
-	assert_int_equal(daemon_stop(daemon_pid), 0);
+	pid_t pid = daemon_pid;
+	daemon_pid = 0;
+	assert_int_equal(daemon_stop(pid), 0);
+}
+
+/*
+ * After each test: a daemon a failed test left running is stopped, so the
+ * next test's daemon can take the admin port and the failure stays one.
+ */
+static int
+stop_leftover(void **state)
+{
+	(void)state;
+	if (daemon_pid > 0) {
+		(void)daemon_stop(daemon_pid);
+		daemon_pid = 0;
+	}
+	return 0;
 }
 
 static struct kvp_client *
@@ -500,6 +517,7 @@ test_limits_sigterm_under_load_exits_within_drain(void **state)
 	double t0 = now_s();
 	assert_int_equal(kill(daemon_pid, SIGTERM), 0);
 	int rv = daemon_stop(daemon_pid);
+	daemon_pid = 0; /* reaped */
 	double took = now_s() - t0;
 	atomic_store(&stop, 1);
 	long calls = 0;
@@ -553,7 +571,9 @@ test_limits_call_survives_its_connection_reset(void **state)
 		sleep_ms(1);
 	sleep_ms(3); /* the call is on its way or being hashed (tens of ms) */
 	assert_int_equal(kill(daemon_pid, SIGKILL), 0);
-	assert_int_equal(waitpid(daemon_pid, NULL, 0), daemon_pid);
+	pid_t killed = daemon_pid;
+	daemon_pid = 0; /* reaped below, whatever the assertion says */
+	assert_int_equal(waitpid(killed, NULL, 0), killed);
 	start("reset", extra);
 	pthread_join(th, NULL);
 	print_message("the call after its daemon died: %s: %s\n", kvp_status_name(f.rv), f.detail);
@@ -567,15 +587,16 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_limits_refs_over_every_session_are_bounded),
-		cmocka_unit_test(test_limits_sessions_end_in_any_order_and_stay_themselves),
-		cmocka_unit_test(test_limits_one_session_cannot_take_every_request),
-		cmocka_unit_test(test_limits_stored_replies_are_bounded_per_pool),
-		cmocka_unit_test(test_limits_session_id_alone_acts_on_nothing),
-		cmocka_unit_test(test_limits_goodbye_releases_in_slices),
-		cmocka_unit_test(test_limits_open_files_limit_is_said_on_both_sides),
-		cmocka_unit_test(test_limits_sigterm_under_load_exits_within_drain),
-		cmocka_unit_test(test_limits_call_survives_its_connection_reset),
+		cmocka_unit_test_teardown(test_limits_refs_over_every_session_are_bounded, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_sessions_end_in_any_order_and_stay_themselves,
+		                          stop_leftover),
+		cmocka_unit_test_teardown(test_limits_one_session_cannot_take_every_request, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_stored_replies_are_bounded_per_pool, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_session_id_alone_acts_on_nothing, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_goodbye_releases_in_slices, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_open_files_limit_is_said_on_both_sides, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_sigterm_under_load_exits_within_drain, stop_leftover),
+		cmocka_unit_test_teardown(test_limits_call_survives_its_connection_reset, stop_leftover),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
