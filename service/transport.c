@@ -214,11 +214,6 @@ worker_cb(void *arg)
 		}
 		msg = nng_aio_get_msg(w->aio);
 		nng_aio_set_msg(w->aio, NULL); /* ours now: the aio holds only what nng must send */
-		if (atomic_load(&t->closing)) {
-			/* Drained: a request that arrives now is not started (its client retries). */
-			nng_msg_free(msg);
-			return;
-		}
 		atomic_fetch_add(&t->in_flight, 1);
 		w->pipe = nng_msg_get_pipe(msg);
 		conn_touch(t, w->pipe);
