@@ -63,6 +63,10 @@ make_req(struct kvp_hasher *h, uint64_t r, struct req *q)
 	(void)kvp_hash_request(h, NULL, q->prompt, PROMPT, BS, NULL, 0, q->hashes, MAXB, &q->nh);
 }
 
+/* Seconds the timed steps of the last step run spent in their Lookups and
+ * inside kvp_client_batch; µs per step once the run ends. */
+static double lookup_s, batch_s;
+
 /* One step: free the oldest, decode the rest, admit `admit` new ones. */
 static int
 step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *first, uint64_t *next,
@@ -77,6 +81,7 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 	uint32_t hit[64];
 	int rv;
 
+	double t = now();
 	for (int k = 0; k < admit; k++) {
 		struct req *q = &reqs[*next + (uint64_t)k];
 		/* vLLM's get_computed_blocks: at most (160 - 1) / 16 blocks. */
@@ -86,6 +91,7 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 			return die(c, "lookup", rv);
 		hit[k] = ht;
 	}
+	lookup_s += now() - t;
 	kvp_batch_clear(b);
 	for (int k = 0; k < finish; k++)
 		kvp_batch_free_request(b, *first + (uint64_t)k + 1, false);
@@ -108,7 +114,9 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 		(*next)++;
 	}
 	size_t run;
+	t = now();
 	rv = kvp_client_batch(c, b, &run);
+	batch_s += now() - t;
 	if (rv != KVP_OK)
 		return die(c, "step batch", rv);
 	return 0;
@@ -122,6 +130,16 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
  */
 int kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n, double *us,
                          double *cpu_us);
+/* The mean µs per timed step of the last step run spent in its 8 Lookups
+ * (which 0) or inside kvp_client_batch (which 1, the Batch's round trip), for
+ * bench_python.py's split of the step. */
+double kvp_bench_client_phase_us(int which);
+
+double
+kvp_bench_client_phase_us(int which)
+{
+	return which == 0 ? lookup_s : batch_s;
+}
 
 int
 kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n, double *us,
@@ -179,12 +197,15 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 		uint64_t first = 0, next = 0;
 		for (int w = 0; w < RUNNING / 32 && !err; w++)
 			err = step(c, b, reqs, &first, &next, 32, 0);
+		lookup_s = batch_s = 0;
 		t0 = now();
 		c0 = cpu_now();
 		for (long s = 0; s < n && !err; s++)
 			err = step(c, b, reqs, &first, &next, TURNOVER, TURNOVER);
 		t1 = now();
 		c1 = cpu_now();
+		lookup_s = lookup_s / (double)n * 1e6;
+		batch_s = batch_s / (double)n * 1e6;
 		kvp_batch_destroy(b);
 		kvp_hasher_destroy(h);
 		free(reqs);

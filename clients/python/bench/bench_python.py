@@ -79,9 +79,92 @@ def py_step(m, reqs, running, nxt, admit, finish, mark=None):
     return nxt + admit
 
 
+class _StubStep:
+    """A Step that does nothing: what the interpreter alone costs to make
+    the step's calls (py_step_floor)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
+                       new_computed_blocks=None, num_lookahead_tokens=0,
+                       num_external_computed_tokens=0, delay_cache_blocks=False,
+                       num_encoder_tokens=0, full_sequence_must_fit=False):
+        self.n += 1
+        return self.n - 1
+
+    def free(self, request):
+        self.n += 1
+        return self.n - 1
+
+    def commit(self):
+        return [()] * self.n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+class _StubManager:
+    """RemoteKVCacheManager's step-mode surface with nothing behind it."""
+
+    def get_computed_blocks(self, request):
+        return (), 0
+
+    def step(self):
+        return _StubStep()
+
+
+def py_step_floor(reqs, n):
+    """µs per step of py_step's own Python (its loops and the calls it
+    makes, vLLM's call shape) on _StubManager: no package, no network. The
+    least any Python client of this shape adds."""
+    running, nxt, m = [], 0, _StubManager()
+    for _ in range(RUNNING // 32):
+        nxt = py_step(m, reqs, running, nxt, 32, 0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def timed_phases(m, acc):
+    """Wraps m.get_computed_blocks and the package's one Batch send
+    (Batch._transmit, which makes the same kvp_client_batch call the C
+    client makes) to add their seconds to acc[0] and acc[1]; returns a
+    function that undoes the wraps."""
+    import kvpool.batch as kb
+    orig, gcb = kb.Batch._transmit, m.get_computed_blocks
+
+    def _transmit(self):
+        t = time.perf_counter()
+        try:
+            return orig(self)
+        finally:
+            acc[1] += time.perf_counter() - t
+
+    def get_computed_blocks(request):
+        t = time.perf_counter()
+        try:
+            return gcb(request)
+        finally:
+            acc[0] += time.perf_counter() - t
+    kb.Batch._transmit = _transmit
+    m.get_computed_blocks = get_computed_blocks
+
+    def undo():
+        kb.Batch._transmit = orig
+        del m.get_computed_blocks
+    return undo
+
+
 def py_run(kvpool, url, pool, mode, n):
-    """(wall µs, process CPU µs) per op, as kvp-bench-client reports them."""
+    """(wall µs, process CPU µs, µs in the step's Lookups and in its Batch
+    send or None) per op, as kvp-bench-client reports them."""
     from kvpool.vllm import RemoteKVCacheManager
+    acc, undo = [0.0, 0.0], None
     with kvpool.Client(url, pool=pool, timeout_ms=10000) as c:
         if mode == "stats":
             t0, c0 = time.perf_counter(), time.process_time()
@@ -98,10 +181,15 @@ def py_run(kvpool, url, pool, mode, n):
             running, nxt = [], 0
             for _ in range(RUNNING // 32):
                 nxt = py_step(m, reqs, running, nxt, 32, 0)
+            undo = timed_phases(m, acc)
             t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(n):
-                nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
-        return ((time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6)
+            try:
+                for _ in range(n):
+                    nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
+            finally:
+                undo()
+        return ((time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6,
+                [a / n * 1e6 for a in acc] if undo else None)
 
 
 def py_breakdown(kvpool, url, pool, n):
@@ -134,13 +222,15 @@ def py_breakdown(kvpool, url, pool, n):
 
 
 def c_run(mod, url, pool, mode, n):
-    """The C client's (wall µs, process CPU µs) per op, in this process."""
+    """The C client's (wall µs, process CPU µs, µs in the step's Lookups and
+    in its Batch send or None) per op, in this process."""
     us, cpu = ctypes.c_double(), ctypes.c_double()
     rv = mod.kvp_bench_client_run(url.encode(), pool.encode(), mode.encode(), n,
                                   ctypes.byref(us), ctypes.byref(cpu))
     if rv != 0:
         raise RuntimeError(f"kvp_bench_client_run {mode}: {rv}")
-    return us.value, cpu.value
+    return us.value, cpu.value, ([mod.kvp_bench_client_phase_us(k) for k in (0, 1)]
+                                 if mode == "step" else None)
 
 
 def main():
@@ -164,6 +254,8 @@ def main():
     mod.kvp_bench_client_run.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                          ctypes.c_long, ctypes.POINTER(ctypes.c_double),
                                          ctypes.POINTER(ctypes.c_double)]
+    mod.kvp_bench_client_phase_us.restype = ctypes.c_double
+    mod.kvp_bench_client_phase_us.argtypes = [ctypes.c_int]
     counts = {"stats": 2000, "alloc": 2000, "step": 40}
     if a.quick:
         counts = {"stats": 200, "alloc": 200, "step": 5}
@@ -199,6 +291,8 @@ def main():
                 res[(mode, "py")].append(py_run(kvpool, url, pool or f"step-py{r}", mode, n))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
         bd = py_breakdown(kvpool, url, "step-bd", counts["step"]) if a.breakdown else None
+        floor_reqs = [Req(r, kvpool.Hasher("0")) for r in range(RUNNING + 200 * TURNOVER)]
+        floor = statistics.median(py_step_floor(floor_reqs, 200) for _ in range(a.rounds))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -218,6 +312,16 @@ def main():
               f"{cc:.1f} | {pc:.1f} | {(pc - cc) / cw * 100:.1f}% |")
     cs, ps = med["step"]
     print(f"| step, µs per request call | {cs / calls:.2f} | {ps / calls:.2f} | | | | | |")
+    cl, pl = (statistics.median(v[2][0] for v in res[("step", w)]) for w in ("c", "py"))
+    cb, pb = (statistics.median(v[2][1] for v in res[("step", w)]) for w in ("c", "py"))
+    for label, c, p in ((f"the {TURNOVER} Lookups (get_computed_blocks)", cl, pl),
+                        ("the step's Batch send (kvp_client_batch)", cb, pb),
+                        ("the rest (building the Batch, reading its results)",
+                         cs - cl - cb, ps - pl - pb)):
+        print(f"| - {label}, µs | {c:.1f} | {p:.1f} | {p / c:.3f} | "
+              f"{(p - c) / cs * 100:.1f}% of C's step | | | |")
+    print(f"| the step's calls on a stub manager (py_step_floor: no package, no network), µs "
+          f"| | {floor:.1f} | | {floor / cs * 100:.1f}% of C's step | | | |")
     if bd:
         print(f"\nThe Python step's phases (medians of {counts['step']} steps, µs):\n")
         print("| phase | µs |\n|---|---|")
