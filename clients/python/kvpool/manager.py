@@ -3,13 +3,16 @@
 daemon's request-level calls (AllocateSlots, FreeRequest, Lookup), one
 round trip per call, or one Batch per scheduler step (Step)."""
 from array import array
-from operator import sub
+from operator import attrgetter, itemgetter, sub
 from ctypes import byref, c_int32, c_size_t, c_uint32
 
 from . import _lib as L
 from .client import _raise
 from .errors import NoSpace, NotSupported
 from .vllm import KVCacheBlock, KVCacheBlocks, _Remote, _Req, _request_keys
+
+_all_tokens, _sent, _wire_id = (attrgetter(a) for a in ("all_token_ids", "sent", "wire_id"))
+_last = itemgetter(-1)
 
 
 class RemoteKVCacheManager(_Remote):
@@ -290,30 +293,31 @@ def _released(req):
 class _Run:
     """Consecutive decode-shaped allocate_slots calls of a Step (a request
     the daemon has, no prefix hit, lookahead or delay), added to the batch
-    with one C call and read back with one."""
-    __slots__ = ("items", "targets", "ntok", "first")
+    with one C call and read back with one. Kept as parallel lists so that
+    queueing one is three appends and each pass over them runs in C (map)."""
+    __slots__ = ("requests", "reqs", "nnew", "targets", "ntok", "first")
 
     def __init__(self):
-        self.items = []     # (request, _Req, num_new_tokens)
+        self.requests = []  # vLLM's Request objects
+        self.reqs = []      # their _Req mirrors
+        self.nnew = []      # num_new_tokens
         self.targets = self.ntok = None
         self.first = -1
 
     def add_to(self, batch):
         """Adds the calls; each request's tokens are read now."""
-        items = self.items
-        tokens = [request.all_token_ids for request, _, _ in items]
-        sent = [req.sent for _, req, _ in items]
+        reqs = self.reqs
+        tokens = list(map(_all_tokens, self.requests))
         self.targets = targets = list(map(len, tokens))
-        self.ntok = ntok = array("I", map(sub, targets, sent))
+        self.ntok = ntok = array("I", map(sub, targets, map(_sent, reqs)))
         if len(ntok) and min(ntok) == 1 and max(ntok) == 1:  # a decode step: one token each
-            toks = array("q", [t[-1] for t in tokens])
+            toks = array("q", map(_last, tokens))
         else:
             toks = array("q")
-            for t, k in zip(tokens, sent):
+            for t, k in zip(tokens, map(_sent, reqs)):
                 toks.extend(t[k:])
-        ids = array("Q", [req.wire_id for _, req, _ in items])
-        nnew = array("I", [n for _, _, n in items])
-        self.first = batch._add_slots_run(ids, nnew, ntok, toks)
+        ids = array("Q", map(_wire_id, reqs))
+        self.first = batch._add_slots_run(ids, array("I", self.nnew), ntok, toks)
 
 
 class Step:
@@ -359,7 +363,9 @@ class Step:
             if run is None:
                 run = self._run = _Run()
                 self._ops.append(run)
-            run.items.append((request, req, num_new_tokens))
+            run.requests.append(request)
+            run.reqs.append(req)
+            run.nnew.append(num_new_tokens)
             self._queued.add(rid)
             self._count += 1
             return self._count - 1
@@ -404,7 +410,7 @@ class Step:
             for op in self._ops:
                 if isinstance(op, _Run):
                     self._run_results(op, out)
-                    k += len(op.items)
+                    k += len(op.reqs)
                     continue
                 if op[0] == "noop":
                     out.append(None)
@@ -435,25 +441,24 @@ class Step:
 
     def _run_results(self, run, out):
         mgr, batch = self._mgr, self._batch
-        n, ng = len(run.items), mgr.num_kv_cache_groups
+        reqs, first = run.reqs, run.first
+        n, ng = len(reqs), mgr.num_kv_cache_groups
         st, comp, rows = array("i", bytes(4 * n)), array("I", bytes(4 * n)), \
             array("I", bytes(4 * n * ng))
-        cap = sum(x[2] for x in run.items) * ng + 2 * n * ng
+        cap = (sum(run.nnew) + 2 * n) * ng
         ids = array("i", bytes(4 * cap))
         got = c_size_t()
         rv = L.kvp_batch_slots_results(
-            batch._b, run.first, n, ng, (c_int32 * n).from_buffer(st),
+            batch._b, first, n, ng, (c_int32 * n).from_buffer(st),
             (c_uint32 * n).from_buffer(comp), (c_uint32 * (n * ng)).from_buffer(rows),
             (c_int32 * cap).from_buffer(ids), cap, byref(got))
         if rv != 0:
             _raise(rv, "step: cannot read the AllocateSlots results")
         empty, blocks, null = mgr.empty_kv_cache_blocks, mgr._blocks, mgr.null_block
-        items, first = run.items, run.first
         if not mgr._plain:
-            for item in items:  # vLLM's remove_skipped_blocks, before the new blocks
-                mgr._drop_skipped(item[1], item[1].computed)
-        for item, target, computed in zip(items, run.targets, comp):
-            req = item[1]
+            for req in reqs:  # vLLM's remove_skipped_blocks, before the new blocks
+                mgr._drop_skipped(req, req.computed)
+        for req, target, computed in zip(reqs, run.targets, comp):
             req.sent = target
             req.computed = computed
         res = [empty] * n
@@ -464,12 +469,12 @@ class Step:
                 e = batch._result(first + j).error
                 res[j] = None
                 if not isinstance(e, NoSpace):
-                    items[j][1].sent = run.targets[j] - run.ntok[j]
+                    reqs[j].sent = run.targets[j] - run.ntok[j]
                     err = err or e
         off = 0
         totals = [sum(rows[j * ng:(j + 1) * ng]) for j in range(n)] if ng > 1 else rows
         for j in [j for j, k in enumerate(totals) if k]:
-            req, new = items[j][1], []
+            req, new = reqs[j], []
             for g in range(ng):
                 k = rows[j * ng + g]
                 if k and not mgr._plain:
