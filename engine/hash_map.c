@@ -54,9 +54,10 @@ kvp_map_init(struct kvp_map *m, uint32_t num_ids, uint32_t max_key_len)
 	if (num_ids == 0 || num_ids > INT32_MAX - 2 || max_key_len == 0 ||
 	    max_key_len > UINT16_MAX)
 		return KVP_EINVAL;
-	while (nb < 2ull * num_ids)
+	/* At most a quarter full (a half for over 2^30 ids): short probes and shifts. */
+	while (nb < 4ull * num_ids && nb < (1ull << 32))
 		nb <<= 1;
-	if (nb > (1ull << 32))
+	if (nb < 2ull * num_ids)
 		return KVP_EINVAL;
 	m->mask = (uint32_t)(nb - 1);
 	m->num_ids = num_ids;
@@ -82,8 +83,8 @@ kvp_map_fini(struct kvp_map *m)
 }
 
 /* Backward-shift deletion of bucket i (linear probing, no tombstones). */
-static void
-delete_bucket(struct kvp_map *m, uint32_t i)
+void
+kvp_map__delete_bucket(struct kvp_map *m, uint32_t i)
 {
 	uint32_t j = i;
 
@@ -104,54 +105,6 @@ delete_bucket(struct kvp_map *m, uint32_t i)
 	m->num_keys--;
 }
 
-/* Unlinks id (known to be under the key held by bucket bi). */
-KVP_MAP__HOT void
-unlink_id(struct kvp_map *m, uint32_t bi, int32_t id)
-{
-	int32_t head = kvp_map__head(m->buckets[bi]);
-	int32_t tail = m->ent[head].prev;
-	int32_t nx = m->ent[id].next;
-
-	if (id == head) {
-		if (nx < 0) {
-			delete_bucket(m, bi);
-		} else {
-			m->ent[nx].prev = tail;
-			m->buckets[bi] = kvp_map__bucket(kvp_map__bhash(m->buckets[bi]), nx);
-		}
-	} else {
-		int32_t pv = m->ent[id].prev;
-		m->ent[pv].next = nx;
-		if (nx >= 0)
-			m->ent[nx].prev = pv;
-		else
-			m->ent[head].prev = pv; /* id was the tail */
-	}
-	m->ent[id].len = 0;
-}
-
-/*
- * The bucket of the key id is under. Most keys have one block, so a bucket
- * whose head is id itself is found without reading any key bytes.
- */
-KVP_MAP__HOT int64_t
-bucket_of_id(const struct kvp_map *m, int32_t id)
-{
-	const struct kvp_map_entry *e = &m->ent[id];
-
-	for (uint32_t i = e->hash & m->mask;; i = (i + 1) & m->mask) {
-		uint64_t b = m->buckets[i];
-		if (b == 0)
-			return -1;
-		if (kvp_map__bhash(b) != e->hash)
-			continue;
-		int32_t head = kvp_map__head(b);
-		if (head == id ||
-		    (m->ent[head].len == e->len && kvp_map__key_equal(kvp_map__slot(m, head), kvp_map__slot(m, id), e->len)))
-			return i;
-	}
-}
-
 int
 kvp_map_pop(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
 {
@@ -160,21 +113,16 @@ kvp_map_pop(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
 	if (id < 0 || (uint32_t)id >= m->num_ids || m->ent[id].len != len ||
 	    !kvp_map__key_equal(kvp_map__slot(m, id), key, len))
 		return 0;
-	if ((bi = bucket_of_id(m, id)) < 0)
+	if ((bi = kvp_map__bucket_of_id(m, id)) < 0)
 		return 0; /* unreachable while the map is consistent */
-	unlink_id(m, (uint32_t)bi, id);
+	kvp_map__unlink_id(m, (uint32_t)bi, id);
 	return 1;
 }
 
 int
 kvp_map_remove_id(struct kvp_map *m, int32_t id)
 {
-	int64_t bi;
-
-	if (m->ent[id].len == 0 || (bi = bucket_of_id(m, id)) < 0)
-		return 0;
-	unlink_id(m, (uint32_t)bi, id);
-	return 1;
+	return kvp_map__remove_id(m, id);
 }
 
 void
