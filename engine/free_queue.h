@@ -97,21 +97,28 @@ kvp_queue_popleft(struct kvp_queue *q)
 	return kvp_queue_popleft_n(q, 1, &id) == KVP_OK ? id : -1;
 }
 
-/* Unlinks block id from anywhere. KVP_ENOTFOUND if it is not linked. */
-static inline int
-kvp_queue_remove(struct kvp_queue *q, int32_t id)
+/*
+ * Unlinks block id, which the caller knows is linked, from the queue over b
+ * (q->blocks), leaving num_free to the caller: for loops that count once.
+ */
+static inline void
+kvp_queue__unlink(struct kvp_block *b, int32_t id)
 {
-	struct kvp_block *b = q->blocks;
-	int32_t p, nx;
+	int32_t p = b[id].prev, nx = b[id].next;
 
-	if (!kvp_queue_contains(q, id))
-		return KVP_ENOTFOUND;
-	p = b[id].prev;
-	nx = b[id].next;
 	b[p].next = nx;
 	b[nx].prev = p;
 	b[id].prev = KVP_QUEUE_UNLINKED;
 	b[id].next = KVP_QUEUE_UNLINKED;
+}
+
+/* Unlinks block id from anywhere. KVP_ENOTFOUND if it is not linked. */
+static inline int
+kvp_queue_remove(struct kvp_queue *q, int32_t id)
+{
+	if (!kvp_queue_contains(q, id))
+		return KVP_ENOTFOUND;
+	kvp_queue__unlink(q->blocks, id);
 	q->num_free--;
 	return KVP_OK;
 }

@@ -10,7 +10,8 @@
  * path never allocates.
  *
  * Layout: open addressing with linear probing and backward-shift deletion
- * (no tombstones), at most 50% load. A bucket packs the key's 32-bit hash
+ * (no tombstones), at most 25% load (50% past 2^30 ids): 8 bytes of bucket
+ * per key at least 4 times over. A bucket packs the key's 32-bit hash
  * and the id of the key's first block; the blocks of one key form a
  * doubly linked FIFO (the head's prev points at the tail). Keys are stored
  * once per block, in a slab of max_key_len bytes per block.
@@ -153,6 +154,25 @@ kvp_map__fmix64(uint64_t h)
 uint32_t kvp_map__hash_any(const uint8_t *k, size_t len);
 
 /*
+ * kvp_map_hash of a 36-byte key given as its 32 hash bytes and its group id
+ * (the key's last 4 bytes, big-endian): the same value, without building the
+ * key. For lookups, which would otherwise copy the hash into a key first.
+ */
+KVP_MAP__HOT uint32_t
+kvp_map__hash_hg(const uint8_t *hash, const uint8_t group_be[4])
+{
+	uint64_t a = 0x9e3779b97f4a7c15ull ^ KVP_MAP__KEY36, b = 0xbf58476d1ce4e5b9ull;
+	uint32_t g;
+	memcpy(&g, group_be, 4);
+	a ^= (kvp_map__load64(hash) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
+	b ^= (kvp_map__load64(hash + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+	a += (kvp_map__load64(hash + 16) ^ 0xc4ceb9fe1a85ec53ull) * 0x9e3779b97f4a7c15ull;
+	b += (kvp_map__load64(hash + 24) ^ 0xbf58476d1ce4e5b9ull) * 0x94d049bb133111ebull;
+	b ^= ((uint64_t)g + 1) * 0xc4ceb9fe1a85ec53ull;
+	return (uint32_t)kvp_map__fmix64(a ^ ((b << 31) | (b >> 33)));
+}
+
+/*
  * The hash of a key. Keys are mostly SHA-256 output (already uniform)
  * followed by a small group id, but tests and callers may pass short or
  * patterned keys, so every byte is mixed in. Callers that touch many keys
@@ -164,15 +184,7 @@ kvp_map_hash(const uint8_t *k, size_t len)
 	if (len != KVP_MAP__KEY36)
 		return kvp_map__hash_any(k, len);
 	/* The common key in straight-line code; independent lanes so the multiplies overlap. */
-	uint64_t a = 0x9e3779b97f4a7c15ull ^ len, b = 0xbf58476d1ce4e5b9ull;
-	uint32_t g;
-	memcpy(&g, k + 32, 4);
-	a ^= (kvp_map__load64(k) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
-	b ^= (kvp_map__load64(k + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
-	a += (kvp_map__load64(k + 16) ^ 0xc4ceb9fe1a85ec53ull) * 0x9e3779b97f4a7c15ull;
-	b += (kvp_map__load64(k + 24) ^ 0xbf58476d1ce4e5b9ull) * 0x94d049bb133111ebull;
-	b ^= ((uint64_t)g + 1) * 0xc4ceb9fe1a85ec53ull;
-	return (uint32_t)kvp_map__fmix64(a ^ ((b << 31) | (b >> 33)));
+	return kvp_map__hash_hg(k, k + 32);
 }
 
 /* Key equality; keys are short (36 bytes for a plain hash) so a word loop beats a call. */
@@ -203,6 +215,19 @@ kvp_map__key_equal(const uint8_t *x, const uint8_t *y, size_t len)
 	return 1;
 }
 
+/* kvp_map__key_equal of a stored 36-byte key and (32 hash bytes, group bytes). */
+static inline int
+kvp_map__key_equal_hg(const uint8_t *x, const uint8_t *hash, const uint8_t group_be[4])
+{
+	uint32_t a, b;
+	memcpy(&a, x + 32, 4);
+	memcpy(&b, group_be, 4);
+	return ((kvp_map__load64(x) ^ kvp_map__load64(hash)) |
+	        (kvp_map__load64(x + 8) ^ kvp_map__load64(hash + 8)) |
+	        (kvp_map__load64(x + 16) ^ kvp_map__load64(hash + 16)) |
+	        (kvp_map__load64(x + 24) ^ kvp_map__load64(hash + 24)) | (uint64_t)(a ^ b)) == 0;
+}
+
 /* A bucket: (hash32 << 32) | (head id + 1); 0 = empty. */
 static inline uint64_t
 kvp_map__bucket(uint32_t hash, int32_t head)
@@ -224,6 +249,13 @@ kvp_map__bhash(uint64_t b)
 
 static inline const uint8_t *
 kvp_map__slot(const struct kvp_map *m, int32_t id)
+{
+	return m->keys + (size_t)id * m->max_key_len;
+}
+
+/* The slot to write a key into before kvp_map__insert_slot. */
+static inline uint8_t *
+kvp_map__slot_mut(struct kvp_map *m, int32_t id)
 {
 	return m->keys + (size_t)id * m->max_key_len;
 }
@@ -272,27 +304,40 @@ kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len)
 }
 
 /*
- * kvp_map_insert with the key's hash already computed. KVP_EINVAL if len is
- * 0 or over max_key_len or id is out of range; KVP_ESTATE if id is already
- * in the map (a block has at most one hash: vLLM asserts). Nothing changes
- * on error.
+ * kvp_map_lookup of the 36-byte key (hash, group_be) without building it:
+ * the first inserted block id still under it, or -1. The map must take
+ * 36-byte keys (max_key_len >= 36).
  */
-KVP_MAP__HOT int
-kvp_map_insert_hashed(struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h, int32_t id)
+KVP_MAP__HOT int32_t
+kvp_map__lookup_hg(const struct kvp_map *m, const uint8_t *hash, const uint8_t group_be[4])
+{
+	uint32_t h = kvp_map__hash_hg(hash, group_be);
+	for (uint32_t i = h & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t b = m->buckets[i];
+		if (b == 0)
+			return -1;
+		if (kvp_map__bhash(b) == h) {
+			int32_t id = kvp_map__head(b);
+			if (m->ent[id].len == KVP_MAP__KEY36 &&
+			    kvp_map__key_equal_hg(kvp_map__slot(m, id), hash, group_be))
+				return id;
+		}
+	}
+}
+
+/*
+ * Inserts block id, whose key (len bytes) the caller has already written to
+ * the id's slot (kvp_map__slot), with the key's hash h. Internal: the caller
+ * has checked that len is 1..max_key_len, id is in range and not in the map.
+ */
+KVP_MAP__HOT void
+kvp_map__insert_slot(struct kvp_map *m, int32_t id, size_t len, uint32_t h)
 {
 	int found;
-	if (len == 0 || len > m->max_key_len || id < 0 || (uint32_t)id >= m->num_ids)
-		return KVP_EINVAL;
 	struct kvp_map_entry *e = &m->ent[id];
-	if (e->len != 0)
-		return KVP_ESTATE;
-	/* One probe: it ends at the key's bucket, or at the empty bucket it takes. */
-	uint32_t bi = kvp_map__probe(m, key, len, h, &found);
-	uint8_t *dst = m->keys + (size_t)id * m->max_key_len;
-	if (len == KVP_MAP__KEY36)
-		memcpy(dst, key, KVP_MAP__KEY36); /* moves, not a call */
-	else
-		memcpy(dst, key, len);
+	/* One probe: it ends at the key's bucket, or at the empty bucket it takes.
+	 * id is no bucket's head, so the probe never compares its slot with itself. */
+	uint32_t bi = kvp_map__probe(m, kvp_map__slot(m, id), len, h, &found);
 	e->len = (uint16_t)len;
 	e->hash = h;
 	e->next = -1;
@@ -307,7 +352,92 @@ kvp_map_insert_hashed(struct kvp_map *m, const uint8_t *key, size_t len, uint32_
 		e->prev = id;
 		m->num_keys++;
 	}
+}
+
+/*
+ * kvp_map_insert with the key's hash already computed. KVP_EINVAL if len is
+ * 0 or over max_key_len or id is out of range; KVP_ESTATE if id is already
+ * in the map (a block has at most one hash: vLLM asserts). Nothing changes
+ * on error.
+ */
+KVP_MAP__HOT int
+kvp_map_insert_hashed(struct kvp_map *m, const uint8_t *key, size_t len, uint32_t h, int32_t id)
+{
+	if (len == 0 || len > m->max_key_len || id < 0 || (uint32_t)id >= m->num_ids)
+		return KVP_EINVAL;
+	if (m->ent[id].len != 0)
+		return KVP_ESTATE;
+	uint8_t *dst = m->keys + (size_t)id * m->max_key_len;
+	if (len == KVP_MAP__KEY36)
+		memcpy(dst, key, KVP_MAP__KEY36); /* moves, not a call */
+	else
+		memcpy(dst, key, len);
+	kvp_map__insert_slot(m, id, len, h);
 	return KVP_OK;
+}
+
+/* Out of line: the rest of a removal once a key's last block goes. */
+void kvp_map__delete_bucket(struct kvp_map *m, uint32_t i);
+
+/* Unlinks id (known to be under the key held by bucket bi). */
+KVP_MAP__HOT void
+kvp_map__unlink_id(struct kvp_map *m, uint32_t bi, int32_t id)
+{
+	int32_t head = kvp_map__head(m->buckets[bi]);
+	int32_t tail = m->ent[head].prev;
+	int32_t nx = m->ent[id].next;
+
+	if (id == head) {
+		if (nx < 0) {
+			kvp_map__delete_bucket(m, bi);
+		} else {
+			m->ent[nx].prev = tail;
+			m->buckets[bi] = kvp_map__bucket(kvp_map__bhash(m->buckets[bi]), nx);
+		}
+	} else {
+		int32_t pv = m->ent[id].prev;
+		m->ent[pv].next = nx;
+		if (nx >= 0)
+			m->ent[nx].prev = pv;
+		else
+			m->ent[head].prev = pv; /* id was the tail */
+	}
+	m->ent[id].len = 0;
+}
+
+/*
+ * The bucket of the key id is under. Most keys have one block, so a bucket
+ * whose head is id itself is found without reading any key bytes.
+ */
+KVP_MAP__HOT int64_t
+kvp_map__bucket_of_id(const struct kvp_map *m, int32_t id)
+{
+	const struct kvp_map_entry *e = &m->ent[id];
+
+	for (uint32_t i = e->hash & m->mask;; i = (i + 1) & m->mask) {
+		uint64_t b = m->buckets[i];
+		if (b == 0)
+			return -1;
+		if (kvp_map__bhash(b) != e->hash)
+			continue;
+		int32_t head = kvp_map__head(b);
+		if (head == id || (m->ent[head].len == e->len &&
+		                   kvp_map__key_equal(kvp_map__slot(m, head), kvp_map__slot(m, id),
+		                                      e->len)))
+			return i;
+	}
+}
+
+/* kvp_map_remove_id, inline for the pool's eviction. */
+KVP_MAP__HOT int
+kvp_map__remove_id(struct kvp_map *m, int32_t id)
+{
+	int64_t bi;
+
+	if (m->ent[id].len == 0 || (bi = kvp_map__bucket_of_id(m, id)) < 0)
+		return 0;
+	kvp_map__unlink_id(m, (uint32_t)bi, id);
+	return 1;
 }
 
 /* Adds block id under key (see kvp_map_insert_hashed). */

@@ -123,7 +123,7 @@ next_stamp(struct kvp_pool *p)
 }
 
 /* _maybe_evict_cached_block; the caller reserved room for one event. */
-static void
+static inline __attribute__((always_inline)) void
 maybe_evict(struct kvp_pool *p, int32_t id)
 {
 	size_t len;
@@ -137,7 +137,7 @@ maybe_evict(struct kvp_pool *p, int32_t id)
 		kvp_event_append_removed(&p->events, key, len - GROUP_LEN, p->medium,
 		                         kvp_map_key_group(key, len));
 	}
-	kvp_map_remove_id(&p->map, id);
+	kvp_map__remove_id(&p->map, id);
 	p->num_hashed--;
 	p->stats.blocks_evicted++;
 }
@@ -211,19 +211,14 @@ lookup_group(const struct kvp_pool *p, uint8_t *key, size_t hash_len, uint32_t g
 	return kvp_map_lookup(&p->map, key, hash_len + GROUP_LEN);
 }
 
-int
-kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
-                          const uint32_t *groups, size_t ngroups, int32_t *ids)
+/* kvp_pool_get_cached_block for several groups or a hash that is not 32 bytes. */
+static __attribute__((noinline)) int
+get_cached_slow(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
+                const uint32_t *groups, size_t ngroups, int32_t *ids)
 {
 	uint8_t key[MAX_KEY];
 
-	if (p == NULL || hash == NULL || hash_len == 0 || hash_len > p->max_hash_len ||
-	    (ngroups > 0 && (groups == NULL || ids == NULL)))
-		return KVP_EINVAL;
-	if (hash_len == KVP_HASH_LEN)
-		memcpy(key, hash, KVP_HASH_LEN); /* a constant size compiles to moves */
-	else
-		memcpy(key, hash, hash_len);
+	memcpy(key, hash, hash_len);
 	if (ngroups == 1) {
 		int32_t id = lookup_group(p, key, hash_len, groups[0]);
 		if (id < 0)
@@ -241,32 +236,58 @@ kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t 
 }
 
 int
+kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
+                          const uint32_t *groups, size_t ngroups, int32_t *ids)
+{
+	if (p == NULL || hash == NULL || hash_len == 0 || hash_len > p->max_hash_len ||
+	    (ngroups > 0 && (groups == NULL || ids == NULL)))
+		return KVP_EINVAL;
+	if (hash_len != KVP_HASH_LEN || ngroups != 1)
+		return get_cached_slow(p, hash, hash_len, groups, ngroups, ids);
+	/* The common call: one group, a 32-byte hash, and no key to build. */
+	uint8_t gbe[GROUP_LEN];
+	kvp_map_key_put_group(gbe, groups[0]);
+	int32_t id = kvp_map__lookup_hg(&p->map, hash, gbe);
+	if (id < 0)
+		return KVP_ENOTFOUND;
+	ids[0] = id;
+	return KVP_OK;
+}
+
+int
 kvp_pool_touch(struct kvp_pool *p, const int32_t *ids, size_t n)
 {
 	if (p == NULL || (ids == NULL && n > 0))
 		return KVP_EINVAL;
+	struct kvp_block *b = p->blocks; /* locals: the stores below could alias p's fields */
+	uint32_t nb = p->n;
+	struct kvp_metrics *mt = p->metrics;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if (id < 0 || (uint32_t)id >= p->n)
+		if ((uint32_t)id >= nb) /* a negative id too */
 			return KVP_ERANGE;
 		if (id == KVP_NULL_BLOCK)
 			continue;
 		/* Duplicates add up; refuse anything that could overflow. */
-		if (p->blocks[id].ref_cnt > INT32_MAX - (int64_t)n)
+		if (b[id].ref_cnt > INT32_MAX - (int64_t)n)
 			return KVP_ESTATE;
-		if (p->blocks[id].ref_cnt == 0 && !kvp_queue_contains(&p->queue, id))
+		if (b[id].ref_cnt == 0 && !kvp_queue_contains(&p->queue, id))
 			return KVP_ESTATE; /* vLLM raises; impossible while invariants hold */
 	}
+	uint32_t unlinked = 0;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (id != KVP_NULL_BLOCK) {
-			if (p->blocks[id].ref_cnt == 0)
-				(void)kvp_queue_remove(&p->queue, id);
-			p->blocks[id].ref_cnt++;
+			if (b[id].ref_cnt == 0) { /* queued (checked above): take it out */
+				kvp_queue__unlink(b, id);
+				unlinked++;
+			}
+			b[id].ref_cnt++;
 		}
-		if (p->metrics)
-			kvp_metrics_on_accessed(p->metrics, id);
+		if (mt)
+			kvp_metrics_on_accessed(mt, id);
 	}
+	p->queue.num_free -= unlinked;
 	return KVP_OK;
 }
 
@@ -317,7 +338,6 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 {
 	uint32_t k, nc, nf, mark;
 	size_t hlen, stored = 0;
-	uint8_t key[MAX_KEY];
 	int rv;
 
 	if (p == NULL || a == NULL || (blocks == NULL && num_blocks > 0))
@@ -336,19 +356,44 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	    a->num_block_hashes / k < nf || (a->token_ids == NULL && a->num_tokens > 0) ||
 	    kvp_request_keys_validate(a->keys) != KVP_OK)
 		return KVP_EINVAL;
+	/*
+	 * One pass checks every block and stages its key: built in the block's
+	 * own slot of the map's key slab, hashed into its (unused) map entry,
+	 * its bucket prefetched so the buckets' misses overlap. A block not in
+	 * the map has no key, so a refused call leaves nothing visible behind.
+	 */
+	struct kvp_block *b = p->blocks; /* locals: the stores below could alias p's fields */
+	uint32_t nblk = p->n;
+	size_t klen = hlen + GROUP_LEN;
+	uint8_t gbe[GROUP_LEN];
+	kvp_map_key_put_group(gbe, a->group_id);
 	mark = next_stamp(p);
 	for (uint32_t i = nc; i < nf; i++) {
 		int32_t id = blocks[i];
-		if (id < 0 || (uint32_t)id >= p->n)
+		if ((uint32_t)id >= nblk) /* a negative id too */
 			return KVP_ERANGE;
 		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
 			continue;
-		if (p->blocks[id].mark == mark)
+		if (b[id].mark == mark)
 			return KVP_EINVAL;
-		if (kvp_map_has_id(&p->map, id) || p->blocks[id].ref_cnt == 0)
+		if (kvp_map_has_id(&p->map, id) || b[id].ref_cnt == 0)
 			return KVP_ESTATE;
-		p->blocks[id].mark = mark;
+		b[id].mark = mark;
 		stored++;
+		uint8_t *key = kvp_map__slot_mut(&p->map, id);
+		const uint8_t *h = a->block_hashes + (size_t)i * hlen;
+		uint32_t kh;
+		if (hlen == KVP_HASH_LEN) {
+			memcpy(key, h, KVP_HASH_LEN); /* a constant size: moves */
+			memcpy(key + KVP_HASH_LEN, gbe, GROUP_LEN);
+			kh = kvp_map__hash_hg(h, gbe);
+		} else {
+			memcpy(key, h, hlen);
+			memcpy(key + hlen, gbe, GROUP_LEN);
+			kh = kvp_map_hash(key, klen);
+		}
+		p->map.ent[id].hash = kh;
+		kvp_map_prefetch_hash(&p->map, kh);
 	}
 	if (p->events_on) {
 		size_t per = kvp_extra_keys_max_len(a->keys);
@@ -388,51 +433,23 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		};
 		kvp_event_stored_begin(&p->events, &d);
 	}
-	/*
-	 * Hash the keys a chunk at a time and prefetch their buckets before
-	 * inserting, so the buckets' cache misses overlap.
-	 */
-	enum { CHUNK = 32, KEY1 = KVP_HASH_LEN + GROUP_LEN };
-	uint32_t khash[CHUNK];
-	uint8_t k1[CHUNK][KEY1]; /* the chunk's keys when a block has one hash (the usual case) */
-	bool one = hlen == KVP_HASH_LEN;
 	int64_t mm_idx = 0;
 	for (uint32_t i = nc; i < nf; i++) {
 		int32_t id = blocks[i];
-		const uint8_t *h = a->block_hashes + (size_t)i * hlen, *ki = key;
-		uint32_t c = (i - nc) % CHUNK;
-		if (c == 0) {
-			for (uint32_t j = i; j < nf && j < i + CHUNK; j++) {
-				uint8_t *kj = one ? k1[j - i] : key;
-				if (one)
-					memcpy(kj, a->block_hashes + (size_t)j * KVP_HASH_LEN, KVP_HASH_LEN);
-				else
-					memcpy(kj, a->block_hashes + (size_t)j * hlen, hlen);
-				kvp_map_key_put_group(kj + hlen, a->group_id);
-				khash[j - i] = kvp_map_hash(kj, hlen + GROUP_LEN);
-				kvp_map_prefetch_hash(&p->map, khash[j - i]);
-			}
-		}
 		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
 			continue;
-		if (one) {
-			ki = k1[c];
-		} else {
-			memcpy(key, h, hlen);
-			kvp_map_key_put_group(key + hlen, a->group_id);
-		}
-		rv = kvp_map_insert_hashed(&p->map, ki, hlen + GROUP_LEN, khash[c], id);
-		assert(rv == KVP_OK);
-		p->num_hashed++;
+		kvp_map__insert_slot(&p->map, id, klen, p->map.ent[id].hash);
 		if (p->events_on) {
 			size_t elen = 0;
 			int64_t start = (int64_t)i * a->block_size;
 			rv = kvp_extra_keys_encode(a->keys, start, start + a->block_size, &mm_idx,
 			                           p->extra_buf, p->extra_cap, &elen);
 			assert(rv == KVP_OK);
-			kvp_event_stored_add(&p->events, h, p->extra_buf, elen);
+			kvp_event_stored_add(&p->events, a->block_hashes + (size_t)i * hlen,
+			                     p->extra_buf, elen);
 		}
 	}
+	p->num_hashed += stored;
 	if (p->events_on)
 		kvp_event_stored_end(&p->events);
 	p->stats.blocks_stored += stored;

@@ -170,6 +170,50 @@ test_hash_map_random_churn_keeps_survivors_findable(void **state)
 	kvp_map_fini(&m);
 }
 
+/*
+ * The pool's no-copy paths (a 32-byte hash and a group given apart) agree
+ * with the key-based ones: same hash, same lookups, and a key written in a
+ * block's slot inserts like kvp_map_insert.
+ */
+static void
+test_hash_map_split_key_paths_match_key_paths(void **state)
+{
+	struct kvp_map m;
+	enum { N = 200 };
+	uint8_t keys[N][36];
+
+	(void)state;
+	assert_ok(kvp_map_init(&m, N, 36));
+	srand(7);
+	for (int i = 0; i < N; i++) {
+		for (int b = 0; b < 32; b++)
+			keys[i][b] = (uint8_t)rand();
+		mkkey(keys[i] + 32, "", (uint32_t)(i % 3)); /* the group: the last 4 bytes */
+		if (i % 5 == 4) /* some keys shared by two blocks */
+			memcpy(keys[i], keys[i - 1], 36);
+		assert_int_equal(kvp_map__hash_hg(keys[i], keys[i] + 32), kvp_map_hash(keys[i], 36));
+		if (i % 2) {
+			assert_ok(kvp_map_insert(&m, keys[i], 36, i));
+		} else {
+			memcpy(kvp_map__slot_mut(&m, i), keys[i], 36);
+			kvp_map__insert_slot(&m, i, 36, kvp_map_hash(keys[i], 36));
+		}
+	}
+	for (int i = 0; i < N; i++) {
+		int32_t want = kvp_map_lookup(&m, keys[i], 36);
+		assert_true(want >= 0 && want <= i);
+		assert_int_equal(kvp_map__lookup_hg(&m, keys[i], keys[i] + 32), want);
+		uint8_t other[4] = {0xff, 0xff, 0xff, 0xff}; /* no key has this group */
+		assert_int_equal(kvp_map__lookup_hg(&m, keys[i], other), -1);
+	}
+	for (int i = 0; i < N; i += 2)
+		assert_int_equal(kvp_map_remove_id(&m, i), 1);
+	for (int i = 1; i < N; i += 2)
+		assert_int_equal(kvp_map__lookup_hg(&m, keys[i], keys[i] + 32),
+		                 kvp_map_lookup(&m, keys[i], 36));
+	kvp_map_fini(&m);
+}
+
 int
 main(void)
 {
@@ -179,6 +223,7 @@ main(void)
 		cmocka_unit_test(test_hash_map_c4_pop_multi_entry_fifo),
 		cmocka_unit_test(test_hash_map_bad_insert_is_rejected_unchanged),
 		cmocka_unit_test(test_hash_map_random_churn_keeps_survivors_findable),
+		cmocka_unit_test(test_hash_map_split_key_paths_match_key_paths),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
