@@ -362,7 +362,9 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	 * its bucket prefetched so the buckets' misses overlap. A block not in
 	 * the map has no key, so a refused call leaves nothing visible behind.
 	 */
-	struct kvp_block *b = p->blocks; /* locals: the stores below could alias p's fields */
+	struct kvp_block *b = p->blocks; /* locals: the stores below could alias p's and a's fields */
+	const bool *mask = a->block_mask;
+	const bool events = p->events_on;
 	uint32_t nblk = p->n;
 	size_t klen = hlen + GROUP_LEN;
 	uint8_t gbe[GROUP_LEN];
@@ -372,7 +374,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		int32_t id = blocks[i];
 		if ((uint32_t)id >= nblk) /* a negative id too */
 			return KVP_ERANGE;
-		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
+		if (id == KVP_NULL_BLOCK || (mask && !mask[i - nc]))
 			continue;
 		if (b[id].mark == mark)
 			return KVP_EINVAL;
@@ -436,10 +438,10 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	int64_t mm_idx = 0;
 	for (uint32_t i = nc; i < nf; i++) {
 		int32_t id = blocks[i];
-		if (id == KVP_NULL_BLOCK || (a->block_mask && !a->block_mask[i - nc]))
+		if (id == KVP_NULL_BLOCK || (mask && !mask[i - nc]))
 			continue;
 		kvp_map__insert_slot(&p->map, id, klen, p->map.ent[id].hash);
-		if (p->events_on) {
+		if (events) {
 			size_t elen = 0;
 			int64_t start = (int64_t)i * a->block_size;
 			rv = kvp_extra_keys_encode(a->keys, start, start + a->block_size, &mm_idx,
