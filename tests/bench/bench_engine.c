@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "bench_util.h"
+#include "bench_cycle_b.h"
 
 #include "common/block_hash.h"
 #include "common/kvp_status.h"
@@ -54,16 +55,6 @@ mkpool(uint32_t n, uint32_t bs)
 	struct kvp_pool *p;
 	check(kvp_pool_create(&cfg, &p), "pool create");
 	return p;
-}
-
-static void
-rev16(int32_t *a)
-{
-	for (int i = 0; i < 8; i++) {
-		int32_t t = a[i];
-		a[i] = a[15 - i];
-		a[15 - i] = t;
-	}
 }
 
 /* Runs body until min_seconds pass; stores operations per second in out. */
@@ -152,7 +143,7 @@ cycle_a(struct kvp_pool *p)
 {
 	int32_t ids[16];
 	kvp_pool_get_new_blocks(p, 16, ids);
-	rev16(ids);
+	bench_rev16(ids);
 	kvp_pool_free_blocks(p, ids, 16);
 }
 
@@ -169,65 +160,13 @@ loop_a(void)
 	return r;
 }
 
-/* (b) allocate 16, cache 16 unique hashes, free reversed, 16 lookups, touch, free reversed. */
-struct bstate {
-	struct kvp_pool *p;
-	uint8_t hashes[16 * KVP_HASH_LEN];
-	uint64_t counter;
-	struct kvp_cache_args a;
-};
-
-/* One cycle; its own function so that callgrind can count it (--toggle-collect=cycle_b). */
-static __attribute__((noinline)) void
-cycle_b(struct bstate *s, bool lookups)
-{
-	int32_t ids[16], hits[16];
-	const uint32_t g0 = 0;
-
-	kvp_pool_get_new_blocks(s->p, 16, ids);
-	for (int i = 0; i < 16; i++) {
-		s->counter++;
-		memcpy(s->hashes + i * KVP_HASH_LEN, &s->counter, sizeof(s->counter));
-	}
-	kvp_pool_cache_full_blocks(s->p, ids, 16, &s->a);
-	if (!lookups) {
-		kvp_pool_free_blocks(s->p, ids, 16);
-		return;
-	}
-	rev16(ids);
-	kvp_pool_free_blocks(s->p, ids, 16);
-	for (int i = 0; i < 16; i++)
-		kvp_pool_get_cached_block(s->p, s->hashes + i * KVP_HASH_LEN, KVP_HASH_LEN, &g0, 1,
-		                          &hits[i]);
-	kvp_pool_touch(s->p, hits, 16);
-	rev16(hits);
-	kvp_pool_free_blocks(s->p, hits, 16);
-}
-
-/*
- * Warms a pool of nblocks up to the steady state, untimed: until every
- * block has been cached once, allocation evicts nothing and the pool's
- * pages are still being mapped, which flatters short runs.
- */
-static void
-warm_b(struct bstate *s, uint32_t nblocks)
-{
-	memset(s, 0, sizeof(*s));
-	s->p = mkpool(nblocks, 16);
-	s->a = (struct kvp_cache_args){.block_hashes = s->hashes, .num_block_hashes = 16,
-	                               .num_full_blocks = 16, .block_size = 16};
-	memset(s->hashes, 0x5a, sizeof(s->hashes));
-	for (uint32_t w = 0; w < 2 * nblocks / 16; w++)
-		cycle_b(s, false);
-}
-
 static double
 loop_b_n(uint32_t nblocks)
 {
 	struct bstate s;
 	double r;
 
-	warm_b(&s, nblocks);
+	warm_b(&s, mkpool(nblocks, 16), nblocks);
 	RATE(r, 1, cycle_b(&s, true));
 	check(kvp_pool_check(s.p, NULL, 0), "invariants after loop b");
 	kvp_pool_destroy(s.p);
@@ -462,7 +401,7 @@ main(int argc, char **argv)
 	if (argc > 2 && strcmp(argv[1], "--count-b") == 0) { /* exactly N cycles, for callgrind */
 		struct bstate st;
 		long cycles = atol(argv[2]);
-		warm_b(&st, 100000);
+		warm_b(&st, mkpool(100000, 16), 100000);
 		for (long i = 0; i < cycles; i++)
 			cycle_b(&st, true);
 		check(kvp_pool_check(st.p, NULL, 0), "invariants after loop b");
