@@ -2,6 +2,8 @@
 #include "engine/hash_map.h"
 
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "common/big_alloc.h"
 #include "common/kvp_status.h"
@@ -9,21 +11,22 @@
 /* The cold paths (init, removal, clear); the hot ones are inline in hash_map.h. */
 
 uint32_t
-kvp_map__hash_any(const uint8_t *k, size_t len)
+kvp_map__hash_any(const struct kvp_map *m, const uint8_t *k, size_t len)
 {
-	uint64_t a = 0x9e3779b97f4a7c15ull ^ len, b = 0xbf58476d1ce4e5b9ull;
+	const uint64_t *s = m->seed;
+	uint64_t a = s[0] ^ (len * 0x9e3779b97f4a7c15ull), b = s[1];
 	size_t n = len;
 
 	while (n >= 16) {
-		a += (kvp_map__load64(k) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
-		b += (kvp_map__load64(k + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
+		a += (kvp_map__load64(k) ^ s[2]) * 0x2545f4914f6cdd1dull;
+		b += (kvp_map__load64(k + 8) ^ s[3]) * 0xff51afd7ed558ccdull;
 		a = (a << 29) | (a >> 35);
 		b = (b << 31) | (b >> 33);
 		k += 16;
 		n -= 16;
 	}
 	if (n >= 8) {
-		a ^= kvp_map__load64(k) * 0xc4ceb9fe1a85ec53ull;
+		a ^= (kvp_map__load64(k) ^ s[4]) * 0xc4ceb9fe1a85ec53ull;
 		k += 8;
 		n -= 8;
 	}
@@ -31,12 +34,40 @@ kvp_map__hash_any(const uint8_t *k, size_t len)
 		uint32_t x, y;
 		memcpy(&x, k, 4);
 		memcpy(&y, k + n - 4, 4);
-		b ^= ((uint64_t)x << 32 | y) * 0x9e3779b97f4a7c15ull;
+		b ^= (((uint64_t)x << 32 | y) ^ s[5]) * 0x9e3779b97f4a7c15ull;
 	} else if (n > 0) {
 		uint64_t t = (uint64_t)k[0] << 16 | (uint64_t)k[n / 2] << 8 | k[n - 1];
-		b ^= (t + 1) * 0x9e3779b97f4a7c15ull;
+		b ^= ((t + 1) ^ s[5]) * 0x9e3779b97f4a7c15ull;
 	}
 	return (uint32_t)kvp_map__fmix64(a ^ (b * 0x2545f4914f6cdd1dull));
+}
+
+/*
+ * A fresh secret for the map's hash. From the kernel's generator; should it
+ * fail (a sandbox without getrandom), from the clock and the map's address,
+ * mixed: weaker, but still not a value a peer can know in advance.
+ */
+static void
+seed_map(struct kvp_map *m)
+{
+	uint8_t *dst = (uint8_t *)m->seed;
+	size_t got = 0;
+
+	while (got < sizeof(m->seed)) {
+		ssize_t r = getrandom(dst + got, sizeof(m->seed) - got, GRND_NONBLOCK);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	if (got == sizeof(m->seed))
+		return;
+	struct timespec ts;
+	timespec_get(&ts, TIME_UTC);
+	uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)m;
+	for (size_t i = 0; i < sizeof(m->seed) / sizeof(m->seed[0]); i++) {
+		x += 0x9e3779b97f4a7c15ull; /* splitmix64 */
+		m->seed[i] = kvp_map__fmix64(x);
+	}
 }
 
 static size_t
@@ -61,6 +92,7 @@ kvp_map_init(struct kvp_map *m, uint32_t num_ids, uint32_t max_key_len)
 		return KVP_EINVAL;
 	m->mask = (uint32_t)(nb - 1);
 	m->num_ids = num_ids;
+	seed_map(m);
 	m->max_key_len = max_key_len;
 	/* Zeroed lazily by the kernel, so creation stays cheap. */
 	m->buckets = kvp_big_alloc(bucket_bytes(m));

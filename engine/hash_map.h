@@ -46,6 +46,7 @@ struct kvp_map {
 	uint32_t max_key_len;
 	struct kvp_map_entry *ent; /* per id */
 	uint8_t *keys;       /* per id: max_key_len bytes */
+	uint64_t seed[6];    /* the hash's secret, random per map (kvp_map_init) */
 };
 
 /*
@@ -151,40 +152,46 @@ kvp_map__fmix64(uint64_t h)
 }
 
 /* kvp_map_hash for every length but 36 (out of line). */
-uint32_t kvp_map__hash_any(const uint8_t *k, size_t len);
+uint32_t kvp_map__hash_any(const struct kvp_map *m, const uint8_t *k, size_t len);
 
 /*
  * kvp_map_hash of a 36-byte key given as its 32 hash bytes and its group id
  * (the key's last 4 bytes, big-endian): the same value, without building the
  * key. For lookups, which would otherwise copy the hash into a key first.
+ * The map's secret seed enters every word before it is multiplied, so keys
+ * chosen to collide under one seed scatter under another (see kvp_map_hash).
  */
 KVP_MAP__HOT uint32_t
-kvp_map__hash_hg(const uint8_t *hash, const uint8_t group_be[4])
+kvp_map__hash_hg(const struct kvp_map *m, const uint8_t *hash, const uint8_t group_be[4])
 {
-	uint64_t a = 0x9e3779b97f4a7c15ull ^ KVP_MAP__KEY36, b = 0xbf58476d1ce4e5b9ull;
+	const uint64_t *s = m->seed;
+	uint64_t a = s[0], b = s[1];
 	uint32_t g;
 	memcpy(&g, group_be, 4);
-	a ^= (kvp_map__load64(hash) ^ 0x94d049bb133111ebull) * 0x2545f4914f6cdd1dull;
-	b ^= (kvp_map__load64(hash + 8) ^ 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull;
-	a += (kvp_map__load64(hash + 16) ^ 0xc4ceb9fe1a85ec53ull) * 0x9e3779b97f4a7c15ull;
-	b += (kvp_map__load64(hash + 24) ^ 0xbf58476d1ce4e5b9ull) * 0x94d049bb133111ebull;
+	/* Independent lanes, so the multiplies overlap. */
+	a ^= (kvp_map__load64(hash) ^ s[2]) * 0x2545f4914f6cdd1dull;
+	b ^= (kvp_map__load64(hash + 8) ^ s[3]) * 0xff51afd7ed558ccdull;
+	a += (kvp_map__load64(hash + 16) ^ s[4]) * 0x9e3779b97f4a7c15ull;
+	b += (kvp_map__load64(hash + 24) ^ s[5]) * 0x94d049bb133111ebull;
 	b ^= ((uint64_t)g + 1) * 0xc4ceb9fe1a85ec53ull;
 	return (uint32_t)kvp_map__fmix64(a ^ ((b << 31) | (b >> 33)));
 }
 
 /*
- * The hash of a key. Keys are mostly SHA-256 output (already uniform)
- * followed by a small group id, but tests and callers may pass short or
- * patterned keys, so every byte is mixed in. Callers that touch many keys
- * at once hash them first and prefetch (below) so the misses overlap.
+ * The hash of a key under this map's seed. Keys are mostly SHA-256 output
+ * followed by a small group id, but callers choose them (a peer sends block
+ * hashes), so the hash is keyed: with a public function a peer could send
+ * keys that all probe one run of buckets, and make each insert and lookup
+ * walk thousands of them under the pool's lock. Short or patterned keys are
+ * mixed in full too. Callers that touch many keys at once hash them first
+ * and prefetch (below) so the misses overlap.
  */
 KVP_MAP__HOT uint32_t
-kvp_map_hash(const uint8_t *k, size_t len)
+kvp_map_hash(const struct kvp_map *m, const uint8_t *k, size_t len)
 {
 	if (len != KVP_MAP__KEY36)
-		return kvp_map__hash_any(k, len);
-	/* The common key in straight-line code; independent lanes so the multiplies overlap. */
-	return kvp_map__hash_hg(k, k + 32);
+		return kvp_map__hash_any(m, k, len);
+	return kvp_map__hash_hg(m, k, k + 32);
 }
 
 /* Key equality; keys are short (36 bytes for a plain hash) so a word loop beats a call. */
@@ -300,7 +307,7 @@ kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len)
 {
 	if (len == 0 || len > m->max_key_len)
 		return -1;
-	return kvp_map_lookup_hashed(m, key, len, kvp_map_hash(key, len));
+	return kvp_map_lookup_hashed(m, key, len, kvp_map_hash(m, key, len));
 }
 
 /*
@@ -311,7 +318,7 @@ kvp_map_lookup(const struct kvp_map *m, const uint8_t *key, size_t len)
 KVP_MAP__HOT int32_t
 kvp_map__lookup_hg(const struct kvp_map *m, const uint8_t *hash, const uint8_t group_be[4])
 {
-	uint32_t h = kvp_map__hash_hg(hash, group_be);
+	uint32_t h = kvp_map__hash_hg(m, hash, group_be);
 	for (uint32_t i = h & m->mask;; i = (i + 1) & m->mask) {
 		uint64_t b = m->buckets[i];
 		if (b == 0)
@@ -446,7 +453,7 @@ kvp_map_insert(struct kvp_map *m, const uint8_t *key, size_t len, int32_t id)
 {
 	if (len == 0 || len > m->max_key_len)
 		return KVP_EINVAL;
-	return kvp_map_insert_hashed(m, key, len, kvp_map_hash(key, len), id);
+	return kvp_map_insert_hashed(m, key, len, kvp_map_hash(m, key, len), id);
 }
 
 #endif /* KVP_HASH_MAP_H */

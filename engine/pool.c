@@ -388,11 +388,11 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		if (hlen == KVP_HASH_LEN) {
 			memcpy(key, h, KVP_HASH_LEN); /* a constant size: moves */
 			memcpy(key + KVP_HASH_LEN, gbe, GROUP_LEN);
-			kh = kvp_map__hash_hg(h, gbe);
+			kh = kvp_map__hash_hg(&p->map, h, gbe);
 		} else {
 			memcpy(key, h, hlen);
 			memcpy(key + hlen, gbe, GROUP_LEN);
-			kh = kvp_map_hash(key, klen);
+			kh = kvp_map_hash(&p->map, key, klen);
 		}
 		p->map.ent[id].hash = kh;
 		kvp_map_prefetch_hash(&p->map, kh);
@@ -676,7 +676,7 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 			hashed++;
 			if (len < GROUP_LEN + 1)
 				FAIL("block %u key too short", i);
-			if (p->map.ent[i].hash != kvp_map_hash(key, len))
+			if (p->map.ent[i].hash != kvp_map_hash(&p->map, key, len))
 				FAIL("block %u: stored key hash is stale", i);
 			head = kvp_map_lookup(&p->map, key, len);
 			if (head < 0)

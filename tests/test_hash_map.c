@@ -191,12 +191,12 @@ test_hash_map_split_key_paths_match_key_paths(void **state)
 		mkkey(keys[i] + 32, "", (uint32_t)(i % 3)); /* the group: the last 4 bytes */
 		if (i % 5 == 4) /* some keys shared by two blocks */
 			memcpy(keys[i], keys[i - 1], 36);
-		assert_int_equal(kvp_map__hash_hg(keys[i], keys[i] + 32), kvp_map_hash(keys[i], 36));
+		assert_int_equal(kvp_map__hash_hg(&m, keys[i], keys[i] + 32), kvp_map_hash(&m, keys[i], 36));
 		if (i % 2) {
 			assert_ok(kvp_map_insert(&m, keys[i], 36, i));
 		} else {
 			memcpy(kvp_map__slot_mut(&m, i), keys[i], 36);
-			kvp_map__insert_slot(&m, i, 36, kvp_map_hash(keys[i], 36));
+			kvp_map__insert_slot(&m, i, 36, kvp_map_hash(&m, keys[i], 36));
 		}
 	}
 	for (int i = 0; i < N; i++) {
@@ -214,6 +214,57 @@ test_hash_map_split_key_paths_match_key_paths(void **state)
 	kvp_map_fini(&m);
 }
 
+/* The longest run of occupied buckets: what a probe may have to walk. */
+static uint32_t
+longest_run(const struct kvp_map *m)
+{
+	uint32_t best = 0, run = 0;
+	/* Twice round, so a run that wraps past the last bucket is counted whole. */
+	for (uint64_t i = 0; i < 2ull * ((uint64_t)m->mask + 1); i++) {
+		run = m->buckets[i & m->mask] ? run + 1 : 0;
+		best = run > best ? run : best;
+	}
+	return best;
+}
+
+/*
+ * A peer chooses the block hashes it caches. Keys found (by search, as an
+ * attacker who knew the hash would) to share one home bucket under map a's
+ * seed pile into one run there, but scatter in map b, whose seed is its own:
+ * without the seed, keys cannot be aimed.
+ */
+static void
+test_hash_map_chosen_keys_do_not_collide_under_another_seed(void **state)
+{
+	struct kvp_map a, b;
+	enum { N = 256 };
+	static uint8_t keys[N][36];
+	uint64_t tries = 0;
+
+	(void)state;
+	assert_ok(kvp_map_init(&a, 1024, 36));
+	assert_ok(kvp_map_init(&b, 1024, 36));
+	assert_true(memcmp(a.seed, b.seed, sizeof(a.seed)) != 0);
+	assert_int_equal(a.mask, b.mask);
+	for (int n = 0; n < N; tries++) {
+		uint8_t *k = keys[n];
+		memset(k, 0, 36);
+		memcpy(k, &tries, sizeof(tries));
+		if ((kvp_map_hash(&a, k, 36) & a.mask) == 0)
+			n++;
+	}
+	for (int i = 0; i < N; i++) {
+		assert_ok(kvp_map_insert(&a, keys[i], 36, i));
+		assert_ok(kvp_map_insert(&b, keys[i], 36, i));
+	}
+	assert_true(longest_run(&a) >= N);
+	assert_true(longest_run(&b) < 16); /* 256 keys in 4096 buckets */
+	for (int i = 0; i < N; i++)
+		assert_int_equal(kvp_map_lookup(&b, keys[i], 36), i);
+	kvp_map_fini(&a);
+	kvp_map_fini(&b);
+}
+
 int
 main(void)
 {
@@ -224,6 +275,7 @@ main(void)
 		cmocka_unit_test(test_hash_map_bad_insert_is_rejected_unchanged),
 		cmocka_unit_test(test_hash_map_random_churn_keeps_survivors_findable),
 		cmocka_unit_test(test_hash_map_split_key_paths_match_key_paths),
+		cmocka_unit_test(test_hash_map_chosen_keys_do_not_collide_under_another_seed),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
