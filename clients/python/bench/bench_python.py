@@ -136,23 +136,18 @@ def timed_phases(m, acc):
     client makes) to add their seconds to acc[0] and acc[1]; returns a
     function that undoes the wraps."""
     import kvpool.batch as kb
-    orig, gcb = kb.Batch._transmit, m.get_computed_blocks
+    orig = kb.Batch._transmit
 
-    def _transmit(self):
-        t = time.perf_counter()
-        try:
-            return orig(self)
-        finally:
-            acc[1] += time.perf_counter() - t
-
-    def get_computed_blocks(request):
-        t = time.perf_counter()
-        try:
-            return gcb(request)
-        finally:
-            acc[0] += time.perf_counter() - t
-    kb.Batch._transmit = _transmit
-    m.get_computed_blocks = get_computed_blocks
+    def timed(f, k):
+        def run(*args):
+            t = time.perf_counter()
+            try:
+                return f(*args)
+            finally:
+                acc[k] += time.perf_counter() - t
+        return run
+    kb.Batch._transmit = timed(orig, 1)
+    m.get_computed_blocks = timed(m.get_computed_blocks, 0)
 
     def undo():
         kb.Batch._transmit = orig
