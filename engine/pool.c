@@ -173,10 +173,7 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 	/* With no hash cached and no metrics, eviction has nothing to do. */
 	bool evict = p->caching && (p->num_hashed > 0 || p->metrics != NULL);
 	if (evict && p->num_hashed > 0) {
-		/*
-		 * The popped blocks' map entries and buckets are cold and independent:
-		 * ask for all of them first so the misses overlap, then evict.
-		 */
+		/* The popped blocks' entries and buckets are cold: ask for all first, so misses overlap. */
 		for (uint32_t i = 0; i < n; i++)
 			kvp_map_prefetch_id(&p->map, ids[i]);
 		for (uint32_t i = 0; i < n; i++)
@@ -219,18 +216,15 @@ get_cached_slow(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
 	uint8_t key[MAX_KEY];
 
 	memcpy(key, hash, hash_len);
-	if (ngroups == 1) {
-		int32_t id = lookup_group(p, key, hash_len, groups[0]);
+	/* All or nothing: prove every group hits before writing any id (one group: one lookup). */
+	for (size_t g = 0; g < ngroups; g++) {
+		int32_t id = lookup_group(p, key, hash_len, groups[g]);
 		if (id < 0)
 			return KVP_ENOTFOUND;
-		ids[0] = id;
-		return KVP_OK;
+		if (ngroups == 1)
+			ids[0] = id;
 	}
-	/* All or nothing: prove every group hits before writing any id. */
-	for (size_t g = 0; g < ngroups; g++)
-		if (lookup_group(p, key, hash_len, groups[g]) < 0)
-			return KVP_ENOTFOUND;
-	for (size_t g = 0; g < ngroups; g++)
+	for (size_t g = 0; ngroups > 1 && g < ngroups; g++)
 		ids[g] = lookup_group(p, key, hash_len, groups[g]);
 	return KVP_OK;
 }
