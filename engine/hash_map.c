@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "engine/hash_map.h"
 
+#include <errno.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
@@ -55,6 +56,8 @@ seed_map(struct kvp_map *m)
 
 	while (got < sizeof(m->seed)) {
 		ssize_t r = getrandom(dst + got, sizeof(m->seed) - got, GRND_NONBLOCK);
+		if (r < 0 && errno == EINTR)
+			continue;
 		if (r <= 0)
 			break;
 		got += (size_t)r;
