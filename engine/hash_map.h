@@ -155,26 +155,40 @@ kvp_map__fmix64(uint64_t h)
 uint32_t kvp_map__hash_any(const struct kvp_map *m, const uint8_t *k, size_t len);
 
 /*
+ * The 64x64->128-bit multiply folded to 64 bits (low half ^ high half): one
+ * multiply instruction, whose high half every input bit has reached. Every target we build for (x86-64,
+ * aarch64) has a 128-bit type.
+ */
+#if !defined(__SIZEOF_INT128__)
+#error "kvpool's map hash needs a compiler with unsigned __int128"
+#endif
+static inline uint64_t
+kvp_map__mum(uint64_t x, uint64_t y)
+{
+	__extension__ typedef unsigned __int128 u128;
+	u128 r = (u128)x * y;
+	return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+/*
  * kvp_map_hash of a 36-byte key given as its 32 hash bytes and its group id
  * (the key's last 4 bytes, big-endian): the same value, without building the
  * key. For lookups, which would otherwise copy the hash into a key first.
- * The map's secret seed enters every word before it is multiplied, so keys
- * chosen to collide under one seed scatter under another (see kvp_map_hash).
+ * Three folded multiplies, as in wyhash: each pair of words is masked with
+ * the map's secret seed before it is multiplied, so keys chosen to collide
+ * under one seed scatter under another (see kvp_map_hash). A peer would
+ * need the seed to pick a word that cancels it.
  */
 KVP_MAP__HOT uint32_t
 kvp_map__hash_hg(const struct kvp_map *m, const uint8_t *hash, const uint8_t group_be[4])
 {
 	const uint64_t *s = m->seed;
-	uint64_t a = s[0], b = s[1];
 	uint32_t g;
 	memcpy(&g, group_be, 4);
-	/* Independent lanes, so the multiplies overlap. */
-	a ^= (kvp_map__load64(hash) ^ s[2]) * 0x2545f4914f6cdd1dull;
-	b ^= (kvp_map__load64(hash + 8) ^ s[3]) * 0xff51afd7ed558ccdull;
-	a += (kvp_map__load64(hash + 16) ^ s[4]) * 0x9e3779b97f4a7c15ull;
-	b += (kvp_map__load64(hash + 24) ^ s[5]) * 0x94d049bb133111ebull;
-	b ^= ((uint64_t)g + 1) * 0xc4ceb9fe1a85ec53ull;
-	return (uint32_t)kvp_map__fmix64(a ^ ((b << 31) | (b >> 33)));
+	/* Independent multiplies, so they overlap. */
+	uint64_t a = kvp_map__mum(kvp_map__load64(hash) ^ s[0], kvp_map__load64(hash + 8) ^ s[1]);
+	uint64_t b = kvp_map__mum(kvp_map__load64(hash + 16) ^ s[2], kvp_map__load64(hash + 24) ^ s[3]);
+	return (uint32_t)kvp_map__mum(a ^ s[4], b ^ s[5] ^ g);
 }
 
 /*
@@ -319,6 +333,11 @@ KVP_MAP__HOT int32_t
 kvp_map__lookup_hg(const struct kvp_map *m, const uint8_t *hash, const uint8_t group_be[4])
 {
 	uint32_t h = kvp_map__hash_hg(m, hash, group_be);
+#if defined(__GNUC__)
+	/* Reload the key's words to compare rather than keep the hash's in
+	 * registers: that would make every caller save six of them. */
+	__asm__("" ::: "memory");
+#endif
 	for (uint32_t i = h & m->mask;; i = (i + 1) & m->mask) {
 		uint64_t b = m->buckets[i];
 		if (b == 0)
