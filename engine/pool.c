@@ -233,12 +233,14 @@ int
 kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
                           const uint32_t *groups, size_t ngroups, int32_t *ids)
 {
-	if (p == NULL || hash == NULL || hash_len == 0 || hash_len > p->max_hash_len ||
-	    (ngroups > 0 && (groups == NULL || ids == NULL)))
-		return KVP_EINVAL;
-	if (hash_len != KVP_HASH_LEN || ngroups != 1)
+	/* The common call first: one group, a 32-byte hash, and no key to build. */
+	if (hash_len != KVP_HASH_LEN || ngroups != 1 || p == NULL || hash == NULL ||
+	    groups == NULL || ids == NULL || p->max_hash_len < KVP_HASH_LEN) {
+		if (p == NULL || hash == NULL || hash_len == 0 || hash_len > p->max_hash_len ||
+		    (ngroups > 0 && (groups == NULL || ids == NULL)))
+			return KVP_EINVAL;
 		return get_cached_slow(p, hash, hash_len, groups, ngroups, ids);
-	/* The common call: one group, a 32-byte hash, and no key to build. */
+	}
 	uint8_t gbe[GROUP_LEN];
 	kvp_map_key_put_group(gbe, groups[0]);
 	int32_t id = kvp_map__lookup_hg(&p->map, hash, gbe);
@@ -310,17 +312,19 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	/* Each block appears once, so decrement-then-append in one pass keeps
 	 * vLLM's order (all decrements, then appends in list order). */
 	int32_t last = b[p->queue.tail].prev;
+	struct kvp_block *lb = &b[last]; /* &b[last], kept so it is not recomputed */
 	uint32_t appended = 0;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (id == KVP_NULL_BLOCK || --b[id].ref_cnt != 0)
 			continue;
-		b[last].next = id;
+		lb->next = id;
 		b[id].prev = last;
 		last = id;
+		lb = &b[id];
 		appended++;
 	}
-	b[last].next = p->queue.tail;
+	lb->next = p->queue.tail;
 	b[p->queue.tail].prev = last;
 	p->queue.num_free += appended;
 	return KVP_OK;
