@@ -11,32 +11,8 @@
 #include "engine/hash_map.h"
 #include "common/kvp_status.h"
 #include "common/map_key.h"
+#include "engine/pool_impl.h"
 
-#define GROUP_LEN KVP_MAP_KEY_GROUP_LEN
-/* Longest key: a coarse hash of 32 fine hashes (block_size = 32 x
- * hash_block_size) and the group id. Keys are built on the stack. */
-#define MAX_HASH (32 * KVP_HASH_LEN)
-#define MAX_KEY (MAX_HASH + GROUP_LEN)
-
-struct kvp_pool {
-	uint32_t n;               /* blocks, the null block included */
-	uint32_t hash_block_size;
-	uint32_t hash_len;        /* bytes per fine hash: 32 or 16 */
-	uint32_t max_hash_len;
-	bool caching, events_on;
-	char medium[32];          /* sizeof: the limit on a configured medium */
-	struct kvp_block *blocks; /* n + 2: the queue's sentinels at the end */
-	struct kvp_queue queue;
-	struct kvp_map map;
-	struct kvp_metrics *metrics;
-	struct kvp_event_batch events;
-	uint32_t stamp;           /* current call's mark for duplicate checks */
-	uint32_t num_hashed;
-	int32_t *scratch;         /* n ids: evict_blocks' sorted set */
-	uint8_t *extra_buf;       /* cache_full_blocks' extra-key scratch */
-	size_t extra_cap;
-	struct kvp_pool_stats stats;
-};
 
 int
 kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
@@ -571,17 +547,6 @@ kvp_pool_block_key(const struct kvp_pool *p, int32_t id, size_t *len)
 	return kvp_map_key(&p->map, id, len);
 }
 
-size_t
-kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap)
-{
-	size_t n = 0;
-
-	for (int32_t id = kvp_queue_first(&p->queue); id >= 0 && n < cap;
-	     id = kvp_queue_next(&p->queue, id))
-		out[n++] = id;
-	return n;
-}
-
 uint32_t
 kvp_pool_hash_block_size(const struct kvp_pool *p)
 {
@@ -610,93 +575,4 @@ void
 kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out)
 {
 	*out = p->stats;
-}
-
-size_t
-kvp_pool_metadata_bytes(const struct kvp_pool *p, size_t *map_bytes)
-{
-	const struct kvp_map *m = &p->map;
-
-	if (map_bytes != NULL)
-		*map_bytes = ((size_t)m->mask + 1) * sizeof(*m->buckets) +
-		             (size_t)m->num_ids * m->max_key_len;
-	return ((size_t)p->n + 2) * sizeof(*p->blocks) + (size_t)p->n * sizeof(*p->scratch) +
-	       (size_t)m->num_ids * sizeof(*m->ent);
-}
-
-#define FAIL(...)                                                     \
-	do {                                                          \
-		if (detail != NULL && detail_len > 0)                 \
-			snprintf(detail, detail_len, __VA_ARGS__);    \
-		return KVP_EINTERNAL;                                 \
-	} while (0)
-
-int
-kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
-{
-	const struct kvp_block *b = p->blocks;
-	uint32_t queued = 0, hashed = 0;
-	int32_t prev = p->queue.head;
-
-	/* Walk the queue: links agree both ways, members are free and non-null. */
-	for (int32_t id = b[p->queue.head].next; id != p->queue.tail; id = b[id].next) {
-		if (id < 0 || (uint32_t)id >= p->n)
-			FAIL("queue link %d out of range", id);
-		if (id == KVP_NULL_BLOCK)
-			FAIL("null block is in the free queue");
-		if (b[id].prev != prev)
-			FAIL("block %d: prev %d, expected %d", id, b[id].prev, prev);
-		if (b[id].ref_cnt != 0)
-			FAIL("queued block %d has ref_cnt %d", id, b[id].ref_cnt);
-		if (++queued > p->n)
-			FAIL("free queue has a cycle");
-		prev = id;
-	}
-	if (b[p->queue.tail].prev != prev)
-		FAIL("tail.prev %d, expected %d", b[p->queue.tail].prev, prev);
-	if (queued != p->queue.num_free)
-		FAIL("queue holds %u blocks, count says %u", queued, p->queue.num_free);
-	if (b[KVP_NULL_BLOCK].ref_cnt != 0)
-		FAIL("null block ref_cnt %d", b[KVP_NULL_BLOCK].ref_cnt);
-	if (kvp_map_has_id(&p->map, KVP_NULL_BLOCK))
-		FAIL("null block has a hash");
-	for (uint32_t i = 1; i < p->n; i++) {
-		int32_t id = (int32_t)i;
-		size_t len;
-		const uint8_t *key;
-		if (b[i].ref_cnt < 0)
-			FAIL("block %u ref_cnt %d", i, b[i].ref_cnt);
-		if ((b[i].ref_cnt == 0) != (kvp_queue_contains(&p->queue, id) != 0))
-			FAIL("block %u: ref_cnt %d but %s the queue", i, b[i].ref_cnt,
-			     kvp_queue_contains(&p->queue, id) ? "in" : "not in");
-		if ((key = kvp_map_key(&p->map, id, &len)) != NULL) {
-			int32_t head;
-			hashed++;
-			if (len < GROUP_LEN + 1)
-				FAIL("block %u key too short", i);
-			if (p->map.ent[i].hash != kvp_map_hash(&p->map, key, len))
-				FAIL("block %u: stored key hash is stale", i);
-			head = kvp_map_lookup(&p->map, key, len);
-			if (head < 0)
-				FAIL("block %u has a hash that is not in the map", i);
-			int found = 0;
-			for (int32_t j = head; j >= 0; j = kvp_map_next_same_key(&p->map, j))
-				if (j == id)
-					found = 1;
-			if (!found)
-				FAIL("block %u is not under its own key", i);
-		}
-	}
-	if (hashed != p->num_hashed)
-		FAIL("%u hashed blocks, count says %u", hashed, p->num_hashed);
-	/* Each key's chain head is a distinct key: count heads. */
-	uint32_t keys = 0;
-	for (uint64_t i = 0; i <= p->map.mask; i++)
-		if (p->map.buckets[i] != 0)
-			keys++;
-	if (keys != p->map.num_keys)
-		FAIL("map has %u keys, count says %u", keys, p->map.num_keys);
-	if (!p->caching && hashed != 0)
-		FAIL("caching is off but %u blocks are hashed", hashed);
-	return KVP_OK;
 }

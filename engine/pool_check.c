@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pool_check.c: the pool's introspection and invariant check (tests, the admin server). */
+#include <stdio.h>
+
+#include "common/kvp_status.h"
+#include "engine/pool_impl.h"
+
+size_t
+kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap)
+{
+	size_t n = 0;
+
+	for (int32_t id = kvp_queue_first(&p->queue); id >= 0 && n < cap;
+	     id = kvp_queue_next(&p->queue, id))
+		out[n++] = id;
+	return n;
+}
+
+size_t
+kvp_pool_metadata_bytes(const struct kvp_pool *p, size_t *map_bytes)
+{
+	const struct kvp_map *m = &p->map;
+
+	if (map_bytes != NULL)
+		*map_bytes = ((size_t)m->mask + 1) * sizeof(*m->buckets) +
+		             (size_t)m->num_ids * m->max_key_len;
+	return ((size_t)p->n + 2) * sizeof(*p->blocks) + (size_t)p->n * sizeof(*p->scratch) +
+	       (size_t)m->num_ids * sizeof(*m->ent);
+}
+
+#define FAIL(...)                                                     \
+	do {                                                          \
+		if (detail != NULL && detail_len > 0)                 \
+			snprintf(detail, detail_len, __VA_ARGS__);    \
+		return KVP_EINTERNAL;                                 \
+	} while (0)
+
+int
+kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
+{
+	const struct kvp_block *b = p->blocks;
+	uint32_t queued = 0, hashed = 0;
+	int32_t prev = p->queue.head;
+
+	/* Walk the queue: links agree both ways, members are free and non-null. */
+	for (int32_t id = b[p->queue.head].next; id != p->queue.tail; id = b[id].next) {
+		if (id < 0 || (uint32_t)id >= p->n)
+			FAIL("queue link %d out of range", id);
+		if (id == KVP_NULL_BLOCK)
+			FAIL("null block is in the free queue");
+		if (b[id].prev != prev)
+			FAIL("block %d: prev %d, expected %d", id, b[id].prev, prev);
+		if (b[id].ref_cnt != 0)
+			FAIL("queued block %d has ref_cnt %d", id, b[id].ref_cnt);
+		if (++queued > p->n)
+			FAIL("free queue has a cycle");
+		prev = id;
+	}
+	if (b[p->queue.tail].prev != prev)
+		FAIL("tail.prev %d, expected %d", b[p->queue.tail].prev, prev);
+	if (queued != p->queue.num_free)
+		FAIL("queue holds %u blocks, count says %u", queued, p->queue.num_free);
+	if (b[KVP_NULL_BLOCK].ref_cnt != 0)
+		FAIL("null block ref_cnt %d", b[KVP_NULL_BLOCK].ref_cnt);
+	if (kvp_map_has_id(&p->map, KVP_NULL_BLOCK))
+		FAIL("null block has a hash");
+	for (uint32_t i = 1; i < p->n; i++) {
+		int32_t id = (int32_t)i;
+		size_t len;
+		const uint8_t *key;
+		if (b[i].ref_cnt < 0)
+			FAIL("block %u ref_cnt %d", i, b[i].ref_cnt);
+		if ((b[i].ref_cnt == 0) != (kvp_queue_contains(&p->queue, id) != 0))
+			FAIL("block %u: ref_cnt %d but %s the queue", i, b[i].ref_cnt,
+			     kvp_queue_contains(&p->queue, id) ? "in" : "not in");
+		if ((key = kvp_map_key(&p->map, id, &len)) != NULL) {
+			int32_t head;
+			hashed++;
+			if (len < GROUP_LEN + 1)
+				FAIL("block %u key too short", i);
+			if (p->map.ent[i].hash != kvp_map_hash(&p->map, key, len))
+				FAIL("block %u: stored key hash is stale", i);
+			head = kvp_map_lookup(&p->map, key, len);
+			if (head < 0)
+				FAIL("block %u has a hash that is not in the map", i);
+			int found = 0;
+			for (int32_t j = head; j >= 0; j = kvp_map_next_same_key(&p->map, j))
+				if (j == id)
+					found = 1;
+			if (!found)
+				FAIL("block %u is not under its own key", i);
+		}
+	}
+	if (hashed != p->num_hashed)
+		FAIL("%u hashed blocks, count says %u", hashed, p->num_hashed);
+	/* Each key's chain head is a distinct key: count heads. */
+	uint32_t keys = 0;
+	for (uint64_t i = 0; i <= p->map.mask; i++)
+		if (p->map.buckets[i] != 0)
+			keys++;
+	if (keys != p->map.num_keys)
+		FAIL("map has %u keys, count says %u", keys, p->map.num_keys);
+	if (!p->caching && hashed != 0)
+		FAIL("caching is off but %u blocks are hashed", hashed);
+	return KVP_OK;
+}
