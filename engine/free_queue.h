@@ -17,6 +17,7 @@
 #ifndef KVP_FREE_QUEUE_H
 #define KVP_FREE_QUEUE_H
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,6 +88,33 @@ kvp_queue_popleft_n(struct kvp_queue *q, uint32_t n, int32_t *out)
 	b[cur].prev = q->head;
 	q->num_free -= n;
 	return KVP_OK;
+}
+
+/*
+ * kvp_queue_popleft_n for an allocation: the caller has checked that n
+ * blocks are queued (1 <= n <= num_free), and each popped block gets its
+ * first holder (ref_cnt 1) in the same pass, its fields one line apart.
+ */
+static inline void
+kvp_queue__take_n(struct kvp_queue *q, uint32_t n, int32_t *out)
+{
+	struct kvp_block *b = q->blocks;
+	int32_t cur = b[q->head].next;
+
+#pragma GCC unroll 4
+	for (uint32_t i = 0; i < n; i++) {
+		struct kvp_block *e = &b[cur];
+		int32_t nx = e->next;
+		out[i] = cur;
+		assert(e->ref_cnt == 0);
+		e->prev = KVP_QUEUE_UNLINKED;
+		e->next = KVP_QUEUE_UNLINKED;
+		e->ref_cnt = 1;
+		cur = nx;
+	}
+	b[q->head].next = cur;
+	b[cur].prev = q->head;
+	q->num_free -= n;
 }
 
 /* Pops the head block. Returns its id, or -1 if the queue is empty. */

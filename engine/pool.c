@@ -118,6 +118,35 @@ maybe_evict(struct kvp_pool *p, int32_t id)
 	p->stats.blocks_evicted++;
 }
 
+/*
+ * Evicts the hashes of n blocks just popped for an allocation (the caller
+ * reserved their events), and counts them in the metrics. Out of line: an
+ * allocation from a pool with nothing cached should not save the registers
+ * it needs.
+ */
+static __attribute__((noinline)) void
+evict_popped(struct kvp_pool *p, const int32_t *ids, uint32_t n)
+{
+	if (!p->caching) {
+		for (uint32_t i = 0; i < n; i++)
+			kvp_metrics_on_allocated(p->metrics, ids[i]);
+		return;
+	}
+	if (p->num_hashed > 0) {
+		/* The popped blocks' entries and buckets are cold: ask for all first, so misses overlap. */
+		for (uint32_t i = 0; i < n; i++)
+			kvp_map_prefetch_id(&p->map, ids[i]);
+		for (uint32_t i = 0; i < n; i++)
+			if (kvp_map_has_id(&p->map, ids[i]))
+				kvp_map_prefetch_hash(&p->map, p->map.ent[ids[i]].hash);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		maybe_evict(p, ids[i]);
+		if (p->metrics)
+			kvp_metrics_on_allocated(p->metrics, ids[i]);
+	}
+}
+
 static int
 reserve_removed(struct kvp_pool *p, size_t n)
 {
@@ -144,35 +173,12 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 	if (p->caching && p->num_hashed > 0 &&
 	    (rv = reserve_removed(p, n < p->num_hashed ? n : p->num_hashed)) != KVP_OK)
 		return rv;
-	rv = kvp_queue_popleft_n(&p->queue, n, ids);
-	assert(rv == KVP_OK);
+	if (n == 0)
+		return KVP_OK;
+	kvp_queue__take_n(&p->queue, n, ids); /* each with ref_cnt 1 */
 	/* With no hash cached and no metrics, eviction has nothing to do. */
-	bool evict = p->caching && (p->num_hashed > 0 || p->metrics != NULL);
-	if (evict && p->num_hashed > 0) {
-		/* The popped blocks' entries and buckets are cold: ask for all first, so misses overlap. */
-		for (uint32_t i = 0; i < n; i++)
-			kvp_map_prefetch_id(&p->map, ids[i]);
-		for (uint32_t i = 0; i < n; i++)
-			if (kvp_map_has_id(&p->map, ids[i]))
-				kvp_map_prefetch_hash(&p->map, p->map.ent[ids[i]].hash);
-	}
-	struct kvp_block *b = p->blocks; /* locals: the stores below could alias p's fields */
-	if (!evict && p->metrics == NULL) {
-		for (uint32_t i = 0; i < n; i++) {
-			assert(b[ids[i]].ref_cnt == 0);
-			b[ids[i]].ref_cnt = 1;
-		}
-	} else {
-		for (uint32_t i = 0; i < n; i++) {
-			int32_t id = ids[i];
-			if (evict)
-				maybe_evict(p, id);
-			assert(b[id].ref_cnt == 0);
-			b[id].ref_cnt = 1;
-			if (p->metrics)
-				kvp_metrics_on_allocated(p->metrics, id);
-		}
-	}
+	if (p->metrics != NULL || (p->caching && p->num_hashed > 0))
+		evict_popped(p, ids, n);
 	p->stats.blocks_allocated += n;
 	return KVP_OK;
 }
@@ -236,10 +242,11 @@ kvp_pool_touch(struct kvp_pool *p, const int32_t *ids, size_t n)
 	struct kvp_metrics *mt = p->metrics;
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if ((uint32_t)id >= nb) /* a negative id too */
-			return KVP_ERANGE;
-		if (id == KVP_NULL_BLOCK)
-			continue;
+		if ((uint32_t)id - 1u >= nb - 1u) { /* the null block (0), or out of range */
+			if (id == KVP_NULL_BLOCK)
+				continue;
+			return KVP_ERANGE; /* a negative id too */
+		}
 		/* Duplicates add up; refuse anything that could overflow. */
 		if (b[id].ref_cnt > INT32_MAX - (int64_t)n)
 			return KVP_ESTATE;
@@ -273,12 +280,15 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	mark = next_stamp(p);
 	struct kvp_block *b = p->blocks;
 	uint32_t nb = p->n;
+#pragma GCC unroll 4
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
-		if ((uint32_t)id >= nb) /* a negative id too */
-			return KVP_ERANGE;
-		if (id == KVP_NULL_BLOCK)
-			continue;
+		/* One test for both: the null block (0) and anything out of range. */
+		if ((uint32_t)id - 1u >= nb - 1u) {
+			if (id == KVP_NULL_BLOCK)
+				continue;
+			return KVP_ERANGE; /* a negative id too */
+		}
 		if (b[id].mark == mark)
 			return KVP_EINVAL;
 		if (b[id].ref_cnt == 0)
@@ -290,6 +300,7 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	int32_t last = b[p->queue.tail].prev;
 	struct kvp_block *lb = &b[last]; /* &b[last], kept so it is not recomputed */
 	uint32_t appended = 0;
+#pragma GCC unroll 4
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (id == KVP_NULL_BLOCK || --b[id].ref_cnt != 0)

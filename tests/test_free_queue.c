@@ -112,6 +112,33 @@ test_free_queue_popleft_n_over_count_is_nospace_unchanged(void **state)
 	assert_ids(ids, n, 2, 0, 1);
 }
 
+/* The allocation pop: popleft_n's order and links, each block given one holder. */
+static void
+test_free_queue_take_n_pops_in_order_with_one_holder(void **state)
+{
+	struct kvp_block b[6 + 2];
+	struct kvp_queue q;
+	int32_t out[5], ids[6];
+
+	(void)state;
+	memset(b, 0, sizeof(b));
+	kvp_queue_init(&q, b, 6, (int32_t[]){4, 1, 5, 2, 3}, 5);
+	kvp_queue__take_n(&q, 3, out); /* odd counts cross the unrolled loop's groups */
+	assert_ids(out, 3, 4, 1, 5);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(b[out[i]].ref_cnt, 1);
+		assert_false(kvp_queue_contains(&q, out[i]));
+	}
+	assert_int_equal(q.num_free, 2);
+	size_t n = queue_ids(&q, ids);
+	assert_ids(ids, n, 2, 3);
+	assert_int_equal(b[2].ref_cnt, 0);
+	kvp_queue__take_n(&q, 2, out);
+	assert_ids(out, 2, 2, 3);
+	assert_int_equal(q.num_free, 0);
+	assert_int_equal(kvp_queue_first(&q), -1);
+}
+
 /* A2, invalid removal: vLLM raises RuntimeError; we return a status. */
 static void
 test_free_queue_remove_unlinked_is_notfound(void **state)
@@ -137,6 +164,7 @@ main(void)
 		cmocka_unit_test(test_free_queue_a2_popleft_n_append_n_match_vllm),
 		cmocka_unit_test(test_free_queue_popleft_n_over_count_is_nospace_unchanged),
 		cmocka_unit_test(test_free_queue_remove_unlinked_is_notfound),
+		cmocka_unit_test(test_free_queue_take_n_pops_in_order_with_one_holder),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
