@@ -7,6 +7,13 @@
  *   kvp-bench-client URL POOL stats N   N Stats calls
  *   kvp-bench-client URL POOL alloc N   N x (Allocate 16 + Free)
  *   kvp-bench-client URL POOL step N    the step workload below, N steps
+ *   kvp-bench-client URL POOL step-cold N   the same, walking a 4 MiB buffer
+ *                                       before each call, as an interpreter's
+ *                                       work between calls would evict the
+ *                                       client's and nng's code and data
+ *   kvp-bench-client URL POOL step-gap N    the same, busy for KVP_BENCH_GAP_US
+ *                                       (350) µs before each call, as a
+ *                                       client working between calls is
  *
  * Prints "MODE US_PER_OP CPU_US_PER_OP" (wall time, and the process's CPU
  * time over all its threads, nng's included). Built also as a module
@@ -67,6 +74,28 @@ make_req(struct kvp_hasher *h, uint64_t r, struct req *q)
  * inside kvp_client_batch; µs per step once the run ends. */
 static double lookup_s, batch_s;
 
+/* step-cold's buffer (NULL: plain step) and its walk, outside the timed calls. */
+enum { COLD_BYTES = 4 << 20 };
+static uint8_t *cold;
+
+/* step-gap: spin this long before each call (KVP_BENCH_GAP_US, default 350:
+ * about what the Python step spends between its Batch and its next Lookup) */
+static double gap_s;
+
+static void
+disturb(void)
+{
+	if (gap_s > 0) {
+		double until = now() + gap_s;
+		while (now() < until)
+			;
+	}
+	if (cold == NULL)
+		return;
+	for (size_t i = 0; i < COLD_BYTES; i += 64)
+		cold[i]++;
+}
+
 /* One step: free the oldest, decode the rest, admit `admit` new ones. */
 static int
 step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *first, uint64_t *next,
@@ -81,17 +110,18 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 	uint32_t hit[64];
 	int rv;
 
-	double t = now();
 	for (int k = 0; k < admit; k++) {
 		struct req *q = &reqs[*next + (uint64_t)k];
 		/* vLLM's get_computed_blocks: at most (160 - 1) / 16 blocks. */
 		size_t n = (PROMPT - 1) / BS < q->nh ? (PROMPT - 1) / BS : q->nh;
 		struct kvp_client_lookup l = {.hashes = q->hashes, .num_hashes = n};
+		disturb();
+		double t = now();
 		if ((rv = kvp_client_lookup_refs(c, &l, ids, refs, MAXB, &nb, &ht)) != KVP_OK)
 			return die(c, "lookup", rv);
+		lookup_s += now() - t;
 		hit[k] = ht;
 	}
-	lookup_s += now() - t;
 	kvp_batch_clear(b);
 	for (int k = 0; k < finish; k++)
 		kvp_batch_free_request(b, *first + (uint64_t)k + 1, false);
@@ -114,7 +144,8 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 		(*next)++;
 	}
 	size_t run;
-	t = now();
+	disturb();
+	double t = now();
 	rv = kvp_client_batch(c, b, &run);
 	batch_s += now() - t;
 	if (rv != KVP_OK)
@@ -149,7 +180,8 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 	int rv;
 
 	if (url == NULL || pool == NULL || mode == NULL || us == NULL || cpu_us == NULL || n <= 0 ||
-	    (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "step"))) {
+	    (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "step") &&
+	     strcmp(mode, "step-cold") && strcmp(mode, "step-gap"))) {
 		fprintf(stderr, "kvp-bench-client: bad mode or count\n");
 		return 2;
 	}
@@ -180,6 +212,12 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 		t1 = now();
 		c1 = cpu_now();
 	} else {
+		const char *gap = getenv("KVP_BENCH_GAP_US");
+		gap_s = strcmp(mode, "step-gap") == 0 ? (gap ? atof(gap) : 350) * 1e-6 : 0;
+		if (strcmp(mode, "step-cold") == 0 && (cold = calloc(1, COLD_BYTES)) == NULL) {
+			kvp_client_close(c);
+			return 1;
+		}
 		struct kvp_hasher *h = NULL;
 		struct kvp_batch *b = NULL;
 		enum kvp_hash_algo algo;
@@ -209,6 +247,8 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 		kvp_batch_destroy(b);
 		kvp_hasher_destroy(h);
 		free(reqs);
+		free(cold);
+		cold = NULL;
 	}
 	kvp_client_close(c);
 	if (err)
@@ -225,7 +265,7 @@ main(int argc, char **argv)
 	double us, cpu;
 	int rv;
 	if (argc != 5) {
-		fprintf(stderr, "usage: kvp-bench-client URL POOL stats|alloc|step N\n");
+		fprintf(stderr, "usage: kvp-bench-client URL POOL stats|alloc|step|step-cold N\n");
 		return 2;
 	}
 	if ((rv = kvp_bench_client_run(argv[1], argv[2], argv[3], strtol(argv[4], NULL, 10), &us,

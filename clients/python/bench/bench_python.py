@@ -225,7 +225,7 @@ def c_run(mod, url, pool, mode, n):
     if rv != 0:
         raise RuntimeError(f"kvp_bench_client_run {mode}: {rv}")
     return us.value, cpu.value, ([mod.kvp_bench_client_phase_us(k) for k in (0, 1)]
-                                 if mode == "step" else None)
+                                 if mode.startswith("step") else None)
 
 
 def main():
@@ -237,6 +237,11 @@ def main():
                     help="do not pin the daemon and this process to separate CPUs")
     ap.add_argument("--breakdown", action="store_true",
                     help="also time the Python step's phases, on a pool of its own")
+    ap.add_argument("--c-variants", action="store_true",
+                    help="also run the C step with its caches disturbed before each call "
+                         "(step-cold) and busy for KVP_BENCH_GAP_US (350) µs before each call "
+                         "(step-gap), 2 rounds each: does a client's work between calls slow "
+                         "the calls themselves?")
     a = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = not a.no_pin and len(cpus) >= 2
@@ -263,6 +268,12 @@ def main():
                                 "executor=none"]
     if a.breakdown:
         pools += ["--pool", f"name=step-bd,blocks=16384,block_size={BS},seed=0,executor=none"]
+    variants = ("step-cold", "step-gap") if a.c_variants else ()
+    for v in variants:
+        for r in range(2):
+            pools += ["--pool", f"name={v}{r},blocks=16384,block_size={BS},seed=0,executor=none"]
+    if len(pools) // 2 + 1 > 16:
+        ap.error("too many pools for one kvpoold (16): use fewer --rounds")
     taskset = ["taskset", "-c", str(cpus[1])] if pin else []
     proc = subprocess.Popen(taskset + [kvpoold, "--quiet", "--rpc", url, "--admin", "none",
                                        "--events", "none", "--lease-ms", "60000", "--pool",
@@ -286,6 +297,8 @@ def main():
                 res[(mode, "py")].append(py_run(kvpool, url, pool or f"step-py{r}", mode, n))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
         bd = py_breakdown(kvpool, url, "step-bd", counts["step"]) if a.breakdown else None
+        var = {v: [c_run(mod, url, f"{v}{r}", v, counts["step"]) for r in range(2)]
+               for v in variants}
         floor_reqs = [Req(r, kvpool.Hasher("0")) for r in range(RUNNING + 200 * TURNOVER)]
         floor = statistics.median(py_step_floor(floor_reqs, 200) for _ in range(a.rounds))
     finally:
@@ -317,6 +330,18 @@ def main():
               f"{(p - c) / cs * 100:.1f}% of C's step | | | |")
     print(f"| the step's calls on a stub manager (py_step_floor: no package, no network), µs "
           f"| | {floor:.1f} | | {floor / cs * 100:.1f}% of C's step | | | |")
+    if var:
+        print("\nThe C step's calls when the client does other work between them (µs per "
+              "call, medians; the plain C and Python rows are from the rounds above):\n")
+        print("| client | one Lookup | the Batch send |\n|---|---|---|")
+        print(f"| C, calls back to back | {cl / TURNOVER:.1f} | {cb:.1f} |")
+        for v, label in (("step-cold", "C, a 4 MiB buffer walked before each call"),
+                         ("step-gap", f"C, {os.environ.get('KVP_BENCH_GAP_US', '350')} µs "
+                                      "of busy work before each call")):
+            vl = statistics.median(x[2][0] for x in var[v]) / TURNOVER
+            vb = statistics.median(x[2][1] for x in var[v])
+            print(f"| {label} | {vl:.1f} | {vb:.1f} |")
+        print(f"| Python (RemoteKVCacheManager) | {pl / TURNOVER:.1f} | {pb:.1f} |")
     if bd:
         print(f"\nThe Python step's phases (medians of {counts['step']} steps, µs):\n")
         print("| phase | µs |\n|---|---|")
