@@ -290,7 +290,14 @@ class _Req:
         self.allocated = [False] * ngroups
 
 
-from .manager import RemoteKVCacheManager, Step  # noqa: E402,F401  (kept in its own module)
+def __getattr__(name):
+    """RemoteKVCacheManager and Step live in kvpool.manager, which imports
+    this module: loaded on first use, so either module can be imported first."""
+    if name in ("RemoteKVCacheManager", "Step"):
+        from . import manager
+        return getattr(manager, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["KVCacheBlock", "KVCacheBlocks", "RemoteBlockPool", "RemoteKVCacheManager", "Step",
            "Client"]

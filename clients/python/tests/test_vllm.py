@@ -478,3 +478,19 @@ def test_mamba_tables_are_mirrored_as_vllm_recycles_them(xpools, pool, step):
         assert sum(1 for g in m.get_block_ids("p") for i in g if i) == 63 - c.stats()["num_free"]
         m.free(p)
     c.close()
+
+
+@pytest.mark.parametrize("first", ["kvpool.manager", "kvpool.vllm"])
+def test_either_adapter_module_imports_first(first):
+    """kvpool.manager and kvpool.vllm import each other: either may come first."""
+    import os
+    import subprocess
+    import sys
+    code = (f"import {first}\nfrom kvpool.manager import RemoteKVCacheManager, Step\n"
+            "from kvpool.vllm import RemoteKVCacheManager as R, Step as S\n"
+            "assert R is RemoteKVCacheManager and S is Step\n")
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(kvpool.__file__)))
+    env = dict(os.environ, PYTHONPATH=pkg + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert got.returncode == 0, got.stderr
