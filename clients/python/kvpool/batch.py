@@ -50,6 +50,8 @@ class Batch:
         self.keep_going = keep_going
         self._keep = []
         self._kinds = []
+        r = L.BatchResult()
+        self._res = (r, byref(r))  # _error's and _slots' reused result
 
     def close(self):
         if self._b:
@@ -129,8 +131,8 @@ class Batch:
                        full_sequence_must_fit=False, num_external_computed_tokens=0,
                        no_new_tokens=False):
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
-        p, np_ = _tokens(prompt)
-        t, nt = _tokens(new_tokens)
+        p, np_ = _tokens(prompt) if prompt is not None else (None, 0)
+        t, nt = _tokens(new_tokens) if new_tokens is not None else (None, 0)
         keys, keep = _keys(lora_name, cache_salt, mm)
         a = L.Slots(request_id, p if np_ else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if nt else None, nt, num_new_tokens, token_budget,
@@ -183,6 +185,33 @@ class Batch:
         first = len(self._kinds)
         self._kinds.extend(["allocate_slots"] * n)
         return first
+
+    def _error(self, i):
+        """Call i's error (a KvpoolError), or None if it succeeded; the
+        lean read for the calls whose success carries nothing (Step's frees)."""
+        r, ref = self._res
+        L.kvp_batch_result(self._b, i, ref)
+        return None if r.status == 0 else self._result(i).error
+
+    def _slots(self, i):
+        """AllocateSlots call i's (SlotsResult, None), or (None, its error)."""
+        r, ref = self._res
+        L.kvp_batch_result(self._b, i, ref)
+        if r.status != 0:
+            return None, self._result(i).error
+        s = r.slots
+        ng = s.num_groups
+        ids = r.block_ids[:r.num_block_ids] if r.has_block_ids else []
+        per = s.new_blocks_per_group[:ng]
+        if ng == 1:
+            rows = [ids]
+        else:
+            rows, off = [], 0
+            for k in per:
+                rows.append(ids[off:off + k])
+                off += k
+        return SlotsResult(ids, s.hit_tokens, s.num_scheduled_tokens, s.num_computed_tokens,
+                           rows, s.external_blocks_per_group[:ng]), None
 
     def _result(self, i):
         r = L.BatchResult()

@@ -137,6 +137,7 @@ class Client:
         s = self._strings
         o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
                       s[7], session_id, connect_timeout_ms, bool(tls.get("insecure")))
+        self._scratch = None  # _lookup1's reused structures
         self._c = L.CLIENT()
         rv = L.kvp_client_open(byref(o), byref(self._c))
         if rv != 0:
@@ -285,6 +286,9 @@ class Client:
         a multiple of the pool's hash block size groups them), all groups or
         nothing per position: ([ids per group], [ref counts per group]),
         the ref counts as the daemon saw them during the call."""
+        if group_ids == (0,) or group_ids == [0]:
+            ids, refs = self._lookup1(block_hashes, block_size)
+            return [ids], [refs]
         hs, nh = _hashes(block_hashes, self.info["hash_len"])
         groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
         q = L.Lookup(hs, nh, None, 0, None, groups, len(group_ids), block_size,
@@ -298,6 +302,37 @@ class Client:
         n = nb.value
         return ([list(ids[g * cap:g * cap + n]) for g in range(ng)],
                 [list(refs[g * cap:g * cap + n]) for g in range(ng)])
+
+    def _lookup1(self, block_hashes, block_size):
+        """lookup_hashes in group 0: (ids, ref counts). The adapters' hot
+        path (one per get_computed_blocks): the call's structures and result
+        arrays are this client's, reused (a client is one thread's), so
+        Python builds only the hashes' bytes."""
+        hl = self.info["hash_len"]
+        if not isinstance(block_hashes, (list, tuple)):
+            block_hashes = list(block_hashes)
+        nh = len(block_hashes)
+        if nh and set(map(len, block_hashes)) != {hl}:
+            raise ValueError(f"kvpool: block hashes must be {hl} bytes each (vLLM's BlockHash "
+                             f"for this pool's hash algorithm)")
+        sc = self._scratch
+        if sc is None or sc[0] < nh:
+            cap = max(nh, 64)
+            g0 = (c_uint32 * 1)(0)
+            q = L.Lookup(None, 0, None, 0, None, g0, 1, 0, hl)
+            nb, ht = c_uint32(), c_uint32()
+            sc = self._scratch = (cap, (c_int32 * cap)(), (c_uint32 * cap)(), nb, byref(nb),
+                                  byref(ht), q, byref(q), ht, g0)
+        cap, ids, refs, nb, nbref, htref, q, qref = sc[:8]
+        raw = (c_uint8 * max(nh * hl, 1)).from_buffer_copy(b"".join(block_hashes) or b"\0")
+        q.hashes = raw
+        q.num_hashes = nh
+        q.block_size = block_size
+        rv = L.kvp_client_lookup_refs(self._live(), qref, ids, refs, cap, nbref, htref)
+        q.hashes = None
+        self._check(rv)
+        n = nb.value
+        return ids[:n], refs[:n]
 
     def event_position(self):
         """(epoch, next_seq) of the pool's event stream now: every event of a

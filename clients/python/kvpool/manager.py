@@ -13,6 +13,7 @@ from .vllm import KVCacheBlock, KVCacheBlocks, _Remote, _Req, _request_keys
 
 _all_tokens, _sent, _wire_id = (attrgetter(a) for a in ("all_token_ids", "sent", "wire_id"))
 _last = itemgetter(-1)
+_GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 
 
 class RemoteKVCacheManager(_Remote):
@@ -85,17 +86,17 @@ class RemoteKVCacheManager(_Remote):
                                "exact hit in the daemon")
         bs = self.groups[0]["block_size"]
         k = bs // self.hash_block_size
-        max_blocks = (request.num_tokens - 1) // bs
-        fine = list(request.block_hashes[:max_blocks * k])
+        fine = request.block_hashes[:(request.num_tokens - 1) // bs * k]
         if not fine:
             return self.empty_kv_cache_blocks, 0
-        ids, refs = self.client.lookup_hashes(fine, block_size=bs)
-        blocks = []
-        for j, (i, r) in enumerate(zip(ids[0], refs[0])):
-            b = self._block(i)
-            b.ref_cnt = r
+        ids, refs = self.client._lookup1(fine, bs)
+        blocks, get = [], self._blocks.get
+        for j, i in enumerate(ids):
+            b = get(i) or self._block(i)
+            b.ref_cnt = refs[j]
             if b._block_hash is None:
-                b._block_hash = b"".join(fine[j * k:(j + 1) * k]) + (0).to_bytes(4, "big")
+                b._block_hash = (fine[j] if k == 1 else b"".join(fine[j * k:(j + 1) * k])) + \
+                    _GROUP0
             blocks.append(b)
         return KVCacheBlocks((blocks,)), len(blocks) * bs
 
@@ -173,12 +174,15 @@ class RemoteKVCacheManager(_Remote):
               "num_external_computed_tokens": num_external_computed_tokens,
               "no_new_tokens": num_new_tokens == 0}
         if req.sent == 0:
-            kw["prompt"] = list(tokens)
-            keys = _request_keys(request)
-            keys.pop("lora_id")
-            kw.update(keys)
+            kw["prompt"] = tokens  # converted (copied) as the call is added
+            if (getattr(request, "lora_request", None) is not None
+                    or getattr(request, "cache_salt", None) is not None
+                    or getattr(request, "mm_features", None)):
+                keys = _request_keys(request)
+                keys.pop("lora_id")
+                kw.update(keys)
         elif len(tokens) > req.sent:
-            kw["new_tokens"] = list(tokens[req.sent:])
+            kw["new_tokens"] = tokens[req.sent:]
         return kw, req
 
     def _slots_done(self, request, req, kw, res, num_new_computed_tokens, new_computed_blocks):
@@ -196,6 +200,9 @@ class RemoteKVCacheManager(_Remote):
                     b.ref_cnt += 1
                 req.blocks[g].extend(hit)
         ext = kw.get("num_external_computed_tokens", 0)
+        if self._plain and len(res.new_blocks_by_group) == 1:
+            # Full attention only: nothing to drop or pad, one row of new blocks.
+            return self._plain_done(req, res)
         total_computed = req.computed + num_new_computed_tokens + ext
         self._drop_skipped(req, total_computed)
         if fresh and ext:
@@ -221,6 +228,19 @@ class RemoteKVCacheManager(_Remote):
             new.append(row[lead[g]:])
         req.computed = res.num_computed_tokens
         return self.create_kv_cache_blocks(tuple(new))
+
+    def _plain_done(self, req, res):
+        """_slots_done's end on a full-attention-only pool."""
+        blocks, row = self._blocks, []
+        for i in res.new_blocks_by_group[0]:
+            b = blocks.get(i) or self._block(i)
+            b.ref_cnt = 1
+            b._block_hash = None
+            row.append(b)
+        req.blocks[0].extend(row)
+        req.computed = res.num_computed_tokens
+        lead = res.external_blocks_by_group[0] if res.external_blocks_by_group else 0
+        return KVCacheBlocks((row[lead:],)) if len(row) > lead else self.empty_kv_cache_blocks
 
     def _refused(self, request, req, num_new_computed_tokens):
         # num_new_computed_tokens: the hit and the external tokens, as vLLM's total_computed
@@ -415,23 +435,24 @@ class Step:
                 if op[0] == "noop":
                     out.append(None)
                     continue
-                r = batch._result(k)
-                k += 1
                 if op[0] == "free":
-                    if r.error is not None:
-                        raise r.error
+                    err = batch._error(k)
+                    k += 1
+                    if err is not None:
+                        raise err
                     _released(op[1])
                     out.append(None)
                     continue
+                res, err = batch._slots(k)
+                k += 1
                 _, request, req, kw, nhit, hit_blocks = op
-                if isinstance(r.error, NoSpace):
+                if isinstance(err, NoSpace):
                     self._mgr._refused(request, req, nhit + kw["num_external_computed_tokens"])
                     out.append(None)
-                elif r.error is not None:
-                    raise r.error
+                elif err is not None:
+                    raise err
                 else:
-                    out.append(self._mgr._slots_done(request, req, kw, r.slots, nhit,
-                                                     hit_blocks))
+                    out.append(self._mgr._slots_done(request, req, kw, res, nhit, hit_blocks))
         finally:
             batch.clear()
             self._ops.clear()
