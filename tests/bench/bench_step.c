@@ -10,6 +10,11 @@
  *            daemon's work, decoding)
  *   raw      a raw nng REQ/REP round trip of the remote step's request and
  *            reply sizes (the floor for the transport)
+ *   busy raw the same round trip with the echo server busy for core's
+ *            time before each reply and the client busy for its CPU time
+ *            per step before each request (bench_raw.c): what the step's
+ *            compute costs the transport on this machine, where a CPU left
+ *            idle for ~100 us wakes slowly, with none of our code
  *   core     the daemon's own work on the step's encoded Batch, in process
  *            with no transport (kvpd_server_handle: decode, dispatch, encode;
  *            the part of remote that is ours; deterministic under callgrind)
@@ -29,9 +34,6 @@
 #include <dirent.h>
 #include <inttypes.h>
 #include <nng/nng.h>
-#include <nng/protocol/reqrep0/rep.h>
-#include <nng/protocol/reqrep0/req.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,7 @@
 #include <unistd.h>
 
 #include "../spawn.h"
+#include "bench_raw.h"
 #include "bench_util.h"
 #include "clients/c/kvpool.h"
 #include "engine/manager.h"
@@ -744,79 +747,6 @@ out:
 	return rv;
 }
 
-/* ---- raw: nng REQ/REP round trips of the step's sizes ---- */
-
-struct echo {
-	nng_socket sock;
-	size_t reply_len;
-	pthread_t th;
-};
-
-static void *
-echo_main(void *arg)
-{
-	struct echo *e = arg;
-	uint8_t *out = calloc(1, e->reply_len ? e->reply_len : 1);
-	for (;;) {
-		nng_msg *m;
-		if (out == NULL || nng_recvmsg(e->sock, &m, 0) != 0)
-			break;
-		/* Reply with a message of the reply's size, built as the daemon builds one. */
-		nng_msg_free(m);
-		if (nng_msg_alloc(&m, e->reply_len) != 0)
-			break;
-		memcpy(nng_msg_body(m), out, e->reply_len);
-		if (nng_sendmsg(e->sock, m, 0) != 0) {
-			nng_msg_free(m);
-			break;
-		}
-	}
-	free(out);
-	return NULL;
-}
-
-static int
-run_raw(const char *url, size_t req_len, size_t rep_len, uint64_t n, double *wall)
-{
-	struct echo e = {.reply_len = rep_len};
-	nng_socket s;
-	uint8_t *req = calloc(1, req_len ? req_len : 1);
-	int rv = -1;
-
-	if (req == NULL || nng_rep0_open(&e.sock) != 0)
-		goto out;
-	if (nng_listen(e.sock, url, NULL, 0) != 0 ||
-	    pthread_create(&e.th, NULL, echo_main, &e) != 0) {
-		nng_close(e.sock);
-		goto out;
-	}
-	if (nng_req0_open(&s) == 0 && nng_dial(s, url, NULL, 0) == 0) {
-		rv = 0;
-		for (uint64_t i = 0; i < n + 16 && rv == 0; i++) {
-			double t0 = now();
-			nng_msg *m;
-			if (nng_msg_alloc(&m, req_len) != 0) {
-				rv = -1;
-				break;
-			}
-			memcpy(nng_msg_body(m), req, req_len);
-			if (nng_sendmsg(s, m, 0) != 0 || nng_recvmsg(s, &m, 0) != 0) {
-				rv = -1;
-				break;
-			}
-			nng_msg_free(m);
-			if (i >= 16) /* after a warm-up */
-				wall[i - 16] = now() - t0;
-		}
-		nng_close(s);
-	}
-	nng_close(e.sock);
-	pthread_join(e.th, NULL);
-out:
-	free(req);
-	return rv;
-}
-
 /* ---- the daemons ---- */
 
 static pid_t
@@ -953,7 +883,7 @@ main(int argc, char **argv)
 	       " round(s); 272 request calls per step; us per step (p10 / median / p90)\n\n",
 	       w, n, rounds);
 	double *wall = calloc(n, sizeof(double)), *cpu = calloc(n, sizeof(double)),
-	       *build = calloc(n, sizeof(double)), *raw = calloc(n, sizeof(double));
+	       *build = calloc(n, sizeof(double)), *raw = calloc(2 * n, sizeof(double));
 	if (wall == NULL || cpu == NULL || build == NULL || raw == NULL)
 		return 1;
 	struct timing t = {.wall = wall, .cpu = cpu, .build = build};
@@ -962,11 +892,12 @@ main(int argc, char **argv)
 		if ((events && !ev_on) || (!events && !ev_off))
 			continue;
 		double eng_med[100], rem_med[100], raw_med[100], dcpu[100], ccpu[100], bld[100];
-		double core_med[100];
+		double core_med[100], gap_med[100];
 		size_t req_b = 0, rep_b = 0;
 		for (uint64_t r = 0; r < rounds; r++) {
 			struct checks c;
 			eng_med[r] = rem_med[r] = raw_med[r] = dcpu[r] = ccpu[r] = bld[r] = core_med[r] = 0;
+			gap_med[r] = 0;
 			if (do_engine) {
 				memset(&c, 0, sizeof(c));
 				if (run_engine(w, n, events, &t, &c) != 0)
@@ -1004,13 +935,20 @@ main(int argc, char **argv)
 					                        &c, w, n, events);
 				printf("round %" PRIu64 ", events %s: remote p10 %.0f / p50 %.0f / p90 %.0f us",
 				       r + 1, events ? "on" : "off", sw.p10, sw.p50, sw.p90);
-				if (run_raw(url_raw, req_b, rep_b, n, raw) != 0) {
+				if (bench_raw_run(url_raw, req_b, rep_b, n, raw, 0, 0) != 0 ||
+				    (do_core &&
+				     bench_raw_run(url_raw, req_b, rep_b, n, raw + n, core_med[r], ccpu[r]) != 0)) {
 					fprintf(stderr, "bench: the raw nng round trip failed\n");
 					failed = 1;
 					break;
 				}
 				raw_med[r] = stats_of(raw, n).p50;
-				printf(", raw %.0f us, engine %.0f us\n", raw_med[r], eng_med[r]);
+				printf(", raw %.0f us, engine %.0f us", raw_med[r], eng_med[r]);
+				if (do_core) {
+					gap_med[r] = stats_of(raw + n, n).p50;
+					printf(", raw with both sides busy %.0f us", gap_med[r]);
+				}
+				printf("\n");
 			}
 		}
 		if (failed)
@@ -1018,7 +956,7 @@ main(int argc, char **argv)
 		double E = median(eng_med, (int)rounds), R = median(rem_med, (int)rounds);
 		double X = median(raw_med, (int)rounds), D = median(dcpu, (int)rounds);
 		double C = median(ccpu, (int)rounds), B = median(bld, (int)rounds);
-		double K = median(core_med, (int)rounds);
+		double K = median(core_med, (int)rounds), G = median(gap_med, (int)rounds);
 		printf("\n| events %s | us per step | us per call |\n|---|---|---|\n", events ? "on" : "off");
 		if (do_engine)
 			printf("| engine, in process (floor for the daemon) | %.0f | %.2f |\n", E, E / 272);
@@ -1031,12 +969,18 @@ main(int argc, char **argv)
 			printf("| - client CPU (median) | %.0f | %.2f |\n", C, C / 272);
 			printf("| - client building the batch (median) | %.0f | %.2f |\n", B, B / 272);
 			printf("| raw nng REQ/REP, %zu B request, %zu B reply | %.0f | |\n", req_b, rep_b, X);
+			if (do_core)
+				printf("| raw nng REQ/REP, same sizes, the echo busy for core's time and the "
+				       "client for its CPU time between calls | %.0f | |\n", G);
 		}
 		if (do_engine && do_remote)
 			printf("\nremote / (engine + raw) = %.2f (aim <= 1.5); daemon CPU / engine = %.2f",
 			       R / (E + X), D / E);
 		if (do_engine && do_core)
 			printf("%score / engine = %.2f", do_remote ? "; " : "\n", K / E);
+		if (do_core && do_remote)
+			printf("\nremote - client CPU - raw with both sides busy = %.0f us per step: the "
+			       "daemon's cost beyond its in-process core and a busy round trip", R - C - G);
 		printf("\n\n");
 	}
 	free(wall);
