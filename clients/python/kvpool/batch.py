@@ -199,19 +199,7 @@ class Batch:
         L.kvp_batch_result(self._b, i, ref)
         if r.status != 0:
             return None, self._result(i).error
-        s = r.slots
-        ng = s.num_groups
-        ids = r.block_ids[:r.num_block_ids] if r.has_block_ids else []
-        per = s.new_blocks_per_group[:ng]
-        if ng == 1:
-            rows = [ids]
-        else:
-            rows, off = [], 0
-            for k in per:
-                rows.append(ids[off:off + k])
-                off += k
-        return SlotsResult(ids, s.hit_tokens, s.num_scheduled_tokens, s.num_computed_tokens,
-                           rows, s.external_blocks_per_group[:ng]), None
+        return _slots_of(r, r.block_ids[:r.num_block_ids] if r.has_block_ids else []), None
 
     def _result(self, i):
         r = L.BatchResult()
@@ -236,14 +224,23 @@ class Batch:
             out.stats = {name: getattr(r.stats, name) for name, _ in L.Stats._fields_}
         kind = self._kinds[i]
         if kind == "allocate_slots":
-            s = r.slots
-            rows, off = [], 0
-            for g in range(s.num_groups):
-                rows.append(out.block_ids[off:off + s.new_blocks_per_group[g]])
-                off += s.new_blocks_per_group[g]
-            out.slots = SlotsResult(out.block_ids, s.hit_tokens, s.num_scheduled_tokens,
-                                    s.num_computed_tokens, rows,
-                                    list(s.external_blocks_per_group[:s.num_groups]))
+            out.slots = _slots_of(r, out.block_ids)
         elif kind in ("lookup", "get_computed_blocks"):
             out.slots = SlotsResult(out.block_ids, r.slots.hit_tokens, 0, 0, None)
         return out
+
+
+def _slots_of(r, ids):
+    """The SlotsResult of a succeeded AllocateSlots' kvp_batch_result r, its
+    new block ids (group after group) already read as ids."""
+    s = r.slots
+    ng = s.num_groups
+    if ng == 1:
+        rows = [ids]
+    else:
+        rows, off = [], 0
+        for k in s.new_blocks_per_group[:ng]:
+            rows.append(ids[off:off + k])
+            off += k
+    return SlotsResult(ids, s.hit_tokens, s.num_scheduled_tokens, s.num_computed_tokens, rows,
+                       s.external_blocks_per_group[:ng])
