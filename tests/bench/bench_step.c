@@ -34,7 +34,6 @@
 
 #include <dirent.h>
 #include <inttypes.h>
-#include <nng/nng.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
