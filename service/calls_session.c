@@ -98,6 +98,7 @@ pool_info(struct call *c)
 	info->max_ids_per_call = p->limits.max_ids;
 	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
 	info->hash_len = kvp_pool_hash_len(p->pool);
+	info->slots_runs = true;
 	info->max_msg_bytes = (uint32_t)p->limits.max_reply_bytes;
 	if (p->exec != NULL) {
 		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);

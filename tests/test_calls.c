@@ -45,6 +45,11 @@ test_calls_batchable_rows_are_batch_fields(void **state)
 
 	for (unsigned i = 0; i < d->n_fields; i++) {
 		const struct kvpd_call_op *op = kvpd_call_lookup((int)d->fields[i].id);
+		/* A slots run is the batch's own (dispatch.c), n AllocateSlots calls. */
+		if (d->fields[i].id == KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN) {
+			assert_null(op);
+			continue;
+		}
 		if (op == NULL || !op->batchable)
 			fail_msg("BatchCall field %s is not a batchable row", d->fields[i].name);
 		assert_string_equal(op->name, d->fields[i].name);
