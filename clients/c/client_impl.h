@@ -43,6 +43,8 @@ struct kvp_client {
 	/* The pool's event-stream key (a pool with a token), from its PoolInfo. */
 	struct kvp_seal_key event_key;
 	bool has_event_key;
+	/* The daemon runs a Batch's slots runs (PoolInfo); else batches send plain calls. */
+	bool slots_runs;
 };
 
 /* Sets the detail (fmt with one %s for arg) and returns status. */

@@ -308,6 +308,12 @@ size_t kvp_batch_count(const struct kvp_batch *b);
 
 #define KVP_BATCH_CONTINUE 0x1u /* run every call even after one fails */
 #define KVP_BATCH_BORROW 0x2u   /* reference the caller's arrays instead of copying */
+/*
+ * Send kvp_batch_allocate_slots_n's calls as plain calls, not as one slots
+ * run (packed arrays; the default where the daemon runs them, which its
+ * Hello says: else the client sends plain calls by itself). Same results.
+ */
+#define KVP_BATCH_PLAIN 0x4u
 /* Sets the flags for the calls added from now on and the next sends. KVP_EINVAL: unknown flag. */
 int kvp_batch_set_flags(struct kvp_batch *b, unsigned flags);
 
@@ -324,7 +330,9 @@ int kvp_batch_allocate_slots(struct kvp_batch *b, const struct kvp_client_slots 
  * decode step), the same as n kvp_batch_allocate_slots calls: call i appends
  * num_token_ids[i] token ids (the next ones of token_ids; num_token_ids NULL:
  * none) and schedules num_new_tokens[i]; the lookahead and delay apply to
- * every call. On failure none of them is added.
+ * every call. On failure none of them is added. They go on the wire as one
+ * slots run, a message of packed arrays (kvpool.proto), but count, run,
+ * stop and report as n calls.
  */
 int kvp_batch_allocate_slots_n(struct kvp_batch *b, size_t n, const uint64_t *request_ids,
                                const uint32_t *num_new_tokens, const uint32_t *num_token_ids,
