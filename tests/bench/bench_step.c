@@ -27,7 +27,7 @@
  *
  * usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]
  *                       [--only engine|remote|core] [--events off|on] [--cold MIB]
- *                       [--replay-mib MIB]
+ *                       [--replay-mib MIB] [--plain]
  *                       [KVPOOLD]
  */
 #define _POSIX_C_SOURCE 200809L
@@ -94,6 +94,13 @@ static size_t cold_len;
  * encoded batch lands on fresh pages, and the step pays their faults.
  */
 static char replay_mib[24] = "4";
+
+/*
+ * --plain: the decodes as 248 AllocateSlots messages (kvp_batch_allocate_slots
+ * each), not as one slots run (kvp_batch_allocate_slots_n), the default.
+ */
+static bool plain_wire;
+static uint32_t ones[RUNNING]; /* every decode's counts */
 
 static void
 cold_touch(void)
@@ -475,12 +482,15 @@ run_remote(const char *url, pid_t daemon, uint64_t w_steps, uint64_t n_steps, bo
 		double t0 = now(), c0 = thread_cpu();
 		size_t run;
 		kvp_batch_clear(b);
-		for (size_t i = 0; i < st->ndec; i++) {
+		for (size_t i = 0; plain_wire && i < st->ndec; i++) {
 			struct kvp_client_slots a = {.request_id = st->dec[i], .new_tokens = &st->dec_tok[i],
 			                             .num_new_token_ids = 1, .num_new_tokens = 1};
 			if (kvp_batch_allocate_slots(b, &a) != KVP_OK)
 				goto out;
 		}
+		if (!plain_wire && kvp_batch_allocate_slots_n(b, st->ndec, st->dec, ones, ones,
+		                                              st->dec_tok, 0, false) != KVP_OK)
+			goto out;
 		for (size_t i = 0; i < st->nfin; i++)
 			if (kvp_batch_free_request(b, st->fin[i], false) != KVP_OK)
 				goto out;
@@ -612,6 +622,25 @@ core_call(struct kvpd_server *srv, Kvpool__V1__Request *rq, double *secs)
 	return r;
 }
 
+/* A slots run's reply of n calls, every one OK, into the digest; false if not. */
+static bool
+run_digest(const Kvpool__V1__Reply *sub, size_t n, uint64_t *digest)
+{
+	const Kvpool__V1__SlotsRunReply *r = sub->slots_run;
+	size_t off = 0;
+	if (sub->result_case != KVPOOL__V1__REPLY__RESULT_SLOTS_RUN || r->n_statuses != n ||
+	    r->num_groups != 1 || r->n_new_blocks_per_group != n)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		size_t m = r->new_blocks_per_group[i];
+		if (r->statuses[i] != 0 || m > r->n_new_block_ids - off)
+			return false;
+		*digest = digest_call(*digest, r->new_block_ids + off, m);
+		off += m;
+	}
+	return true;
+}
+
 static int
 run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, struct checks *c)
 {
@@ -621,6 +650,7 @@ run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, stru
 	Kvpool__V1__BatchCall *calls = calloc(MAXC, sizeof(*calls)), *cp[MAXC];
 	Kvpool__V1__AllocateSlotsRequest *as = calloc(MAXC, sizeof(*as));
 	Kvpool__V1__FreeRequestRequest fr[FINISH];
+	Kvpool__V1__SlotsRunRequest run;
 	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
 	Kvpool__V1__HelloRequest hello = KVPOOL__V1__HELLO_REQUEST__INIT;
 	Kvpool__V1__BatchRequest br = KVPOOL__V1__BATCH_REQUEST__INIT;
@@ -645,8 +675,20 @@ run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, stru
 	r = NULL;
 	for (uint64_t s = 0; s < w_steps + n_steps; s++) {
 		wl_next(&w, st);
-		size_t k = 0;
-		for (size_t i = 0; i < st->ndec; i++, k++) {
+		size_t k = 0, nrun = 0;
+		if (!plain_wire && st->ndec > 0) { /* as kvp_batch_allocate_slots_n sends them */
+			kvpool__v1__slots_run_request__init(&run);
+			run.request_ids = st->dec;
+			run.n_request_ids = run.n_num_new_tokens = run.n_num_token_ids = st->ndec;
+			run.num_new_tokens = run.num_token_ids = ones;
+			run.token_ids = st->dec_tok;
+			run.n_token_ids = st->ndec;
+			kvpool__v1__batch_call__init(&calls[k]);
+			calls[k].call_case = KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN;
+			calls[k++].slots_run = &run;
+			nrun = st->ndec;
+		}
+		for (size_t i = 0; plain_wire && i < st->ndec; i++, k++) {
 			kvpool__v1__allocate_slots_request__init(&as[k]);
 			as[k].request_id = st->dec[i];
 			as[k].new_token_ids = &st->dec_tok[i];
@@ -689,14 +731,18 @@ run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, stru
 			        r ? r->detail : "no reply");
 			goto out;
 		}
-		for (size_t i = 0; i < k; i++) {
-			if (i >= st->ndec && i < st->ndec + st->nfin)
+		/* The decodes' results, from the run's arrays. */
+		if (nrun > 0 && !run_digest(r->batch->replies[0], nrun, &w.digest))
+			goto out;
+		for (size_t i = nrun > 0 ? 1 : 0; i < k; i++) {
+			size_t call = i + (nrun > 0 ? nrun - 1 : 0);
+			if (call >= st->ndec && call < st->ndec + st->nfin)
 				continue;
 			const Kvpool__V1__AllocateSlotsReply *a = r->batch->replies[i]->allocate_slots;
 			if (a == NULL)
 				goto out;
 			w.digest = digest_call(w.digest, a->new_block_ids, a->n_new_block_ids);
-			if (i >= st->ndec + st->nfin)
+			if (call >= st->ndec + st->nfin)
 				w.hit_tokens += a->hit_tokens;
 		}
 		kvpool__v1__reply__free_unpacked(r, NULL);
@@ -800,7 +846,7 @@ usage(FILE *f)
 {
 	fprintf(f, "usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]\n"
 	           "                      [--only engine|remote|core] [--events off|on] [--cold MIB]\n"
-	           "                      [--replay-mib MIB] [KVPOOLD]\n"
+	           "                      [--replay-mib MIB] [--plain] [KVPOOLD]\n"
 	           "S256 (step-workload-s256.md): the scheduler step in process on the engine, the\n"
 	           "daemon's handling of it in process (core), as one Batch to kvpoold over ipc://,\n"
 	           "and a raw nng round trip of its sizes, in one run.\n"
@@ -808,7 +854,9 @@ usage(FILE *f)
 	           "--cold MIB: write MIB MiB before each in-process step (untimed): cold caches.\n"
 	           "--replay-mib MIB: the daemons' replay ring (default 4: it wraps in the warm-up,\n"
 	           "so events-on steps are timed in steady state; 64, kvpoold's default, times\n"
-	           "the ring's first fill, when every batch lands on fresh pages).\n");
+	           "the ring's first fill, when every batch lands on fresh pages).\n"
+	           "--plain: send the decodes as 248 AllocateSlots messages, not as one slots run\n"
+	           "(kvp_batch_allocate_slots_n's encoding, the default).\n");
 }
 
 static int
@@ -855,6 +903,8 @@ main(int argc, char **argv)
 		} else if (strcmp(a, "--replay-mib") == 0 && parse_u64(v, 1, 4096, &rmib) == 0) {
 			snprintf(replay_mib, sizeof(replay_mib), "%" PRIu64, rmib);
 			i++;
+		} else if (strcmp(a, "--plain") == 0) {
+			plain_wire = true;
 		} else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
 			usage(stdout);
 			return 0;
@@ -867,6 +917,8 @@ main(int argc, char **argv)
 			return 2;
 		}
 	}
+	for (size_t i = 0; i < RUNNING; i++)
+		ones[i] = 1;
 	if (cold_mib > 0) {
 		cold_len = (size_t)cold_mib << 20;
 		if ((cold_buf = calloc(1, cold_len)) == NULL)
@@ -897,8 +949,8 @@ main(int argc, char **argv)
 		nanosleep(&(struct timespec){0, 300000000}, NULL);
 
 	printf("kvp-bench-step: S256, W=%" PRIu64 " warm-up + N=%" PRIu64 " timed steps, %" PRIu64
-	       " round(s); 272 request calls per step; us per step (p10 / median / p90)\n\n",
-	       w, n, rounds);
+	       " round(s); 272 request calls per step, the decodes %s; us per step (p10 / median / "
+	       "p90)\n\n", w, n, rounds, plain_wire ? "as 248 messages (--plain)" : "as one slots run");
 	double *wall = calloc(n, sizeof(double)), *cpu = calloc(n, sizeof(double)),
 	       *build = calloc(n, sizeof(double)), *raw = calloc(2 * n, sizeof(double));
 	if (wall == NULL || cpu == NULL || build == NULL || raw == NULL)
