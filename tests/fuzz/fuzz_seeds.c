@@ -126,6 +126,38 @@ main(int argc, char **argv)
 	frame(&rq);
 	save(argv[1], "requests");
 
+	/* A request, then a step's decodes as a slots run (kvpool.proto) beside a plain call. */
+	as.request_id = 9;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE_SLOTS;
+	rq.allocate_slots = &as;
+	rq.call_id = 9;
+	frame(&rq);
+	uint64_t run_ids[3] = {9, 9, 10};
+	uint32_t run_new[3] = {1, 2, 1}, run_ntok[3] = {1, 2, 0};
+	Kvpool__V1__SlotsRunRequest sr = KVPOOL__V1__SLOTS_RUN_REQUEST__INIT;
+	sr.request_ids = run_ids;
+	sr.n_request_ids = sr.n_num_new_tokens = sr.n_num_token_ids = 3;
+	sr.num_new_tokens = run_new;
+	sr.num_token_ids = run_ntok;
+	sr.token_ids = tok;
+	sr.n_token_ids = 3;
+	Kvpool__V1__BatchCall r0 = KVPOOL__V1__BATCH_CALL__INIT, r1 = KVPOOL__V1__BATCH_CALL__INIT;
+	Kvpool__V1__StatsRequest rst = KVPOOL__V1__STATS_REQUEST__INIT;
+	r0.call_case = KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN;
+	r0.slots_run = &sr;
+	r1.call_case = KVPOOL__V1__BATCH_CALL__CALL_STATS;
+	r1.stats = &rst;
+	Kvpool__V1__BatchCall *run_calls[] = {&r1, &r0};
+	Kvpool__V1__BatchRequest rbr = KVPOOL__V1__BATCH_REQUEST__INIT;
+	rbr.calls = run_calls;
+	rbr.n_calls = 2;
+	rbr.continue_on_error = 1;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
+	rq.batch = &rbr;
+	rq.call_id = 10;
+	frame(&rq);
+	save(argv[1], "run");
+
 	Kvpool__V1__BatchCall b0 = KVPOOL__V1__BATCH_CALL__INIT, b1 = KVPOOL__V1__BATCH_CALL__INIT;
 	Kvpool__V1__StatsRequest st = KVPOOL__V1__STATS_REQUEST__INIT;
 	b0.call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE;
