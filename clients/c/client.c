@@ -184,8 +184,9 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 		(void)kvp_mamba_mode_parse(gi->mamba_cache_mode, &s->mamba_mode);
 	}
 	snprintf(i->hash_algorithm, sizeof(i->hash_algorithm), "%s", p->hash_algorithm);
-	memcpy(i->none_hash_fingerprint, p->none_hash_fingerprint.data,
-	       p->none_hash_fingerprint.len < 8 ? p->none_hash_fingerprint.len : 8);
+	if (p->none_hash_fingerprint.len > 0) /* data is NULL when the field is absent */
+		memcpy(i->none_hash_fingerprint, p->none_hash_fingerprint.data,
+		       p->none_hash_fingerprint.len < 8 ? p->none_hash_fingerprint.len : 8);
 	snprintf(i->medium, sizeof(i->medium), "%s", p->medium);
 	i->event_epoch = p->event_epoch;
 	i->event_seq = p->event_seq;
