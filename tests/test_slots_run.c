@@ -5,13 +5,19 @@
  * (KVP_BATCH_PLAIN), on twin pools of a real kvpoold: the same results,
  * statuses, details and pool state, fewer bytes; it stops, keeps going and
  * counts against max-ids as n calls. Then malformed runs, built by hand,
- * through the daemon's handler in process: refused whole, nothing applied.
+ * through the daemon's handler in process: refused whole, nothing applied;
+ * and a fake daemon on a real socket whose run replies do not match the
+ * run: the client refuses them rather than read past their arrays.
  */
 #include "daemon_util.h"
 
 #include <string.h>
 
 #include "kvp_test.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/rep.h>
+#include <pthread.h>
 
 #include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
@@ -401,6 +407,154 @@ test_malformed_runs_are_refused_whole(void **state)
 	kvpd_server_destroy(srv);
 }
 
+/* ---- a daemon whose run replies are wrong (a real REP socket, one thread) ---- */
+
+static Kvpool__V1__SlotsRunReply fake_run;
+static Kvpool__V1__Status fake_status;
+
+/* Answers Hello, then each Batch with a Stats reply and fake_run; stops on Goodbye. */
+static void *
+fake_daemon(void *arg)
+{
+	nng_socket s = *(nng_socket *)arg;
+	for (;;) {
+		nng_msg *m;
+		if (nng_recvmsg(s, &m, 0) != 0)
+			return NULL;
+		Kvpool__V1__Request *rq =
+			kvpool__v1__request__unpack(NULL, nng_msg_len(m), nng_msg_body(m));
+		nng_msg_free(m);
+		if (rq == NULL)
+			return NULL;
+		Kvpool__V1__Reply r = KVPOOL__V1__REPLY__INIT, st = KVPOOL__V1__REPLY__INIT,
+				  run = KVPOOL__V1__REPLY__INIT, *subs[2] = {&st, &run};
+		Kvpool__V1__HelloReply h = KVPOOL__V1__HELLO_REPLY__INIT;
+		Kvpool__V1__PoolInfo pi = KVPOOL__V1__POOL_INFO__INIT;
+		Kvpool__V1__StatsReply sr = KVPOOL__V1__STATS_REPLY__INIT;
+		Kvpool__V1__BatchReply br = KVPOOL__V1__BATCH_REPLY__INIT;
+		Kvpool__V1__GoodbyeReply gb = KVPOOL__V1__GOODBYE_REPLY__INIT;
+		bool bye = rq->call_case == KVPOOL__V1__REQUEST__CALL_GOODBYE;
+		r.call_id = rq->call_id;
+		if (rq->call_case == KVPOOL__V1__REQUEST__CALL_HELLO) {
+			pi.name = "fake";
+			pi.num_blocks = 64;
+			pi.hash_len = 32;
+			pi.slots_runs = true;
+			h.session_id = 1;
+			h.lease_ms = 60000;
+			h.pool = &pi;
+			r.result_case = KVPOOL__V1__REPLY__RESULT_HELLO;
+			r.hello = &h;
+		} else if (rq->call_case == KVPOOL__V1__REQUEST__CALL_BATCH) {
+			st.result_case = KVPOOL__V1__REPLY__RESULT_STATS;
+			st.stats = &sr;
+			run.status = fake_status;
+			run.result_case = KVPOOL__V1__REPLY__RESULT_SLOTS_RUN;
+			run.slots_run = &fake_run;
+			br.replies = subs;
+			br.n_replies = 2;
+			r.status = fake_status;
+			r.result_case = KVPOOL__V1__REPLY__RESULT_BATCH;
+			r.batch = &br;
+		} else {
+			r.result_case = KVPOOL__V1__REPLY__RESULT_GOODBYE;
+			r.goodbye = &gb;
+		}
+		kvpool__v1__request__free_unpacked(rq, NULL);
+		size_t n = kvpool__v1__reply__get_packed_size(&r);
+		if (nng_msg_alloc(&m, n) != 0)
+			return NULL;
+		kvpool__v1__reply__pack(&r, nng_msg_body(m));
+		if (nng_sendmsg(s, m, 0) != 0) {
+			nng_msg_free(m);
+			return NULL;
+		}
+		if (bye)
+			return NULL;
+	}
+}
+
+static void
+test_client_checks_run_replies(void **state)
+{
+	char url[96];
+	nng_socket s;
+	pthread_t t;
+	(void)state;
+	kvpool__v1__slots_run_reply__init(&fake_run);
+	snprintf(url, sizeof(url), "ipc:///tmp/kvpool-fake-run-%d.ipc", (int)getpid());
+	assert_int_equal(nng_rep0_open(&s), 0);
+	assert_int_equal(nng_listen(s, url, NULL, 0), 0);
+	assert_int_equal(pthread_create(&t, NULL, fake_daemon, &s), 0);
+	struct kvp_client_options o = {.url = url, .pool = "fake", .timeout_ms = 2000};
+	struct kvp_client *c = NULL;
+	struct kvp_batch *b = NULL;
+	const uint64_t rid[3] = {1, 2, 3};
+	const uint32_t one[3] = {1, 1, 1};
+	struct kvp_batch_result res;
+	size_t run;
+	assert_ok(kvp_client_open(&o, &c));
+	assert_ok(kvp_batch_create(&b));
+	assert_ok(kvp_batch_stats(b));
+	assert_ok(kvp_batch_allocate_slots_n(b, 3, rid, one, NULL, NULL, 0, false));
+
+	/* A good reply: the second call refused, the others' ids split by their counts. */
+	Kvpool__V1__Status sts[4] = {0, KVPOOL__V1__STATUS__STATUS_NO_SPACE, 0, 0};
+	uint32_t sched[4] = {1, 0, 1, 1}, comp[4] = {5, 0, 9, 9}, per[4] = {1, 0, 2, 0};
+	int32_t ids[3] = {5, 6, 7};
+	char *details[1] = {"no room"};
+	fake_run.statuses = sts;
+	fake_run.num_scheduled_tokens = sched;
+	fake_run.num_computed_tokens = comp;
+	fake_run.new_blocks_per_group = per;
+	fake_run.new_block_ids = ids;
+	fake_run.details = details;
+#define SET_RUN(ns, ng, nper, nids, ndet) \
+	(fake_run.n_statuses = fake_run.n_num_scheduled_tokens = fake_run.n_num_computed_tokens = \
+	 (ns), fake_run.num_groups = (ng), fake_run.n_new_blocks_per_group = (nper), \
+	 fake_run.n_new_block_ids = (nids), fake_run.n_details = (ndet))
+	SET_RUN(3, 1, 3, 3, 1);
+	fake_status = KVPOOL__V1__STATUS__STATUS_NO_SPACE;
+	assert_int_equal(kvp_client_batch(c, b, &run), KVP_ENOSPACE);
+	assert_int_equal(run, 4);
+	assert_ok(kvp_batch_result(b, 1, &res));
+	assert_int_equal(res.num_block_ids, 1);
+	assert_int_equal(res.block_ids[0], 5);
+	assert_int_equal(res.slots.num_computed_tokens, 5);
+	assert_ok(kvp_batch_result(b, 2, &res));
+	assert_int_equal(res.status, KVP_ENOSPACE);
+	assert_string_equal(res.detail, "no room");
+	assert_ok(kvp_batch_result(b, 3, &res));
+	assert_int_equal(res.num_block_ids, 2);
+	assert_int_equal(res.block_ids[1], 7);
+	assert_non_null(strstr(kvp_client_last_detail(c), "no room"));
+
+	/* Replies that do not match the run: refused, nothing readable. */
+	struct {
+		size_t ns, ng, nper, nids, ndet;
+	} bad[] = {
+		{4, 1, 4, 3, 1}, /* more calls than the run has */
+		{3, 0, 0, 3, 1}, /* no groups */
+		{3, 1, 2, 3, 1}, /* counts per group missing */
+		{3, 1, 3, 2, 1}, /* counts past the ids */
+		{3, 1, 3, 3, 0}, /* a failed call without its detail */
+		{0, 1, 0, 0, 0}, /* an empty run that claims success */
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		SET_RUN(bad[i].ns, bad[i].ng, bad[i].nper, bad[i].nids, bad[i].ndet);
+		fake_status = bad[i].ns == 0 ? 0 : KVPOOL__V1__STATUS__STATUS_NO_SPACE;
+		if (kvp_client_batch(c, b, &run) != KVP_EINTERNAL)
+			fail_msg("case %zu: accepted", i);
+		assert_int_equal(run, 0);
+		assert_int_equal(kvp_batch_status(b, 0), KVP_ENOTFOUND);
+	}
+#undef SET_RUN
+	kvp_batch_destroy(b);
+	kvp_client_close(c); /* its Goodbye ends the fake daemon */
+	pthread_join(t, NULL);
+	nng_close(s);
+}
+
 int
 main(void)
 {
@@ -411,6 +565,7 @@ main(void)
 	};
 	const struct CMUnitTest core_tests[] = {
 		cmocka_unit_test(test_malformed_runs_are_refused_whole),
+		cmocka_unit_test(test_client_checks_run_replies),
 	};
 	int failed = cmocka_run_group_tests_name("slots run, kvpoold", daemon_tests, setup,
 	                                         teardown);
