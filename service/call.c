@@ -59,6 +59,16 @@ kvpd_scratch(struct call *c, size_t n)
 	return p;
 }
 
+char *
+kvpd_scratch_str(struct call *c, const char *s)
+{
+	size_t len = strlen(s) + 1;
+	char *d = kvpd_scratch(c, len);
+	if (d != NULL)
+		memcpy(d, s, len);
+	return d;
+}
+
 /* Zeroes what the call used and keeps the chunks (freeing oversized ones). */
 void
 kvpd_scratch_reset(struct kvpd_pool *p)

@@ -42,6 +42,9 @@ int kvpd_fail(struct call *c, int status, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 /* Zeroed memory that lives until the call's reply is packed; NULL on ENOMEM. */
 void *kvpd_scratch(struct call *c, size_t n);
+/* A copy of s in scratch memory; NULL on ENOMEM. */
+char *kvpd_scratch_str(struct call *c, const char *s);
+
 /* A zeroed, initialised protobuf-c message from scratch memory. */
 void *kvpd_new_msg(struct call *c, const ProtobufCMessageDescriptor *d);
 #define NEW(c, type, desc) ((type *)kvpd_new_msg((c), &(desc)))

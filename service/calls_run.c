@@ -42,16 +42,6 @@ check_run(struct call *c, const Kvpool__V1__SlotsRunRequest *m)
 	return KVP_OK;
 }
 
-static char *
-copy_detail(struct call *c)
-{
-	size_t len = strlen(c->detail) + 1;
-	char *d = kvpd_scratch(c, len);
-	if (d != NULL)
-		memcpy(d, c->detail, len);
-	return d;
-}
-
 int
 kvpd_h_slots_run(struct call *c, const Kvpool__V1__SlotsRunRequest *m, bool keep_going,
                  Kvpool__V1__Reply *out, struct kvpd_run_tally *t)
@@ -111,7 +101,7 @@ kvpd_h_slots_run(struct call *c, const Kvpool__V1__SlotsRunRequest *m, bool keep
 			total += nids[i];
 			continue;
 		}
-		if ((r->details[r->n_details] = copy_detail(c)) == NULL)
+		if ((r->details[r->n_details] = kvpd_scratch_str(c, c->detail)) == NULL)
 			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 		r->n_details++;
 		if (t->failed++ == 0) {

@@ -85,11 +85,9 @@ kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Repl
 		if (rv != KVP_OK) {
 			/* A run's calls carry their own details (the run's is only for a malformed one). */
 			bool said = bc->call_case == KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN && !t.whole;
-			char *d = said ? NULL : kvpd_scratch(c, strlen(c->detail) + 1);
-			if (d != NULL) {
-				memcpy(d, c->detail, strlen(c->detail) + 1);
+			char *d = said ? NULL : kvpd_scratch_str(c, c->detail);
+			if (d != NULL)
 				sub->detail = d;
-			}
 			if (failed == 0) {
 				first_rv = rv;
 				first = base + t.first;
