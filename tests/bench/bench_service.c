@@ -4,8 +4,10 @@
  * REQ/REP round trips of a small message measured in the same run (an
  * in-process REP echo on the same transport), so the ratio is our overhead.
  *
- * usage: kvp-bench-service [--quick | --only-batch] [PATH_TO_KVPOOLD]
+ * usage: kvp-bench-service [--quick | --only-batch | --only-core] [PATH_TO_KVPOOLD]
  *   --only-batch  the batched cycle alone over ipc://, 3 s, for a profiler
+ *   --only-core   the batched cycle handed to the daemon's handler in this
+ *                 process (no daemon, no sockets), beside engine loop (b)
  * Starts its own kvpoold (fork+exec before touching nng) on ipc:// and
  * tcp://127.0.0.1, with a 100,000-block pool of block size 16.
  */
@@ -24,11 +26,15 @@
 
 #include "../spawn.h"
 #include "bench_cycle_b.h"
+#include "bench_cycle_batch.h"
 #include "bench_util.h"
 #include <unistd.h>
 
 #include "clients/c/kvpool.h"
+#include "common/crc32c.h"
 #include "kvpool.pb-c.h"
+#include "service/config.h"
+#include "service/server.h"
 
 #define MAX_CLIENTS 8
 #define VLLM_B_CYCLES_PER_S 27000.0
@@ -94,28 +100,6 @@ run_raw(struct job *j)
 	nng_close(s);
 }
 
-/* Unique 32-byte hashes per thread and cycle. */
-static void
-fill_hashes(uint8_t *h, int thread, uint64_t cycle)
-{
-	for (int i = 0; i < 16; i++) {
-		memset(h + i * 32, 0x5a, 32);
-		uint64_t v = cycle * 16 + (uint64_t)i;
-		memcpy(h + i * 32, &v, 8);
-		h[i * 32 + 8] = (uint8_t)thread;
-	}
-}
-
-static void
-rev16(int32_t *a)
-{
-	for (int i = 0; i < 8; i++) {
-		int32_t t = a[i];
-		a[i] = a[15 - i];
-		a[15 - i] = t;
-	}
-}
-
 #define TIMED(j, expr)                                        \
 	do {                                                  \
 		double t0_ = now();                           \
@@ -156,21 +140,21 @@ run_calls(struct job *j)
 		case CYCLE: {
 			/* The engine's loop (b), one call per round trip. */
 			uint32_t nh = 0, ht = 0;
-			fill_hashes(h, j->index, cycle++);
+			cyc_fill_hashes(h, j->index, cycle++);
 			TIMED(j, kvp_client_allocate(c, 16, ids));
 			struct kvp_client_cache ca = {.block_ids = ids, .num_block_ids = 16,
 			                              .num_full_blocks = 16, .hashes = h,
 			                              .num_hashes = 16};
 			TIMED(j, kvp_client_cache(c, &ca, NULL));
 			memcpy(rev, ids, sizeof(ids));
-			rev16(rev);
+			bench_rev16(rev);
 			TIMED(j, kvp_client_free(c, rev, 16));
 			struct kvp_client_lookup q = {.hashes = h, .num_hashes = 16};
 			TIMED(j, kvp_client_lookup(c, &q, hits, 16, &nh, &ht));
 			TIMED(j, kvp_client_touch(c, hits, nh));
 			memcpy(rev, hits, nh * sizeof(*hits));
 			if (nh == 16)
-				rev16(rev);
+				bench_rev16(rev);
 			TIMED(j, kvp_client_free(c, rev, nh));
 			j->units++;
 			break;
@@ -183,97 +167,27 @@ out:
 	kvp_client_close(c);
 }
 
-/*
- * Loop (b) in Batches of 64 cycles per round trip, pipelined: each batch
- * caches, frees, looks up, touches and frees the blocks the previous batch
- * allocated, then allocates the next cycle's blocks.
- */
+/* Loop (b) in Batches of 64 cycles per round trip (bench_cycle_batch.h). */
 static void
 run_batch(struct job *j)
 {
-	enum { B = 64 };
 	struct kvp_client_options o = {.url = j->url, .pool = "bench", .timeout_ms = 10000};
 	struct kvp_client *c = NULL;
-	struct batch_state {
-		int32_t ids[B][16], rev[B][16];
-		uint8_t hashes[B][16 * 32];
-		Kvpool__V1__BatchCall calls[B * 6], *ptrs[B * 6];
-		Kvpool__V1__CacheRequest cache[B];
-		Kvpool__V1__FreeRequest fr1[B], fr2[B];
-		Kvpool__V1__LookupRequest lk[B];
-		Kvpool__V1__TouchRequest tc[B];
-	} *bs = malloc(sizeof(*bs));
-	int32_t(*ids)[16] = bs ? bs->ids : NULL, (*rev)[16] = bs ? bs->rev : NULL;
-	uint8_t(*hashes)[16 * 32] = bs ? bs->hashes : NULL;
-	Kvpool__V1__BatchCall *calls = bs ? bs->calls : NULL, **ptrs = bs ? bs->ptrs : NULL;
-	Kvpool__V1__CacheRequest *cache = bs ? bs->cache : NULL;
-	Kvpool__V1__FreeRequest *fr1 = bs ? bs->fr1 : NULL, *fr2 = bs ? bs->fr2 : NULL;
-	Kvpool__V1__LookupRequest *lk = bs ? bs->lk : NULL;
-	Kvpool__V1__TouchRequest *tc = bs ? bs->tc : NULL;
-	Kvpool__V1__AllocateRequest al = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
-	uint64_t cycle = 0, call_id = 1;
-	uint8_t *buf = malloc(1 << 20);
+	struct cyc_batch *cb = cyc_batch_new(j->index);
+	uint8_t *buf = malloc(cyc_batch_max_len());
+	uint64_t call_id = 1;
 
-	if (bs == NULL || buf == NULL || kvp_client_open(&o, &c) != KVP_OK) {
+	if (cb == NULL || buf == NULL || kvp_client_open(&o, &c) != KVP_OK) {
 		j->failed = 1;
-		free(buf);
-		free(bs);
-		return;
+		goto out;
 	}
 	uint64_t sid = kvp_client_info(c)->session_id;
-	al.num_blocks = 16;
-	for (int i = 0; i < B; i++) /* the first batch's blocks */
-		if (kvp_client_allocate(c, 16, ids[i]) != KVP_OK)
+	for (int i = 0; i < CB_CYCLES; i++) /* the first batch's blocks */
+		if (kvp_client_allocate(c, 16, cyc_batch_ids(cb, i)) != KVP_OK)
 			j->failed = 1;
 	double end = now() + seconds;
 	while (now() < end && !j->failed) {
-		size_t n = 0;
-		for (int i = 0; i < B; i++) {
-			fill_hashes(hashes[i], j->index, cycle++);
-			memcpy(rev[i], ids[i], sizeof(ids[i]));
-			rev16(rev[i]);
-			kvpool__v1__cache_request__init(&cache[i]);
-			cache[i].block_ids = ids[i];
-			cache[i].n_block_ids = 16;
-			cache[i].num_full_blocks = 16;
-			cache[i].block_hashes.data = hashes[i];
-			cache[i].block_hashes.len = 16 * 32;
-			kvpool__v1__free_request__init(&fr1[i]);
-			fr1[i].block_ids = rev[i];
-			fr1[i].n_block_ids = 16;
-			kvpool__v1__lookup_request__init(&lk[i]);
-			lk[i].block_hashes = cache[i].block_hashes;
-			kvpool__v1__touch_request__init(&tc[i]);
-			tc[i].block_ids = ids[i];
-			tc[i].n_block_ids = 16;
-			fr2[i] = fr1[i];
-			for (int k = 0; k < 6; k++) {
-				kvpool__v1__batch_call__init(&calls[n + k]);
-				ptrs[n + k] = &calls[n + k];
-			}
-			calls[n].call_case = KVPOOL__V1__BATCH_CALL__CALL_CACHE;
-			calls[n++].cache = &cache[i];
-			calls[n].call_case = KVPOOL__V1__BATCH_CALL__CALL_FREE;
-			calls[n++].free = &fr1[i];
-			calls[n].call_case = KVPOOL__V1__BATCH_CALL__CALL_LOOKUP;
-			calls[n++].lookup = &lk[i];
-			calls[n].call_case = KVPOOL__V1__BATCH_CALL__CALL_TOUCH;
-			calls[n++].touch = &tc[i];
-			calls[n].call_case = KVPOOL__V1__BATCH_CALL__CALL_FREE;
-			calls[n++].free = &fr2[i];
-			calls[n].call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE;
-			calls[n++].allocate = &al;
-		}
-		Kvpool__V1__BatchRequest br = KVPOOL__V1__BATCH_REQUEST__INIT;
-		br.calls = ptrs;
-		br.n_calls = n;
-		Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
-		rq.pool = "bench";
-		rq.session_id = sid;
-		rq.call_id = call_id++;
-		rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
-		rq.batch = &br;
-		size_t len = kvpool__v1__request__pack(&rq, buf);
+		size_t len = cyc_batch_pack(cb, "bench", sid, call_id++, buf);
 		uint8_t *reply = NULL;
 		size_t rlen = 0;
 		double t0 = now();
@@ -281,25 +195,21 @@ run_batch(struct job *j)
 			j->failed = 1;
 			break;
 		}
-		Kvpool__V1__Reply *r = kvpool__v1__reply__unpack(NULL, rlen, reply);
+		int rv = cyc_batch_take(cb, reply, rlen);
 		free(reply);
 		record(j, now() - t0);
-		if (r == NULL || r->status != 0 || r->batch->n_replies != n) {
-			fprintf(stderr, "batch failed: %s\n", r ? r->detail : "undecodable");
+		if (rv != 0) {
 			j->failed = 1;
-			kvpool__v1__reply__free_unpacked(r, NULL);
 			break;
 		}
-		for (int i = 0; i < B; i++)
-			memcpy(ids[i], r->batch->replies[i * 6 + 5]->allocate->block_ids, sizeof(ids[i]));
-		kvpool__v1__reply__free_unpacked(r, NULL);
 		j->ops++;
-		j->units += B;
+		j->units += CB_CYCLES;
 	}
-	for (int i = 0; i < B; i++)
-		(void)kvp_client_free(c, ids[i], 16);
+	for (int i = 0; i < CB_CYCLES && c != NULL; i++)
+		(void)kvp_client_free(c, cyc_batch_ids(cb, i), 16);
+out:
 	free(buf);
-	free(bs);
+	cyc_batch_free(cb);
 	kvp_client_close(c);
 }
 
@@ -428,18 +338,118 @@ engine_b_rate(double secs)
 	return (double)n / t;
 }
 
+/*
+ * The batched cycle handed to the daemon's handler in this process: the
+ * daemon's own work per cycle (decode, calls, encode) without the transport,
+ * on a server configured like the spawned daemon. Cycles/s, or 0 on failure.
+ * Under callgrind, --toggle-collect=kvpd_server_handle counts its instructions.
+ */
+static double
+core_b_rate(double secs, long *cycles)
+{
+	char *argv[] = {"kvpoold", "--quiet", "--executor", "none", "--admin", "none", "--events",
+	                "none", "--pool", "name=bench,blocks=100000,block_size=16", "--lease-ms",
+	                "600000", NULL};
+	struct kvpd_config cfg;
+	struct kvpd_server *srv = NULL;
+	struct cyc_batch *cb = cyc_batch_new(0);
+	uint8_t *buf = malloc(cyc_batch_max_len()), *rep = NULL;
+	size_t rlen = 0;
+	char err[256];
+	double rate = 0, t0 = 0, t = 0;
+	FILE *devnull = fopen("/dev/null", "w");
+	int rv = devnull ? kvpd_config_load(&cfg, (int)(sizeof(argv) / sizeof(argv[0])) - 1, argv,
+	                                    NULL, devnull, devnull)
+	                 : -1;
+	if (devnull)
+		fclose(devnull);
+	(void)kvp_crc32c(0, (const uint8_t *)"", 0); /* its one-time tables, outside the count */
+	if (rv != 0 || cb == NULL || buf == NULL ||
+	    kvpd_server_create(&cfg, &srv, err, sizeof(err)) != KVP_OK)
+		goto out;
+	/* A session, and the first batch's blocks. */
+	Kvpool__V1__HelloRequest hello = KVPOOL__V1__HELLO_REQUEST__INIT;
+	Kvpool__V1__AllocateRequest al = KVPOOL__V1__ALLOCATE_REQUEST__INIT;
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	hello.protocol_version = 1;
+	rq.pool = "bench";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &hello;
+	if (kvpd_server_handle(srv, buf, kvpool__v1__request__pack(&rq, buf), 1000, &rep, &rlen) !=
+	        KVP_OK ||
+	    (r = kvpool__v1__reply__unpack(NULL, rlen, rep)) == NULL || r->status != 0)
+		goto out;
+	rq.session_id = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	al.num_blocks = 16;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE;
+	rq.allocate = &al;
+	for (int i = 0; i < CB_CYCLES; i++) {
+		free(rep);
+		rep = NULL;
+		rq.call_id = (uint64_t)i + 1;
+		if (kvpd_server_handle(srv, buf, kvpool__v1__request__pack(&rq, buf), 1000, &rep,
+		                       &rlen) != KVP_OK ||
+		    (r = kvpool__v1__reply__unpack(NULL, rlen, rep)) == NULL)
+			goto out;
+		int ok = r->status == 0 && r->allocate->n_block_ids == 16;
+		if (ok)
+			memcpy(cyc_batch_ids(cb, i), r->allocate->block_ids, 16 * sizeof(int32_t));
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		if (!ok)
+			goto out;
+	}
+	/* Timed: the handler alone, over batches until secs have passed. */
+	uint64_t call_id = CB_CYCLES + 1;
+	do {
+		size_t len = cyc_batch_pack(cb, "bench", rq.session_id, call_id++, buf);
+		free(rep);
+		rep = NULL;
+		double t1 = now();
+		if (kvpd_server_handle(srv, buf, len, 1000, &rep, &rlen) != KVP_OK)
+			goto out;
+		t += now() - t1;
+		if (t0 == 0)
+			t0 = t1;
+		if (cyc_batch_take(cb, rep, rlen) != 0)
+			goto out;
+		*cycles += CB_CYCLES;
+	} while (now() - t0 < secs);
+	rate = (double)*cycles / t;
+out:
+	if (rate == 0)
+		fprintf(stderr, "bench: core: %s\n", srv ? "a call failed" : err);
+	free(rep);
+	free(buf);
+	cyc_batch_free(cb);
+	kvpd_server_destroy(srv);
+	return rate;
+}
+
 int
 main(int argc, char **argv)
 {
 	const char *daemon = KVPOOLD_PATH;
-	int only_batch = 0;
+	int only_batch = 0, only_core = 0;
+	const char *usage = "[--quick | --only-batch | --only-core] [KVPOOLD]";
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--quick") == 0)
 			seconds = 0.2;
 		else if (strcmp(argv[i], "--only-batch") == 0)
 			only_batch = 1, seconds = 3.0; /* one row, for a profiler */
+		else if (strcmp(argv[i], "--only-core") == 0)
+			only_core = 1;
 		else
-			daemon = bench_daemon_arg("kvp-bench-service", "[--quick] [--only-batch] [KVPOOLD]", argv[i]);
+			daemon = bench_daemon_arg("kvp-bench-service", usage, argv[i]);
+	}
+	if (only_core) { /* no daemon, no sockets: the engine and the handler, in process */
+		long cycles = 0;
+		double eng_b = engine_b_rate(1.0), core = core_b_rate(1.0, &cycles);
+		printf("in process, this run: engine loop (b) %.0f cycles/s; the daemon's handler on "
+		       "the batched cycle %.0f cycles/s (%ld cycles), %.3f of engine (b)\n",
+		       eng_b, core, cycles, eng_b > 0 ? core / eng_b : 0);
+		return core > 0 && eng_b > 0 ? 0 : 1;
 	}
 	int pid = (int)getpid();
 	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-bench-%d.ipc", pid);
