@@ -2,11 +2,14 @@
 /*
  * Reply encoding. protobuf-c packs by walking descriptors, twice (size,
  * then bytes): on the S256 step (a Batch of 272 request calls) its packer
- * was a fifth of the daemon's instructions outside hashing. A Batch reply
- * is therefore written by hand for the sub-replies a scheduler step is
- * made of (AllocateSlots, FreeRequest, GetComputedBlocks, and failed calls
- * that carry only a status and detail); any other sub-reply is packed by
- * protobuf-c in its place. The bytes are protobuf-c's own for the same
+ * was a fifth of the daemon's instructions outside hashing, and on the
+ * batched block-level cycle (kvp-bench-service --only-core) reply packing
+ * was a third. A Batch reply is therefore written by hand for the
+ * sub-replies a Batch carries on its hot paths (Allocate, Touch, Free,
+ * Cache, Lookup, Evict, AllocateSlots, FreeRequest, GetComputedBlocks,
+ * slots runs, and failed calls that carry only a status and detail); any
+ * other sub-reply (Stats) is packed by protobuf-c in its place. A oneof
+ * member's field number is protobuf-c's result_case value. The bytes are protobuf-c's own for the same
  * message (tests/test_reply_encoding.c compares them).
  */
 #include <string.h>
@@ -20,9 +23,6 @@ enum {
 	F_CALL_ID = 1,
 	F_STATUS = 2,
 	F_DETAIL = 3,
-	F_ALLOCATE_SLOTS = 19,
-	F_FREE_REQUEST = 20,
-	F_GET_COMPUTED = 21,
 	F_BATCH = 22,
 };
 
@@ -75,49 +75,178 @@ put_u32s(uint8_t *p, uint32_t field, const uint32_t *v, size_t n, size_t payload
 	return p;
 }
 
+static size_t
+enums_len(const Kvpool__V1__Status *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++)
+		len += kvp_pb_varint_len(kvp_pb_int32((int32_t)v[i]));
+	return len;
+}
+
+static uint8_t *
+put_enums(uint8_t *p, uint32_t field, const Kvpool__V1__Status *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
+	p = kvp_pb_put_varint(p, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, kvp_pb_int32((int32_t)v[i]));
+	return p;
+}
+
+/* A length-delimited field of n bytes (a bytes or string field, present). */
+static uint8_t *
+put_bytes(uint8_t *p, uint32_t field, const void *v, size_t n)
+{
+	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
+	p = kvp_pb_put_varint(p, n);
+	memcpy(p, v, n);
+	return p + n;
+}
+
+/* The result kinds written by hand; any other kind is protobuf-c's. */
 static bool
 by_hand(const Kvpool__V1__Reply *r)
 {
-	return r->result_case == KVPOOL__V1__REPLY__RESULT__NOT_SET ||
-	       r->result_case == KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS ||
-	       r->result_case == KVPOOL__V1__REPLY__RESULT_FREE_REQUEST ||
-	       r->result_case == KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS;
+	switch (r->result_case) {
+	case KVPOOL__V1__REPLY__RESULT__NOT_SET:
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE:
+	case KVPOOL__V1__REPLY__RESULT_TOUCH:
+	case KVPOOL__V1__REPLY__RESULT_FREE:
+	case KVPOOL__V1__REPLY__RESULT_CACHE:
+	case KVPOOL__V1__REPLY__RESULT_LOOKUP:
+	case KVPOOL__V1__REPLY__RESULT_EVICT:
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS:
+	case KVPOOL__V1__REPLY__RESULT_FREE_REQUEST:
+	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS:
+	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN:
+		return true;
+	default:
+		return false;
+	}
 }
+
+/* The payload lengths of a result's packed arrays, in field order, kept for writing. */
+struct parts {
+	size_t len[5];
+};
 
 /* The result message's body length (hand-written kinds only). */
 static size_t
-result_len(const Kvpool__V1__Reply *r, size_t *ids_len, size_t *per_len)
+result_len(const Kvpool__V1__Reply *r, struct parts *pt)
 {
-	*ids_len = *per_len = 0;
+	size_t *l = pt->len;
 	switch (r->result_case) {
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE: {
+		const Kvpool__V1__AllocateReply *a = r->allocate;
+		l[0] = i32s_len(a->block_ids, a->n_block_ids);
+		return packed_len(1, l[0], a->n_block_ids);
+	}
+	case KVPOOL__V1__REPLY__RESULT_CACHE:
+		return kvp_pb_varint_field(1, r->cache->num_stored);
+	case KVPOOL__V1__REPLY__RESULT_EVICT:
+		return kvp_pb_varint_field(1, r->evict->num_evicted);
+	case KVPOOL__V1__REPLY__RESULT_LOOKUP: {
+		const Kvpool__V1__LookupReply *k = r->lookup;
+		l[0] = i32s_len(k->block_ids, k->n_block_ids);
+		l[1] = u32s_len(k->ref_cnts, k->n_ref_cnts);
+		return kvp_pb_varint_field(1, k->num_hit_blocks) +
+		       packed_len(2, l[0], k->n_block_ids) + kvp_pb_varint_field(3, k->hit_tokens) +
+		       packed_len(4, k->block_hashes.len, k->block_hashes.len) +
+		       packed_len(5, l[1], k->n_ref_cnts);
+	}
 	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsReply *a = r->allocate_slots;
-		*ids_len = i32s_len(a->new_block_ids, a->n_new_block_ids);
-		*per_len = u32s_len(a->new_blocks_per_group, a->n_new_blocks_per_group);
-		size_t ext_len = u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group);
+		l[0] = i32s_len(a->new_block_ids, a->n_new_block_ids);
+		l[1] = u32s_len(a->new_blocks_per_group, a->n_new_blocks_per_group);
+		l[2] = u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group);
 		return kvp_pb_varint_field(1, a->hit_tokens) +
-		       packed_len(2, *ids_len, a->n_new_block_ids) +
-		       packed_len(3, *per_len, a->n_new_blocks_per_group) +
+		       packed_len(2, l[0], a->n_new_block_ids) +
+		       packed_len(3, l[1], a->n_new_blocks_per_group) +
 		       kvp_pb_varint_field(4, a->num_scheduled_tokens) +
 		       kvp_pb_varint_field(5, a->num_computed_tokens) +
-		       packed_len(6, ext_len, a->n_external_blocks_per_group);
+		       packed_len(6, l[2], a->n_external_blocks_per_group);
 	}
 	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS: {
 		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
-		*ids_len = i32s_len(g->block_ids, g->n_block_ids);
-		return kvp_pb_varint_field(1, g->hit_tokens) + packed_len(2, *ids_len, g->n_block_ids);
+		l[0] = i32s_len(g->block_ids, g->n_block_ids);
+		return kvp_pb_varint_field(1, g->hit_tokens) + packed_len(2, l[0], g->n_block_ids);
+	}
+	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN: {
+		const Kvpool__V1__SlotsRunReply *u = r->slots_run;
+		size_t details = 0;
+		l[0] = enums_len(u->statuses, u->n_statuses);
+		l[1] = u32s_len(u->num_scheduled_tokens, u->n_num_scheduled_tokens);
+		l[2] = u32s_len(u->num_computed_tokens, u->n_num_computed_tokens);
+		l[3] = u32s_len(u->new_blocks_per_group, u->n_new_blocks_per_group);
+		l[4] = i32s_len(u->new_block_ids, u->n_new_block_ids);
+		for (size_t i = 0; i < u->n_details; i++) /* repeated strings: every one, empty too */
+			details += kvp_pb_len_field(7, strlen(u->details[i]));
+		return packed_len(1, l[0], u->n_statuses) +
+		       packed_len(2, l[1], u->n_num_scheduled_tokens) +
+		       packed_len(3, l[2], u->n_num_computed_tokens) +
+		       kvp_pb_varint_field(4, u->num_groups) +
+		       packed_len(5, l[3], u->n_new_blocks_per_group) +
+		       packed_len(6, l[4], u->n_new_block_ids) + details;
 	}
 	default:
-		return 0; /* FreeRequestReply has no fields */
+		return 0; /* TouchReply, FreeReply, FreeRequestReply: no fields */
 	}
 }
 
-static uint32_t
-result_field(const Kvpool__V1__Reply *r)
+/* The result's body, its lengths from result_len. */
+static uint8_t *
+put_result(uint8_t *p, const Kvpool__V1__Reply *r, const struct parts *pt)
 {
-	return r->result_case == KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS ? F_ALLOCATE_SLOTS
-	       : r->result_case == KVPOOL__V1__REPLY__RESULT_FREE_REQUEST ? F_FREE_REQUEST
-	                                                                   : F_GET_COMPUTED;
+	const size_t *l = pt->len;
+	switch (r->result_case) {
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE:
+		return put_i32s(p, 1, r->allocate->block_ids, r->allocate->n_block_ids, l[0]);
+	case KVPOOL__V1__REPLY__RESULT_CACHE:
+		return kvp_pb_put_varint_field(p, 1, r->cache->num_stored);
+	case KVPOOL__V1__REPLY__RESULT_EVICT:
+		return kvp_pb_put_varint_field(p, 1, r->evict->num_evicted);
+	case KVPOOL__V1__REPLY__RESULT_LOOKUP: {
+		const Kvpool__V1__LookupReply *k = r->lookup;
+		p = kvp_pb_put_varint_field(p, 1, k->num_hit_blocks);
+		p = put_i32s(p, 2, k->block_ids, k->n_block_ids, l[0]);
+		p = kvp_pb_put_varint_field(p, 3, k->hit_tokens);
+		if (k->block_hashes.len) /* proto3 bytes: absent when empty */
+			p = put_bytes(p, 4, k->block_hashes.data, k->block_hashes.len);
+		return put_u32s(p, 5, k->ref_cnts, k->n_ref_cnts, l[1]);
+	}
+	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS: {
+		const Kvpool__V1__AllocateSlotsReply *a = r->allocate_slots;
+		p = kvp_pb_put_varint_field(p, 1, a->hit_tokens);
+		p = put_i32s(p, 2, a->new_block_ids, a->n_new_block_ids, l[0]);
+		p = put_u32s(p, 3, a->new_blocks_per_group, a->n_new_blocks_per_group, l[1]);
+		p = kvp_pb_put_varint_field(p, 4, a->num_scheduled_tokens);
+		p = kvp_pb_put_varint_field(p, 5, a->num_computed_tokens);
+		return put_u32s(p, 6, a->external_blocks_per_group, a->n_external_blocks_per_group,
+		                l[2]);
+	}
+	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS: {
+		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
+		p = kvp_pb_put_varint_field(p, 1, g->hit_tokens);
+		return put_i32s(p, 2, g->block_ids, g->n_block_ids, l[0]);
+	}
+	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN: {
+		const Kvpool__V1__SlotsRunReply *u = r->slots_run;
+		p = put_enums(p, 1, u->statuses, u->n_statuses, l[0]);
+		p = put_u32s(p, 2, u->num_scheduled_tokens, u->n_num_scheduled_tokens, l[1]);
+		p = put_u32s(p, 3, u->num_computed_tokens, u->n_num_computed_tokens, l[2]);
+		p = kvp_pb_put_varint_field(p, 4, u->num_groups);
+		p = put_u32s(p, 5, u->new_blocks_per_group, u->n_new_blocks_per_group, l[3]);
+		p = put_i32s(p, 6, u->new_block_ids, u->n_new_block_ids, l[4]);
+		for (size_t i = 0; i < u->n_details; i++)
+			p = put_bytes(p, 7, u->details[i], strlen(u->details[i]));
+		return p;
+	}
+	default:
+		return p;
+	}
 }
 
 /* A Reply's fields before its result: call_id, status, detail. */
@@ -136,55 +265,34 @@ put_head(uint8_t *p, const Kvpool__V1__Reply *r)
 	size_t dl = r->detail ? strlen(r->detail) : 0;
 	p = kvp_pb_put_varint_field(p, F_CALL_ID, r->call_id);
 	p = kvp_pb_put_varint_field(p, F_STATUS, kvp_pb_int32((int32_t)r->status));
-	if (dl) {
-		p = kvp_pb_put_tag(p, F_DETAIL, KVP_PB_LEN);
-		p = kvp_pb_put_varint(p, dl);
-		memcpy(p, r->detail, dl);
-		p += dl;
-	}
-	return p;
+	return dl ? put_bytes(p, F_DETAIL, r->detail, dl) : p;
 }
 
 /* One sub-reply's encoded length. */
 static size_t
 sub_len(const Kvpool__V1__Reply *r)
 {
-	size_t ids, per;
+	struct parts pt;
 	if (!by_hand(r))
 		return kvpool__v1__reply__get_packed_size(r);
 	size_t len = head_len(r);
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT__NOT_SET)
-		len += kvp_pb_len_field(result_field(r), result_len(r, &ids, &per));
+		len += kvp_pb_len_field((uint32_t)r->result_case, result_len(r, &pt));
 	return len;
 }
 
 static uint8_t *
 put_sub(uint8_t *p, const Kvpool__V1__Reply *r)
 {
-	size_t ids, per, len;
+	struct parts pt;
 	if (!by_hand(r))
 		return p + kvpool__v1__reply__pack(r, p);
 	p = put_head(p, r);
 	if (r->result_case == KVPOOL__V1__REPLY__RESULT__NOT_SET)
 		return p;
-	len = result_len(r, &ids, &per);
-	p = kvp_pb_put_tag(p, result_field(r), KVP_PB_LEN);
-	p = kvp_pb_put_varint(p, len);
-	if (r->result_case == KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS) {
-		const Kvpool__V1__AllocateSlotsReply *a = r->allocate_slots;
-		p = kvp_pb_put_varint_field(p, 1, a->hit_tokens);
-		p = put_i32s(p, 2, a->new_block_ids, a->n_new_block_ids, ids);
-		p = put_u32s(p, 3, a->new_blocks_per_group, a->n_new_blocks_per_group, per);
-		p = kvp_pb_put_varint_field(p, 4, a->num_scheduled_tokens);
-		p = kvp_pb_put_varint_field(p, 5, a->num_computed_tokens);
-		p = put_u32s(p, 6, a->external_blocks_per_group, a->n_external_blocks_per_group,
-		             u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group));
-	} else if (r->result_case == KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS) {
-		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
-		p = kvp_pb_put_varint_field(p, 1, g->hit_tokens);
-		p = put_i32s(p, 2, g->block_ids, g->n_block_ids, ids);
-	}
-	return p;
+	p = kvp_pb_put_tag(p, (uint32_t)r->result_case, KVP_PB_LEN);
+	p = kvp_pb_put_varint(p, result_len(r, &pt));
+	return put_result(p, r, &pt);
 }
 
 int

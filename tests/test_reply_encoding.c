@@ -182,7 +182,7 @@ batch_reply_is_protobuf_c_bytes(void **state)
 	                                                      "length and then some more text to cross 127 "
 	                                                      "bytes of length so the varint takes two"};
 	(void)state;
-	for (int iter = 0; iter < 600; iter++) {
+	for (int iter = 0; iter < 1500; iter++) {
 		Kvpool__V1__Reply top = KVPOOL__V1__REPLY__INIT, sub[MAXSUB], *subp[MAXSUB];
 		Kvpool__V1__BatchReply batch = KVPOOL__V1__BATCH_REPLY__INIT;
 		Kvpool__V1__AllocateSlotsReply as[MAXSUB];
@@ -190,6 +190,14 @@ batch_reply_is_protobuf_c_bytes(void **state)
 		Kvpool__V1__FreeRequestReply fr = KVPOOL__V1__FREE_REQUEST_REPLY__INIT;
 		Kvpool__V1__StatsReply st[MAXSUB];
 		Kvpool__V1__AllocateReply al[MAXSUB];
+		Kvpool__V1__TouchReply tc = KVPOOL__V1__TOUCH_REPLY__INIT;
+		Kvpool__V1__FreeReply fe = KVPOOL__V1__FREE_REPLY__INIT;
+		Kvpool__V1__CacheReply ca[MAXSUB];
+		Kvpool__V1__EvictReply ev[MAXSUB];
+		Kvpool__V1__LookupReply lk[MAXSUB];
+		Kvpool__V1__SlotsRunReply ru[MAXSUB];
+		Kvpool__V1__Status sts[MAXSUB][4];
+		uint8_t hashes[MAXSUB][3 * 32];
 		int32_t ids[MAXSUB][MAXIDS];
 		uint32_t per[MAXSUB][4];
 		size_t n = next_rand() % MAXSUB;
@@ -213,7 +221,7 @@ batch_reply_is_protobuf_c_bytes(void **state)
 				                                           : (int64_t)(rand_wide() % 2147483647u));
 			for (size_t k = 0; k < 4; k++)
 				per[i][k] = (uint32_t)rand_wide();
-			switch (next_rand() % 6) {
+			switch (next_rand() % 13) {
 			case 0:
 				break; /* a failed call: status and detail only */
 			case 1:
@@ -243,21 +251,77 @@ batch_reply_is_protobuf_c_bytes(void **state)
 				r->result_case = KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS;
 				r->get_computed_blocks = &gc[i];
 				break;
-			default: /* kinds protobuf-c packs in place */
-				if (next_rand() % 2) {
-					kvpool__v1__stats_reply__init(&st[i]);
-					st[i].num_free = (uint32_t)rand_wide();
-					st[i].usage = 0.25;
-					st[i].prefix_hits = rand_wide();
-					r->result_case = KVPOOL__V1__REPLY__RESULT_STATS;
-					r->stats = &st[i];
-				} else {
-					kvpool__v1__allocate_reply__init(&al[i]);
-					al[i].block_ids = ids[i];
-					al[i].n_block_ids = nid;
-					r->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE;
-					r->allocate = &al[i];
-				}
+			case 5:
+				kvpool__v1__allocate_reply__init(&al[i]);
+				al[i].block_ids = ids[i];
+				al[i].n_block_ids = nid;
+				r->result_case = KVPOOL__V1__REPLY__RESULT_ALLOCATE;
+				r->allocate = &al[i];
+				break;
+			case 6:
+				r->result_case = KVPOOL__V1__REPLY__RESULT_TOUCH;
+				r->touch = &tc;
+				break;
+			case 7:
+				r->result_case = KVPOOL__V1__REPLY__RESULT_FREE;
+				r->free = &fe;
+				break;
+			case 8:
+				kvpool__v1__cache_reply__init(&ca[i]);
+				ca[i].num_stored = (uint32_t)rand_wide();
+				r->result_case = KVPOOL__V1__REPLY__RESULT_CACHE;
+				r->cache = &ca[i];
+				break;
+			case 9:
+				kvpool__v1__evict_reply__init(&ev[i]);
+				ev[i].num_evicted = (uint32_t)rand_wide();
+				r->result_case = KVPOOL__V1__REPLY__RESULT_EVICT;
+				r->evict = &ev[i];
+				break;
+			case 10:
+				kvpool__v1__lookup_reply__init(&lk[i]);
+				lk[i].num_hit_blocks = (uint32_t)rand_wide();
+				lk[i].block_ids = ids[i];
+				lk[i].n_block_ids = nid;
+				lk[i].hit_tokens = (uint32_t)rand_wide();
+				for (size_t k = 0; k < sizeof(hashes[i]); k++)
+					hashes[i][k] = (uint8_t)next_rand();
+				lk[i].block_hashes.data = hashes[i];
+				lk[i].block_hashes.len = next_rand() % 2 ? 32 * (next_rand() % 4) : 0;
+				lk[i].ref_cnts = per[i];
+				lk[i].n_ref_cnts = next_rand() % 5;
+				r->result_case = KVPOOL__V1__REPLY__RESULT_LOOKUP;
+				r->lookup = &lk[i];
+				break;
+			case 11: {
+				kvpool__v1__slots_run_reply__init(&ru[i]);
+				size_t calls = next_rand() % 5;
+				for (size_t k = 0; k < 4; k++)
+					sts[i][k] = (Kvpool__V1__Status)(next_rand() % 3 ? 0 : next_rand() % 14);
+				ru[i].statuses = sts[i];
+				ru[i].n_statuses = calls;
+				ru[i].num_scheduled_tokens = per[i];
+				ru[i].n_num_scheduled_tokens = calls;
+				ru[i].num_computed_tokens = per[i];
+				ru[i].n_num_computed_tokens = next_rand() % 5;
+				ru[i].num_groups = (uint32_t)(next_rand() % 3);
+				ru[i].new_blocks_per_group = per[i];
+				ru[i].n_new_blocks_per_group = next_rand() % 5;
+				ru[i].new_block_ids = ids[i];
+				ru[i].n_new_block_ids = nid;
+				ru[i].details = (char **)details + 1; /* no NULL among them */
+				ru[i].n_details = next_rand() % 4;
+				r->result_case = KVPOOL__V1__REPLY__RESULT_SLOTS_RUN;
+				r->slots_run = &ru[i];
+				break;
+			}
+			default: /* a kind protobuf-c packs in place */
+				kvpool__v1__stats_reply__init(&st[i]);
+				st[i].num_free = (uint32_t)rand_wide();
+				st[i].usage = 0.25;
+				st[i].prefix_hits = rand_wide();
+				r->result_case = KVPOOL__V1__REPLY__RESULT_STATS;
+				r->stats = &st[i];
 			}
 		}
 		uint8_t *mine = NULL;
