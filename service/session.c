@@ -31,6 +31,7 @@ kvpd_session_destroy(struct kvpd_session *s)
 	free(s->ids);
 	free(s->counts);
 	free(s->log);
+	free(s->seen);
 	kvpd_u64map_fini(&s->reqs);
 	for (int i = 0; i < KVPD_REPLY_CACHE; i++)
 		free(s->cache[i].bytes);
@@ -88,28 +89,39 @@ rehash(struct kvpd_session *s, uint32_t cap)
 	return KVP_OK;
 }
 
-/* Drops released entries from the log once it is mostly stale. */
+/*
+ * Drops released entries from the log once it is mostly stale. The counts
+ * of kept entries per slot live in a zeroed array the session keeps (a
+ * fresh calloc of the whole table each time cost more than the calls that
+ * filled the log), zeroed again through the kept entries' slots alone.
+ */
 static void
 compact_log(struct kvpd_session *s)
 {
 	/* Keep, from the newest end, as many entries per id as the id still holds. */
 	size_t w = s->log_len;
-	uint32_t *seen = NULL;
-	if (s->log_len < 64 || s->log_len < 4 * s->held)
+	if (s->log_len < 64 || s->log_len < 4 * s->held || s->cap == 0)
 		return;
-	if ((seen = calloc(s->cap ? s->cap : 1, sizeof(*seen))) == NULL)
-		return; /* compaction is an optimisation */
+	if (s->seen_cap != s->cap) {
+		uint32_t *seen = calloc(s->cap, sizeof(*seen));
+		if (seen == NULL)
+			return; /* compaction is an optimisation */
+		free(s->seen);
+		s->seen = seen;
+		s->seen_cap = s->cap;
+	}
 	for (size_t r = s->log_len; r-- > 0;) {
 		int32_t id = s->log[r];
 		uint32_t i = slot_of(s, id);
-		if (s->ids[i] == id && seen[i] < s->counts[i]) {
-			seen[i]++;
+		if (s->ids[i] == id && s->seen[i] < s->counts[i]) {
+			s->seen[i]++;
 			s->log[--w] = id;
 		}
 	}
+	for (size_t r = w; r < s->log_len; r++)
+		s->seen[slot_of(s, s->log[r])] = 0;
 	memmove(s->log, s->log + w, (s->log_len - w) * sizeof(*s->log));
 	s->log_len -= w;
-	free(seen);
 }
 
 int
@@ -157,6 +169,8 @@ kvpd_session_add(struct kvpd_session *s, int32_t id)
 void
 kvpd_session_remove(struct kvpd_session *s, int32_t id)
 {
+	if (s->cap == 0) /* holds nothing yet */
+		return;
 	uint32_t i = slot_of(s, id);
 	if (s->ids[i] != id || s->counts[i] == 0)
 		return;

@@ -40,6 +40,8 @@ struct kvpd_session {
 	uint64_t *pool_held;  /* the pool's count over its sessions, kept with held; may be NULL */
 	int32_t *log;         /* acquisition order; may hold released entries */
 	size_t log_len, log_cap;
+	uint32_t *seen;       /* the log's compaction counts per slot, all 0 between uses */
+	uint32_t seen_cap;    /* seen's length; cap's when last compacted */
 	/*
 	 * Requests this session created: its ids -> the manager's (pool-wide,
 	 * increasing, so also creation order; never 0). Every request call

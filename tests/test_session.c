@@ -4,7 +4,8 @@
  * from the client's request ids to the manager's, against a plain array
  * model through 200,000 seeded adds, removes and lookups (ids chosen to
  * collide), and the newest-first order a session's end releases them in;
- * and the map under it (service/u64map.h) at its edges.
+ * its block references against a model through log compactions; and the
+ * map under it (service/u64map.h) at its edges.
  */
 #include "kvp_test.h"
 
@@ -141,12 +142,83 @@ test_session_u64map_edges(void **state)
 	assert_null(m.v);
 }
 
+struct released {
+	int32_t ids[4096];
+	size_t n;
+};
+
+static int
+release_one(void *ctx, int32_t id)
+{
+	struct released *r = ctx;
+	if (r->n < 4096)
+		r->ids[r->n] = id;
+	r->n++;
+	return KVP_OK;
+}
+
+/*
+ * Block references against a model: the acquisition order, where a release
+ * drops the id's oldest entry (an id's held references are its newest log
+ * entries). Add/remove churn compacts the log many times over (and grows
+ * and rehashes the table); at the end, releasing everything gives the
+ * model's order reversed, every held count matching on the way.
+ */
+static void
+test_session_refs_survive_log_compaction(void **state)
+{
+	struct kvpd_session *s = kvpd_session_create(3, 1000, "refs", 0);
+	static int32_t model[4096];
+	static struct released rel;
+	size_t n = 0;
+	uint64_t pool_held = 0;
+
+	(void)state;
+	assert_non_null(s);
+	s->pool_held = &pool_held;
+	for (int op = 0; op < 60000; op++) {
+		int32_t id = (int32_t)(next_rand() % 300) * (op % 2 ? 1 : 977);
+		if (next_rand() % 2 == 0 && n < 2000) {
+			assert_ok(kvpd_session_reserve(s, 1));
+			kvpd_session_add(s, id);
+			model[n++] = id;
+		} else {
+			size_t at = n;
+			for (size_t i = 0; i < n && at == n; i++) /* the oldest entry */
+				if (model[i] == id)
+					at = i;
+			kvpd_session_remove(s, id);
+			if (at < n) {
+				memmove(model + at, model + at + 1, (n - at - 1) * sizeof(*model));
+				n--;
+			}
+		}
+		uint32_t want = 0;
+		for (size_t i = 0; i < n; i++)
+			want += model[i] == id;
+		assert_int_equal(kvpd_session_held(s, id), want);
+		assert_int_equal(s->held, n);
+		assert_int_equal(pool_held, n);
+		assert_true(s->log_len >= n);
+	}
+	rel.n = 0;
+	while (kvpd_session_release_some(s, 7, release_one, &rel) > 0)
+		;
+	assert_int_equal(rel.n, n);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(rel.ids[i], model[n - 1 - i]);
+	assert_int_equal(s->held, 0);
+	assert_int_equal(pool_held, 0);
+	kvpd_session_destroy(s);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_session_request_table_matches_a_model),
 		cmocka_unit_test(test_session_u64map_edges),
+		cmocka_unit_test(test_session_refs_survive_log_compaction),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
