@@ -23,6 +23,7 @@
 #include "engine/manager.h"
 #include "engine/pool.h"
 #include "service/session.h"
+#include "proto/pb_read.h"
 #include "proto/wire.h"
 
 const double kvpd_latency_bounds[KVPD_LATENCY_BUCKETS - 1] = {
@@ -476,7 +477,13 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	struct decode_arena *arena = arena_get();
 	ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = arena};
 	ProtobufCAllocator *al = arena ? &alloc : NULL;
-	rq = kvpool__v1__request__unpack(al, len, req);
+	/* Our own decoder first; protobuf-c for what it declines (and to judge bad input). */
+	rq = al ? (Kvpool__V1__Request *)kvp_pb_read(&kvpool__v1__request__descriptor, al, req, len)
+	        : NULL;
+	if (rq == NULL && arena)
+		arena_reset(arena);
+	if (rq == NULL)
+		rq = kvpool__v1__request__unpack(al, len, req);
 	if (rq == NULL) {
 		if (arena)
 			arena_reset(arena);
