@@ -26,24 +26,6 @@ kvpd_check_ids(struct call *c, const int32_t *ids, size_t n)
 	return KVP_OK;
 }
 
-/* The session must hold one reference per occurrence of each non-null id. */
-static int
-check_owned(struct call *c, const int32_t *ids, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		if (ids[i] == KVP_NULL_BLOCK)
-			continue;
-		/* Repeats need one reference each; in long lists the engine refuses them. */
-		uint32_t need = 1;
-		for (size_t j = 0; n <= 64 && j < i; j++)
-			need += ids[j] == ids[i];
-		if (kvpd_session_held(c->sess, ids[i]) < need)
-			return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d",
-			            ids[i]);
-	}
-	return KVP_OK;
-}
-
 /* Whether the pool's sessions may take n more references (--max-refs). */
 static int
 room_for_refs(struct call *c, size_t n)
@@ -129,16 +111,19 @@ kvpd_h_free(struct call *c, const Kvpool__V1__FreeRequest *m, Kvpool__V1__Reply 
 	Kvpool__V1__FreeReply *r = NEW(c, Kvpool__V1__FreeReply, kvpool__v1__free_reply__descriptor);
 	int rv;
 
-	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)) ||
-	    (rv = check_owned(c, m->block_ids, m->n_block_ids)))
+	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)))
 		return rv;
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if ((rv = engine(c, kvp_pool_free_blocks(c->p->pool, m->block_ids, m->n_block_ids), "free")))
+	/* The session gives up its references first: one for each occurrence of an id. */
+	size_t k = kvpd_session_take(c->sess, m->block_ids, m->n_block_ids, KVP_NULL_BLOCK);
+	if (k < m->n_block_ids)
+		return kvpd_fail(c, KVP_ENOTOWNER, "this session holds no reference on block %d",
+		                 m->block_ids[k]);
+	if ((rv = engine(c, kvp_pool_free_blocks(c->p->pool, m->block_ids, m->n_block_ids), "free"))) {
+		kvpd_session_untake(c->sess, m->block_ids, m->n_block_ids, KVP_NULL_BLOCK);
 		return rv;
-	for (size_t i = 0; i < m->n_block_ids; i++)
-		if (m->block_ids[i] != KVP_NULL_BLOCK)
-			kvpd_session_remove(c->sess, m->block_ids[i]);
+	}
 	out->result_case = KVPOOL__V1__REPLY__RESULT_FREE;
 	out->free = r;
 	return KVP_OK;

@@ -181,6 +181,46 @@ kvpd_session_remove(struct kvpd_session *s, int32_t id)
 		(*s->pool_held)--;
 }
 
+/* Gives one reference back to ids[0..n) (their slots exist: a count of 0 keeps its slot). */
+static void
+give_back(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t skip)
+{
+	for (size_t k = 0; k < n; k++) {
+		if (ids[k] == skip)
+			continue;
+		uint32_t i = slot_of(s, ids[k]);
+		s->counts[i]++;
+		s->held++;
+		if (s->pool_held)
+			(*s->pool_held)++;
+	}
+}
+
+size_t
+kvpd_session_take(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t skip)
+{
+	for (size_t k = 0; k < n; k++) {
+		if (ids[k] == skip)
+			continue;
+		uint32_t i = s->cap ? slot_of(s, ids[k]) : 0;
+		if (s->cap == 0 || s->ids[i] != ids[k] || s->counts[i] == 0) {
+			give_back(s, ids, k, skip);
+			return k;
+		}
+		s->counts[i]--;
+		s->held--;
+		if (s->pool_held)
+			(*s->pool_held)--;
+	}
+	return n;
+}
+
+void
+kvpd_session_untake(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t skip)
+{
+	give_back(s, ids, n, skip);
+}
+
 size_t
 kvpd_session_release_some(struct kvpd_session *s, size_t max,
                           int (*free_one)(void *ctx, int32_t id), void *ctx)

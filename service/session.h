@@ -70,6 +70,16 @@ void kvpd_session_add(struct kvpd_session *s, int32_t id);
 /* Drops one reference on id; the caller checked it is held. */
 void kvpd_session_remove(struct kvpd_session *s, int32_t id);
 /*
+ * Drops one reference per occurrence of each id but skip, in order, if the
+ * session holds them all (a repeated id needs a reference per occurrence):
+ * returns n. Otherwise it drops nothing and returns the index of the first
+ * occurrence not held. One probe per id, where checking each id's earlier
+ * repeats first cost more than the free itself.
+ */
+size_t kvpd_session_take(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t skip);
+/* Gives back what a successful kvpd_session_take(s, ids, n, skip) dropped. */
+void kvpd_session_untake(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t skip);
+/*
  * Releases the session's references newest first, examining at most max
  * entries of its acquisition log: free_one(ctx, id) for each reference
  * still held (KVP_OK: released). It consumes the log from its end, so a

@@ -4,7 +4,8 @@
  * from the client's request ids to the manager's, against a plain array
  * model through 200,000 seeded adds, removes and lookups (ids chosen to
  * collide), and the newest-first order a session's end releases them in;
- * its block references against a model through log compactions; and the
+ * its block references against a model through log compactions and takes;
+ * and the
  * map under it (service/u64map.h) at its edges.
  */
 #include "kvp_test.h"
@@ -178,6 +179,39 @@ test_session_refs_survive_log_compaction(void **state)
 	s->pool_held = &pool_held;
 	for (int op = 0; op < 60000; op++) {
 		int32_t id = (int32_t)(next_rand() % 300) * (op % 2 ? 1 : 977);
+		if (op % 7 == 0) { /* a take of a short list, repeats and the skipped id included */
+			int32_t list[6], skip = -5;
+			size_t len = 1 + next_rand() % 6, fail = len;
+			static int32_t trial[4096];
+			size_t tn = n;
+			memcpy(trial, model, n * sizeof(*model));
+			for (size_t k = 0; k < len; k++)
+				list[k] = next_rand() % 4 == 0 ? skip
+				          : next_rand() % 2 ? model[next_rand() % (n ? n : 1)]
+				                            : (int32_t)(next_rand() % 300);
+			for (size_t k = 0; k < len && fail == len; k++) {
+				size_t at = tn;
+				for (size_t i = 0; i < tn && at == tn; i++)
+					if (trial[i] == list[k])
+						at = i;
+				if (list[k] == skip)
+					continue;
+				if (at == tn)
+					fail = k;
+				else
+					memmove(trial + at, trial + at + 1, (--tn - at) * sizeof(*trial));
+			}
+			assert_int_equal(kvpd_session_take(s, list, len, skip), fail);
+			if (fail == len && next_rand() % 3 == 0) {
+				kvpd_session_untake(s, list, len, skip); /* as if the engine refused */
+			} else if (fail == len) {
+				memcpy(model, trial, tn * sizeof(*model));
+				n = tn;
+			}
+			assert_int_equal(s->held, n);
+			assert_int_equal(pool_held, n);
+			continue;
+		}
 		if (next_rand() % 2 == 0 && n < 2000) {
 			assert_ok(kvpd_session_reserve(s, 1));
 			kvpd_session_add(s, id);
