@@ -26,6 +26,14 @@ kvp_pb_varint_len(uint64_t v)
 	return n;
 }
 
+/* Bytes of a 32-bit value as a varint, without a loop. */
+static inline size_t
+kvp_pb_varint32_len(uint32_t v)
+{
+	return 1 + (size_t)(v >= 1u << 7) + (size_t)(v >= 1u << 14) + (size_t)(v >= 1u << 21) +
+	       (size_t)(v >= 1u << 28);
+}
+
 static inline uint8_t *
 kvp_pb_put_varint(uint8_t *p, uint64_t v)
 {

@@ -30,8 +30,8 @@ static size_t
 i32s_len(const int32_t *v, size_t n)
 {
 	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
-		len += v[i] >= 0 && v[i] < 128 ? 1 : kvp_pb_varint_len(kvp_pb_int32(v[i]));
+	for (size_t i = 0; i < n; i++) /* a negative int32 takes 10 bytes, sign-extended */
+		len += v[i] < 0 ? 10 : kvp_pb_varint32_len((uint32_t)v[i]);
 	return len;
 }
 
@@ -40,7 +40,7 @@ u32s_len(const uint32_t *v, size_t n)
 {
 	size_t len = 0;
 	for (size_t i = 0; i < n; i++)
-		len += kvp_pb_varint_len(v[i]);
+		len += kvp_pb_varint32_len(v[i]);
 	return len;
 }
 
@@ -307,11 +307,21 @@ kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
 		sink->len = kvpool__v1__reply__pack(r, buf);
 		return KVP_OK;
 	}
-	/* Reply{head, batch = 22 {replies = 1 (repeated Reply)}}. */
+	/*
+	 * Reply{head, batch = 22 {replies = 1 (repeated Reply)}}. Each sub-reply's
+	 * length is needed twice (in the total, then before its bytes): the
+	 * first LENS are kept, the rest computed again.
+	 */
+	enum { LENS = 512 };
+	size_t lens[LENS];
 	const Kvpool__V1__BatchReply *b = r->batch;
 	size_t inner = 0;
-	for (size_t i = 0; i < b->n_replies; i++)
-		inner += kvp_pb_len_field(1, sub_len(b->replies[i]));
+	for (size_t i = 0; i < b->n_replies; i++) {
+		size_t l = sub_len(b->replies[i]);
+		if (i < LENS)
+			lens[i] = l;
+		inner += kvp_pb_len_field(1, l);
+	}
 	size_t total = head_len(r) + kvp_pb_len_field(F_BATCH, inner);
 	uint8_t *buf = sink->alloc(sink->ctx, total), *p;
 	if (buf == NULL)
@@ -321,7 +331,7 @@ kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
 	p = kvp_pb_put_varint(p, inner);
 	for (size_t i = 0; i < b->n_replies; i++) {
 		p = kvp_pb_put_tag(p, 1, KVP_PB_LEN);
-		p = kvp_pb_put_varint(p, sub_len(b->replies[i]));
+		p = kvp_pb_put_varint(p, i < LENS ? lens[i] : sub_len(b->replies[i]));
 		p = put_sub(p, b->replies[i]);
 	}
 	sink->buf = buf;
