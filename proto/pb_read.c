@@ -21,9 +21,22 @@ varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
 		*p = q + 1;
 		return true;
 	}
-	if (end - q >= 10) { /* room for the longest: no bounds checks, unrolled */
-		v = *q++ & 0x7f;
-		for (unsigned shift = 7; shift <= 63; shift += 7) {
+	if (end - q >= 10) { /* room for the longest: no bounds checks */
+		/* Two and three bytes (block ids, token ids) unrolled. */
+		v = (uint64_t)(q[0] & 0x7f) | (uint64_t)(q[1] & 0x7f) << 7;
+		if (q[1] < 0x80) {
+			*out = v;
+			*p = q + 2;
+			return true;
+		}
+		v |= (uint64_t)(q[2] & 0x7f) << 14;
+		if (q[2] < 0x80) {
+			*out = v;
+			*p = q + 3;
+			return true;
+		}
+		q += 3;
+		for (unsigned shift = 21; shift <= 63; shift += 7) {
 			b = *q++;
 			v |= (b & 0x7f) << shift;
 			if (b < 0x80) {
