@@ -75,27 +75,6 @@ put_u32s(uint8_t *p, uint32_t field, const uint32_t *v, size_t n, size_t payload
 	return p;
 }
 
-static size_t
-enums_len(const Kvpool__V1__Status *v, size_t n)
-{
-	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
-		len += kvp_pb_varint_len(kvp_pb_int32((int32_t)v[i]));
-	return len;
-}
-
-static uint8_t *
-put_enums(uint8_t *p, uint32_t field, const Kvpool__V1__Status *v, size_t n, size_t payload)
-{
-	if (n == 0)
-		return p;
-	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
-	p = kvp_pb_put_varint(p, payload);
-	for (size_t i = 0; i < n; i++)
-		p = kvp_pb_put_varint(p, kvp_pb_int32((int32_t)v[i]));
-	return p;
-}
-
 /* A length-delimited field of n bytes (a bytes or string field, present). */
 static uint8_t *
 put_bytes(uint8_t *p, uint32_t field, const void *v, size_t n)
@@ -177,7 +156,8 @@ result_len(const Kvpool__V1__Reply *r, struct parts *pt)
 	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN: {
 		const Kvpool__V1__SlotsRunReply *u = r->slots_run;
 		size_t details = 0;
-		l[0] = enums_len(u->statuses, u->n_statuses);
+		/* Status is an int-sized enum: its values are int32 varints. */
+		l[0] = i32s_len((const int32_t *)u->statuses, u->n_statuses);
 		l[1] = u32s_len(u->num_scheduled_tokens, u->n_num_scheduled_tokens);
 		l[2] = u32s_len(u->num_computed_tokens, u->n_num_computed_tokens);
 		l[3] = u32s_len(u->new_blocks_per_group, u->n_new_blocks_per_group);
@@ -234,7 +214,7 @@ put_result(uint8_t *p, const Kvpool__V1__Reply *r, const struct parts *pt)
 	}
 	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN: {
 		const Kvpool__V1__SlotsRunReply *u = r->slots_run;
-		p = put_enums(p, 1, u->statuses, u->n_statuses, l[0]);
+		p = put_i32s(p, 1, (const int32_t *)u->statuses, u->n_statuses, l[0]);
 		p = put_u32s(p, 2, u->num_scheduled_tokens, u->n_num_scheduled_tokens, l[1]);
 		p = put_u32s(p, 3, u->num_computed_tokens, u->n_num_computed_tokens, l[2]);
 		p = kvp_pb_put_varint_field(p, 4, u->num_groups);

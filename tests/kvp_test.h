@@ -85,4 +85,20 @@ kvp_test_rand(uint64_t *state)
 	return *state = x;
 }
 
+/* A value of every varint width from kvp_test_rand: zero, one byte, two or three, any. */
+static inline uint64_t
+kvp_test_rand_wide(uint64_t *state)
+{
+	switch (kvp_test_rand(state) % 4) {
+	case 0:
+		return 0;
+	case 1:
+		return kvp_test_rand(state) % 128;
+	case 2:
+		return kvp_test_rand(state) % 300000;
+	default:
+		return kvp_test_rand(state) >> (kvp_test_rand(state) % 64);
+	}
+}
+
 #endif /* KVP_TEST_H */

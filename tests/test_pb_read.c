@@ -50,16 +50,7 @@ static ProtobufCAllocator arena = {.alloc = arena_alloc, .free = arena_free};
 static uint64_t
 rand_wide(void)
 {
-	switch (next_rand() % 4) {
-	case 0:
-		return 0;
-	case 1:
-		return next_rand() % 128;
-	case 2:
-		return next_rand() % 300000;
-	default:
-		return next_rand() >> (next_rand() % 64);
-	}
+	return kvp_test_rand_wide(&rng);
 }
 
 static bool

@@ -152,16 +152,7 @@ next_rand(void)
 static uint64_t
 rand_wide(void)
 {
-	switch (next_rand() % 5) {
-	case 0:
-		return 0;
-	case 1:
-		return next_rand() % 128;
-	case 2:
-		return next_rand() % 20000;
-	default:
-		return next_rand() >> (next_rand() % 64);
-	}
+	return kvp_test_rand_wide(&rng);
 }
 
 static void *
