@@ -19,8 +19,9 @@
  * into the input instead of into a copy: the input must outlive the message.
  *
  * Everything is allocated from al, which must be an arena freed as a whole
- * (the daemon's decode arena): a declined decode leaves its allocations
- * there, and the message is never freed field by field.
+ * (the daemon's decode arena; a client batch's results arena): a declined
+ * decode leaves its allocations there, and the message is never freed
+ * field by field.
  */
 #ifndef KVP_PB_READ_H
 #define KVP_PB_READ_H

@@ -221,7 +221,10 @@ random_messages_decode_as_protobuf_c_does(void **state)
 		&kvpool__v1__request__descriptor, &kvpool__v1__batch_request__descriptor,
 		&kvpool__v1__slots_run_request__descriptor, &kvpool__v1__cache_request__descriptor,
 		&kvpool__v1__allocate_slots_request__descriptor, &kvpool__v1__lookup_request__descriptor,
-		&kvpool__v1__write_blocks_request__descriptor, &kvpool__v1__hello_request__descriptor};
+		&kvpool__v1__write_blocks_request__descriptor, &kvpool__v1__hello_request__descriptor,
+		/* and the replies a client reads with it */
+		&kvpool__v1__reply__descriptor, &kvpool__v1__batch_reply__descriptor,
+		&kvpool__v1__slots_run_reply__descriptor, &kvpool__v1__lookup_reply__descriptor};
 	size_t accepted = 0, plain = 0, mutated_ok = 0;
 	(void)state;
 	for (int iter = 0; iter < 6000; iter++) {

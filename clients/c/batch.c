@@ -89,6 +89,9 @@ kvpc_batch_drop_results(struct kvp_batch *b)
 {
 	kvpc_arena_reset(&b->results);
 	b->reply = NULL;
+	if (b->reply_msg != NULL)
+		nng_msg_free(b->reply_msg);
+	b->reply_msg = NULL;
 	b->views = NULL;
 	b->num_run = 0;
 }
@@ -109,6 +112,7 @@ kvp_batch_destroy(struct kvp_batch *b)
 {
 	if (b == NULL)
 		return;
+	kvpc_batch_drop_results(b);
 	kvpc_arena_fini(&b->args);
 	kvpc_arena_fini(&b->results);
 	free(b->calls);

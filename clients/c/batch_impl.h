@@ -48,6 +48,7 @@ struct kvp_batch {
 	struct kvpc_arena args;        /* the calls and every copy they point into */
 	struct kvpc_arena results;     /* the last send's decoded reply */
 	Kvpool__V1__Reply *reply;      /* the last send's reply, in results */
+	struct nng_msg *reply_msg;     /* its bytes, which reply's bytes fields may point into */
 	bool sent_plain;               /* the last send had one wire call per call */
 	struct kvpc_run_view *views;   /* per wire call of the last reply (runs only) */
 	size_t num_run;                /* calls of the last send that ran */

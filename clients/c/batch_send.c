@@ -12,6 +12,7 @@
 
 #include "clients/c/batch_impl.h"
 #include "clients/c/client_impl.h"
+#include "proto/pb_read.h"
 #include "proto/wire.h"
 
 /* protobuf-c's allocator over an arena: the reply is dropped all at once. */
@@ -178,10 +179,20 @@ kvp_client_batch(struct kvp_client *c, struct kvp_batch *b, size_t *num_run)
 		return rv;
 	b->sent_bytes = c->last_sent;
 	b->reply_bytes = nng_msg_len(msg);
-	/* Decoded into the batch's arena: no allocation per reply once it has grown. */
+	/*
+	 * Decoded into the batch's arena: no allocation per reply once it has
+	 * grown. kvp_pb_read's bytes point into msg, kept until the results are
+	 * dropped; protobuf-c, for what it declines, copies them.
+	 */
 	b->hash_len = c->info.hash_len;
-	b->reply = kvpool__v1__reply__unpack(&pb, nng_msg_len(msg), nng_msg_body(msg));
-	nng_msg_free(msg);
+	b->reply = (Kvpool__V1__Reply *)kvp_pb_read(&kvpool__v1__reply__descriptor, &pb,
+	                                            nng_msg_body(msg), nng_msg_len(msg));
+	if (b->reply != NULL) {
+		b->reply_msg = msg;
+	} else {
+		b->reply = kvpool__v1__reply__unpack(&pb, nng_msg_len(msg), nng_msg_body(msg));
+		nng_msg_free(msg);
+	}
 	if (b->reply == NULL) {
 		kvpc_batch_drop_results(b);
 		return kvp_client_fail_(c, KVP_EINTERNAL, "malformed reply from the daemon", NULL);

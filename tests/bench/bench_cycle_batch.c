@@ -2,12 +2,17 @@
 /* bench_cycle_batch.c: loop (b) as Batches of 64 cycles; see the header. */
 #include "bench_cycle_batch.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_cycle_b.h"
 #include "kvpool.pb-c.h"
+#include "proto/pb_read.h"
+
+/* The reply's arena: kvp_pb_read's allocations, dropped with each reply. */
+enum { CB_ARENA = 1 << 20 };
 
 struct cyc_batch {
 	int thread;
@@ -20,6 +25,8 @@ struct cyc_batch {
 	Kvpool__V1__LookupRequest lk[CB_CYCLES];
 	Kvpool__V1__TouchRequest tc[CB_CYCLES];
 	Kvpool__V1__AllocateRequest al;
+	size_t used;
+	_Alignas(16) uint8_t arena[CB_ARENA];
 };
 
 struct cyc_batch *
@@ -118,10 +125,35 @@ cyc_batch_pack(struct cyc_batch *cb, const char *pool, uint64_t sid, uint64_t ca
 	return kvpool__v1__request__pack(&rq, buf);
 }
 
+static void *
+arena_alloc(void *ctx, size_t n)
+{
+	struct cyc_batch *cb = ctx;
+	n = (n + 15) & ~(size_t)15;
+	if (n > CB_ARENA - cb->used)
+		return NULL; /* kvp_pb_read declines; protobuf-c decodes */
+	void *p = cb->arena + cb->used;
+	cb->used += n;
+	return p;
+}
+static void
+arena_free(void *ctx, void *p)
+{
+	(void)ctx;
+	(void)p;
+}
+
+/* As a client would: kvp_pb_read, as libkvpool's kvp_client_batch() does. */
 int
 cyc_batch_take(struct cyc_batch *cb, const uint8_t *reply, size_t len)
 {
-	Kvpool__V1__Reply *r = kvpool__v1__reply__unpack(NULL, len, reply);
+	ProtobufCAllocator al = {arena_alloc, arena_free, cb};
+	cb->used = 0;
+	Kvpool__V1__Reply *r =
+	        (Kvpool__V1__Reply *)kvp_pb_read(&kvpool__v1__reply__descriptor, &al, reply, len);
+	bool unpacked = r == NULL;
+	if (unpacked)
+		r = kvpool__v1__reply__unpack(NULL, len, reply);
 	int rv = -1;
 	if (r == NULL || r->status != 0 || r->result_case != KVPOOL__V1__REPLY__RESULT_BATCH ||
 	    r->batch->n_replies != CB_CALLS) {
@@ -139,6 +171,7 @@ cyc_batch_take(struct cyc_batch *cb, const uint8_t *reply, size_t len)
 	}
 	rv = 0;
 out:
-	kvpool__v1__reply__free_unpacked(r, NULL);
+	if (unpacked && r != NULL)
+		kvpool__v1__reply__free_unpacked(r, NULL);
 	return rv;
 }
