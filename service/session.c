@@ -131,8 +131,18 @@ kvpd_session_reserve(struct kvpd_session *s, size_t n)
 		return KVP_ENOMEM;
 	compact_log(s);
 	if ((s->used + n) * 2 > s->cap) {
-		uint32_t cap = s->cap ? s->cap : 64;
-		while ((s->used + n) * 2 > cap)
+		/*
+		 * Sized for the references still held, not for the slots in use:
+		 * released ids keep theirs until a rehash, and a session that cycles
+		 * through a large pool's blocks once grew its table to the whole
+		 * pool (a 100,000-block pool: 2 MiB probed per reference, cold).
+		 * At most a quarter full afterwards, so rehashes stay rare.
+		 */
+		size_t live = 0;
+		for (uint32_t i = 0; i < s->cap; i++)
+			live += s->ids[i] != EMPTY_ID && s->counts[i] != 0;
+		uint32_t cap = 64;
+		while ((live + n) * 4 > cap)
 			cap *= 2;
 		if (rehash(s, cap) != KVP_OK)
 			return KVP_ENOMEM;

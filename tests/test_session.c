@@ -246,6 +246,38 @@ test_session_refs_survive_log_compaction(void **state)
 	kvpd_session_destroy(s);
 }
 
+/*
+ * A session that cycles through a large pool's blocks, holding few at a
+ * time, keeps a table the size of what it holds: released ids' slots are
+ * dropped when the table is rebuilt, and the rebuilt table is sized by the
+ * references still held, not by the slots in use.
+ */
+static void
+test_session_table_follows_what_is_held(void **state)
+{
+	(void)state;
+	struct kvpd_session *s = kvpd_session_create(1, 1000, "t", 0);
+	assert_non_null(s);
+	for (int32_t id = 0; id < 200000; id++) {
+		assert_int_equal(kvpd_session_reserve(s, 1), KVP_OK);
+		kvpd_session_add(s, id);
+		if (id >= 16) /* hold the last 16 */
+			kvpd_session_remove(s, id - 16);
+	}
+	assert_int_equal(s->held, 16);
+	for (int32_t id = 200000 - 16; id < 200000; id++)
+		assert_int_equal(kvpd_session_held(s, id), 1);
+	assert_int_equal(kvpd_session_held(s, 200000 - 17), 0);
+	assert_true(s->cap <= 256);
+	/* And it grows for what it holds. */
+	assert_int_equal(kvpd_session_reserve(s, 5000), KVP_OK);
+	for (int32_t id = 0; id < 5000; id++)
+		kvpd_session_add(s, id);
+	assert_true(s->cap >= 10000);
+	assert_int_equal(s->held, 5016);
+	kvpd_session_destroy(s);
+}
+
 int
 main(void)
 {
@@ -253,6 +285,7 @@ main(void)
 		cmocka_unit_test(test_session_request_table_matches_a_model),
 		cmocka_unit_test(test_session_u64map_edges),
 		cmocka_unit_test(test_session_refs_survive_log_compaction),
+		cmocka_unit_test(test_session_table_follows_what_is_held),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
