@@ -3,6 +3,9 @@
  * kvp-bench-service: kvpoold's calls over real sockets, beside raw nng
  * REQ/REP round trips of a small message measured in the same run (an
  * in-process REP echo on the same transport), so the ratio is our overhead.
+ * The batched cycle also has, in the same run, the daemon's handler alone
+ * in this process and a raw round trip carrying its Batch's bytes out and
+ * its reply's bytes back: the two costs a remote Batch cannot avoid.
  *
  * usage: kvp-bench-service [--quick | --only-batch | --only-core] [PATH_TO_KVPOOLD]
  *   --only-batch  the batched cycle alone over ipc://, 3 s, for a profiler
@@ -44,7 +47,15 @@ static char ipc_url[128], tcp_url[128], echo_ipc[128], echo_tcp[128];
 
 /* ---- one measurement: N threads each running an operation until time is up ---- */
 
-enum kind { RAW, STATS, ALLOC_FREE, CYCLE, CYCLE_BATCH };
+enum kind { RAW, STATS, ALLOC_FREE, CYCLE, CYCLE_BATCH, RAW_BATCH };
+
+/*
+ * The batched cycle's request and reply sizes, from the in-process handler:
+ * RAW_BATCH sends that many bytes to the echo server, which replies with
+ * the size the request names (echo_cb).
+ */
+static size_t batch_req_len, batch_rep_len;
+static const char echo_magic[4] = {'K', 'V', 'P', 'R'};
 
 struct job {
 	enum kind kind;
@@ -77,27 +88,42 @@ static void
 run_raw(struct job *j)
 {
 	nng_socket s;
-	char msg[64] = "ping";
+	char small[64] = "ping", *msg = small;
+	size_t len = sizeof(small);
+	if (j->kind == RAW_BATCH) { /* the Batch's bytes, and its reply's size named in them */
+		uint32_t rep = (uint32_t)batch_rep_len;
+		len = batch_req_len > 8 ? batch_req_len : 8;
+		if ((msg = calloc(1, len)) == NULL) {
+			j->failed = 1;
+			return;
+		}
+		memcpy(msg, echo_magic, 4);
+		memcpy(msg + 4, &rep, 4);
+	}
 	if (nng_req0_open(&s) != 0 || nng_dial(s, j->url, NULL, 0) != 0) {
 		j->failed = 1;
+		if (msg != small)
+			free(msg);
 		return;
 	}
 	double end = now() + seconds;
 	while (now() < end) {
 		void *buf = NULL;
-		size_t len = 0;
+		size_t rlen = 0;
 		double t0 = now();
-		if (nng_send(s, msg, sizeof(msg), 0) != 0 ||
-		    nng_recv(s, &buf, &len, NNG_FLAG_ALLOC) != 0) {
+		if (nng_send(s, msg, len, 0) != 0 ||
+		    nng_recv(s, &buf, &rlen, NNG_FLAG_ALLOC) != 0) {
 			j->failed = 1;
 			break;
 		}
-		nng_free(buf, len);
+		nng_free(buf, rlen);
 		record(j, now() - t0);
 		j->ops++;
-		j->units++;
+		j->units += j->kind == RAW_BATCH ? CB_CYCLES : 1;
 	}
 	nng_close(s);
+	if (msg != small)
+		free(msg);
 }
 
 #define TIMED(j, expr)                                        \
@@ -217,7 +243,7 @@ static void *
 thread_main(void *arg)
 {
 	struct job *j = arg;
-	if (j->kind == RAW)
+	if (j->kind == RAW || j->kind == RAW_BATCH)
 		run_raw(j);
 	else if (j->kind == CYCLE_BATCH)
 		run_batch(j);
@@ -228,8 +254,11 @@ thread_main(void *arg)
 
 struct result {
 	double units_per_s, p50_us, p99_us;
+	double daemon_cpu_us, self_cpu_us; /* per round trip: kvpoold's, and this process's */
 	int failed;
 };
+
+static pid_t daemon_pid;
 
 static struct result
 measure(enum kind kind, const char *url, int clients)
@@ -240,6 +269,7 @@ measure(enum kind kind, const char *url, int clients)
 	size_t total = 0;
 
 	memset(jobs, 0, sizeof(jobs));
+	double d0 = daemon_pid > 0 ? proc_cpu(daemon_pid) : 0, c0 = cpu_now();
 	double t0 = now();
 	for (int i = 0; i < clients; i++) {
 		jobs[i].kind = kind;
@@ -250,9 +280,11 @@ measure(enum kind kind, const char *url, int clients)
 	for (int i = 0; i < clients; i++)
 		pthread_join(th[i], NULL);
 	double dt = now() - t0;
-	long units = 0;
+	double d1 = daemon_pid > 0 ? proc_cpu(daemon_pid) : 0, c1 = cpu_now();
+	long units = 0, ops = 0;
 	for (int i = 0; i < clients; i++) {
 		units += jobs[i].units;
+		ops += jobs[i].ops;
 		total += jobs[i].nlat;
 		r.failed |= jobs[i].failed;
 	}
@@ -265,6 +297,8 @@ measure(enum kind kind, const char *url, int clients)
 	}
 	qsort(all, total, sizeof(*all), cmp_d);
 	r.units_per_s = (double)units / dt;
+	r.daemon_cpu_us = ops ? (d1 - d0) / (double)ops * 1e6 : 0;
+	r.self_cpu_us = ops ? (c1 - c0) / (double)ops * 1e6 : 0;
 	r.p50_us = total ? all[total / 2] * 1e6 : 0;
 	r.p99_us = total ? all[total * 99 / 100] * 1e6 : 0;
 	free(all);
@@ -288,8 +322,15 @@ echo_cb(void *arg)
 	if (nng_aio_result(echo.aio[i]) != 0)
 		return;
 	if (echo.state[i] == 0) {
+		nng_msg *m = nng_aio_get_msg(echo.aio[i]);
+		uint32_t want;
+		/* The received message, back; resized to what a RAW_BATCH request names. */
+		if (nng_msg_len(m) >= 8 && memcmp(nng_msg_body(m), echo_magic, 4) == 0) {
+			memcpy(&want, (const char *)nng_msg_body(m) + 4, 4);
+			(void)nng_msg_realloc(m, want);
+		}
 		echo.state[i] = 1;
-		nng_ctx_send(echo.ctx[i], echo.aio[i]); /* the received message, back */
+		nng_ctx_send(echo.ctx[i], echo.aio[i]);
 	} else {
 		echo.state[i] = 0;
 		nng_ctx_recv(echo.ctx[i], echo.aio[i]);
@@ -410,6 +451,8 @@ core_b_rate(double secs, long *cycles)
 		if (kvpd_server_handle(srv, buf, len, 1000, &rep, &rlen) != KVP_OK)
 			goto out;
 		t += now() - t1;
+		batch_req_len = len;
+		batch_rep_len = rlen;
 		if (t0 == 0)
 			t0 = t1;
 		if (cyc_batch_take(cb, rep, rlen) != 0)
@@ -463,6 +506,7 @@ main(int argc, char **argv)
 	                       "name=bench,blocks=100000,block_size=16", "--contexts", "8",
 	                       "--lease-ms", "60000", NULL};
 	pid_t child = kvp_spawn(dargv, NULL);
+	daemon_pid = child;
 	if (echo_start() != 0) {
 		fprintf(stderr, "bench: cannot start the echo server\n");
 		kill(child, SIGTERM);
@@ -473,14 +517,21 @@ main(int argc, char **argv)
 	printf("kvp-bench-service: %.1f s per row; pool of 100,000 blocks, block size 16; "
 	       "latency per round trip\n\n", seconds);
 	double eng_b = engine_b_rate(seconds);
+	long core_cycles = 0;
+	double core = core_b_rate(seconds, &core_cycles);
 	printf("engine loop (b) in this process, this run: %.0f cycles/s (the batched cycle's "
-	       "baseline; aim: a quarter)\n\n", eng_b);
+	       "baseline; aim: a quarter)\n", eng_b);
+	printf("the daemon's handler alone on the batched cycle, in this process: %.0f cycles/s, "
+	       "%.3f of engine (b); a Batch is %zu B, its reply %zu B\n\n", core,
+	       eng_b > 0 ? core / eng_b : 0, batch_req_len, batch_rep_len);
 	printf("| transport | clients | workload | rate | p50 | p99 | p50 / raw p50 |\n");
 	printf("|---|---|---|---|---|---|---|\n");
 	const char *names[] = {"raw nng REQ/REP, 64 B (baseline)", "Stats", "Allocate(16) + Free",
 	                       "request cycle, one call per round trip",
-	                       "request cycle, Batches of 64 cycles"};
-	const char *units[] = {"round trips/s", "calls/s", "calls/s", "cycles/s", "cycles/s"};
+	                       "request cycle, Batches of 64 cycles",
+	                       "raw nng REQ/REP, a Batch's bytes each way (baseline)"};
+	const char *units[] = {"round trips/s", "calls/s", "calls/s", "cycles/s", "cycles/s",
+	                       "cycles/s"};
 	int failed = 0;
 	if (only_batch) {
 		struct result r = measure(CYCLE_BATCH, ipc_url, 1);
@@ -492,17 +543,28 @@ main(int argc, char **argv)
 		const char *url = t ? tcp_url : ipc_url, *eurl = t ? echo_tcp : echo_ipc;
 		for (int clients = 1; clients <= 8; clients += 7) {
 			struct result raw = measure(RAW, eurl, clients);
-			for (int k = RAW; k <= CYCLE_BATCH; k++) {
-				struct result r = k == RAW ? raw : measure((enum kind)k, url, clients);
+			for (int k = RAW; k <= RAW_BATCH; k++) {
+				if (k == RAW_BATCH && batch_req_len == 0)
+					continue;
+				struct result r = k == RAW ? raw
+				                           : measure((enum kind)k, k == RAW_BATCH ? eurl : url,
+				                                     clients);
 				failed |= r.failed;
-				char extra[96] = "";
+				char extra[160] = "";
 				if (k == CYCLE)
 					snprintf(extra, sizeof(extra), " (%.1fx vLLM)",
 					         r.units_per_s / VLLM_B_CYCLES_PER_S);
+				else if (k == RAW_BATCH)
+					snprintf(extra, sizeof(extra),
+					         " (%.3f of engine (b); CPU per round trip %.0f us, both ends)",
+					         eng_b > 0 ? r.units_per_s / eng_b : 0, r.self_cpu_us);
 				else if (k == CYCLE_BATCH)
-					snprintf(extra, sizeof(extra), " (%.1fx vLLM, %.3f of engine (b))",
+					snprintf(extra, sizeof(extra),
+					         " (%.1fx vLLM, %.3f of engine (b); CPU per Batch: kvpoold %.0f "
+					         "us, clients %.0f us)",
 					         r.units_per_s / VLLM_B_CYCLES_PER_S,
-					         eng_b > 0 ? r.units_per_s / eng_b : 0);
+					         eng_b > 0 ? r.units_per_s / eng_b : 0, r.daemon_cpu_us,
+					         r.self_cpu_us);
 				printf("| %s | %d | %s | %.0f %s%s | %.0f us | %.0f us | %.2f |\n",
 				       t ? "tcp" : "ipc", clients, names[k], r.units_per_s, units[k], extra,
 				       r.p50_us, r.p99_us, raw.p50_us > 0 ? r.p50_us / raw.p50_us : 0);

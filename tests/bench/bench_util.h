@@ -3,6 +3,8 @@
 #ifndef KVP_BENCH_UTIL_H
 #define KVP_BENCH_UTIL_H
 
+#include <dirent.h>
+#include <sys/types.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,33 @@ cpu_now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A process's CPU time over all its threads, from schedstat (seconds). */
+static inline double
+proc_cpu(pid_t pid)
+{
+	char path[64];
+	double sum = 0;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+	DIR *d = opendir(path);
+	if (d == NULL)
+		return -1;
+	for (struct dirent *e; (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		char p2[400];
+		unsigned long long ns = 0;
+		snprintf(p2, sizeof(p2), "%s/%s/schedstat", path, e->d_name);
+		FILE *f = fopen(p2, "r");
+		if (f == NULL)
+			continue;
+		if (fscanf(f, "%llu", &ns) == 1)
+			sum += (double)ns / 1e9;
+		fclose(f);
+	}
+	closedir(d);
+	return sum;
 }
 
 /* qsort comparator for doubles. */
