@@ -141,6 +141,8 @@ kvpd_session_reserve(struct kvpd_session *s, size_t n)
 		size_t live = 0;
 		for (uint32_t i = 0; i < s->cap; i++)
 			live += s->ids[i] != EMPTY_ID && s->counts[i] != 0;
+		if (live + n > (1u << 29)) /* cap stays a uint32_t power of two */
+			return KVP_ENOMEM;
 		uint32_t cap = 64;
 		while ((live + n) * 4 > cap)
 			cap *= 2;
