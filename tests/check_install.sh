@@ -46,9 +46,15 @@ readelf -d "$libdir/libkvpool.so" | grep -q 'SONAME.*\[libkvpool.so.0.2\]' || fa
 # The Python package loads the library by that soname.
 grep -q '^SONAME = "libkvpool.so.0.2"$' "$src/clients/python/kvpool/_lib.py" ||
 	fail "clients/python/kvpool/_lib.py does not load libkvpool.so.0.2"
-# Only the kvp_* API is exported (not protobuf-c's generated code).
-other=$(nm -D --defined-only "$libdir/libkvpool.so" | awk '$3 !~ /^kvp_/ && $3 != "KVPOOL_0" {print $3}')
-[ -z "$other" ] || fail "libkvpool.so exports more than kvp_*: $other"
+# Exactly the functions the installed headers declare are exported: not
+# protobuf-c's generated code, nor the shared layer's internal kvp_* helpers.
+cat "$prefix"/include/kvpool/clients/c/*.h "$prefix"/include/kvpool/common/*.h |
+	grep -o 'kvp_[a-z0-9_]*(' | tr -d '(' | sort -u > "$work/declared"
+nm -D --defined-only "$libdir/libkvpool.so" |
+	awk '$3 != "KVPOOL_0" {sub(/@.*/, "", $3); print $3}' | sort -u > "$work/exported"
+grep -qx kvp_client_open "$work/exported" || fail "libkvpool.so does not export kvp_client_open"
+other=$(comm -23 "$work/exported" "$work/declared" | tr '\n' ' ')
+[ -z "$other" ] || fail "libkvpool.so exports what no installed header declares: $other"
 "$prefix/bin/kvpoold" --version | grep -q '^kvpoold [0-9]' || fail "kvpoold --version"
 "$prefix/bin/kvpoolctl" --version | grep -q '^kvpoolctl [0-9]' || fail "kvpoolctl --version"
 
