@@ -361,8 +361,8 @@ kvpd_pool_check(struct kvpd_pool *p, char *detail, size_t len)
 		const struct kvpd_session *ss =
 			k < p->num_sessions ? p->sessions[k] : p->ending[k - p->num_sessions];
 		for (uint32_t i = 0; i < ss->cap; i++)
-			if (ss->ids[i] >= 0 && (uint32_t)ss->ids[i] < nb)
-				held[ss->ids[i]] += ss->counts[i];
+			if (ss->refs[i].id >= 0 && (uint32_t)ss->refs[i].id < nb)
+				held[ss->refs[i].id] += ss->refs[i].count;
 	}
 	for (uint32_t id = 1; id < nb; id++) {
 		if (held[id] > (uint64_t)kvp_pool_ref_cnt(p->pool, (int32_t)id)) {

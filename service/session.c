@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "service/session.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +29,7 @@ kvpd_session_destroy(struct kvpd_session *s)
 {
 	if (s == NULL)
 		return;
-	free(s->ids);
-	free(s->counts);
+	free(s->refs);
 	free(s->log);
 	free(s->seen);
 	kvpd_u64map_fini(&s->reqs);
@@ -38,12 +38,17 @@ kvpd_session_destroy(struct kvpd_session *s)
 	free(s);
 }
 
+static inline uint32_t
+home_of(const struct kvpd_session *s, int32_t id)
+{
+	return ((uint32_t)id * 0x9e3779b1u) & (s->cap - 1);
+}
+
 static uint32_t
 slot_of(const struct kvpd_session *s, int32_t id)
 {
-	uint32_t h = (uint32_t)id * 0x9e3779b1u;
-	uint32_t i = h & (s->cap - 1);
-	while (s->ids[i] != EMPTY_ID && s->ids[i] != id)
+	uint32_t i = home_of(s, id);
+	while (s->refs[i].id != EMPTY_ID && s->refs[i].id != id)
 		i = (i + 1) & (s->cap - 1);
 	return i;
 }
@@ -54,38 +59,69 @@ kvpd_session_held(const struct kvpd_session *s, int32_t id)
 	if (s->cap == 0)
 		return 0;
 	uint32_t i = slot_of(s, id);
-	return s->ids[i] == id ? s->counts[i] : 0;
+	return s->refs[i].id == id ? s->refs[i].count : 0;
+}
+
+/* Empties slot i (its count is 0), shifting back the entries whose probe ran through it. */
+static void
+drop_slot(struct kvpd_session *s, uint32_t i)
+{
+	uint32_t mask = s->cap - 1;
+	for (uint32_t j = (i + 1) & mask; s->refs[j].id != EMPTY_ID; j = (j + 1) & mask) {
+		/* j may fill the hole at i when i lies on its probe, from its home to j */
+		if (((j - home_of(s, s->refs[j].id)) & mask) >= ((j - i) & mask)) {
+			s->refs[i] = s->refs[j];
+			i = j;
+		}
+	}
+	s->refs[i].id = EMPTY_ID;
+	s->refs[i].count = 0;
+	s->used--;
+}
+
+/* One more reference on id; its slot exists or the table has room (reserved). */
+static void
+hold(struct kvpd_session *s, int32_t id)
+{
+	uint32_t i = slot_of(s, id);
+	if (s->refs[i].id != id) {
+		s->refs[i].id = id;
+		s->refs[i].count = 0;
+		s->used++;
+	}
+	s->refs[i].count++;
+	s->held++;
+	if (s->pool_held)
+		(*s->pool_held)++;
+}
+
+/* One reference less on the id at slot i. */
+static void
+unhold(struct kvpd_session *s, uint32_t i)
+{
+	if (--s->refs[i].count == 0)
+		drop_slot(s, i);
+	s->held--;
+	if (s->pool_held)
+		(*s->pool_held)--;
 }
 
 static int
 rehash(struct kvpd_session *s, uint32_t cap)
 {
-	int32_t *ids = malloc(cap * sizeof(*ids));
-	uint32_t *counts = malloc(cap * sizeof(*counts));
-	int32_t *old_ids = s->ids;
-	uint32_t *old_counts = s->counts, old_cap = s->cap;
+	struct kvpd_ref *refs = malloc(cap * sizeof(*refs)), *old = s->refs;
+	uint32_t old_cap = s->cap;
 
-	if (ids == NULL || counts == NULL) {
-		free(ids);
-		free(counts);
+	if (refs == NULL)
 		return KVP_ENOMEM;
-	}
 	for (uint32_t i = 0; i < cap; i++)
-		ids[i] = EMPTY_ID;
-	s->ids = ids;
-	s->counts = counts;
+		refs[i] = (struct kvpd_ref){.id = EMPTY_ID, .count = 0};
+	s->refs = refs;
 	s->cap = cap;
-	s->used = 0;
-	for (uint32_t i = 0; i < old_cap; i++) {
-		if (old_ids[i] == EMPTY_ID || old_counts[i] == 0)
-			continue;
-		uint32_t j = slot_of(s, old_ids[i]);
-		s->ids[j] = old_ids[i];
-		s->counts[j] = old_counts[i];
-		s->used++;
-	}
-	free(old_ids);
-	free(old_counts);
+	for (uint32_t i = 0; i < old_cap; i++)
+		if (old[i].id != EMPTY_ID)
+			s->refs[slot_of(s, old[i].id)] = old[i];
+	free(old);
 	return KVP_OK;
 }
 
@@ -113,7 +149,7 @@ compact_log(struct kvpd_session *s)
 	for (size_t r = s->log_len; r-- > 0;) {
 		int32_t id = s->log[r];
 		uint32_t i = slot_of(s, id);
-		if (s->ids[i] == id && s->seen[i] < s->counts[i]) {
+		if (s->refs[i].id == id && s->seen[i] < s->refs[i].count) {
 			s->seen[i]++;
 			s->log[--w] = id;
 		}
@@ -130,24 +166,22 @@ kvpd_session_reserve(struct kvpd_session *s, size_t n)
 	if (n > (1u << 28))
 		return KVP_ENOMEM;
 	compact_log(s);
-	if ((s->used + n) * 2 > s->cap) {
-		/*
-		 * Sized for the references still held, not for the slots in use:
-		 * released ids keep theirs until a rehash, and a session that cycles
-		 * through a large pool's blocks once grew its table to the whole
-		 * pool (a 100,000-block pool: 2 MiB probed per reference, cold).
-		 * At most a quarter full afterwards, so rehashes stay rare.
-		 */
-		size_t live = 0;
-		for (uint32_t i = 0; i < s->cap; i++)
-			live += s->ids[i] != EMPTY_ID && s->counts[i] != 0;
-		if (live + n > (1u << 29)) /* cap stays a uint32_t power of two */
+	/*
+	 * At most half full, so probes stay short; rebuilt at most a quarter
+	 * full, so rebuilds stay rare; and rebuilt smaller after a burst (a
+	 * table 16 times what it holds), so a session that once held much does
+	 * not keep probing a large cold table.
+	 */
+	size_t need = s->used + n;
+	bool grow = need * 2 > s->cap, shrink = s->cap > 64 && need * 16 < s->cap;
+	if (grow || shrink) {
+		if (need > (1u << 29)) /* cap stays a uint32_t power of two */
 			return KVP_ENOMEM;
 		uint32_t cap = 64;
-		while ((live + n) * 4 > cap)
+		while (need * 4 > cap)
 			cap *= 2;
-		if (rehash(s, cap) != KVP_OK)
-			return KVP_ENOMEM;
+		if (rehash(s, cap) != KVP_OK && grow)
+			return KVP_ENOMEM; /* a failed shrink leaves room enough */
 	}
 	if (s->log_len + n > s->log_cap) {
 		size_t cap = s->log_cap ? s->log_cap : 64;
@@ -165,16 +199,7 @@ kvpd_session_reserve(struct kvpd_session *s, size_t n)
 void
 kvpd_session_add(struct kvpd_session *s, int32_t id)
 {
-	uint32_t i = slot_of(s, id);
-	if (s->ids[i] != id) {
-		s->ids[i] = id;
-		s->counts[i] = 0;
-		s->used++;
-	}
-	s->counts[i]++;
-	s->held++;
-	if (s->pool_held)
-		(*s->pool_held)++;
+	hold(s, id);
 	s->log[s->log_len++] = id;
 }
 
@@ -184,28 +209,20 @@ kvpd_session_remove(struct kvpd_session *s, int32_t id)
 	if (s->cap == 0) /* holds nothing yet */
 		return;
 	uint32_t i = slot_of(s, id);
-	if (s->ids[i] != id || s->counts[i] == 0)
-		return;
-	/* A zero count keeps its slot (tombstone-free table): rehash drops it. */
-	s->counts[i]--;
-	s->held--;
-	if (s->pool_held)
-		(*s->pool_held)--;
+	if (s->refs[i].id == id)
+		unhold(s, i);
 }
 
-/* Gives one reference back to ids[0..n) (their slots exist: a count of 0 keeps its slot). */
+/*
+ * Gives one reference back to ids[0..n): they were just taken, so the
+ * table has room for any that left it (used is no more than before).
+ */
 static void
 give_back(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t skip)
 {
-	for (size_t k = 0; k < n; k++) {
-		if (ids[k] == skip)
-			continue;
-		uint32_t i = slot_of(s, ids[k]);
-		s->counts[i]++;
-		s->held++;
-		if (s->pool_held)
-			(*s->pool_held)++;
-	}
+	for (size_t k = 0; k < n; k++)
+		if (ids[k] != skip)
+			hold(s, ids[k]);
 }
 
 size_t
@@ -215,14 +232,11 @@ kvpd_session_take(struct kvpd_session *s, const int32_t *ids, size_t n, int32_t 
 		if (ids[k] == skip)
 			continue;
 		uint32_t i = s->cap ? slot_of(s, ids[k]) : 0;
-		if (s->cap == 0 || s->ids[i] != ids[k] || s->counts[i] == 0) {
+		if (s->cap == 0 || s->refs[i].id != ids[k]) {
 			give_back(s, ids, k, skip);
 			return k;
 		}
-		s->counts[i]--;
-		s->held--;
-		if (s->pool_held)
-			(*s->pool_held)--;
+		unhold(s, i);
 	}
 	return n;
 }

@@ -32,9 +32,16 @@ struct kvpd_session {
 	uint64_t last_seen_ms;
 	uint32_t lease_ms;
 	char client[64];
-	/* held references: open addressing id -> count */
-	int32_t *ids;
-	uint32_t *counts;
+	/*
+	 * Held references: open addressing (linear probing) id -> count, an id
+	 * and its count side by side so a probe touches one line. An id leaves
+	 * its slot when its count reaches 0 (backward-shift deletion, no
+	 * tombstones), so used is the ids held and the table stays their size.
+	 */
+	struct kvpd_ref {
+		int32_t id; /* -1: empty */
+		uint32_t count;
+	} *refs;
 	uint32_t cap, used;
 	uint64_t held;        /* references in total */
 	uint64_t *pool_held;  /* the pool's count over its sessions, kept with held; may be NULL */

@@ -234,6 +234,20 @@ test_session_refs_survive_log_compaction(void **state)
 		assert_int_equal(s->held, n);
 		assert_int_equal(pool_held, n);
 		assert_true(s->log_len >= n);
+		if (op % 97 == 0) { /* the whole table: every id's count, only held ids in slots */
+			uint32_t distinct = 0;
+			for (int32_t k = 0; k < 300; k++) {
+				for (int32_t mult = 1; mult <= 977; mult += 976) {
+					uint32_t cnt = 0;
+					for (size_t i = 0; i < n; i++)
+						cnt += model[i] == k * mult;
+					assert_int_equal(kvpd_session_held(s, k * mult), cnt);
+					distinct += cnt > 0 && (k > 0 || mult == 1);
+				}
+			}
+			assert_int_equal(s->used, distinct);
+			assert_true(2 * (uint64_t)s->used <= s->cap);
+		}
 	}
 	rel.n = 0;
 	while (kvpd_session_release_some(s, 7, release_one, &rel) > 0)
@@ -243,6 +257,9 @@ test_session_refs_survive_log_compaction(void **state)
 		assert_int_equal(rel.ids[i], model[n - 1 - i]);
 	assert_int_equal(s->held, 0);
 	assert_int_equal(pool_held, 0);
+	assert_int_equal(s->used, 0); /* every id left the table as its count reached 0 */
+	assert_ok(kvpd_session_reserve(s, 1));
+	assert_int_equal(s->cap, 64); /* and the table shrank back */
 	kvpd_session_destroy(s);
 }
 
