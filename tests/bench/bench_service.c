@@ -7,8 +7,9 @@
  * in this process and a raw round trip carrying its Batch's bytes out and
  * its reply's bytes back: the two costs a remote Batch cannot avoid.
  *
- * usage: kvp-bench-service [--quick | --only-batch | --only-core] [PATH_TO_KVPOOLD]
- *   --only-batch  the batched cycle alone over ipc://, 3 s, for a profiler
+ * usage: kvp-bench-service [--quick | --only-batch[=CLIENTS] | --only-core] [PATH_TO_KVPOOLD]
+ *   --only-batch  the batched cycle alone over ipc://, 3 s, for a profiler,
+ *                 from 1 client (or CLIENTS, 1 to 8)
  *   --only-core   the batched cycle handed to the daemon's handler in this
  *                 process (no daemon, no sockets), beside engine loop (b)
  * Starts its own kvpoold (fork+exec before touching nng) on ipc:// and
@@ -475,12 +476,15 @@ main(int argc, char **argv)
 {
 	const char *daemon = KVPOOLD_PATH;
 	int only_batch = 0, only_core = 0;
-	const char *usage = "[--quick | --only-batch | --only-core] [KVPOOLD]";
+	const char *usage = "[--quick | --only-batch[=CLIENTS] | --only-core] [KVPOOLD]";
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--quick") == 0)
 			seconds = 0.2;
 		else if (strcmp(argv[i], "--only-batch") == 0)
 			only_batch = 1, seconds = 3.0; /* one row, for a profiler */
+		else if (strncmp(argv[i], "--only-batch=", 13) == 0 && argv[i][13] >= '1' &&
+		         argv[i][13] <= '8' && argv[i][14] == '\0')
+			only_batch = argv[i][13] - '0', seconds = 3.0;
 		else if (strcmp(argv[i], "--only-core") == 0)
 			only_core = 1;
 		else
@@ -534,9 +538,9 @@ main(int argc, char **argv)
 	                       "cycles/s"};
 	int failed = 0;
 	if (only_batch) {
-		struct result r = measure(CYCLE_BATCH, ipc_url, 1);
-		printf("ipc, 1 client, batches: %.0f cycles/s (%.3f of engine (b)), p50 %.0f us\n",
-		       r.units_per_s, eng_b > 0 ? r.units_per_s / eng_b : 0, r.p50_us);
+		struct result r = measure(CYCLE_BATCH, ipc_url, only_batch);
+		printf("ipc, %d client(s), batches: %.0f cycles/s (%.3f of engine (b)), p50 %.0f us\n",
+		       only_batch, r.units_per_s, eng_b > 0 ? r.units_per_s / eng_b : 0, r.p50_us);
 		failed = r.failed;
 	}
 	for (int t = 0; t < 2 && !only_batch; t++) {
