@@ -23,6 +23,7 @@
 #include "common/kvp_status.h"
 #include "common/kvp_version.h"
 #include "service/fdlimit.h"
+#include "service/memtune.h"
 #include "service/log.h"
 #include "service/server.h"
 #include "service/transport.h"
@@ -231,6 +232,7 @@ main(int argc, char **argv, char **envp)
 	               (enum kvpd_log_format)cfg.log_format);
 	log_starting();
 	kvpd_fd_raise();
+	kvpd_malloc_tune();
 	if (cfg.token_in_argv)
 		kvpd_log_fields(KVPD_WARN, "config",
 		                "--token shows in the process list to every local user; use "
