@@ -56,6 +56,8 @@ enum kind { RAW, STATS, ALLOC_FREE, CYCLE, CYCLE_BATCH, RAW_BATCH };
  * the size the request names (echo_cb).
  */
 static size_t batch_req_len, batch_rep_len;
+/* In process, per Batch: the daemon's handler, and the client's packing and reply reading. */
+static double core_batch_us, client_batch_us;
 static const char echo_magic[4] = {'K', 'V', 'P', 'R'};
 
 struct job {
@@ -444,8 +446,11 @@ core_b_rate(double secs, long *cycles)
 	}
 	/* Timed: the handler alone, over batches until secs have passed. */
 	uint64_t call_id = CB_CYCLES + 1;
+	double t_client = 0; /* the client's side: packing the Batch, reading its reply */
 	do {
+		double t2 = now();
 		size_t len = cyc_batch_pack(cb, "bench", rq.session_id, call_id++, buf);
+		t_client += now() - t2;
 		free(rep);
 		rep = NULL;
 		double t1 = now();
@@ -456,11 +461,15 @@ core_b_rate(double secs, long *cycles)
 		batch_rep_len = rlen;
 		if (t0 == 0)
 			t0 = t1;
+		t2 = now();
 		if (cyc_batch_take(cb, rep, rlen) != 0)
 			goto out;
+		t_client += now() - t2;
 		*cycles += CB_CYCLES;
 	} while (now() - t0 < secs);
 	rate = (double)*cycles / t;
+	client_batch_us = t_client * 1e6 / (double)(*cycles / CB_CYCLES);
+	core_batch_us = t * 1e6 / (double)(*cycles / CB_CYCLES);
 out:
 	if (rate == 0)
 		fprintf(stderr, "bench: core: %s\n", srv ? "a call failed" : err);
@@ -494,8 +503,10 @@ main(int argc, char **argv)
 		long cycles = 0;
 		double eng_b = engine_b_rate(1.0), core = core_b_rate(1.0, &cycles);
 		printf("in process, this run: engine loop (b) %.0f cycles/s; the daemon's handler on "
-		       "the batched cycle %.0f cycles/s (%ld cycles), %.3f of engine (b)\n",
-		       eng_b, core, cycles, eng_b > 0 ? core / eng_b : 0);
+		       "the batched cycle %.0f cycles/s (%ld cycles), %.3f of engine (b), %.0f us per "
+		       "Batch; the client's packing and reply reading %.0f us per Batch\n",
+		       eng_b, core, cycles, eng_b > 0 ? core / eng_b : 0, core_batch_us,
+		       client_batch_us);
 		return core > 0 && eng_b > 0 ? 0 : 1;
 	}
 	int pid = (int)getpid();
@@ -526,8 +537,10 @@ main(int argc, char **argv)
 	printf("engine loop (b) in this process, this run: %.0f cycles/s (the batched cycle's "
 	       "baseline; aim: a quarter)\n", eng_b);
 	printf("the daemon's handler alone on the batched cycle, in this process: %.0f cycles/s, "
-	       "%.3f of engine (b); a Batch is %zu B, its reply %zu B\n\n", core,
-	       eng_b > 0 ? core / eng_b : 0, batch_req_len, batch_rep_len);
+	       "%.3f of engine (b), %.0f us per Batch; a Batch is %zu B, its reply %zu B\n", core,
+	       eng_b > 0 ? core / eng_b : 0, core_batch_us, batch_req_len, batch_rep_len);
+	printf("the client's side alone (packing a Batch with protobuf-c, reading its reply), in "
+	       "this process: %.0f us per Batch\n\n", client_batch_us);
 	printf("| transport | clients | workload | rate | p50 | p99 | p50 / raw p50 |\n");
 	printf("|---|---|---|---|---|---|---|\n");
 	const char *names[] = {"raw nng REQ/REP, 64 B (baseline)", "Stats", "Allocate(16) + Free",
