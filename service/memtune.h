@@ -5,9 +5,11 @@
  * glibc's defaults a worker thread's arena hands a freed 80 KB Batch back
  * to the kernel at once (madvise), so the next message faults its pages in
  * again while memset zeroes them, and every such madvise flushes the other
- * CPUs' TLBs: measured under eight batching clients, about a fifth of the
- * daemon's CPU. kvpoold therefore keeps freed memory for reuse up to a
- * bound per arena, and serves messages below a fixed size from its heaps.
+ * CPUs' TLBs. Under eight batching clients that was a fifth of the
+ * daemon's perf samples, and kvpoold's CPU per Batch fell by about a third
+ * without it (kvp-bench-service, BENCHMARKS.md). kvpoold therefore keeps
+ * freed memory for reuse up to a bound per arena, and serves messages
+ * below a fixed size from its heaps.
  */
 #ifndef KVPD_MEMTUNE_H
 #define KVPD_MEMTUNE_H
