@@ -264,6 +264,17 @@ render_rpc(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_po
 			    name, (unsigned long long)cum);
 		}
 	}
+	help(o, "kvpool_pool_lock_held_seconds_total", "counter",
+	     "Time calls held the pool's lock to run (a pool runs one call at a time: a rate "
+	     "near 1 means the pool is saturated).");
+	for (size_t i = 0; i < np; i++)
+		put(o, "kvpool_pool_lock_held_seconds_total{pool=\"%s\"} %.9f\n",
+		    kvpd_server_pool_name(s, i), c[i].lock_held_s);
+	help(o, "kvpool_pool_lock_wait_seconds_total", "counter",
+	     "Time calls waited for the pool's lock (behind other calls of the same pool).");
+	for (size_t i = 0; i < np; i++)
+		put(o, "kvpool_pool_lock_wait_seconds_total{pool=\"%s\"} %.9f\n",
+		    kvpd_server_pool_name(s, i), c[i].lock_wait_s);
 }
 
 char *

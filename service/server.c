@@ -490,7 +490,7 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 		return error_reply(env.call_id, KVP_EINVAL,
 		                   "malformed request (not a kvpool.v1.Request)", sink);
 	}
-	struct timespec t0, t1;
+	struct timespec t0, tl, t1;
 	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
 	/* Outside the lock: only a call whose reply is kept for retries needs it. */
 	uint32_t crc = op != NULL && (op->flags & KVPD_CALL_MUTATING) && rq->call_id != 0
@@ -498,12 +498,16 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	                       : 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	nng_mtx_lock(p->lock);
+	clock_gettime(CLOCK_MONOTONIC, &tl);
 	size_t ending = p->num_ending;
 	rv = kvpd_dispatch(p, rq, crc, now_ms, sink);
 	if (p->num_ending > ending) /* this call ended a session: it does the releasing */
 		release_pending(p);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	double held = (double)(t1.tv_sec - tl.tv_sec) + (double)(t1.tv_nsec - tl.tv_nsec) / 1e9;
+	p->counters.lock_wait_s += secs - held;
+	p->counters.lock_held_s += held;
 	if (op != NULL) { /* a call with no row was refused, and is not a call */
 		int b = 0, row = (int)kvpd_call_index(op);
 		while (b < KVPD_LATENCY_BUCKETS - 1 && secs > kvpd_latency_bounds[b])

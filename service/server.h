@@ -50,6 +50,12 @@ struct kvpd_pool_counters {
 	/* Handling time by call (table row), lock wait included, not the network. */
 	uint64_t latency[KVPD_NUM_CALLS][KVPD_LATENCY_BUCKETS];
 	double latency_sum[KVPD_NUM_CALLS];
+	/*
+	 * Calls' time waiting for the pool's lock, and holding it to run: one
+	 * pool's calls run one at a time, so held time near one second per
+	 * second means the pool is saturated, whatever the CPUs have left.
+	 */
+	double lock_wait_s, lock_held_s;
 	uint32_t sessions;                                 /* open now */
 	bool vllm_on;                                      /* a vLLM-wire publisher is attached */
 	uint64_t vllm_batches, vllm_bytes, vllm_replays, vllm_bad_replay_requests,

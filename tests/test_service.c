@@ -1143,6 +1143,12 @@ test_service_admin_endpoints_serve_health_and_metrics(void **state)
 	                             "call=\"allocate\",le=\"+Inf\"} "));
 	assert_non_null(strstr(body, "kvpool_rpc_latency_seconds_count{pool=\"default\","
 	                             "call=\"free\"} "));
+	/* The calls above held the pool's lock for some time; every pool has the series. */
+	const char *held = strstr(body, "kvpool_pool_lock_held_seconds_total{pool=\"default\"} ");
+	assert_non_null(held);
+	assert_true(strtod(strchr(held, '}') + 2, NULL) > 0);
+	assert_non_null(strstr(body, "kvpool_pool_lock_held_seconds_total{pool=\"tiny\"} "));
+	assert_non_null(strstr(body, "kvpool_pool_lock_wait_seconds_total{pool=\"default\"} "));
 	/* The standard process metrics, with values that can be true of a live daemon. */
 	const char *rss = strstr(body, "\nprocess_resident_memory_bytes ");
 	assert_non_null(rss);
