@@ -248,31 +248,40 @@ put_head(uint8_t *p, const Kvpool__V1__Reply *r)
 	return dl ? put_bytes(p, F_DETAIL, r->detail, dl) : p;
 }
 
-/* One sub-reply's encoded length. */
+/* A sub-reply's lengths, measured once and kept for writing it. */
+struct sub {
+	size_t len;     /* the whole sub-reply */
+	size_t rlen;    /* its result message's body (hand-written kinds) */
+	struct parts pt; /* the result's packed arrays */
+};
+
+/* One sub-reply's encoded length, its parts kept in *m. */
 static size_t
-sub_len(const Kvpool__V1__Reply *r)
+sub_len(const Kvpool__V1__Reply *r, struct sub *m)
 {
-	struct parts pt;
+	m->rlen = 0;
 	if (!by_hand(r))
-		return kvpool__v1__reply__get_packed_size(r);
+		return m->len = kvpool__v1__reply__get_packed_size(r);
 	size_t len = head_len(r);
-	if (r->result_case != KVPOOL__V1__REPLY__RESULT__NOT_SET)
-		len += kvp_pb_len_field((uint32_t)r->result_case, result_len(r, &pt));
-	return len;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT__NOT_SET) {
+		m->rlen = result_len(r, &m->pt);
+		len += kvp_pb_len_field((uint32_t)r->result_case, m->rlen);
+	}
+	return m->len = len;
 }
 
+/* A sub-reply's bytes, its lengths from sub_len. */
 static uint8_t *
-put_sub(uint8_t *p, const Kvpool__V1__Reply *r)
+put_sub(uint8_t *p, const Kvpool__V1__Reply *r, const struct sub *m)
 {
-	struct parts pt;
 	if (!by_hand(r))
 		return p + kvpool__v1__reply__pack(r, p);
 	p = put_head(p, r);
 	if (r->result_case == KVPOOL__V1__REPLY__RESULT__NOT_SET)
 		return p;
 	p = kvp_pb_put_tag(p, (uint32_t)r->result_case, KVP_PB_LEN);
-	p = kvp_pb_put_varint(p, result_len(r, &pt));
-	return put_result(p, r, &pt);
+	p = kvp_pb_put_varint(p, m->rlen);
+	return put_result(p, r, &m->pt);
 }
 
 int
@@ -289,19 +298,15 @@ kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
 	}
 	/*
 	 * Reply{head, batch = 22 {replies = 1 (repeated Reply)}}. Each sub-reply's
-	 * length is needed twice (in the total, then before its bytes): the
-	 * first LENS are kept, the rest computed again.
+	 * lengths are needed twice (in the total, then as its bytes are
+	 * written): the first KEPT are kept, the rest measured again.
 	 */
-	enum { LENS = 512 };
-	size_t lens[LENS];
+	enum { KEPT = 512 };
+	struct sub kept[KEPT], m;
 	const Kvpool__V1__BatchReply *b = r->batch;
 	size_t inner = 0;
-	for (size_t i = 0; i < b->n_replies; i++) {
-		size_t l = sub_len(b->replies[i]);
-		if (i < LENS)
-			lens[i] = l;
-		inner += kvp_pb_len_field(1, l);
-	}
+	for (size_t i = 0; i < b->n_replies; i++)
+		inner += kvp_pb_len_field(1, sub_len(b->replies[i], i < KEPT ? &kept[i] : &m));
 	size_t total = head_len(r) + kvp_pb_len_field(F_BATCH, inner);
 	uint8_t *buf = sink->alloc(sink->ctx, total), *p;
 	if (buf == NULL)
@@ -310,9 +315,14 @@ kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
 	p = kvp_pb_put_tag(p, F_BATCH, KVP_PB_LEN);
 	p = kvp_pb_put_varint(p, inner);
 	for (size_t i = 0; i < b->n_replies; i++) {
+		const struct sub *sm = &kept[i];
+		if (i >= KEPT) {
+			sub_len(b->replies[i], &m);
+			sm = &m;
+		}
 		p = kvp_pb_put_tag(p, 1, KVP_PB_LEN);
-		p = kvp_pb_put_varint(p, i < LENS ? lens[i] : sub_len(b->replies[i]));
-		p = put_sub(p, b->replies[i]);
+		p = kvp_pb_put_varint(p, sm->len);
+		p = put_sub(p, b->replies[i], sm);
 	}
 	sink->buf = buf;
 	sink->len = (size_t)(p - buf);
