@@ -315,11 +315,11 @@ kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink)
 	p = kvp_pb_put_tag(p, F_BATCH, KVP_PB_LEN);
 	p = kvp_pb_put_varint(p, inner);
 	for (size_t i = 0; i < b->n_replies; i++) {
-		const struct sub *sm = &kept[i];
-		if (i >= KEPT) {
+		const struct sub *sm = &m;
+		if (i < KEPT)
+			sm = &kept[i];
+		else
 			sub_len(b->replies[i], &m);
-			sm = &m;
-		}
 		p = kvp_pb_put_tag(p, 1, KVP_PB_LEN);
 		p = kvp_pb_put_varint(p, sm->len);
 		p = put_sub(p, b->replies[i], sm);
