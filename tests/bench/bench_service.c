@@ -41,7 +41,6 @@
 #include "service/server.h"
 
 #define MAX_CLIENTS 8
-#define VLLM_B_CYCLES_PER_S 27000.0
 
 static double seconds = 1.0;
 static char ipc_url[128], tcp_url[128], echo_ipc[128], echo_tcp[128];
@@ -569,17 +568,16 @@ main(int argc, char **argv)
 				failed |= r.failed;
 				char extra[160] = "";
 				if (k == CYCLE)
-					snprintf(extra, sizeof(extra), " (%.1fx vLLM)",
-					         r.units_per_s / VLLM_B_CYCLES_PER_S);
+					snprintf(extra, sizeof(extra), " (%.3f of engine (b))",
+					         eng_b > 0 ? r.units_per_s / eng_b : 0);
 				else if (k == RAW_BATCH)
 					snprintf(extra, sizeof(extra),
 					         " (%.3f of engine (b); CPU per round trip %.0f us, both ends)",
 					         eng_b > 0 ? r.units_per_s / eng_b : 0, r.self_cpu_us);
 				else if (k == CYCLE_BATCH)
 					snprintf(extra, sizeof(extra),
-					         " (%.1fx vLLM, %.3f of engine (b); CPU per Batch: kvpoold %.0f "
+					         " (%.3f of engine (b); CPU per Batch: kvpoold %.0f "
 					         "us, clients %.0f us)",
-					         r.units_per_s / VLLM_B_CYCLES_PER_S,
 					         eng_b > 0 ? r.units_per_s / eng_b : 0, r.daemon_cpu_us,
 					         r.self_cpu_us);
 				printf("| %s | %d | %s | %.0f %s%s | %.0f us | %.0f us | %.2f |\n",
