@@ -18,6 +18,7 @@
 #define KVP_FREE_QUEUE_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,40 +64,13 @@ kvp_queue_contains(const struct kvp_queue *q, int32_t id)
  */
 
 /*
- * Pops n blocks from the head into out[0..n), in queue order. Returns
- * KVP_ENOSPACE (queue unchanged) if fewer than n are queued; n == 0 is KVP_OK.
- */
-static inline int
-kvp_queue_popleft_n(struct kvp_queue *q, uint32_t n, int32_t *out)
-{
-	struct kvp_block *b = q->blocks;
-	int32_t cur;
-
-	if (n > q->num_free)
-		return KVP_ENOSPACE;
-	if (n == 0)
-		return KVP_OK;
-	cur = b[q->head].next;
-	for (uint32_t i = 0; i < n; i++) {
-		int32_t nx = b[cur].next;
-		out[i] = cur;
-		b[cur].prev = KVP_QUEUE_UNLINKED;
-		b[cur].next = KVP_QUEUE_UNLINKED;
-		cur = nx;
-	}
-	b[q->head].next = cur;
-	b[cur].prev = q->head;
-	q->num_free -= n;
-	return KVP_OK;
-}
-
-/*
- * kvp_queue_popleft_n for an allocation: the caller has checked that n
- * blocks are queued (1 <= n <= num_free), and each popped block gets its
- * first holder (ref_cnt 1) in the same pass, its fields one line apart.
+ * Unlinks the first n blocks (1 <= n <= num_free) into out[0..n), in queue
+ * order; with hold (a constant at each call, so the loop is specialised)
+ * each also gets its first holder (ref_cnt 1) in the same pass, its fields
+ * one line apart.
  */
 static inline void
-kvp_queue__take_n(struct kvp_queue *q, uint32_t n, int32_t *out)
+kvp_queue__unlink_first_n(struct kvp_queue *q, uint32_t n, int32_t *out, bool hold)
 {
 	struct kvp_block *b = q->blocks;
 	int32_t cur = b[q->head].next;
@@ -106,15 +80,42 @@ kvp_queue__take_n(struct kvp_queue *q, uint32_t n, int32_t *out)
 		struct kvp_block *e = &b[cur];
 		int32_t nx = e->next;
 		out[i] = cur;
-		assert(e->ref_cnt == 0);
 		e->prev = KVP_QUEUE_UNLINKED;
 		e->next = KVP_QUEUE_UNLINKED;
-		e->ref_cnt = 1;
+		if (hold) {
+			assert(e->ref_cnt == 0);
+			e->ref_cnt = 1;
+		}
 		cur = nx;
 	}
 	b[q->head].next = cur;
 	b[cur].prev = q->head;
 	q->num_free -= n;
+}
+
+/*
+ * Pops n blocks from the head into out[0..n), in queue order. Returns
+ * KVP_ENOSPACE (queue unchanged) if fewer than n are queued; n == 0 is KVP_OK.
+ */
+static inline int
+kvp_queue_popleft_n(struct kvp_queue *q, uint32_t n, int32_t *out)
+{
+	if (n > q->num_free)
+		return KVP_ENOSPACE;
+	if (n > 0)
+		kvp_queue__unlink_first_n(q, n, out, false);
+	return KVP_OK;
+}
+
+/*
+ * kvp_queue_popleft_n for an allocation: the caller has checked that n
+ * blocks are queued (1 <= n <= num_free), and each popped block gets its
+ * first holder (ref_cnt 1).
+ */
+static inline void
+kvp_queue__take_n(struct kvp_queue *q, uint32_t n, int32_t *out)
+{
+	kvp_queue__unlink_first_n(q, n, out, true);
 }
 
 /* Pops the head block. Returns its id, or -1 if the queue is empty. */
