@@ -4,7 +4,6 @@
 #include "service/server.h"
 
 #include <nng/nng.h>
-#include <pthread.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdio.h>
 #include <stdatomic.h>
@@ -12,11 +11,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 
 #include "common/crc32c.h"
+#include "service/decode_arena.h"
 #include "service/dispatch.h"
 #include "service/envelope.h"
 #include "gpu/executor.h"
@@ -249,119 +246,6 @@ kvpd_server_destroy(struct kvpd_server *s)
 
 /* ---- requests ---- */
 
-/*
- * protobuf-c allocates every field of a decoded request separately; a
- * batch decodes into hundreds of allocations. Each handler thread decodes
- * into its own bump arena instead (POSIX thread-specific data, so the
- * arena is freed when the thread ends), reset after every request.
- */
-#define KVPD_TRIM_AFTER_BYTES (16u << 20)
-
-struct decode_arena {
-	uint8_t *buf;
-	size_t used, cap;
-	void **spill;        /* allocations that did not fit, freed at reset */
-	size_t nspill, capspill, spill_bytes;
-};
-
-static pthread_key_t arena_key;
-static pthread_once_t arena_once = PTHREAD_ONCE_INIT;
-
-static void
-arena_destroy(void *p)
-{
-	struct decode_arena *a = p;
-	for (size_t i = 0; i < a->nspill; i++)
-		free(a->spill[i]);
-	free(a->spill);
-	free(a->buf);
-	free(a);
-}
-
-static void
-arena_key_make(void)
-{
-	(void)pthread_key_create(&arena_key, arena_destroy);
-}
-
-static void *
-arena_alloc(void *data, size_t size)
-{
-	struct decode_arena *a = data;
-	size_t need = (size + 15) & ~(size_t)15;
-	if (a->used + need <= a->cap) {
-		void *p = a->buf + a->used;
-		a->used += need;
-		return p;
-	}
-	/* Too big for what is left: a plain allocation, freed at reset. */
-	if (a->nspill == a->capspill) {
-		size_t cap = a->capspill ? a->capspill * 2 : 16;
-		void **np = realloc(a->spill, cap * sizeof(*np));
-		if (np == NULL)
-			return NULL;
-		a->spill = np;
-		a->capspill = cap;
-	}
-	void *p = malloc(size ? size : 1);
-	if (p != NULL) {
-		a->spill[a->nspill++] = p;
-		a->spill_bytes += size;
-	}
-	return p;
-}
-
-static void
-arena_free(void *data, void *p)
-{
-	(void)data; /* everything goes at reset */
-	(void)p;
-}
-
-static struct decode_arena *
-arena_get(void)
-{
-	struct decode_arena *a;
-	(void)pthread_once(&arena_once, arena_key_make);
-	if ((a = pthread_getspecific(arena_key)) != NULL)
-		return a;
-	if ((a = calloc(1, sizeof(*a))) == NULL)
-		return NULL;
-	a->cap = 256u << 10;
-	if ((a->buf = malloc(a->cap)) == NULL || pthread_setspecific(arena_key, a) != 0) {
-		free(a->buf);
-		free(a);
-		return NULL;
-	}
-	return a;
-}
-
-static void
-arena_reset(struct decode_arena *a)
-{
-	size_t spilled = 0;
-	for (size_t i = 0; i < a->nspill; i++)
-		free(a->spill[i]);
-	spilled = a->nspill;
-	a->nspill = 0;
-	a->used = 0;
-#ifdef __GLIBC__
-	/* After a spike (a huge request), give the pages back rather than keep them. */
-	if (a->spill_bytes >= KVPD_TRIM_AFTER_BYTES)
-		(void)malloc_trim(0);
-#endif
-	a->spill_bytes = 0;
-	/* A request that spilled wants a bigger arena next time (up to 8 MiB). */
-	if (spilled > 0 && a->cap < (8u << 20)) {
-		uint8_t *nb = malloc(a->cap * 2);
-		if (nb != NULL) {
-			free(a->buf);
-			a->buf = nb;
-			a->cap *= 2;
-		}
-	}
-}
-
 /* A reply with only a status (decode failures, unknown pools). */
 static int
 error_reply(uint64_t call_id, int status, const char *detail, struct kvpd_sink *sink)
@@ -474,19 +358,20 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 		return error_reply(env.call_id, KVP_EINVAL, detail, sink);
 	}
 
-	struct decode_arena *arena = arena_get();
-	ProtobufCAllocator alloc = {.alloc = arena_alloc, .free = arena_free, .allocator_data = arena};
+	struct kvpd_decode_arena *arena = kvpd_decode_arena_get();
+	ProtobufCAllocator alloc = {.alloc = kvpd_decode_arena_alloc, .free = kvpd_decode_arena_free,
+	                            .allocator_data = arena};
 	ProtobufCAllocator *al = arena ? &alloc : NULL;
 	/* Our own decoder first; protobuf-c for what it declines (and to judge bad input). */
 	rq = al ? (Kvpool__V1__Request *)kvp_pb_read(&kvpool__v1__request__descriptor, al, req, len)
 	        : NULL;
 	if (rq == NULL && arena)
-		arena_reset(arena);
+		kvpd_decode_arena_reset(arena);
 	if (rq == NULL)
 		rq = kvpool__v1__request__unpack(al, len, req);
 	if (rq == NULL) {
 		if (arena)
-			arena_reset(arena);
+			kvpd_decode_arena_reset(arena);
 		return error_reply(env.call_id, KVP_EINVAL,
 		                   "malformed request (not a kvpool.v1.Request)", sink);
 	}
@@ -518,7 +403,7 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	nng_mtx_unlock(p->lock);
 	/* Decoded into the arena: its reset frees it all, no walk of the message. */
 	if (arena)
-		arena_reset(arena);
+		kvpd_decode_arena_reset(arena);
 	else
 		kvpool__v1__request__free_unpacked(rq, NULL);
 	if (rv != KVP_OK)
