@@ -14,16 +14,12 @@
 #define KVP_PB_VARINT 0u
 #define KVP_PB_LEN 2u
 
-/* Bytes of v as a varint. */
+/* Bytes of v as a varint: its significant bits, 7 to a byte (bits * 9 / 64, rounded up). */
 static inline size_t
 kvp_pb_varint_len(uint64_t v)
 {
-	size_t n = 1;
-	while (v >= 0x80) {
-		v >>= 7;
-		n++;
-	}
-	return n;
+	unsigned bits = 64u - (unsigned)__builtin_clzll(v | 1);
+	return (bits * 9u + 64u) / 64u;
 }
 
 /* Bytes of a 32-bit value as a varint, without a loop. */
@@ -34,9 +30,25 @@ kvp_pb_varint32_len(uint32_t v)
 	       (size_t)(v >= 1u << 28);
 }
 
+/* v as a varint at p; the end. One to three bytes (ids, counts, tokens) without a loop. */
 static inline uint8_t *
 kvp_pb_put_varint(uint8_t *p, uint64_t v)
 {
+	if (v < 1u << 7) {
+		p[0] = (uint8_t)v;
+		return p + 1;
+	}
+	if (v < 1u << 14) {
+		p[0] = (uint8_t)(v | 0x80);
+		p[1] = (uint8_t)(v >> 7);
+		return p + 2;
+	}
+	if (v < 1u << 21) {
+		p[0] = (uint8_t)(v | 0x80);
+		p[1] = (uint8_t)(v >> 7 | 0x80);
+		p[2] = (uint8_t)(v >> 14);
+		return p + 3;
+	}
 	while (v >= 0x80) {
 		*p++ = (uint8_t)(v | 0x80);
 		v >>= 7;

@@ -34,7 +34,7 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 	size_t extra = 0;
 	uint8_t tail[3];
 	if (rq != NULL) {
-		len = kvpool__v1__request__get_packed_size(rq);
+		len = kvpc_request_size(rq, &c->plan);
 	} else if (c->token_len > 0) {
 		/* Raw bytes get the token appended as field 4 (the last occurrence wins). */
 		tail[0] = 4 << 3 | 2;
@@ -47,9 +47,11 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 		if (nng_msg_alloc(&msg, len + extra) != 0)
 			return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
 		uint8_t *body = nng_msg_body(msg);
-		if (rq != NULL)
-			kvpool__v1__request__pack(rq, body);
-		else if (len > 0)
+		if (rq != NULL && kvpc_request_pack(rq, &c->plan, body) != len) {
+			nng_msg_free(msg); /* our packer's bug: say so rather than send it */
+			return kvp_client_fail_(c, KVP_EINTERNAL, "request packed to a wrong length",
+			                        NULL);
+		} else if (rq == NULL && len > 0)
 			memcpy(body, req, len);
 		if (extra > 0) {
 			memcpy(body + len, tail, extra - c->token_len);
@@ -426,6 +428,7 @@ client_free(void *arg)
 		nng_tls_config_free(c->tls);
 	nng_cv_free(c->cv);
 	nng_mtx_free(c->mtx);
+	kvpc_plan_fini(&c->plan);
 	free(c);
 }
 

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include "clients/c/kvpool.h"
+#include "clients/c/request_pack.h"
 #include "kvpool.pb-c.h"
 #include "proto/event_seal.h"
 #include "proto/wire.h"
@@ -45,6 +46,8 @@ struct kvp_client {
 	bool has_event_key;
 	/* The daemon runs a Batch's slots runs (PoolInfo); else batches send plain calls. */
 	bool slots_runs;
+	/* A Batch request's lengths, from measuring it to writing it (request_pack.h). */
+	struct kvpc_plan plan;
 };
 
 /* Sets the detail (fmt with one %s for arg) and returns status. */

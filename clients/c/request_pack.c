@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* request_pack.c: Batch requests written by hand; see the header. */
+#include "clients/c/request_pack.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto/pb_write.h"
+
+/* Request and BatchRequest fields (kvpool.proto). */
+enum { F_CALL_ID = 1, F_POOL = 2, F_SESSION = 3, F_TOKEN = 4, F_BATCH = 22 };
+enum { F_CALLS = 1, F_CONTINUE = 2 };
+
+/* ---- packed arrays: payload lengths, then bytes (absent when empty) ---- */
+
+static size_t
+i32s_len(const int32_t *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++) /* a negative int32 takes 10 bytes, sign-extended */
+		len += v[i] < 0 ? 10 : kvp_pb_varint32_len((uint32_t)v[i]);
+	return len;
+}
+
+static size_t
+u32s_len(const uint32_t *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++)
+		len += kvp_pb_varint32_len(v[i]);
+	return len;
+}
+
+static size_t
+u64s_len(const uint64_t *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++)
+		len += kvp_pb_varint_len(v[i]);
+	return len;
+}
+
+static size_t
+i64s_len(const int64_t *v, size_t n)
+{
+	return u64s_len((const uint64_t *)(const void *)v, n); /* int64: its two's complement */
+}
+
+static size_t
+packed(uint32_t field, size_t payload, size_t n)
+{
+	return n ? kvp_pb_len_field(field, payload) : 0;
+}
+
+static size_t
+bytes_field(uint32_t field, const ProtobufCBinaryData *b)
+{
+	return b->len ? kvp_pb_len_field(field, b->len) : 0;
+}
+
+/* A proto3 bool: absent when false, 1 when true. */
+static size_t
+bool_field(uint32_t field, protobuf_c_boolean v)
+{
+	return kvp_pb_varint_field(field, v != 0);
+}
+
+static uint8_t *
+put_head(uint8_t *p, uint32_t field, size_t payload)
+{
+	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
+	return kvp_pb_put_varint(p, payload);
+}
+
+static uint8_t *
+put_i32s(uint8_t *p, uint32_t field, const int32_t *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = put_head(p, field, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, kvp_pb_int32(v[i]));
+	return p;
+}
+
+static uint8_t *
+put_u32s(uint8_t *p, uint32_t field, const uint32_t *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = put_head(p, field, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, v[i]);
+	return p;
+}
+
+static uint8_t *
+put_u64s(uint8_t *p, uint32_t field, const uint64_t *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = put_head(p, field, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, v[i]);
+	return p;
+}
+
+static uint8_t *
+put_i64s(uint8_t *p, uint32_t field, const int64_t *v, size_t n, size_t payload)
+{
+	return put_u64s(p, field, (const uint64_t *)(const void *)v, n, payload);
+}
+
+static uint8_t *
+put_bytes(uint8_t *p, uint32_t field, const ProtobufCBinaryData *b)
+{
+	if (b->len == 0)
+		return p;
+	p = put_head(p, field, b->len);
+	memcpy(p, b->data, b->len);
+	return p + b->len;
+}
+
+static uint8_t *
+put_bool(uint8_t *p, uint32_t field, protobuf_c_boolean v)
+{
+	return kvp_pb_put_varint_field(p, field, v != 0);
+}
+
+/* ---- one BatchCall ---- */
+
+/*
+ * The request message of call c, when it is written by hand; else NULL.
+ * (A message's base is its first member: the pointer converts as is, and
+ * NULL stays NULL.)
+ */
+static const ProtobufCMessage *
+by_hand(const Kvpool__V1__BatchCall *c)
+{
+	const void *m;
+	if (c->base.n_unknown_fields != 0)
+		return NULL;
+	switch (c->call_case) {
+	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE:
+		m = c->allocate;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_TOUCH:
+		m = c->touch;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_FREE:
+		m = c->free;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_CACHE:
+		m = c->cache && c->cache->keys == NULL ? c->cache : NULL;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_LOOKUP:
+		m = c->lookup && c->lookup->keys == NULL ? c->lookup : NULL;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS:
+		m = c->allocate_slots && c->allocate_slots->keys == NULL ? c->allocate_slots : NULL;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST:
+		m = c->free_request;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_GET_COMPUTED_BLOCKS:
+		m = c->get_computed_blocks;
+		break;
+	case KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN:
+		m = c->slots_run;
+		break;
+	default:
+		return NULL;
+	}
+	/* A member set to NULL is absent (protobuf-c's rule): protobuf-c writes that call. */
+	const ProtobufCMessage *msg = m;
+	return msg != NULL && msg->n_unknown_fields == 0 ? msg : NULL;
+}
+
+/* The request message's body length, its arrays' payloads kept in a. */
+static size_t
+inner_len(const Kvpool__V1__BatchCall *c, size_t *a)
+{
+	switch (c->call_case) {
+	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE:
+		return kvp_pb_varint_field(1, c->allocate->num_blocks);
+	case KVPOOL__V1__BATCH_CALL__CALL_TOUCH:
+		a[0] = i32s_len(c->touch->block_ids, c->touch->n_block_ids);
+		return packed(1, a[0], c->touch->n_block_ids);
+	case KVPOOL__V1__BATCH_CALL__CALL_FREE:
+		a[0] = i32s_len(c->free->block_ids, c->free->n_block_ids);
+		return packed(1, a[0], c->free->n_block_ids);
+	case KVPOOL__V1__BATCH_CALL__CALL_CACHE: {
+		const Kvpool__V1__CacheRequest *m = c->cache;
+		a[0] = i32s_len(m->block_ids, m->n_block_ids);
+		a[1] = i64s_len(m->token_ids, m->n_token_ids);
+		return packed(1, a[0], m->n_block_ids) + kvp_pb_varint_field(2, m->num_cached_blocks) +
+		       kvp_pb_varint_field(3, m->num_full_blocks) + kvp_pb_varint_field(4, m->group_id) +
+		       kvp_pb_varint_field(5, m->block_size) + bytes_field(6, &m->block_hashes) +
+		       packed(7, a[1], m->n_token_ids) + bytes_field(9, &m->block_mask) +
+		       bytes_field(10, &m->parent_hash);
+	}
+	case KVPOOL__V1__BATCH_CALL__CALL_LOOKUP: {
+		const Kvpool__V1__LookupRequest *m = c->lookup;
+		a[0] = i64s_len(m->token_ids, m->n_token_ids);
+		a[1] = u32s_len(m->group_ids, m->n_group_ids);
+		return bytes_field(1, &m->block_hashes) + packed(2, a[0], m->n_token_ids) +
+		       packed(4, a[1], m->n_group_ids) + kvp_pb_varint_field(5, m->block_size);
+	}
+	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
+		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
+		a[0] = i64s_len(m->prompt_token_ids, m->n_prompt_token_ids);
+		a[1] = i64s_len(m->new_token_ids, m->n_new_token_ids);
+		return kvp_pb_varint_field(1, m->request_id) + packed(2, a[0], m->n_prompt_token_ids) +
+		       packed(4, a[1], m->n_new_token_ids) + kvp_pb_varint_field(5, m->num_new_tokens) +
+		       kvp_pb_varint_field(6, m->num_lookahead_tokens) +
+		       bool_field(7, m->use_prefix_cache) + bool_field(8, m->delay_cache_blocks) +
+		       kvp_pb_varint_field(9, m->token_budget) +
+		       bool_field(10, m->full_sequence_must_fit) +
+		       kvp_pb_varint_field(11, m->num_external_computed_tokens) +
+		       bool_field(12, m->no_new_tokens);
+	}
+	case KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST:
+		return kvp_pb_varint_field(1, c->free_request->request_id) +
+		       bool_field(2, c->free_request->preempt);
+	case KVPOOL__V1__BATCH_CALL__CALL_GET_COMPUTED_BLOCKS:
+		return kvp_pb_varint_field(1, c->get_computed_blocks->request_id);
+	case KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN: {
+		const Kvpool__V1__SlotsRunRequest *m = c->slots_run;
+		a[0] = u64s_len(m->request_ids, m->n_request_ids);
+		a[1] = u32s_len(m->num_new_tokens, m->n_num_new_tokens);
+		a[2] = u32s_len(m->num_token_ids, m->n_num_token_ids);
+		a[3] = i64s_len(m->token_ids, m->n_token_ids);
+		return packed(1, a[0], m->n_request_ids) + packed(2, a[1], m->n_num_new_tokens) +
+		       packed(3, a[2], m->n_num_token_ids) + packed(4, a[3], m->n_token_ids) +
+		       kvp_pb_varint_field(5, m->num_lookahead_tokens) +
+		       bool_field(6, m->delay_cache_blocks);
+	}
+	default:
+		return 0; /* not reached: by_hand() chose the kinds */
+	}
+}
+
+static uint8_t *
+put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
+{
+	switch (c->call_case) {
+	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE:
+		return kvp_pb_put_varint_field(p, 1, c->allocate->num_blocks);
+	case KVPOOL__V1__BATCH_CALL__CALL_TOUCH:
+		return put_i32s(p, 1, c->touch->block_ids, c->touch->n_block_ids, a[0]);
+	case KVPOOL__V1__BATCH_CALL__CALL_FREE:
+		return put_i32s(p, 1, c->free->block_ids, c->free->n_block_ids, a[0]);
+	case KVPOOL__V1__BATCH_CALL__CALL_CACHE: {
+		const Kvpool__V1__CacheRequest *m = c->cache;
+		p = put_i32s(p, 1, m->block_ids, m->n_block_ids, a[0]);
+		p = kvp_pb_put_varint_field(p, 2, m->num_cached_blocks);
+		p = kvp_pb_put_varint_field(p, 3, m->num_full_blocks);
+		p = kvp_pb_put_varint_field(p, 4, m->group_id);
+		p = kvp_pb_put_varint_field(p, 5, m->block_size);
+		p = put_bytes(p, 6, &m->block_hashes);
+		p = put_i64s(p, 7, m->token_ids, m->n_token_ids, a[1]);
+		p = put_bytes(p, 9, &m->block_mask);
+		return put_bytes(p, 10, &m->parent_hash);
+	}
+	case KVPOOL__V1__BATCH_CALL__CALL_LOOKUP: {
+		const Kvpool__V1__LookupRequest *m = c->lookup;
+		p = put_bytes(p, 1, &m->block_hashes);
+		p = put_i64s(p, 2, m->token_ids, m->n_token_ids, a[0]);
+		p = put_u32s(p, 4, m->group_ids, m->n_group_ids, a[1]);
+		return kvp_pb_put_varint_field(p, 5, m->block_size);
+	}
+	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
+		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
+		p = kvp_pb_put_varint_field(p, 1, m->request_id);
+		p = put_i64s(p, 2, m->prompt_token_ids, m->n_prompt_token_ids, a[0]);
+		p = put_i64s(p, 4, m->new_token_ids, m->n_new_token_ids, a[1]);
+		p = kvp_pb_put_varint_field(p, 5, m->num_new_tokens);
+		p = kvp_pb_put_varint_field(p, 6, m->num_lookahead_tokens);
+		p = put_bool(p, 7, m->use_prefix_cache);
+		p = put_bool(p, 8, m->delay_cache_blocks);
+		p = kvp_pb_put_varint_field(p, 9, m->token_budget);
+		p = put_bool(p, 10, m->full_sequence_must_fit);
+		p = kvp_pb_put_varint_field(p, 11, m->num_external_computed_tokens);
+		return put_bool(p, 12, m->no_new_tokens);
+	}
+	case KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST:
+		p = kvp_pb_put_varint_field(p, 1, c->free_request->request_id);
+		return put_bool(p, 2, c->free_request->preempt);
+	case KVPOOL__V1__BATCH_CALL__CALL_GET_COMPUTED_BLOCKS:
+		return kvp_pb_put_varint_field(p, 1, c->get_computed_blocks->request_id);
+	case KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN: {
+		const Kvpool__V1__SlotsRunRequest *m = c->slots_run;
+		p = put_u64s(p, 1, m->request_ids, m->n_request_ids, a[0]);
+		p = put_u32s(p, 2, m->num_new_tokens, m->n_num_new_tokens, a[1]);
+		p = put_u32s(p, 3, m->num_token_ids, m->n_num_token_ids, a[2]);
+		p = put_i64s(p, 4, m->token_ids, m->n_token_ids, a[3]);
+		p = kvp_pb_put_varint_field(p, 5, m->num_lookahead_tokens);
+		return put_bool(p, 6, m->delay_cache_blocks);
+	}
+	default:
+		return p;
+	}
+}
+
+/* ---- the request ---- */
+
+static bool
+batch_by_hand(const Kvpool__V1__Request *rq)
+{
+	return rq->call_case == KVPOOL__V1__REQUEST__CALL_BATCH && rq->batch != NULL &&
+	       rq->base.n_unknown_fields == 0 && rq->batch->base.n_unknown_fields == 0;
+}
+
+static size_t
+head_len(const Kvpool__V1__Request *rq)
+{
+	size_t pool = rq->pool ? strlen(rq->pool) : 0;
+	return kvp_pb_varint_field(F_CALL_ID, rq->call_id) +
+	       (pool ? kvp_pb_len_field(F_POOL, pool) : 0) +
+	       kvp_pb_varint_field(F_SESSION, rq->session_id) + bytes_field(F_TOKEN, &rq->token);
+}
+
+size_t
+kvpc_request_size(const Kvpool__V1__Request *rq, struct kvpc_plan *plan)
+{
+	plan->by_hand = 0;
+	if (!batch_by_hand(rq))
+		return kvpool__v1__request__get_packed_size(rq);
+	const Kvpool__V1__BatchRequest *b = rq->batch;
+	if (b->n_calls > plan->cap) {
+		size_t cap = plan->cap ? plan->cap : 64;
+		while (cap < b->n_calls)
+			cap *= 2;
+		struct kvpc_call_plan *calls = realloc(plan->calls, cap * sizeof(*calls));
+		if (calls == NULL) /* protobuf-c needs no room of ours */
+			return kvpool__v1__request__get_packed_size(rq);
+		plan->calls = calls;
+		plan->cap = cap;
+	}
+	size_t body = 0;
+	for (size_t i = 0; i < b->n_calls; i++) {
+		const Kvpool__V1__BatchCall *c = b->calls[i];
+		struct kvpc_call_plan *cp = &plan->calls[i];
+		if (by_hand(c) != NULL) {
+			cp->inner = inner_len(c, cp->arr);
+			cp->len = kvp_pb_len_field((uint32_t)c->call_case, cp->inner);
+		} else {
+			cp->len = kvpool__v1__batch_call__get_packed_size(c);
+		}
+		body += kvp_pb_len_field(F_CALLS, cp->len);
+	}
+	plan->batch = body + bool_field(F_CONTINUE, b->continue_on_error);
+	plan->by_hand = 1;
+	return head_len(rq) + kvp_pb_len_field(F_BATCH, plan->batch);
+}
+
+size_t
+kvpc_request_pack(const Kvpool__V1__Request *rq, const struct kvpc_plan *plan, uint8_t *buf)
+{
+	if (!plan->by_hand || !batch_by_hand(rq))
+		return kvpool__v1__request__pack(rq, buf);
+	const Kvpool__V1__BatchRequest *b = rq->batch;
+	uint8_t *p = kvp_pb_put_varint_field(buf, F_CALL_ID, rq->call_id);
+	size_t pool = rq->pool ? strlen(rq->pool) : 0;
+	if (pool) {
+		p = put_head(p, F_POOL, pool);
+		memcpy(p, rq->pool, pool);
+		p += pool;
+	}
+	p = kvp_pb_put_varint_field(p, F_SESSION, rq->session_id);
+	p = put_bytes(p, F_TOKEN, &rq->token);
+	p = put_head(p, F_BATCH, plan->batch);
+	for (size_t i = 0; i < b->n_calls; i++) {
+		const Kvpool__V1__BatchCall *c = b->calls[i];
+		const struct kvpc_call_plan *cp = &plan->calls[i];
+		p = put_head(p, F_CALLS, cp->len);
+		if (by_hand(c) != NULL) {
+			p = put_head(p, (uint32_t)c->call_case, cp->inner);
+			p = put_inner(p, c, cp->arr);
+		} else {
+			p += kvpool__v1__batch_call__pack(c, p);
+		}
+	}
+	p = put_bool(p, F_CONTINUE, b->continue_on_error);
+	return (size_t)(p - buf);
+}
+
+void
+kvpc_plan_fini(struct kvpc_plan *plan)
+{
+	free(plan->calls);
+	plan->calls = NULL;
+	plan->cap = 0;
+}
