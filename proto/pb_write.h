@@ -22,12 +22,12 @@ kvp_pb_varint_len(uint64_t v)
 	return (bits * 9u + 64u) / 64u;
 }
 
-/* Bytes of a 32-bit value as a varint, without a loop. */
+/* Bytes of a 32-bit value as a varint (the same count, in 32 bits). */
 static inline size_t
 kvp_pb_varint32_len(uint32_t v)
 {
-	return 1 + (size_t)(v >= 1u << 7) + (size_t)(v >= 1u << 14) + (size_t)(v >= 1u << 21) +
-	       (size_t)(v >= 1u << 28);
+	unsigned bits = 32u - (unsigned)__builtin_clz(v | 1);
+	return (bits * 9u + 64u) / 64u;
 }
 
 /* v as a varint at p; the end. One to three bytes (ids, counts, tokens) without a loop. */

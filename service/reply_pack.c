@@ -31,7 +31,7 @@ i32s_len(const int32_t *v, size_t n)
 {
 	size_t len = 0;
 	for (size_t i = 0; i < n; i++) /* a negative int32 takes 10 bytes, sign-extended */
-		len += v[i] < 0 ? 10 : kvp_pb_varint32_len((uint32_t)v[i]);
+		len += kvp_pb_varint_len(kvp_pb_int32(v[i]));
 	return len;
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench_cycle_b.h"
+#include "clients/c/request_pack.h"
 #include "kvpool.pb-c.h"
 #include "proto/pb_read.h"
 
@@ -25,6 +26,7 @@ struct cyc_batch {
 	Kvpool__V1__LookupRequest lk[CB_CYCLES];
 	Kvpool__V1__TouchRequest tc[CB_CYCLES];
 	Kvpool__V1__AllocateRequest al;
+	struct kvpc_plan plan; /* packed as libkvpool packs a Batch (request_pack.h) */
 	size_t used;
 	_Alignas(16) uint8_t arena[CB_ARENA];
 };
@@ -44,6 +46,8 @@ cyc_batch_new(int thread)
 void
 cyc_batch_free(struct cyc_batch *cb)
 {
+	if (cb != NULL)
+		kvpc_plan_fini(&cb->plan);
 	free(cb);
 }
 
@@ -122,7 +126,9 @@ cyc_batch_pack(struct cyc_batch *cb, const char *pool, uint64_t sid, uint64_t ca
 	rq.call_id = call_id;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
 	rq.batch = &br;
-	return kvpool__v1__request__pack(&rq, buf);
+	if (kvpc_request_size(&rq, &cb->plan) > cyc_batch_max_len())
+		return 0;
+	return kvpc_request_pack(&rq, &cb->plan, buf);
 }
 
 static void *

@@ -28,7 +28,8 @@ int32_t *cyc_batch_ids(struct cyc_batch *cb, int i);
 
 /*
  * The next batch as a packed Request for session sid into buf (at least
- * cyc_batch_max_len() bytes); its length.
+ * cyc_batch_max_len() bytes), written as libkvpool writes a Batch
+ * (clients/c/request_pack.h); its length.
  */
 size_t cyc_batch_pack(struct cyc_batch *cb, const char *pool, uint64_t sid, uint64_t call_id,
                       uint8_t *buf);

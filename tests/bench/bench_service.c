@@ -538,7 +538,7 @@ main(int argc, char **argv)
 	printf("the daemon's handler alone on the batched cycle, in this process: %.0f cycles/s, "
 	       "%.3f of engine (b), %.0f us per Batch; a Batch is %zu B, its reply %zu B\n", core,
 	       eng_b > 0 ? core / eng_b : 0, core_batch_us, batch_req_len, batch_rep_len);
-	printf("the client's side alone (packing a Batch with protobuf-c, reading its reply), in "
+	printf("the client's side alone (packing a Batch as libkvpool does, reading its reply), in "
 	       "this process: %.0f us per Batch\n\n", client_batch_us);
 	printf("| transport | clients | workload | rate | p50 | p99 | p50 / raw p50 |\n");
 	printf("|---|---|---|---|---|---|---|\n");
