@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Wire types. */
 #define KVP_PB_VARINT 0u
@@ -97,6 +98,92 @@ kvp_pb_put_varint_field(uint8_t *p, uint32_t field, uint64_t v)
 		return p;
 	p = kvp_pb_put_tag(p, field, KVP_PB_VARINT);
 	return kvp_pb_put_varint(p, v);
+}
+
+/* ---- packed repeated fields: payload lengths, then bytes (absent when empty) ---- */
+
+static inline size_t
+kvp_pb_i32s_len(const int32_t *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++) /* a negative int32 takes 10 bytes, sign-extended */
+		len += kvp_pb_varint_len(kvp_pb_int32(v[i]));
+	return len;
+}
+
+static inline size_t
+kvp_pb_u32s_len(const uint32_t *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++)
+		len += kvp_pb_varint32_len(v[i]);
+	return len;
+}
+
+static inline size_t
+kvp_pb_u64s_len(const uint64_t *v, size_t n)
+{
+	size_t len = 0;
+	for (size_t i = 0; i < n; i++)
+		len += kvp_pb_varint_len(v[i]);
+	return len;
+}
+
+/* A packed field of n elements, payload bytes: absent when empty. */
+static inline size_t
+kvp_pb_packed_len(uint32_t field, size_t payload, size_t n)
+{
+	return n ? kvp_pb_len_field(field, payload) : 0;
+}
+
+/* A length-delimited field's tag and length. */
+static inline uint8_t *
+kvp_pb_put_len_head(uint8_t *p, uint32_t field, size_t len)
+{
+	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
+	return kvp_pb_put_varint(p, len);
+}
+
+static inline uint8_t *
+kvp_pb_put_i32s(uint8_t *p, uint32_t field, const int32_t *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = kvp_pb_put_len_head(p, field, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, kvp_pb_int32(v[i]));
+	return p;
+}
+
+static inline uint8_t *
+kvp_pb_put_u32s(uint8_t *p, uint32_t field, const uint32_t *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = kvp_pb_put_len_head(p, field, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, v[i]);
+	return p;
+}
+
+static inline uint8_t *
+kvp_pb_put_u64s(uint8_t *p, uint32_t field, const uint64_t *v, size_t n, size_t payload)
+{
+	if (n == 0)
+		return p;
+	p = kvp_pb_put_len_head(p, field, payload);
+	for (size_t i = 0; i < n; i++)
+		p = kvp_pb_put_varint(p, v[i]);
+	return p;
+}
+
+/* A length-delimited field of n bytes at v (a bytes or string field, present). */
+static inline uint8_t *
+kvp_pb_put_bytes(uint8_t *p, uint32_t field, const void *v, size_t n)
+{
+	p = kvp_pb_put_len_head(p, field, n);
+	memcpy(p, v, n);
+	return p + n;
 }
 
 #endif /* KVP_PB_WRITE_H */

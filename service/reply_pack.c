@@ -26,65 +26,6 @@ enum {
 	F_BATCH = 22,
 };
 
-static size_t
-i32s_len(const int32_t *v, size_t n)
-{
-	size_t len = 0;
-	for (size_t i = 0; i < n; i++) /* a negative int32 takes 10 bytes, sign-extended */
-		len += kvp_pb_varint_len(kvp_pb_int32(v[i]));
-	return len;
-}
-
-static size_t
-u32s_len(const uint32_t *v, size_t n)
-{
-	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
-		len += kvp_pb_varint32_len(v[i]);
-	return len;
-}
-
-/* A packed repeated field: absent when empty. */
-static size_t
-packed_len(uint32_t field, size_t payload, size_t n)
-{
-	return n ? kvp_pb_len_field(field, payload) : 0;
-}
-
-static uint8_t *
-put_i32s(uint8_t *p, uint32_t field, const int32_t *v, size_t n, size_t payload)
-{
-	if (n == 0)
-		return p;
-	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
-	p = kvp_pb_put_varint(p, payload);
-	for (size_t i = 0; i < n; i++)
-		p = kvp_pb_put_varint(p, kvp_pb_int32(v[i]));
-	return p;
-}
-
-static uint8_t *
-put_u32s(uint8_t *p, uint32_t field, const uint32_t *v, size_t n, size_t payload)
-{
-	if (n == 0)
-		return p;
-	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
-	p = kvp_pb_put_varint(p, payload);
-	for (size_t i = 0; i < n; i++)
-		p = kvp_pb_put_varint(p, v[i]);
-	return p;
-}
-
-/* A length-delimited field of n bytes (a bytes or string field, present). */
-static uint8_t *
-put_bytes(uint8_t *p, uint32_t field, const void *v, size_t n)
-{
-	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
-	p = kvp_pb_put_varint(p, n);
-	memcpy(p, v, n);
-	return p + n;
-}
-
 /* The result kinds written by hand; any other kind is protobuf-c's. */
 static bool
 by_hand(const Kvpool__V1__Reply *r)
@@ -120,8 +61,8 @@ result_len(const Kvpool__V1__Reply *r, struct parts *pt)
 	switch (r->result_case) {
 	case KVPOOL__V1__REPLY__RESULT_ALLOCATE: {
 		const Kvpool__V1__AllocateReply *a = r->allocate;
-		l[0] = i32s_len(a->block_ids, a->n_block_ids);
-		return packed_len(1, l[0], a->n_block_ids);
+		l[0] = kvp_pb_i32s_len(a->block_ids, a->n_block_ids);
+		return kvp_pb_packed_len(1, l[0], a->n_block_ids);
 	}
 	case KVPOOL__V1__REPLY__RESULT_CACHE:
 		return kvp_pb_varint_field(1, r->cache->num_stored);
@@ -129,47 +70,47 @@ result_len(const Kvpool__V1__Reply *r, struct parts *pt)
 		return kvp_pb_varint_field(1, r->evict->num_evicted);
 	case KVPOOL__V1__REPLY__RESULT_LOOKUP: {
 		const Kvpool__V1__LookupReply *k = r->lookup;
-		l[0] = i32s_len(k->block_ids, k->n_block_ids);
-		l[1] = u32s_len(k->ref_cnts, k->n_ref_cnts);
+		l[0] = kvp_pb_i32s_len(k->block_ids, k->n_block_ids);
+		l[1] = kvp_pb_u32s_len(k->ref_cnts, k->n_ref_cnts);
 		return kvp_pb_varint_field(1, k->num_hit_blocks) +
-		       packed_len(2, l[0], k->n_block_ids) + kvp_pb_varint_field(3, k->hit_tokens) +
-		       packed_len(4, k->block_hashes.len, k->block_hashes.len) +
-		       packed_len(5, l[1], k->n_ref_cnts);
+		       kvp_pb_packed_len(2, l[0], k->n_block_ids) + kvp_pb_varint_field(3, k->hit_tokens) +
+		       kvp_pb_packed_len(4, k->block_hashes.len, k->block_hashes.len) +
+		       kvp_pb_packed_len(5, l[1], k->n_ref_cnts);
 	}
 	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsReply *a = r->allocate_slots;
-		l[0] = i32s_len(a->new_block_ids, a->n_new_block_ids);
-		l[1] = u32s_len(a->new_blocks_per_group, a->n_new_blocks_per_group);
-		l[2] = u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group);
+		l[0] = kvp_pb_i32s_len(a->new_block_ids, a->n_new_block_ids);
+		l[1] = kvp_pb_u32s_len(a->new_blocks_per_group, a->n_new_blocks_per_group);
+		l[2] = kvp_pb_u32s_len(a->external_blocks_per_group, a->n_external_blocks_per_group);
 		return kvp_pb_varint_field(1, a->hit_tokens) +
-		       packed_len(2, l[0], a->n_new_block_ids) +
-		       packed_len(3, l[1], a->n_new_blocks_per_group) +
+		       kvp_pb_packed_len(2, l[0], a->n_new_block_ids) +
+		       kvp_pb_packed_len(3, l[1], a->n_new_blocks_per_group) +
 		       kvp_pb_varint_field(4, a->num_scheduled_tokens) +
 		       kvp_pb_varint_field(5, a->num_computed_tokens) +
-		       packed_len(6, l[2], a->n_external_blocks_per_group);
+		       kvp_pb_packed_len(6, l[2], a->n_external_blocks_per_group);
 	}
 	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS: {
 		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
-		l[0] = i32s_len(g->block_ids, g->n_block_ids);
-		return kvp_pb_varint_field(1, g->hit_tokens) + packed_len(2, l[0], g->n_block_ids);
+		l[0] = kvp_pb_i32s_len(g->block_ids, g->n_block_ids);
+		return kvp_pb_varint_field(1, g->hit_tokens) + kvp_pb_packed_len(2, l[0], g->n_block_ids);
 	}
 	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN: {
 		const Kvpool__V1__SlotsRunReply *u = r->slots_run;
 		size_t details = 0;
 		/* Status is an int-sized enum: its values are int32 varints. */
-		l[0] = i32s_len((const int32_t *)u->statuses, u->n_statuses);
-		l[1] = u32s_len(u->num_scheduled_tokens, u->n_num_scheduled_tokens);
-		l[2] = u32s_len(u->num_computed_tokens, u->n_num_computed_tokens);
-		l[3] = u32s_len(u->new_blocks_per_group, u->n_new_blocks_per_group);
-		l[4] = i32s_len(u->new_block_ids, u->n_new_block_ids);
+		l[0] = kvp_pb_i32s_len((const int32_t *)u->statuses, u->n_statuses);
+		l[1] = kvp_pb_u32s_len(u->num_scheduled_tokens, u->n_num_scheduled_tokens);
+		l[2] = kvp_pb_u32s_len(u->num_computed_tokens, u->n_num_computed_tokens);
+		l[3] = kvp_pb_u32s_len(u->new_blocks_per_group, u->n_new_blocks_per_group);
+		l[4] = kvp_pb_i32s_len(u->new_block_ids, u->n_new_block_ids);
 		for (size_t i = 0; i < u->n_details; i++) /* repeated strings: every one, empty too */
 			details += kvp_pb_len_field(7, strlen(u->details[i]));
-		return packed_len(1, l[0], u->n_statuses) +
-		       packed_len(2, l[1], u->n_num_scheduled_tokens) +
-		       packed_len(3, l[2], u->n_num_computed_tokens) +
+		return kvp_pb_packed_len(1, l[0], u->n_statuses) +
+		       kvp_pb_packed_len(2, l[1], u->n_num_scheduled_tokens) +
+		       kvp_pb_packed_len(3, l[2], u->n_num_computed_tokens) +
 		       kvp_pb_varint_field(4, u->num_groups) +
-		       packed_len(5, l[3], u->n_new_blocks_per_group) +
-		       packed_len(6, l[4], u->n_new_block_ids) + details;
+		       kvp_pb_packed_len(5, l[3], u->n_new_blocks_per_group) +
+		       kvp_pb_packed_len(6, l[4], u->n_new_block_ids) + details;
 	}
 	default:
 		return 0; /* TouchReply, FreeReply, FreeRequestReply: no fields */
@@ -183,7 +124,7 @@ put_result(uint8_t *p, const Kvpool__V1__Reply *r, const struct parts *pt)
 	const size_t *l = pt->len;
 	switch (r->result_case) {
 	case KVPOOL__V1__REPLY__RESULT_ALLOCATE:
-		return put_i32s(p, 1, r->allocate->block_ids, r->allocate->n_block_ids, l[0]);
+		return kvp_pb_put_i32s(p, 1, r->allocate->block_ids, r->allocate->n_block_ids, l[0]);
 	case KVPOOL__V1__REPLY__RESULT_CACHE:
 		return kvp_pb_put_varint_field(p, 1, r->cache->num_stored);
 	case KVPOOL__V1__REPLY__RESULT_EVICT:
@@ -191,37 +132,37 @@ put_result(uint8_t *p, const Kvpool__V1__Reply *r, const struct parts *pt)
 	case KVPOOL__V1__REPLY__RESULT_LOOKUP: {
 		const Kvpool__V1__LookupReply *k = r->lookup;
 		p = kvp_pb_put_varint_field(p, 1, k->num_hit_blocks);
-		p = put_i32s(p, 2, k->block_ids, k->n_block_ids, l[0]);
+		p = kvp_pb_put_i32s(p, 2, k->block_ids, k->n_block_ids, l[0]);
 		p = kvp_pb_put_varint_field(p, 3, k->hit_tokens);
 		if (k->block_hashes.len) /* proto3 bytes: absent when empty */
-			p = put_bytes(p, 4, k->block_hashes.data, k->block_hashes.len);
-		return put_u32s(p, 5, k->ref_cnts, k->n_ref_cnts, l[1]);
+			p = kvp_pb_put_bytes(p, 4, k->block_hashes.data, k->block_hashes.len);
+		return kvp_pb_put_u32s(p, 5, k->ref_cnts, k->n_ref_cnts, l[1]);
 	}
 	case KVPOOL__V1__REPLY__RESULT_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsReply *a = r->allocate_slots;
 		p = kvp_pb_put_varint_field(p, 1, a->hit_tokens);
-		p = put_i32s(p, 2, a->new_block_ids, a->n_new_block_ids, l[0]);
-		p = put_u32s(p, 3, a->new_blocks_per_group, a->n_new_blocks_per_group, l[1]);
+		p = kvp_pb_put_i32s(p, 2, a->new_block_ids, a->n_new_block_ids, l[0]);
+		p = kvp_pb_put_u32s(p, 3, a->new_blocks_per_group, a->n_new_blocks_per_group, l[1]);
 		p = kvp_pb_put_varint_field(p, 4, a->num_scheduled_tokens);
 		p = kvp_pb_put_varint_field(p, 5, a->num_computed_tokens);
-		return put_u32s(p, 6, a->external_blocks_per_group, a->n_external_blocks_per_group,
+		return kvp_pb_put_u32s(p, 6, a->external_blocks_per_group, a->n_external_blocks_per_group,
 		                l[2]);
 	}
 	case KVPOOL__V1__REPLY__RESULT_GET_COMPUTED_BLOCKS: {
 		const Kvpool__V1__GetComputedBlocksReply *g = r->get_computed_blocks;
 		p = kvp_pb_put_varint_field(p, 1, g->hit_tokens);
-		return put_i32s(p, 2, g->block_ids, g->n_block_ids, l[0]);
+		return kvp_pb_put_i32s(p, 2, g->block_ids, g->n_block_ids, l[0]);
 	}
 	case KVPOOL__V1__REPLY__RESULT_SLOTS_RUN: {
 		const Kvpool__V1__SlotsRunReply *u = r->slots_run;
-		p = put_i32s(p, 1, (const int32_t *)u->statuses, u->n_statuses, l[0]);
-		p = put_u32s(p, 2, u->num_scheduled_tokens, u->n_num_scheduled_tokens, l[1]);
-		p = put_u32s(p, 3, u->num_computed_tokens, u->n_num_computed_tokens, l[2]);
+		p = kvp_pb_put_i32s(p, 1, (const int32_t *)u->statuses, u->n_statuses, l[0]);
+		p = kvp_pb_put_u32s(p, 2, u->num_scheduled_tokens, u->n_num_scheduled_tokens, l[1]);
+		p = kvp_pb_put_u32s(p, 3, u->num_computed_tokens, u->n_num_computed_tokens, l[2]);
 		p = kvp_pb_put_varint_field(p, 4, u->num_groups);
-		p = put_u32s(p, 5, u->new_blocks_per_group, u->n_new_blocks_per_group, l[3]);
-		p = put_i32s(p, 6, u->new_block_ids, u->n_new_block_ids, l[4]);
+		p = kvp_pb_put_u32s(p, 5, u->new_blocks_per_group, u->n_new_blocks_per_group, l[3]);
+		p = kvp_pb_put_i32s(p, 6, u->new_block_ids, u->n_new_block_ids, l[4]);
 		for (size_t i = 0; i < u->n_details; i++)
-			p = put_bytes(p, 7, u->details[i], strlen(u->details[i]));
+			p = kvp_pb_put_bytes(p, 7, u->details[i], strlen(u->details[i]));
 		return p;
 	}
 	default:
@@ -245,7 +186,7 @@ put_head(uint8_t *p, const Kvpool__V1__Reply *r)
 	size_t dl = r->detail ? strlen(r->detail) : 0;
 	p = kvp_pb_put_varint_field(p, F_CALL_ID, r->call_id);
 	p = kvp_pb_put_varint_field(p, F_STATUS, kvp_pb_int32((int32_t)r->status));
-	return dl ? put_bytes(p, F_DETAIL, r->detail, dl) : p;
+	return dl ? kvp_pb_put_bytes(p, F_DETAIL, r->detail, dl) : p;
 }
 
 /* A sub-reply's lengths, measured once and kept for writing it. */

@@ -22,20 +22,11 @@ next_rand(void)
 	return kvp_test_rand(&rng);
 }
 
-/* Zero, small, or any width: every varint length turns up. */
+/* Zero, small, or any width: every varint length turns up (negative as int32/int64). */
 static uint64_t
 rand_wide(void)
 {
-	switch (next_rand() % 4) {
-	case 0:
-		return 0;
-	case 1:
-		return next_rand() % 200;
-	case 2:
-		return next_rand() >> (next_rand() % 64);
-	default:
-		return next_rand();
-	}
+	return kvp_test_rand_wide(&rng);
 }
 
 enum { MAXC = 300, MAXA = 40 };

@@ -12,45 +12,12 @@
 enum { F_CALL_ID = 1, F_POOL = 2, F_SESSION = 3, F_TOKEN = 4, F_BATCH = 22 };
 enum { F_CALLS = 1, F_CONTINUE = 2 };
 
-/* ---- packed arrays: payload lengths, then bytes (absent when empty) ---- */
-
-static size_t
-i32s_len(const int32_t *v, size_t n)
-{
-	size_t len = 0;
-	for (size_t i = 0; i < n; i++) /* a negative int32 takes 10 bytes, sign-extended */
-		len += kvp_pb_varint_len(kvp_pb_int32(v[i]));
-	return len;
-}
-
-static size_t
-u32s_len(const uint32_t *v, size_t n)
-{
-	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
-		len += kvp_pb_varint32_len(v[i]);
-	return len;
-}
-
-static size_t
-u64s_len(const uint64_t *v, size_t n)
-{
-	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
-		len += kvp_pb_varint_len(v[i]);
-	return len;
-}
+/* ---- fields (pb_write.h has the packed arrays) ---- */
 
 static size_t
 i64s_len(const int64_t *v, size_t n)
 {
-	return u64s_len((const uint64_t *)(const void *)v, n); /* int64: its two's complement */
-}
-
-static size_t
-packed(uint32_t field, size_t payload, size_t n)
-{
-	return n ? kvp_pb_len_field(field, payload) : 0;
+	return kvp_pb_u64s_len((const uint64_t *)(const void *)v, n); /* int64: two's complement */
 }
 
 static size_t
@@ -67,59 +34,16 @@ bool_field(uint32_t field, protobuf_c_boolean v)
 }
 
 static uint8_t *
-put_head(uint8_t *p, uint32_t field, size_t payload)
-{
-	p = kvp_pb_put_tag(p, field, KVP_PB_LEN);
-	return kvp_pb_put_varint(p, payload);
-}
-
-static uint8_t *
-put_i32s(uint8_t *p, uint32_t field, const int32_t *v, size_t n, size_t payload)
-{
-	if (n == 0)
-		return p;
-	p = put_head(p, field, payload);
-	for (size_t i = 0; i < n; i++)
-		p = kvp_pb_put_varint(p, kvp_pb_int32(v[i]));
-	return p;
-}
-
-static uint8_t *
-put_u32s(uint8_t *p, uint32_t field, const uint32_t *v, size_t n, size_t payload)
-{
-	if (n == 0)
-		return p;
-	p = put_head(p, field, payload);
-	for (size_t i = 0; i < n; i++)
-		p = kvp_pb_put_varint(p, v[i]);
-	return p;
-}
-
-static uint8_t *
-put_u64s(uint8_t *p, uint32_t field, const uint64_t *v, size_t n, size_t payload)
-{
-	if (n == 0)
-		return p;
-	p = put_head(p, field, payload);
-	for (size_t i = 0; i < n; i++)
-		p = kvp_pb_put_varint(p, v[i]);
-	return p;
-}
-
-static uint8_t *
 put_i64s(uint8_t *p, uint32_t field, const int64_t *v, size_t n, size_t payload)
 {
-	return put_u64s(p, field, (const uint64_t *)(const void *)v, n, payload);
+	return kvp_pb_put_u64s(p, field, (const uint64_t *)(const void *)v, n, payload);
 }
 
+/* A proto3 bytes field: absent when empty. */
 static uint8_t *
 put_bytes(uint8_t *p, uint32_t field, const ProtobufCBinaryData *b)
 {
-	if (b->len == 0)
-		return p;
-	p = put_head(p, field, b->len);
-	memcpy(p, b->data, b->len);
-	return p + b->len;
+	return b->len ? kvp_pb_put_bytes(p, field, b->data, b->len) : p;
 }
 
 static uint8_t *
@@ -185,34 +109,36 @@ inner_len(const Kvpool__V1__BatchCall *c, size_t *a)
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE:
 		return kvp_pb_varint_field(1, c->allocate->num_blocks);
 	case KVPOOL__V1__BATCH_CALL__CALL_TOUCH:
-		a[0] = i32s_len(c->touch->block_ids, c->touch->n_block_ids);
-		return packed(1, a[0], c->touch->n_block_ids);
+		a[0] = kvp_pb_i32s_len(c->touch->block_ids, c->touch->n_block_ids);
+		return kvp_pb_packed_len(1, a[0], c->touch->n_block_ids);
 	case KVPOOL__V1__BATCH_CALL__CALL_FREE:
-		a[0] = i32s_len(c->free->block_ids, c->free->n_block_ids);
-		return packed(1, a[0], c->free->n_block_ids);
+		a[0] = kvp_pb_i32s_len(c->free->block_ids, c->free->n_block_ids);
+		return kvp_pb_packed_len(1, a[0], c->free->n_block_ids);
 	case KVPOOL__V1__BATCH_CALL__CALL_CACHE: {
 		const Kvpool__V1__CacheRequest *m = c->cache;
-		a[0] = i32s_len(m->block_ids, m->n_block_ids);
+		a[0] = kvp_pb_i32s_len(m->block_ids, m->n_block_ids);
 		a[1] = i64s_len(m->token_ids, m->n_token_ids);
-		return packed(1, a[0], m->n_block_ids) + kvp_pb_varint_field(2, m->num_cached_blocks) +
+		return kvp_pb_packed_len(1, a[0], m->n_block_ids) + kvp_pb_varint_field(2, m->num_cached_blocks) +
 		       kvp_pb_varint_field(3, m->num_full_blocks) + kvp_pb_varint_field(4, m->group_id) +
 		       kvp_pb_varint_field(5, m->block_size) + bytes_field(6, &m->block_hashes) +
-		       packed(7, a[1], m->n_token_ids) + bytes_field(9, &m->block_mask) +
+		       kvp_pb_packed_len(7, a[1], m->n_token_ids) + bytes_field(9, &m->block_mask) +
 		       bytes_field(10, &m->parent_hash);
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_LOOKUP: {
 		const Kvpool__V1__LookupRequest *m = c->lookup;
 		a[0] = i64s_len(m->token_ids, m->n_token_ids);
-		a[1] = u32s_len(m->group_ids, m->n_group_ids);
-		return bytes_field(1, &m->block_hashes) + packed(2, a[0], m->n_token_ids) +
-		       packed(4, a[1], m->n_group_ids) + kvp_pb_varint_field(5, m->block_size);
+		a[1] = kvp_pb_u32s_len(m->group_ids, m->n_group_ids);
+		return bytes_field(1, &m->block_hashes) + kvp_pb_packed_len(2, a[0], m->n_token_ids) +
+		       kvp_pb_packed_len(4, a[1], m->n_group_ids) + kvp_pb_varint_field(5, m->block_size);
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
 		a[0] = i64s_len(m->prompt_token_ids, m->n_prompt_token_ids);
 		a[1] = i64s_len(m->new_token_ids, m->n_new_token_ids);
-		return kvp_pb_varint_field(1, m->request_id) + packed(2, a[0], m->n_prompt_token_ids) +
-		       packed(4, a[1], m->n_new_token_ids) + kvp_pb_varint_field(5, m->num_new_tokens) +
+		return kvp_pb_varint_field(1, m->request_id) +
+		       kvp_pb_packed_len(2, a[0], m->n_prompt_token_ids) +
+		       kvp_pb_packed_len(4, a[1], m->n_new_token_ids) +
+		       kvp_pb_varint_field(5, m->num_new_tokens) +
 		       kvp_pb_varint_field(6, m->num_lookahead_tokens) +
 		       bool_field(7, m->use_prefix_cache) + bool_field(8, m->delay_cache_blocks) +
 		       kvp_pb_varint_field(9, m->token_budget) +
@@ -227,12 +153,14 @@ inner_len(const Kvpool__V1__BatchCall *c, size_t *a)
 		return kvp_pb_varint_field(1, c->get_computed_blocks->request_id);
 	case KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN: {
 		const Kvpool__V1__SlotsRunRequest *m = c->slots_run;
-		a[0] = u64s_len(m->request_ids, m->n_request_ids);
-		a[1] = u32s_len(m->num_new_tokens, m->n_num_new_tokens);
-		a[2] = u32s_len(m->num_token_ids, m->n_num_token_ids);
+		a[0] = kvp_pb_u64s_len(m->request_ids, m->n_request_ids);
+		a[1] = kvp_pb_u32s_len(m->num_new_tokens, m->n_num_new_tokens);
+		a[2] = kvp_pb_u32s_len(m->num_token_ids, m->n_num_token_ids);
 		a[3] = i64s_len(m->token_ids, m->n_token_ids);
-		return packed(1, a[0], m->n_request_ids) + packed(2, a[1], m->n_num_new_tokens) +
-		       packed(3, a[2], m->n_num_token_ids) + packed(4, a[3], m->n_token_ids) +
+		return kvp_pb_packed_len(1, a[0], m->n_request_ids) +
+		       kvp_pb_packed_len(2, a[1], m->n_num_new_tokens) +
+		       kvp_pb_packed_len(3, a[2], m->n_num_token_ids) +
+		       kvp_pb_packed_len(4, a[3], m->n_token_ids) +
 		       kvp_pb_varint_field(5, m->num_lookahead_tokens) +
 		       bool_field(6, m->delay_cache_blocks);
 	}
@@ -248,12 +176,12 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE:
 		return kvp_pb_put_varint_field(p, 1, c->allocate->num_blocks);
 	case KVPOOL__V1__BATCH_CALL__CALL_TOUCH:
-		return put_i32s(p, 1, c->touch->block_ids, c->touch->n_block_ids, a[0]);
+		return kvp_pb_put_i32s(p, 1, c->touch->block_ids, c->touch->n_block_ids, a[0]);
 	case KVPOOL__V1__BATCH_CALL__CALL_FREE:
-		return put_i32s(p, 1, c->free->block_ids, c->free->n_block_ids, a[0]);
+		return kvp_pb_put_i32s(p, 1, c->free->block_ids, c->free->n_block_ids, a[0]);
 	case KVPOOL__V1__BATCH_CALL__CALL_CACHE: {
 		const Kvpool__V1__CacheRequest *m = c->cache;
-		p = put_i32s(p, 1, m->block_ids, m->n_block_ids, a[0]);
+		p = kvp_pb_put_i32s(p, 1, m->block_ids, m->n_block_ids, a[0]);
 		p = kvp_pb_put_varint_field(p, 2, m->num_cached_blocks);
 		p = kvp_pb_put_varint_field(p, 3, m->num_full_blocks);
 		p = kvp_pb_put_varint_field(p, 4, m->group_id);
@@ -267,7 +195,7 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		const Kvpool__V1__LookupRequest *m = c->lookup;
 		p = put_bytes(p, 1, &m->block_hashes);
 		p = put_i64s(p, 2, m->token_ids, m->n_token_ids, a[0]);
-		p = put_u32s(p, 4, m->group_ids, m->n_group_ids, a[1]);
+		p = kvp_pb_put_u32s(p, 4, m->group_ids, m->n_group_ids, a[1]);
 		return kvp_pb_put_varint_field(p, 5, m->block_size);
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
@@ -291,9 +219,9 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		return kvp_pb_put_varint_field(p, 1, c->get_computed_blocks->request_id);
 	case KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN: {
 		const Kvpool__V1__SlotsRunRequest *m = c->slots_run;
-		p = put_u64s(p, 1, m->request_ids, m->n_request_ids, a[0]);
-		p = put_u32s(p, 2, m->num_new_tokens, m->n_num_new_tokens, a[1]);
-		p = put_u32s(p, 3, m->num_token_ids, m->n_num_token_ids, a[2]);
+		p = kvp_pb_put_u64s(p, 1, m->request_ids, m->n_request_ids, a[0]);
+		p = kvp_pb_put_u32s(p, 2, m->num_new_tokens, m->n_num_new_tokens, a[1]);
+		p = kvp_pb_put_u32s(p, 3, m->num_token_ids, m->n_num_token_ids, a[2]);
 		p = put_i64s(p, 4, m->token_ids, m->n_token_ids, a[3]);
 		p = kvp_pb_put_varint_field(p, 5, m->num_lookahead_tokens);
 		return put_bool(p, 6, m->delay_cache_blocks);
@@ -364,19 +292,19 @@ kvpc_request_pack(const Kvpool__V1__Request *rq, const struct kvpc_plan *plan, u
 	uint8_t *p = kvp_pb_put_varint_field(buf, F_CALL_ID, rq->call_id);
 	size_t pool = rq->pool ? strlen(rq->pool) : 0;
 	if (pool) {
-		p = put_head(p, F_POOL, pool);
+		p = kvp_pb_put_len_head(p, F_POOL, pool);
 		memcpy(p, rq->pool, pool);
 		p += pool;
 	}
 	p = kvp_pb_put_varint_field(p, F_SESSION, rq->session_id);
 	p = put_bytes(p, F_TOKEN, &rq->token);
-	p = put_head(p, F_BATCH, plan->batch);
+	p = kvp_pb_put_len_head(p, F_BATCH, plan->batch);
 	for (size_t i = 0; i < b->n_calls; i++) {
 		const Kvpool__V1__BatchCall *c = b->calls[i];
 		const struct kvpc_call_plan *cp = &plan->calls[i];
-		p = put_head(p, F_CALLS, cp->len);
+		p = kvp_pb_put_len_head(p, F_CALLS, cp->len);
 		if (by_hand(c) != NULL) {
-			p = put_head(p, (uint32_t)c->call_case, cp->inner);
+			p = kvp_pb_put_len_head(p, (uint32_t)c->call_case, cp->inner);
 			p = put_inner(p, c, cp->arr);
 		} else {
 			p += kvpool__v1__batch_call__pack(c, p);
