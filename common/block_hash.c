@@ -636,9 +636,15 @@ uint64_t
 kvp_hash_event_id(const uint8_t *hash, size_t len)
 {
 	uint64_t v = 0;
-	size_t from = len > 8 ? len - 8 : 0;
 
-	for (size_t i = from; i < len; i++)
+	if (len >= 8) { /* the last 8 bytes, big-endian: one load (every event's hashes) */
+		memcpy(&v, hash + len - 8, 8);
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+		v = __builtin_bswap64(v);
+#endif
+		return v;
+	}
+	for (size_t i = 0; i < len; i++)
 		v = (v << 8) | hash[i];
 	return v;
 }
