@@ -88,6 +88,15 @@ fill_batch(struct kvp_event_batch *b)
 	kvp_event_append_cleared(b);
 }
 
+/* Equal strings, or both NULL (None). */
+static void
+assert_same_name(const char *a, const char *b)
+{
+	assert_true((a == NULL) == (b == NULL));
+	if (a)
+		assert_string_equal(a, b);
+}
+
 static void
 assert_same_event(const struct kvp_event *a, const struct kvp_event *b)
 {
@@ -98,9 +107,7 @@ assert_same_event(const struct kvp_event *a, const struct kvp_event *b)
 	assert_int_equal(a->hash_len, b->hash_len);
 	assert_memory_equal(a->hashes, b->hashes, (size_t)a->num_hashes * a->hash_len);
 	assert_int_equal(a->group_idx, b->group_idx);
-	assert_true((a->medium == NULL) == (b->medium == NULL));
-	if (a->medium)
-		assert_string_equal(a->medium, b->medium);
+	assert_same_name(a->medium, b->medium);
 	if (a->type == KVP_EVENT_BLOCK_REMOVED)
 		return;
 	assert_true((a->parent == NULL) == (b->parent == NULL));
@@ -111,10 +118,10 @@ assert_same_event(const struct kvp_event *a, const struct kvp_event *b)
 	assert_int_equal(a->block_size, b->block_size);
 	assert_int_equal(a->has_lora_id, b->has_lora_id);
 	assert_int_equal(a->lora_id, b->lora_id);
-	assert_string_equal(a->lora_name, b->lora_name);
+	assert_same_name(a->lora_name, b->lora_name);
 	assert_int_equal(a->extra_key_offsets[a->num_hashes], b->extra_key_offsets[b->num_hashes]);
 	assert_memory_equal(a->extra_keys, b->extra_keys, a->extra_key_offsets[a->num_hashes]);
-	assert_string_equal(a->spec_kind, b->spec_kind);
+	assert_same_name(a->spec_kind, b->spec_kind);
 	assert_int_equal(a->has_sliding_window, b->has_sliding_window);
 	assert_int_equal(a->sliding_window, b->sliding_window);
 }
@@ -194,6 +201,127 @@ test_wire_events_tick_and_refusals(void **state)
 	assert_string_equal(kvp_wire_spec_kind("mamba"), "mamba");
 	assert_string_equal(kvp_wire_spec_kind("no_such_kind"), "unknown");
 	assert_null(kvp_wire_spec_kind(""));
+	kvp_event_batch_fini(&out);
+}
+
+/* A random batch: every event kind, every optional field present or absent, wide values. */
+static void
+fill_random_batch(struct kvp_event_batch *b, uint64_t *rng)
+{
+	static const char *const names[] = {NULL, "", "GPU", "adapter-with-a-longer-name"};
+	static const char *const kinds[] = {NULL, "full_attention", "sliding_window", "mamba"};
+	uint8_t hashes[6][32], parent[32], extra[6][5];
+	int64_t toks[200];
+	size_t events = kvp_test_rand(rng) % 5;
+
+	for (size_t e = 0; e < events; e++) {
+		size_t hl = kvp_test_rand(rng) % 2 ? 32 : 16, nh = 1 + kvp_test_rand(rng) % 6;
+		size_t nt = kvp_test_rand(rng) % 3 ? kvp_test_rand(rng) % 200 : 0, xb = 0;
+		for (size_t i = 0; i < sizeof(hashes); i++)
+			((uint8_t *)hashes)[i] = (uint8_t)kvp_test_rand(rng);
+		switch (kvp_test_rand(rng) % 4) {
+		case 0:
+			kvp_event_batch_reserve(b, 1, 0) == KVP_OK ? kvp_event_append_cleared(b)
+			                                           : fail();
+			continue;
+		case 1: {
+			const char *medium = names[kvp_test_rand(rng) % 2 * 2]; /* None or "GPU" */
+			assert_ok(kvp_event_batch_reserve(b, 1, kvp_event_removed_bytes(hl, medium)));
+			kvp_event_append_removed(b, hashes[0], hl, medium,
+			                         (uint32_t)kvp_test_rand_wide(rng));
+			continue;
+		}
+		default:
+			break;
+		}
+		for (size_t t = 0; t < nt; t++) /* some negative: ten bytes each */
+			toks[t] = kvp_test_rand(rng) % 8 ? (int64_t)(kvp_test_rand_wide(rng) >> 1)
+			                                 : -(int64_t)(kvp_test_rand(rng) % 1000) - 1;
+		size_t xl[6];
+		for (size_t h = 0; h < nh; h++) {
+			xl[h] = 1 + kvp_test_rand(rng) % 5;
+			memset(extra[h], (int)(0x80 + h), xl[h]);
+			xb += xl[h];
+		}
+		memset(parent, (int)(kvp_test_rand(rng) & 0xff), sizeof(parent));
+		struct kvp_stored_desc d = {
+			.hash_len = hl, .parent = kvp_test_rand(rng) % 2 ? parent : NULL,
+			.token_ids = toks, .num_tokens = nt,
+			.block_size = (uint32_t)kvp_test_rand_wide(rng),
+			.has_lora_id = kvp_test_rand(rng) % 2,
+			.lora_id = kvp_test_rand(rng) % 3 ? (int64_t)kvp_test_rand_wide(rng) : -7,
+			.lora_name = names[kvp_test_rand(rng) % 4],
+			.medium = names[kvp_test_rand(rng) % 3],
+			.group_idx = (uint32_t)kvp_test_rand_wide(rng), .max_hashes = nh,
+		};
+		if (d.lora_name && !d.lora_name[0])
+			d.lora_name = NULL; /* "" reads back as None */
+		if (d.medium && !d.medium[0])
+			d.medium = NULL;
+		assert_ok(kvp_event_batch_reserve(b, 1, kvp_event_stored_bytes(
+		                                            nh, hl, d.parent != NULL, nt, d.lora_name,
+		                                            d.medium, xb)));
+		kvp_event_stored_begin(b, &d);
+		for (size_t h = 0; h < nh; h++)
+			kvp_event_stored_add(b, hashes[h], extra[h], xl[h]);
+		kvp_event_stored_end(b);
+		int64_t window = kvp_test_rand(rng) % 2 ? (int64_t)kvp_test_rand_wide(rng) : -1;
+		assert_ok(kvp_event_batch_set_spec(b, kvp_event_batch_count(b) - 1,
+		                                   kinds[kvp_test_rand(rng) % 4],
+		                                   kvp_test_rand(rng) % 2, window));
+	}
+}
+
+/*
+ * The hand-written encoder's bytes are protobuf-c's: protobuf-c re-packs what
+ * it reads of them to the same bytes (so every field is where and as
+ * protobuf-c puts it), and the decoder gives back the batch that went in.
+ */
+static void
+test_wire_events_encoding_is_protobuf_cs(void **state)
+{
+	static const char *const pools[] = {"", "p", "a-pool-name-of-some-length"};
+	uint64_t rng = 0x9e3779b97f4a7c15u;
+	struct kvp_event_batch in, out;
+
+	(void)state;
+	kvp_event_batch_init(&in);
+	kvp_event_batch_init(&out);
+	for (int round = 0; round < 2000; round++) {
+		struct kvp_wire_batch_hdr h = {
+			.epoch = kvp_test_rand_wide(&rng), .seq = kvp_test_rand_wide(&rng),
+			.ts_unix_ns = kvp_test_rand_wide(&rng), .tick = kvp_test_rand(&rng) % 8 == 0,
+		}, back;
+		const char *pool = pools[kvp_test_rand(&rng) % 3];
+		uint8_t *bytes, *again;
+		size_t len;
+
+		kvp_event_batch_clear(&in);
+		fill_random_batch(&in, &rng);
+		assert_ok(kvp_wire_events_encode(pool, &h, &in, &bytes, &len));
+		Kvpool__V1__EventBatch *pb = kvpool__v1__event_batch__unpack(NULL, len, bytes);
+		assert_non_null(pb);
+		assert_int_equal(kvpool__v1__event_batch__get_packed_size(pb), len);
+		assert_non_null(again = malloc(len ? len : 1));
+		assert_int_equal(kvpool__v1__event_batch__pack(pb, again), len);
+		assert_memory_equal(again, bytes, len);
+		kvpool__v1__event_batch__free_unpacked(pb, NULL);
+		free(again);
+
+		assert_ok(kvp_wire_events_decode(bytes, len, &back, &out));
+		assert_true(back.epoch == h.epoch && back.seq == h.seq &&
+		            back.ts_unix_ns == h.ts_unix_ns && back.tick == h.tick);
+		size_t n = h.tick ? 0 : kvp_event_batch_count(&in);
+		assert_int_equal(kvp_event_batch_count(&out), n);
+		for (size_t i = 0; i < n; i++) {
+			struct kvp_event a, b;
+			assert_ok(kvp_event_batch_get(&in, i, &a));
+			assert_ok(kvp_event_batch_get(&out, i, &b));
+			assert_same_event(&a, &b);
+		}
+		free(bytes);
+	}
+	kvp_event_batch_fini(&in);
 	kvp_event_batch_fini(&out);
 }
 
@@ -332,6 +460,7 @@ main(void)
 		cmocka_unit_test(test_wire_keys_round_trip),
 		cmocka_unit_test(test_wire_events_round_trip),
 		cmocka_unit_test(test_wire_events_tick_and_refusals),
+		cmocka_unit_test(test_wire_events_encoding_is_protobuf_cs),
 		cmocka_unit_test(test_wire_read_reply_matches_protobuf_c),
 		cmocka_unit_test(test_wire_read_reply_parse_refuses_other_shapes),
 		cmocka_unit_test(test_wire_units_per_call),
