@@ -3,8 +3,9 @@
  * event_wire.h: the native event stream's bytes, both directions, written
  * once: the daemon encodes each of a pool's event batches (and ticks) with
  * these functions and the subscriber decodes them with the same file, so an
- * EventBatch field cannot reach one end and not the other. tests/test_wire.c
- * round-trips every event kind through them and through protobuf-c.
+ * EventBatch field cannot reach one end and not the other. The encoder
+ * writes protobuf's bytes by hand; tests/test_wire.c holds them to
+ * protobuf-c's and round-trips every event kind through both.
  *
  * Pure apart from malloc; no I/O, no state; thread-safe.
  */

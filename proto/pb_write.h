@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pb_write.h: the few protobuf wire primitives kvpool writes by hand where
- * protobuf-c's descriptor-driven packer is too slow (replies on the hot
- * path). Every user is held to protobuf-c's own bytes by a test.
+ * protobuf-c's descriptor-driven packer is too slow (replies, Batch
+ * requests and event batches on the hot path). Every user is held to protobuf-c's own bytes by a test.
  */
 #ifndef KVP_PB_WRITE_H
 #define KVP_PB_WRITE_H
