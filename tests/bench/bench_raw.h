@@ -22,4 +22,25 @@
 int bench_raw_run(const char *url, size_t req_len, size_t rep_len, uint64_t n, double *wall,
                   double server_us, double client_us);
 
+/*
+ * The same round trips against kvp-bench-echo (bench_echo_start's) at url, a
+ * process of its own, instead of an echo thread in this one; req_len at least
+ * BENCH_ECHO_HDR.
+ */
+int bench_raw_run_remote(const char *url, size_t req_len, size_t rep_len, uint64_t n,
+                         double *wall, double server_us, double client_us);
+
+/* kvp-bench-echo's request header: reply length, then spin ns (u64s, little-endian). */
+#define BENCH_ECHO_HDR 16u
+#define BENCH_ECHO_MAX ((size_t)64 << 20)
+
+/*
+ * Starts kvp-bench-echo (at path) on url, on CPU cpu if cpu >= 0 (through
+ * taskset); its pid, or -1. Before the caller's first nng call.
+ */
+int bench_echo_start(const char *path, const char *url, int cpu);
+
+/* Runs this process on CPU cpu alone. 0, or -1 with errno. */
+int bench_pin_self(int cpu);
+
 #endif /* KVP_BENCH_RAW_H */

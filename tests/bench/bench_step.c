@@ -778,21 +778,37 @@ out:
 
 /* ---- the daemons ---- */
 
+/* --pin: the bench's CPU and the daemons' (and the raw echo's); -1: not pinned. */
+static int pin_cpu[2] = {-1, -1};
+#define CPU_LIMIT 1024
+
 static pid_t
 start_daemon(const char *path, const char *url, const char *events)
 {
-	const char *argv[] = {path, "--quiet", "--rpc", url, "--admin", "none", "--events", events,
-	                      "--executor", "none", "--pool",
+	char cpu[16];
+	snprintf(cpu, sizeof(cpu), "%d", pin_cpu[1]);
+	const char *argv[] = {"/usr/bin/taskset", "-c", cpu, path, "--quiet", "--rpc", url,
+	                      "--admin", "none", "--events", events, "--executor", "none", "--pool",
 	                      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
 	                      "--lease-ms", "600000", "--max-msg-bytes", "67108864", "--replay-mib",
 	                      replay_mib, NULL};
-	return kvp_spawn(argv, NULL);
+	return kvp_spawn(pin_cpu[1] >= 0 ? argv : argv + 3, NULL);
 }
 
 static int
 stop_daemon(pid_t pid)
 {
 	return kvp_reap(pid, 10000) == 0 ? 0 : -1;
+}
+
+/* The raw round trips: against kvp-bench-echo if it runs (--pin), else in process. */
+static int
+raw_run(int echo, const char *url_raw, const char *url_echo, size_t req_b, size_t rep_b,
+        uint64_t n, double *raw, double server_us, double client_us)
+{
+	if (echo > 0)
+		return bench_raw_run_remote(url_echo, req_b, rep_b, n, raw, server_us, client_us);
+	return bench_raw_run(url_raw, req_b, rep_b, n, raw, server_us, client_us);
 }
 
 /* ---- main ---- */
@@ -819,7 +835,7 @@ usage(FILE *f)
 {
 	fprintf(f, "usage: kvp-bench-step [--quick] [--warmup W] [--steps N] [--rounds R]\n"
 	           "                      [--only engine|remote|core] [--events off|on] [--cold MIB]\n"
-	           "                      [--replay-mib MIB] [--plain] [KVPOOLD]\n"
+	           "                      [--replay-mib MIB] [--plain] [--pin C,D] [KVPOOLD]\n"
 	           "S256 (step-workload-s256.md): the scheduler step in process on the engine, the\n"
 	           "daemon's handling of it in process (core), as one Batch to kvpoold over ipc://,\n"
 	           "and a raw nng round trip of its sizes, in one run.\n"
@@ -829,7 +845,9 @@ usage(FILE *f)
 	           "so events-on steps are timed in steady state; 64, kvpoold's default, times\n"
 	           "the ring's first fill, when every batch lands on fresh pages).\n"
 	           "--plain: send the decodes as 248 AllocateSlots messages, not as one slots run\n"
-	           "(kvp_batch_allocate_slots_n's encoding, the default).\n");
+	           "(kvp_batch_allocate_slots_n's encoding, the default).\n"
+	           "--pin C,D: this bench on CPU C, the daemons on CPU D, and the raw baseline's\n"
+	           "echo in a process of its own (kvp-bench-echo) on CPU D too.\n");
 }
 
 static int
@@ -872,6 +890,10 @@ main(int argc, char **argv)
 		           (strcmp(v, "off") == 0 || strcmp(v, "on") == 0)) {
 			ev_only = argv[++i];
 		} else if (strcmp(a, "--cold") == 0 && parse_u64(v, 1, 1024, &cold_mib) == 0) {
+			i++;
+		} else if (strcmp(a, "--pin") == 0 && v &&
+		           sscanf(v, "%d,%d", &pin_cpu[0], &pin_cpu[1]) == 2 && pin_cpu[0] >= 0 &&
+		           pin_cpu[1] >= 0 && pin_cpu[0] < CPU_LIMIT && pin_cpu[1] < CPU_LIMIT) {
 			i++;
 		} else if (strcmp(a, "--replay-mib") == 0 && parse_u64(v, 1, 4096, &rmib) == 0) {
 			snprintf(replay_mib, sizeof(replay_mib), "%" PRIu64, rmib);
@@ -918,6 +940,14 @@ main(int argc, char **argv)
 		d_off = start_daemon(daemon, url_off, "none");
 	if (do_remote && ev_on)
 		d_on = start_daemon(daemon, url_on, url_ev);
+	char url_echo[96];
+	snprintf(url_echo, sizeof(url_echo), "ipc:///tmp/kvpool-step-%d-echo.ipc", pid);
+	int echo = pin_cpu[1] >= 0 && do_remote ? bench_echo_start(ECHO_PATH, url_echo, pin_cpu[1])
+	                                        : -1;
+	if (pin_cpu[0] >= 0 && bench_pin_self(pin_cpu[0]) != 0) {
+		fprintf(stderr, "kvp-bench-step: cannot run on CPU %d\n", pin_cpu[0]);
+		return 1;
+	}
 	if (do_remote)
 		nanosleep(&(struct timespec){0, 300000000}, NULL);
 
@@ -977,9 +1007,9 @@ main(int argc, char **argv)
 					                        &c, w, n, events);
 				printf("round %" PRIu64 ", events %s: remote p10 %.0f / p50 %.0f / p90 %.0f us",
 				       r + 1, events ? "on" : "off", sw.p10, sw.p50, sw.p90);
-				if (bench_raw_run(url_raw, req_b, rep_b, n, raw, 0, 0) != 0 ||
-				    (do_core &&
-				     bench_raw_run(url_raw, req_b, rep_b, n, raw + n, core_med[r], ccpu[r]) != 0)) {
+				if (raw_run(echo, url_raw, url_echo, req_b, rep_b, n, raw, 0, 0) != 0 ||
+				    (do_core && raw_run(echo, url_raw, url_echo, req_b, rep_b, n, raw + n,
+				                        core_med[r], ccpu[r]) != 0)) {
 					fprintf(stderr, "bench: the raw nng round trip failed\n");
 					failed = 1;
 					break;
@@ -1030,6 +1060,8 @@ main(int argc, char **argv)
 	free(build);
 	free(raw);
 	free(cold_buf);
+	if (echo > 0)
+		(void)kvp_reap(echo, 2000); /* it runs until SIGTERM */
 	if ((d_off > 0 && stop_daemon(d_off) != 0) || (d_on > 0 && stop_daemon(d_on) != 0)) {
 		fprintf(stderr, "bench: a daemon did not stop cleanly\n");
 		failed = 1;
