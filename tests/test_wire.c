@@ -126,6 +126,18 @@ assert_same_event(const struct kvp_event *a, const struct kvp_event *b)
 	assert_int_equal(a->sliding_window, b->sliding_window);
 }
 
+/* The first n events of a and b are the same. */
+static void
+assert_same_events(const struct kvp_event_batch *a, const struct kvp_event_batch *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct kvp_event x, y;
+		assert_ok(kvp_event_batch_get(a, i, &x));
+		assert_ok(kvp_event_batch_get(b, i, &y));
+		assert_same_event(&x, &y);
+	}
+}
+
 static void
 test_wire_events_round_trip(void **state)
 {
@@ -163,12 +175,7 @@ test_wire_events_round_trip(void **state)
 	assert_int_equal(back.ts_unix_ns, 123456789);
 	assert_false(back.tick);
 	assert_int_equal(kvp_event_batch_count(&out), 3);
-	for (size_t i = 0; i < 3; i++) {
-		struct kvp_event a, b;
-		assert_ok(kvp_event_batch_get(&in, i, &a));
-		assert_ok(kvp_event_batch_get(&out, i, &b));
-		assert_same_event(&a, &b);
-	}
+	assert_same_events(&in, &out, 3);
 	free(bytes);
 	kvp_event_batch_fini(&in);
 	kvp_event_batch_fini(&out);
@@ -313,12 +320,7 @@ test_wire_events_encoding_is_protobuf_cs(void **state)
 		            back.ts_unix_ns == h.ts_unix_ns && back.tick == h.tick);
 		size_t n = h.tick ? 0 : kvp_event_batch_count(&in);
 		assert_int_equal(kvp_event_batch_count(&out), n);
-		for (size_t i = 0; i < n; i++) {
-			struct kvp_event a, b;
-			assert_ok(kvp_event_batch_get(&in, i, &a));
-			assert_ok(kvp_event_batch_get(&out, i, &b));
-			assert_same_event(&a, &b);
-		}
+		assert_same_events(&in, &out, n);
 		free(bytes);
 	}
 	kvp_event_batch_fini(&in);
