@@ -1,9 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * SHA-256 through OpenSSL's one-algorithm interface (SHA256_Init, _Update,
+ * _Final), deprecated in 3.0 but kept by it: EVP_DigestInit_ex2 on 3.0
+ * allocates, cleanses and frees the provider's context on every digest,
+ * and a block hash is one short digest (about a fifth of its instructions
+ * went to that). The compression is the same code (SHA-NI, AVX2) either
+ * way. A build that must route digests through a FIPS provider would put
+ * the EVP calls back here; nothing else would change.
+ */
+#define OPENSSL_API_COMPAT 10101
+
 #include "common/block_hash.h"
 
-#include <openssl/evp.h>
-#include <stdbool.h>
 #include <openssl/rand.h>
+#include <openssl/sha.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,8 +29,7 @@
 #include "common/pickle.h"
 
 struct kvp_hasher {
-	EVP_MD_CTX *ctx;
-	EVP_MD *md;            /* fetched once: EVP_sha256() re-fetches under a lock per init */
+	SHA256_CTX sha;        /* the SHA-256 algorithms' state */
 	XXH3_state_t *xx;      /* the xxhash algorithms' streaming state */
 	enum kvp_hash_algo algo;
 	size_t len;            /* digest bytes: 32 or 16 */
@@ -197,12 +207,6 @@ kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_has
 			kvp_hasher_destroy(h);
 			return KVP_ENOMEM;
 		}
-	} else {
-		h->md = EVP_MD_fetch(NULL, "SHA256", NULL);
-		if ((h->ctx = EVP_MD_CTX_new()) == NULL || h->md == NULL) {
-			kvp_hasher_destroy(h);
-			return KVP_ENOMEM;
-		}
 	}
 	if (seed != NULL) {
 		/* NONE_HASH = hash_fn(seed string): the string in the algorithm's encoding. */
@@ -239,8 +243,6 @@ kvp_hasher_destroy(struct kvp_hasher *h)
 {
 	if (h == NULL)
 		return;
-	EVP_MD_CTX_free(h->ctx);
-	EVP_MD_free(h->md);
 	XXH3_freeState(h->xx);
 	free(h->scratch);
 	free(h);
@@ -277,7 +279,7 @@ digest_init(struct kvp_hasher *h)
 {
 	if (h->xx != NULL)
 		return XXH3_128bits_reset(h->xx) == XXH_OK;
-	return EVP_DigestInit_ex2(h->ctx, h->md, NULL) == 1;
+	return SHA256_Init(&h->sha) == 1;
 }
 
 static bool
@@ -285,7 +287,7 @@ digest_update(struct kvp_hasher *h, const void *data, size_t len)
 {
 	if (h->xx != NULL)
 		return XXH3_128bits_update(h->xx, data, len) == XXH_OK;
-	return EVP_DigestUpdate(h->ctx, data, len) == 1;
+	return SHA256_Update(&h->sha, data, len) == 1;
 }
 
 /* python-xxhash's xxh3_128_digest is the canonical (big-endian) form. */
@@ -301,13 +303,11 @@ xxh128_out(XXH128_hash_t v, uint8_t *out)
 static bool
 digest_final(struct kvp_hasher *h, uint8_t *out)
 {
-	unsigned int n = 0;
-
 	if (h->xx != NULL) {
 		xxh128_out(XXH3_128bits_digest(h->xx), out);
 		return true;
 	}
-	return EVP_DigestFinal_ex(h->ctx, out, &n) == 1 && n == KVP_HASH_LEN;
+	return SHA256_Final(out, &h->sha) == 1;
 }
 
 /* The digest of one buffer; XXH3's one-shot call skips its streaming state. */
