@@ -279,6 +279,52 @@ random_messages_decode_as_protobuf_c_does(void **state)
 	assert_true(mutated_ok > 1000);
 }
 
+/*
+ * Packed varints of every length from one to ten bytes, each at every offset
+ * in a run (a varint of up to eight bytes is decoded eight bytes at a time,
+ * the last few bytes and longer ones one at a time): the values come back.
+ */
+static void
+every_varint_length_in_a_packed_run(void **state)
+{
+	enum { N = 64 };
+	int64_t v[N];
+	int32_t w[N];
+	(void)state;
+	for (int shift = 0; shift < N; shift++) {
+		for (int i = 0; i < N; i++) {
+			int k = (i + shift) % 22; /* 0..9: 2^(7k) - 1 and 2^(7k); then the extremes */
+			if (k < 20)
+				v[i] = k / 2 == 9 ? INT64_MAX - k % 2 : (int64_t)((1ull << (7 * (k / 2 + 1))) - 1 + (uint64_t)(k % 2));
+			else
+				v[i] = k == 20 ? -1 : INT64_MIN;
+			w[i] = (int32_t)v[i];
+		}
+		Kvpool__V1__AllocateSlotsRequest a = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+		Kvpool__V1__FreeRequest f = KVPOOL__V1__FREE_REQUEST__INIT;
+		a.n_prompt_token_ids = (size_t)(N - shift);
+		a.prompt_token_ids = v;
+		f.n_block_ids = (size_t)(N - shift);
+		f.block_ids = w;
+		size_t la, lf;
+		uint8_t *ba = pack(&a.base, &la), *bf = pack(&f.base, &lf);
+		arena_used = 0;
+		Kvpool__V1__AllocateSlotsRequest *ra = (Kvpool__V1__AllocateSlotsRequest *)kvp_pb_read(
+			&kvpool__v1__allocate_slots_request__descriptor, &arena, ba, la);
+		Kvpool__V1__FreeRequest *rf = (Kvpool__V1__FreeRequest *)kvp_pb_read(
+			&kvpool__v1__free_request__descriptor, &arena, bf, lf);
+		assert_non_null(ra);
+		assert_non_null(rf);
+		assert_int_equal(ra->n_prompt_token_ids, N - shift);
+		assert_int_equal(rf->n_block_ids, N - shift);
+		assert_memory_equal(ra->prompt_token_ids, v, (size_t)(N - shift) * sizeof(v[0]));
+		assert_memory_equal(rf->block_ids, w, (size_t)(N - shift) * sizeof(w[0]));
+		assert_true(same_as_protobuf_c(&kvpool__v1__allocate_slots_request__descriptor, ba, la));
+		free(ba);
+		free(bf);
+	}
+}
+
 /* Encodings it declines, each one protobuf-c reads (or refuses) itself. */
 static void
 declines_what_it_does_not_take(void **state)
@@ -351,6 +397,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(random_messages_decode_as_protobuf_c_does),
+		cmocka_unit_test(every_varint_length_in_a_packed_run),
 		cmocka_unit_test(declines_what_it_does_not_take),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
