@@ -80,3 +80,13 @@ read_log(char *buf, size_t cap)
 	if (f)
 		fclose(f);
 }
+
+void
+wait_free(struct kvp_client *c, uint32_t want, struct kvp_client_stats *st)
+{
+	assert_int_equal(kvp_client_stats(c, st), KVP_OK);
+	for (int i = 0; i < 100 && st->num_free != want; i++) {
+		sleep_ms(50);
+		assert_int_equal(kvp_client_stats(c, st), KVP_OK);
+	}
+}

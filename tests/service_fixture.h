@@ -24,6 +24,12 @@ int teardown(void **state);
 /* A session on url's pool, retried while the daemon starts; fails the test if it cannot. */
 struct kvp_client *open_on(const char *url, const char *pool, uint32_t lease_ms);
 
+/*
+ * Polls c's pool (Stats every 50 ms, 5 s at most) until it has want free
+ * blocks, as a lease expiry releases them; the last Stats in *st.
+ */
+void wait_free(struct kvp_client *c, uint32_t want, struct kvp_client_stats *st);
+
 /* The daemon's log so far, NUL-terminated, into buf. */
 void read_log(char *buf, size_t cap);
 

@@ -397,10 +397,7 @@ test_service_lease_expiry_releases_blocks(void **state)
 	kvp_client_detach(gone); /* crashed: no Goodbye */
 	assert_ok(kvp_client_stats(watcher, &st));
 	assert_int_equal(st.num_free, 31 - 8);
-	for (int i = 0; i < 100 && st.num_free != 31; i++) {
-		sleep_ms(50);
-		assert_ok(kvp_client_stats(watcher, &st));
-	}
+	wait_free(watcher, 31, &st);
 	assert_int_equal(st.num_free, 31);
 	assert_true(st.leases_expired >= 1);
 	kvp_client_close(watcher);

@@ -613,10 +613,7 @@ test_service_dead_client_process_blocks_released_after_lease(void **state)
 	assert_int_equal(system(cmd), 0);
 	assert_ok(kvp_client_stats(w, &st));
 	assert_int_equal(st.num_free, 31 - 6);
-	for (int i = 0; i < 100 && st.num_free != 31; i++) {
-		sleep_ms(50);
-		assert_ok(kvp_client_stats(w, &st));
-	}
+	wait_free(w, 31, &st);
 	assert_int_equal(st.num_free, 31);
 	kvp_client_close(w);
 }
