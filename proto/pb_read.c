@@ -154,6 +154,8 @@ field_of(const ProtobufCMessageDescriptor *d, uint32_t number)
 	}
 	if (f == NULL || f->label == PROTOBUF_C_LABEL_REQUIRED)
 		return NULL;
+	if (f->type == PROTOBUF_C_TYPE_FIXED32) /* packed and repeated only */
+		return f->label == PROTOBUF_C_LABEL_REPEATED ? f : NULL;
 	if (!varint_type(f->type) && f->type != PROTOBUF_C_TYPE_STRING &&
 	    f->type != PROTOBUF_C_TYPE_BYTES && f->type != PROTOBUF_C_TYPE_MESSAGE)
 		return NULL;
@@ -275,7 +277,25 @@ read_repeated(const ProtobufCFieldDescriptor *fd, ProtobufCAllocator *al, const 
 	size_t n, es = elem_size(fd->type);
 	memcpy(&arr, m + fd->offset, sizeof(arr));
 	memcpy(&n, m + fd->quantifier_offset, sizeof(n));
-	if (varint_type(fd->type)) {
+	if (fd->type == PROTOBUF_C_TYPE_FIXED32) { /* one packed piece: a copy (little-endian) */
+		if (arr != NULL || f->wt != WT_LEN || f->len % 4 != 0)
+			return false;
+		if (f->len == 0)
+			return true;
+		if ((arr = alloc(al, f->len)) == NULL)
+			return false;
+		n = f->len / 4;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+		memcpy(arr, f->bytes, f->len);
+#else
+		for (size_t k = 0; k < n; k++) {
+			const uint8_t *b = f->bytes + 4 * k;
+			uint32_t v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+			             (uint32_t)b[3] << 24;
+			memcpy(arr + 4 * k, &v, 4);
+		}
+#endif
+	} else if (varint_type(fd->type)) {
 		long count;
 		if (arr != NULL || f->wt != WT_LEN || (count = packed_count(f->bytes, f->len)) < 0)
 			return false;

@@ -8,10 +8,11 @@
  *
  * It decodes what kvpool's requests are made of: varint scalars (int32,
  * uint32, int64, uint64, bool, enum), strings, bytes, sub-messages, and
- * repeated fields of all of these, packed or not, occurring in pieces. On
- * anything else it declines (returns NULL) and the caller decodes with
- * protobuf-c, which also judges malformed input: unknown fields, other
- * scalar types (fixed, zigzag, float), a oneof set twice, a singular
+ * repeated fields of all of these, packed or not, occurring in pieces; and
+ * packed repeated fixed32 fields in one piece (copied). On anything else it
+ * declines (returns NULL) and the caller decodes with protobuf-c, which also
+ * judges malformed input: unknown fields, other scalar types (fixed32 not
+ * packed in one piece, fixed64, zigzag, float), a oneof set twice, a singular
  * sub-message given twice (protobuf-c merges them), required fields,
  * nesting deeper than KVP_PB_READ_DEPTH, and any malformed or truncated
  * encoding. Where it accepts, the result is protobuf-c's for the same bytes

@@ -58,7 +58,7 @@ supported(ProtobufCType t)
 {
 	return t == PROTOBUF_C_TYPE_INT32 || t == PROTOBUF_C_TYPE_UINT32 ||
 	       t == PROTOBUF_C_TYPE_INT64 || t == PROTOBUF_C_TYPE_UINT64 ||
-	       t == PROTOBUF_C_TYPE_BOOL || t == PROTOBUF_C_TYPE_ENUM ||
+	       t == PROTOBUF_C_TYPE_BOOL || t == PROTOBUF_C_TYPE_ENUM || t == PROTOBUF_C_TYPE_FIXED32 ||
 	       t == PROTOBUF_C_TYPE_STRING || t == PROTOBUF_C_TYPE_BYTES ||
 	       t == PROTOBUF_C_TYPE_MESSAGE;
 }
@@ -325,6 +325,39 @@ every_varint_length_in_a_packed_run(void **state)
 	}
 }
 
+/* A packed fixed32 field (a prompt's 32-bit ids) in one piece: copied, every value. */
+static void
+packed_fixed32_is_copied(void **state)
+{
+	uint32_t v[7] = {0, 1, 127, 128, 151642, 0x7fffffffu, 0xffffffffu};
+	Kvpool__V1__AllocateSlotsRequest a = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+	const ProtobufCMessageDescriptor *d = &kvpool__v1__allocate_slots_request__descriptor;
+	size_t len;
+	(void)state;
+	a.request_id = 9;
+	a.n_prompt_token_ids_u32 = 7;
+	a.prompt_token_ids_u32 = v;
+	uint8_t *b = pack(&a.base, &len);
+	arena_used = 0;
+	Kvpool__V1__AllocateSlotsRequest *r =
+		(Kvpool__V1__AllocateSlotsRequest *)kvp_pb_read(d, &arena, b, len);
+	assert_non_null(r);
+	assert_int_equal(r->request_id, 9);
+	assert_int_equal(r->n_prompt_token_ids_u32, 7);
+	assert_memory_equal(r->prompt_token_ids_u32, v, sizeof(v));
+	assert_true(same_as_protobuf_c(d, b, len));
+	free(b);
+	/* field 13, packed: a length that is no multiple of 4, and a second piece */
+	const uint8_t ragged[] = {0x6a, 0x05, 1, 0, 0, 0, 2};
+	const uint8_t pieces[] = {0x6a, 0x04, 1, 0, 0, 0, 0x6a, 0x04, 2, 0, 0, 0};
+	/* field 13 as one unpacked fixed32 (wire type 5) */
+	const uint8_t unpacked[] = {0x6d, 1, 0, 0, 0};
+	assert_null(kvp_pb_read(d, &arena, ragged, sizeof(ragged)));
+	assert_null(kvp_pb_read(d, &arena, pieces, sizeof(pieces)));
+	assert_null(kvp_pb_read(d, &arena, unpacked, sizeof(unpacked)));
+	assert_false(same_as_protobuf_c(d, pieces, sizeof(pieces)));
+}
+
 /* Encodings it declines, each one protobuf-c reads (or refuses) itself. */
 static void
 declines_what_it_does_not_take(void **state)
@@ -398,6 +431,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(random_messages_decode_as_protobuf_c_does),
 		cmocka_unit_test(every_varint_length_in_a_packed_run),
+		cmocka_unit_test(packed_fixed32_is_copied),
 		cmocka_unit_test(declines_what_it_does_not_take),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
