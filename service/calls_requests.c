@@ -173,16 +173,23 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 	bool created = false;
 	int rv;
 
+	/* The prompt as varints (int64) or as fixed32 ids (PoolInfo.prompt_u32): one of the two. */
+	size_t nprompt = m->n_prompt_token_ids + m->n_prompt_token_ids_u32;
+
 	if (r == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if (m->n_prompt_token_ids > c->p->limits.max_ids || m->n_new_token_ids > c->p->limits.max_ids ||
+	if (m->n_prompt_token_ids > 0 && m->n_prompt_token_ids_u32 > 0)
+		return kvpd_fail(c, KVP_EINVAL, "the prompt given twice: prompt_token_ids and "
+		                 "prompt_token_ids_u32 (send one)");
+	if (nprompt > c->p->limits.max_ids || m->n_new_token_ids > c->p->limits.max_ids ||
 	    m->num_new_tokens > c->p->limits.max_ids || m->num_lookahead_tokens > c->p->limits.max_ids ||
 	    m->num_external_computed_tokens > c->p->limits.max_ids)
 		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call; the limit is %u",
 		            c->p->limits.max_ids);
 	if (mid == 0) {
 		struct call_keys ck;
-		if (m->n_prompt_token_ids == 0)
+		const int64_t *prompt = m->prompt_token_ids;
+		if (nprompt == 0)
 			return kvpd_fail(c, KVP_ENOTFOUND, "no request %llu in this session (send its prompt "
 			                              "to add it)", (unsigned long long)m->request_id);
 		if (c->sess->reqs.n >= c->p->limits.max_session_requests) {
@@ -192,8 +199,15 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 		}
 		if ((rv = kvpd_parse_keys(c, m->keys, &ck)))
 			return rv;
-		struct kvp_request_desc d = {.prompt = m->prompt_token_ids,
-		                             .num_prompt = m->n_prompt_token_ids, .keys = ck.ptr,
+		if (m->n_prompt_token_ids_u32 > 0) { /* widened for the engine, which copies it */
+			int64_t *w = kvpd_scratch(c, nprompt * sizeof(*w));
+			if (w == NULL)
+				return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+			for (size_t i = 0; i < nprompt; i++)
+				w[i] = m->prompt_token_ids_u32[i];
+			prompt = w;
+		}
+		struct kvp_request_desc d = {.prompt = prompt, .num_prompt = nprompt, .keys = ck.ptr,
 		                             .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id};
 		mid = ++c->p->next_mgr_id;
 		if ((rv = mgr_status(c, kvp_mgr_add_request(c->p->mgr, mid, &d), "add request")))
@@ -203,7 +217,7 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 		}
 		created = true;
-	} else if (m->n_prompt_token_ids > 0) {
+	} else if (nprompt > 0) {
 		return kvpd_fail(c, KVP_ESTATE, "request %llu exists: send new_token_ids, not a prompt",
 		            (unsigned long long)m->request_id);
 	}

@@ -99,6 +99,7 @@ pool_info(struct call *c)
 	info->max_hash_len = kvp_pool_max_hash_len(p->pool);
 	info->hash_len = kvp_pool_hash_len(p->pool);
 	info->slots_runs = true;
+	info->prompt_u32 = true;
 	info->max_msg_bytes = (uint32_t)p->limits.max_reply_bytes;
 	if (p->exec != NULL) {
 		const struct kvp_kv_shape *sh = kvp_exec_shape(p->exec);

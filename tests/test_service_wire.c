@@ -74,6 +74,76 @@ raw_hello(const char *pool, uint8_t *buf)
 	return sid;
 }
 
+/* One raw AllocateSlots of a new request with its prompt as given; the reply (caller frees). */
+static Kvpool__V1__Reply *
+raw_prompt(uint64_t sid, uint64_t req_id, const int64_t *p64, const uint32_t *p32, size_t n,
+           uint8_t *buf)
+{
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__AllocateSlotsRequest a = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+	a.request_id = req_id;
+	a.prompt_token_ids = (int64_t *)p64;
+	a.n_prompt_token_ids = p64 ? n : 0;
+	a.prompt_token_ids_u32 = (uint32_t *)p32;
+	a.n_prompt_token_ids_u32 = p32 ? n : 0;
+	a.use_prefix_cache = true;
+	rq.pool = "default";
+	rq.session_id = sid;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_ALLOCATE_SLOTS;
+	rq.allocate_slots = &a;
+	return raw_call(buf, pack_req(&rq, buf));
+}
+
+/*
+ * A prompt sent as 32-bit ids is the same prompt: a request sent as varints
+ * hits the blocks it cached, ids past 2^31 included. Both forms at once are
+ * refused, and the pool says it reads the 32-bit form.
+ */
+static void
+test_service_prompt_as_32_bit_ids_is_the_same_prompt(void **state)
+{
+	uint8_t buf[4096];
+	int64_t p64[9] = {4294967295ll, 2147483648ll, 0, 7, 151642, 65536, 128, 127, 3};
+	uint32_t p32[9];
+	(void)state;
+	for (int i = 0; i < 9; i++)
+		p32[i] = (uint32_t)p64[i];
+	raw_open();
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	rq.pool = "default";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	Kvpool__V1__Reply *r = raw_call(buf, pack_req(&rq, buf));
+	assert_int_equal(r->status, 0);
+	assert_true(r->hello->pool->prompt_u32);
+	uint64_t sid = r->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+
+	r = raw_prompt(sid, 1, NULL, p32, 9, buf); /* computes and caches two blocks of 4 */
+	assert_int_equal(r->status, 0);
+	assert_int_equal(r->allocate_slots->hit_tokens, 0);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	r = raw_prompt(sid, 2, p64, NULL, 9, buf);
+	assert_int_equal(r->status, 0);
+	assert_int_equal(r->allocate_slots->hit_tokens, 8);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	r = raw_prompt(sid, 3, p64, p32, 9, buf);
+	assert_int_equal(r->status, KVP_EINVAL);
+	assert_non_null(strstr(r->detail, "prompt given twice"));
+	kvpool__v1__reply__free_unpacked(r, NULL);
+
+	Kvpool__V1__GoodbyeRequest g = KVPOOL__V1__GOODBYE_REQUEST__INIT;
+	rq.session_id = sid;
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_GOODBYE;
+	rq.goodbye = &g;
+	r = raw_call(buf, pack_req(&rq, buf));
+	assert_int_equal(r->status, 0);
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	nng_close(raw_sock);
+}
+
 static void
 test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
 {
@@ -623,6 +693,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_hostile_bytes_are_answered_and_serving_continues),
+		cmocka_unit_test(test_service_prompt_as_32_bit_ids_is_the_same_prompt),
 		cmocka_unit_test(test_service_overlong_extra_keys_are_refused),
 		cmocka_unit_test(test_service_retried_call_id_is_applied_once),
 		cmocka_unit_test(test_service_batch_runs_in_order_and_stops_at_failure),

@@ -112,6 +112,18 @@ main(int argc, char **argv)
 	rq.allocate_slots = &as;
 	rq.call_id = 6;
 	frame(&rq);
+	/* the same prompt as 32-bit ids, for another request */
+	uint32_t tok32[12];
+	for (int i = 0; i < 12; i++)
+		tok32[i] = (uint32_t)tok[i];
+	Kvpool__V1__AllocateSlotsRequest as32 = KVPOOL__V1__ALLOCATE_SLOTS_REQUEST__INIT;
+	as32.request_id = 8;
+	as32.prompt_token_ids_u32 = tok32;
+	as32.n_prompt_token_ids_u32 = 12;
+	as32.use_prefix_cache = 1;
+	rq.allocate_slots = &as32;
+	frame(&rq);
+	rq.allocate_slots = &as;
 	Kvpool__V1__GetComputedBlocksRequest gc = KVPOOL__V1__GET_COMPUTED_BLOCKS_REQUEST__INIT;
 	gc.request_id = 7;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_GET_COMPUTED_BLOCKS;
