@@ -9,6 +9,7 @@
  */
 #include "kvp_test.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "clients/c/request_pack.h"
@@ -172,6 +173,9 @@ random_call(struct req *r, size_t i)
 		m->request_id = rand_wide();
 		m->prompt_token_ids = r->i64[i][0];
 		m->n_prompt_token_ids = fill_i64(r->i64[i][0]);
+		if (next_rand() % 2) /* token ids: every one fits 32 bits */
+			for (size_t k = 0; k < m->n_prompt_token_ids; k++)
+				r->i64[i][0][k] = (int64_t)(rand_wide() % 151643);
 		m->keys = keys;
 		m->new_token_ids = r->i64[i][1];
 		m->n_new_token_ids = fill_i64(r->i64[i][1]);
@@ -240,18 +244,69 @@ random_call(struct req *r, size_t i)
 	}
 }
 
+/*
+ * rq as the hand-written packer sends it under plan->prompt_u32: each
+ * hand-written AllocateSlots whose prompt fits 32 bits has it moved to
+ * prompt_token_ids_u32 (in static storage). Returns rq itself otherwise.
+ */
+static size_t prompts_moved; /* how many prompts as_sent moved: the path was taken */
+
+static const Kvpool__V1__Request *
+as_sent(const Kvpool__V1__Request *rq, const struct kvpc_plan *plan, Kvpool__V1__Request *copy,
+        Kvpool__V1__BatchRequest *batch)
+{
+	static Kvpool__V1__BatchCall calls[MAXC], *ptrs[MAXC];
+	static Kvpool__V1__AllocateSlotsRequest as[MAXC];
+	static uint32_t ids[MAXC][MAXA];
+	if (!plan->prompt_u32 || rq->call_case != KVPOOL__V1__REQUEST__CALL_BATCH)
+		return rq;
+	*copy = *rq;
+	*batch = *rq->batch;
+	for (size_t i = 0; i < batch->n_calls; i++) {
+		const Kvpool__V1__BatchCall *c = rq->batch->calls[i];
+		ptrs[i] = (Kvpool__V1__BatchCall *)c;
+		if (c->call_case != KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS ||
+		    c->allocate_slots == NULL || c->allocate_slots->keys != NULL ||
+		    c->allocate_slots->n_prompt_token_ids == 0)
+			continue;
+		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
+		bool fits = true;
+		for (size_t k = 0; k < m->n_prompt_token_ids; k++)
+			fits &= m->prompt_token_ids[k] >= 0 && m->prompt_token_ids[k] <= 0xffffffffll;
+		if (!fits)
+			continue;
+		as[i] = *m;
+		for (size_t k = 0; k < m->n_prompt_token_ids; k++)
+			ids[i][k] = (uint32_t)m->prompt_token_ids[k];
+		as[i].prompt_token_ids_u32 = ids[i];
+		as[i].n_prompt_token_ids_u32 = m->n_prompt_token_ids;
+		as[i].prompt_token_ids = NULL;
+		as[i].n_prompt_token_ids = 0;
+		calls[i] = *c;
+		calls[i].allocate_slots = &as[i];
+		ptrs[i] = &calls[i];
+		prompts_moved++;
+	}
+	batch->calls = ptrs;
+	copy->batch = batch;
+	return copy;
+}
+
 /* Packs rq both ways and requires the same size and bytes. */
 static void
 same_as_protobuf_c(const Kvpool__V1__Request *rq, struct kvpc_plan *plan, int iter)
 {
-	size_t want_len = kvpool__v1__request__get_packed_size(rq);
+	Kvpool__V1__Request copy;
+	Kvpool__V1__BatchRequest batch;
+	const Kvpool__V1__Request *want_rq = as_sent(rq, plan, &copy, &batch);
+	size_t want_len = kvpool__v1__request__get_packed_size(want_rq);
 	size_t len = kvpc_request_size(rq, plan);
 	if (len != want_len)
 		fail_msg("iteration %d: measured %zu bytes, protobuf-c %zu", iter, len, want_len);
 	uint8_t *want = malloc(want_len ? want_len : 1), *mine = malloc(len ? len : 1);
 	assert_non_null(want);
 	assert_non_null(mine);
-	assert_int_equal(kvpool__v1__request__pack(rq, want), want_len);
+	assert_int_equal(kvpool__v1__request__pack(want_rq, want), want_len);
 	assert_int_equal(kvpc_request_pack(rq, plan, mine), len);
 	if (memcmp(mine, want, len) != 0)
 		fail_msg("iteration %d: %zu bytes differ from protobuf-c's", iter, len);
@@ -285,10 +340,13 @@ batches_are_protobuf_c_bytes(void **state)
 		rq.token = rand_bytes(&r);
 		rq.call_case = KVPOOL__V1__REQUEST__CALL_BATCH;
 		rq.batch = &br;
+		plan.prompt_u32 = iter % 2; /* a daemon that reads 32-bit prompts, and one that does not */
 		same_as_protobuf_c(&rq, &plan, iter);
 		by_hand += plan.by_hand;
 	}
 	assert_int_equal(by_hand, 3000); /* every batch took the hand-written path */
+	print_message("%zu prompts went as 32-bit ids\n", prompts_moved);
+	assert_true(prompts_moved > 100);
 	assert_true(plan.cap >= MAXC);
 	kvpc_plan_fini(&plan);
 	assert_null(plan.calls);

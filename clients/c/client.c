@@ -202,6 +202,7 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 	i->max_hash_len = p->max_hash_len;
 	i->hash_len = p->hash_len ? p->hash_len : KVP_HASH_LEN; /* absent before xxhash: 32 */
 	c->slots_runs = p->slots_runs;
+	c->plan.prompt_u32 = p->prompt_u32; /* Batch prompts as 32-bit ids (request_pack.h) */
 	i->max_msg_bytes = p->max_msg_bytes;
 	memset(&i->executor, 0, sizeof(i->executor));
 	if (p->executor != NULL) {

@@ -33,6 +33,31 @@ bool_field(uint32_t field, protobuf_c_boolean v)
 	return kvp_pb_varint_field(field, v != 0);
 }
 
+/* True if every id fits a fixed32: in [0, 2^32). */
+static bool
+fits_u32(const int64_t *v, size_t n)
+{
+	uint64_t high = 0;
+	for (size_t i = 0; i < n; i++)
+		high |= (uint64_t)v[i] >> 32; /* a negative id has its high bits set */
+	return high == 0;
+}
+
+/* n ids as a packed fixed32 field (little-endian), narrowed; absent when empty. */
+static uint8_t *
+put_u32_ids(uint8_t *p, uint32_t field, const int64_t *v, size_t n)
+{
+	if (n == 0)
+		return p;
+	p = kvp_pb_put_len_head(p, field, 4 * n);
+	for (size_t i = 0; i < n; i++) {
+		uint32_t x = (uint32_t)v[i];
+		uint8_t b[4] = {(uint8_t)x, (uint8_t)(x >> 8), (uint8_t)(x >> 16), (uint8_t)(x >> 24)};
+		memcpy(p + 4 * i, b, 4);
+	}
+	return p + 4 * n;
+}
+
 static uint8_t *
 put_i64s(uint8_t *p, uint32_t field, const int64_t *v, size_t n, size_t payload)
 {
@@ -82,7 +107,11 @@ by_hand(const Kvpool__V1__BatchCall *c)
 		m = c->lookup && c->lookup->keys == NULL ? c->lookup : NULL;
 		break;
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS:
-		m = c->allocate_slots && c->allocate_slots->keys == NULL ? c->allocate_slots : NULL;
+		/* (a prompt already in 32-bit ids is protobuf-c's to write) */
+		m = c->allocate_slots && c->allocate_slots->keys == NULL &&
+		            c->allocate_slots->n_prompt_token_ids_u32 == 0
+		        ? c->allocate_slots
+		        : NULL;
 		break;
 	case KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST:
 		m = c->free_request;
@@ -101,9 +130,16 @@ by_hand(const Kvpool__V1__BatchCall *c)
 	return msg != NULL && msg->n_unknown_fields == 0 ? msg : NULL;
 }
 
-/* The request message's body length, its arrays' payloads kept in a. */
+/* AllocateSlotsRequest's prompt as 32-bit ids (kvpc_plan.prompt_u32). */
+enum { F_PROMPT_U32 = 13 };
+
+/*
+ * The request message's body length, its arrays' payloads kept in a. For
+ * AllocateSlots, a[2] says whether its prompt goes as 32-bit ids (then
+ * a[0] is that field's payload).
+ */
 static size_t
-inner_len(const Kvpool__V1__BatchCall *c, size_t *a)
+inner_len(const Kvpool__V1__BatchCall *c, size_t *a, int prompt_u32)
 {
 	switch (c->call_case) {
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE:
@@ -133,10 +169,12 @@ inner_len(const Kvpool__V1__BatchCall *c, size_t *a)
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
-		a[0] = i64s_len(m->prompt_token_ids, m->n_prompt_token_ids);
+		size_t np = m->n_prompt_token_ids;
+		a[2] = prompt_u32 && np > 0 && fits_u32(m->prompt_token_ids, np);
+		a[0] = a[2] ? 4 * np : i64s_len(m->prompt_token_ids, np);
 		a[1] = i64s_len(m->new_token_ids, m->n_new_token_ids);
 		return kvp_pb_varint_field(1, m->request_id) +
-		       kvp_pb_packed_len(2, a[0], m->n_prompt_token_ids) +
+		       kvp_pb_packed_len(a[2] ? F_PROMPT_U32 : 2, a[0], np) +
 		       kvp_pb_packed_len(4, a[1], m->n_new_token_ids) +
 		       kvp_pb_varint_field(5, m->num_new_tokens) +
 		       kvp_pb_varint_field(6, m->num_lookahead_tokens) +
@@ -201,7 +239,8 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
 		p = kvp_pb_put_varint_field(p, 1, m->request_id);
-		p = put_i64s(p, 2, m->prompt_token_ids, m->n_prompt_token_ids, a[0]);
+		if (!a[2])
+			p = put_i64s(p, 2, m->prompt_token_ids, m->n_prompt_token_ids, a[0]);
 		p = put_i64s(p, 4, m->new_token_ids, m->n_new_token_ids, a[1]);
 		p = kvp_pb_put_varint_field(p, 5, m->num_new_tokens);
 		p = kvp_pb_put_varint_field(p, 6, m->num_lookahead_tokens);
@@ -210,7 +249,9 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		p = kvp_pb_put_varint_field(p, 9, m->token_budget);
 		p = put_bool(p, 10, m->full_sequence_must_fit);
 		p = kvp_pb_put_varint_field(p, 11, m->num_external_computed_tokens);
-		return put_bool(p, 12, m->no_new_tokens);
+		p = put_bool(p, 12, m->no_new_tokens);
+		return a[2] ? put_u32_ids(p, F_PROMPT_U32, m->prompt_token_ids, m->n_prompt_token_ids)
+		            : p;
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST:
 		p = kvp_pb_put_varint_field(p, 1, c->free_request->request_id);
@@ -271,7 +312,7 @@ kvpc_request_size(const Kvpool__V1__Request *rq, struct kvpc_plan *plan)
 		const Kvpool__V1__BatchCall *c = b->calls[i];
 		struct kvpc_call_plan *cp = &plan->calls[i];
 		if (by_hand(c) != NULL) {
-			cp->inner = inner_len(c, cp->arr);
+			cp->inner = inner_len(c, cp->arr, plan->prompt_u32);
 			cp->len = kvp_pb_len_field((uint32_t)c->call_case, cp->inner);
 		} else {
 			cp->len = kvpool__v1__batch_call__get_packed_size(c);

@@ -8,8 +8,9 @@
  * Cache, Lookup, AllocateSlots, FreeRequest, GetComputedBlocks, slots
  * runs; without RequestKeys) are written here; any other call is packed
  * by protobuf-c in its place, and any other request wholly by protobuf-c.
- * The bytes are protobuf-c's own for the same message
- * (tests/test_request_pack.c compares them).
+ * The bytes are protobuf-c's own for the same message (with a prompt
+ * moved to its 32-bit field under kvpc_plan.prompt_u32;
+ * tests/test_request_pack.c compares them).
  */
 #ifndef KVPC_REQUEST_PACK_H
 #define KVPC_REQUEST_PACK_H
@@ -31,6 +32,14 @@ struct kvpc_plan {
 	size_t cap;
 	size_t batch; /* the BatchRequest's body */
 	int by_hand;  /* the last kvpc_request_size measured by hand */
+	/*
+	 * Set by the caller: the daemon reads prompt_token_ids_u32 (PoolInfo's
+	 * prompt_u32). A hand-written AllocateSlots whose prompt ids all lie in
+	 * [0, 2^32) then carries them there, 4 bytes each and copied, instead
+	 * of as varints in prompt_token_ids: the bytes protobuf-c writes for
+	 * the message with the prompt moved to that field.
+	 */
+	int prompt_u32;
 };
 
 /*
