@@ -149,10 +149,14 @@ run_core(uint64_t w_steps, uint64_t n_steps, bool events, struct timing *t, stru
 			calls[k].free_request = &fr[i];
 		}
 		for (size_t i = 0; i < ARRIVE; i++, k++) {
+			/* As the client sends a prompt to this daemon: 32-bit ids (PoolInfo.prompt_u32). */
+			static uint32_t p32[ARRIVE][PROMPT];
+			for (size_t j = 0; j < PROMPT; j++)
+				p32[i][j] = (uint32_t)st->prompt[i][j];
 			kvpool__v1__allocate_slots_request__init(&as[k]);
 			as[k].request_id = st->arr[i];
-			as[k].prompt_token_ids = st->prompt[i];
-			as[k].n_prompt_token_ids = PROMPT;
+			as[k].prompt_token_ids_u32 = p32[i];
+			as[k].n_prompt_token_ids_u32 = PROMPT;
 			as[k].use_prefix_cache = true;
 			kvpool__v1__batch_call__init(&calls[k]);
 			calls[k].call_case = KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS;
