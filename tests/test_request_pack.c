@@ -379,12 +379,32 @@ other_requests_are_protobuf_c_bytes(void **state)
 	kvpc_plan_fini(&plan);
 }
 
+/* A prompt for a protobuf-c-packed call: narrowed only when every id fits 32 bits. */
+static void
+prompts_narrow_only_when_every_id_fits(void **state)
+{
+	int64_t v[4] = {0, 151642, 2147483648ll, 4294967295ll};
+	(void)state;
+	uint32_t *w = kvpc_prompt_u32(v, 4);
+	assert_non_null(w);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(w[i], (uint32_t)v[i]);
+	free(w);
+	v[2] = -1;
+	assert_null(kvpc_prompt_u32(v, 4));
+	v[2] = 4294967296ll;
+	assert_null(kvpc_prompt_u32(v, 4));
+	assert_null(kvpc_prompt_u32(v, 0));
+	assert_null(kvpc_prompt_u32(NULL, 4));
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(batches_are_protobuf_c_bytes),
 		cmocka_unit_test(other_requests_are_protobuf_c_bytes),
+		cmocka_unit_test(prompts_narrow_only_when_every_id_fits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -362,3 +362,14 @@ kvpc_plan_fini(struct kvpc_plan *plan)
 	plan->calls = NULL;
 	plan->cap = 0;
 }
+
+uint32_t *
+kvpc_prompt_u32(const int64_t *v, size_t n)
+{
+	uint32_t *w;
+	if (v == NULL || n == 0 || !fits_u32(v, n) || (w = malloc(n * sizeof(*w))) == NULL)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		w[i] = (uint32_t)v[i];
+	return w;
+}

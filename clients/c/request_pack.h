@@ -16,6 +16,7 @@
 #define KVPC_REQUEST_PACK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "kvpool.pb-c.h"
 
@@ -52,5 +53,13 @@ size_t kvpc_request_size(const Kvpool__V1__Request *rq, struct kvpc_plan *plan);
 size_t kvpc_request_pack(const Kvpool__V1__Request *rq, const struct kvpc_plan *plan,
                          uint8_t *buf);
 void kvpc_plan_fini(struct kvpc_plan *plan);
+
+/*
+ * A prompt narrowed to 32-bit ids (malloc'd; the caller frees), for a call
+ * packed by protobuf-c to a daemon with prompt_u32. NULL if an id lies
+ * outside [0, 2^32), n is 0, or memory is short: the prompt then goes as
+ * varints.
+ */
+uint32_t *kvpc_prompt_u32(const int64_t *v, size_t n);
 
 #endif /* KVPC_REQUEST_PACK_H */

@@ -37,7 +37,17 @@ kvp_client_allocate_slots(struct kvp_client *c, const struct kvp_client_slots *a
 		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
 		m.keys = &keys;
 	}
+	/* A daemon that reads 32-bit prompts gets one copied, not written id by id as varints. */
+	uint32_t *p32 = c->plan.prompt_u32 ? kvpc_prompt_u32(m.prompt_token_ids, m.n_prompt_token_ids)
+	                                   : NULL;
+	if (p32 != NULL) {
+		m.prompt_token_ids_u32 = p32;
+		m.n_prompt_token_ids_u32 = m.n_prompt_token_ids;
+		m.prompt_token_ids = NULL;
+		m.n_prompt_token_ids = 0;
+	}
 	KVP_CLIENT_CALL(c, allocate_slots, ALLOCATE_SLOTS, &m, r);
+	free(p32);
 	if (rv != KVP_OK)
 		return rv;
 	const Kvpool__V1__AllocateSlotsReply *s = r->allocate_slots;
