@@ -6,6 +6,9 @@
  *
  *   kvp-bench-client URL POOL stats N   N Stats calls
  *   kvp-bench-client URL POOL alloc N   N x (Allocate 16 + Free)
+ *   kvp-bench-client URL POOL prompt N  a prefill: AllocateSlots of an 8,192-token prompt
+ *                                       (a new request each time, its prefix cached after
+ *                                       the first) and FreeRequest, N pairs
  *   kvp-bench-client URL POOL step N    the step workload below, N steps
  *   kvp-bench-client URL POOL step-cold N   the same, walking a 4 MiB buffer
  *                                       before each call, as an interpreter's
@@ -180,8 +183,8 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 	int rv;
 
 	if (url == NULL || pool == NULL || mode == NULL || us == NULL || cpu_us == NULL || n <= 0 ||
-	    (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "step") &&
-	     strcmp(mode, "step-cold") && strcmp(mode, "step-gap"))) {
+	    (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "prompt") &&
+	     strcmp(mode, "step") && strcmp(mode, "step-cold") && strcmp(mode, "step-gap"))) {
 		fprintf(stderr, "kvp-bench-client: bad mode or count\n");
 		return 2;
 	}
@@ -209,6 +212,25 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 			if ((rv = kvp_client_allocate(c, 16, ids)) != KVP_OK ||
 			    (rv = kvp_client_free(c, ids, 16)) != KVP_OK)
 				err = die(c, "allocate+free", rv);
+		t1 = now();
+		c1 = cpu_now();
+	} else if (strcmp(mode, "prompt") == 0) {
+		/* A prefill as one AllocateSlots: the request's whole prompt, then FreeRequest. */
+		enum { LONG = 8192 };
+		static int64_t prompt[LONG];
+		static int32_t blocks[LONG / BS + 2];
+		struct kvp_client_slots_result res;
+		for (int i = 0; i < LONG; i++)
+			prompt[i] = (int64_t)((uint64_t)i * 2654435761u % 151643);
+		t0 = now();
+		c0 = cpu_now();
+		for (long i = 0; i < n && !err; i++) {
+			struct kvp_client_slots a = {.request_id = (uint64_t)i + 1, .prompt = prompt,
+			                             .num_prompt = LONG, .use_prefix_cache = true};
+			if ((rv = kvp_client_allocate_slots(c, &a, blocks, LONG / BS + 2, &res)) != KVP_OK ||
+			    (rv = kvp_client_free_request(c, (uint64_t)i + 1, false)) != KVP_OK)
+				err = die(c, "allocate_slots+free_request", rv);
+		}
 		t1 = now();
 		c1 = cpu_now();
 	} else {
@@ -265,7 +287,8 @@ main(int argc, char **argv)
 	double us, cpu;
 	int rv;
 	if (argc != 5) {
-		fprintf(stderr, "usage: kvp-bench-client URL POOL stats|alloc|step|step-cold N\n");
+		fprintf(stderr,
+		        "usage: kvp-bench-client URL POOL stats|alloc|prompt|step|step-cold|step-gap N\n");
 		return 2;
 	}
 	if ((rv = kvp_bench_client_run(argv[1], argv[2], argv[3], strtol(argv[4], NULL, 10), &us,
