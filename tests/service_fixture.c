@@ -90,3 +90,13 @@ wait_free(struct kvp_client *c, uint32_t want, struct kvp_client_stats *st)
 		assert_int_equal(kvp_client_stats(c, st), KVP_OK);
 	}
 }
+
+uint32_t
+tiny_free(struct kvp_client *c)
+{
+	struct kvp_client_stats st;
+	assert_int_equal(kvp_client_stats(c, &st), KVP_OK);
+	if (st.num_free < 3 || st.num_free > 7)
+		fail_msg("tiny pool has %u free blocks; the test needs 3 to 7", st.num_free);
+	return st.num_free;
+}

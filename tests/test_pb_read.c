@@ -294,8 +294,11 @@ every_varint_length_in_a_packed_run(void **state)
 	for (int shift = 0; shift < N; shift++) {
 		for (int i = 0; i < N; i++) {
 			int k = (i + shift) % 22; /* 0..9: 2^(7k) - 1 and 2^(7k); then the extremes */
-			if (k < 20)
-				v[i] = k / 2 == 9 ? INT64_MAX - k % 2 : (int64_t)((1ull << (7 * (k / 2 + 1))) - 1 + (uint64_t)(k % 2));
+			int bits = 7 * (k / 2 + 1); /* below 64 for k < 18 */
+			if (k < 18)
+				v[i] = (int64_t)((1ull << bits) - 1 + (uint64_t)(k % 2));
+			else if (k < 20)
+				v[i] = INT64_MAX - k % 2;
 			else
 				v[i] = k == 20 ? -1 : INT64_MIN;
 			w[i] = (int32_t)v[i];
