@@ -266,8 +266,7 @@ as_sent(const Kvpool__V1__Request *rq, const struct kvpc_plan *plan, Kvpool__V1_
 		const Kvpool__V1__BatchCall *c = rq->batch->calls[i];
 		ptrs[i] = (Kvpool__V1__BatchCall *)c;
 		if (c->call_case != KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS ||
-		    c->allocate_slots == NULL || c->allocate_slots->keys != NULL ||
-		    c->allocate_slots->n_prompt_token_ids == 0)
+		    c->allocate_slots == NULL || c->allocate_slots->n_prompt_token_ids == 0)
 			continue;
 		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
 		bool fits = true;
@@ -320,8 +319,20 @@ batches_are_protobuf_c_bytes(void **state)
 	(void)state;
 	static struct req r;
 	struct kvpc_plan plan = {0};
+	static Kvpool__V1__MmFeature mm[2], *mmp[2] = {&mm[0], &mm[1]};
 	kvpool__v1__request_keys__init(&r.keys);
 	r.keys.cache_salt = "salt";
+	r.keys.lora_name = "adapter-7";
+	r.keys.has_lora_id = 1;
+	r.keys.lora_id = 7;
+	for (int i = 0; i < 2; i++) {
+		kvpool__v1__mm_feature__init(&mm[i]);
+		mm[i].identifier = i ? "image-b" : "image-a";
+		mm[i].offset = 16 * i + 3;
+		mm[i].length = 300;
+	}
+	r.keys.mm = mmp;
+	r.keys.n_mm = 2;
 	for (size_t i = 0; i < sizeof(r.bytes); i++)
 		r.bytes[i] = (uint8_t)(i * 37);
 	int by_hand = 0;

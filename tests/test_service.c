@@ -308,6 +308,48 @@ test_service_batch_builder_runs_a_scheduler_step(void **state)
 	kvp_client_close(c);
 }
 
+/*
+ * A prompt with RequestKeys (LoRA, salt) in a Batch, written by the client's
+ * own packer with its prompt as 32-bit ids, is the prompt a lone call sends:
+ * it hits what that call cached, and the same tokens without the keys do not.
+ */
+static void
+test_service_keyed_prompts_in_a_batch_hit_as_alone(void **state)
+{
+	struct kvp_client *c = open_on(ipc_url, "secure", 0);
+	struct kvp_request_keys k = {.lora_name = "L", .cache_salt = "S"};
+	struct kvp_client_slots_result res;
+	struct kvp_batch_result br;
+	struct kvp_batch *b = NULL;
+	int32_t blocks[8];
+	int64_t prompt[12];
+	size_t run;
+
+	(void)state;
+	for (int i = 0; i < 12; i++)
+		prompt[i] = 3000000000ll + i; /* past 2^31: still 32-bit ids */
+	struct kvp_client_slots a = {.request_id = 21, .prompt = prompt, .num_prompt = 12,
+	                             .keys = &k, .use_prefix_cache = true};
+	assert_ok(kvp_client_allocate_slots(c, &a, blocks, 8, &res));
+	assert_int_equal(res.hit_tokens, 0);
+	assert_ok(kvp_batch_create(&b));
+	a.request_id = 22;
+	assert_ok(kvp_batch_allocate_slots(b, &a));
+	a.request_id = 23;
+	a.keys = NULL;
+	assert_ok(kvp_batch_allocate_slots(b, &a));
+	assert_ok(kvp_client_batch(c, b, &run));
+	assert_int_equal(run, 2);
+	assert_ok(kvp_batch_result(b, 0, &br));
+	assert_int_equal(br.slots.hit_tokens, 8); /* 11 tokens before the last: 2 blocks of 4 */
+	assert_ok(kvp_batch_result(b, 1, &br));
+	assert_int_equal(br.slots.hit_tokens, 0);
+	for (uint64_t r = 21; r <= 23; r++)
+		assert_ok(kvp_client_free_request(c, r, false));
+	kvp_batch_destroy(b);
+	kvp_client_close(c);
+}
+
 static void
 test_service_ownership_is_per_session(void **state)
 {
@@ -641,6 +683,7 @@ main(void)
 		cmocka_unit_test(test_service_no_daemon_is_unavailable_not_busy),
 		cmocka_unit_test(test_service_cache_from_parent_hash_matches_full_chain),
 		cmocka_unit_test(test_service_batch_builder_runs_a_scheduler_step),
+		cmocka_unit_test(test_service_keyed_prompts_in_a_batch_hit_as_alone),
 		cmocka_unit_test(test_service_ownership_is_per_session),
 		cmocka_unit_test(test_service_bad_calls_get_clear_statuses),
 		cmocka_unit_test(test_service_lease_expiry_releases_blocks),

@@ -77,6 +77,27 @@ put_bool(uint8_t *p, uint32_t field, protobuf_c_boolean v)
 	return kvp_pb_put_varint_field(p, field, v != 0);
 }
 
+/*
+ * A request's RequestKeys (LoRA, multimodal, salt), a small message packed
+ * by protobuf-c in its place: present whenever set, as protobuf-c has it.
+ * *len keeps its body's length for put_keys.
+ */
+static size_t
+keys_field(uint32_t field, const Kvpool__V1__RequestKeys *k, size_t *len)
+{
+	*len = k ? kvpool__v1__request_keys__get_packed_size(k) : 0;
+	return k ? kvp_pb_len_field(field, *len) : 0;
+}
+
+static uint8_t *
+put_keys(uint8_t *p, uint32_t field, const Kvpool__V1__RequestKeys *k, size_t len)
+{
+	if (k == NULL)
+		return p;
+	p = kvp_pb_put_len_head(p, field, len);
+	return p + kvpool__v1__request_keys__pack(k, p);
+}
+
 /* ---- one BatchCall ---- */
 
 /*
@@ -101,15 +122,14 @@ by_hand(const Kvpool__V1__BatchCall *c)
 		m = c->free;
 		break;
 	case KVPOOL__V1__BATCH_CALL__CALL_CACHE:
-		m = c->cache && c->cache->keys == NULL ? c->cache : NULL;
+		m = c->cache;
 		break;
 	case KVPOOL__V1__BATCH_CALL__CALL_LOOKUP:
-		m = c->lookup && c->lookup->keys == NULL ? c->lookup : NULL;
+		m = c->lookup;
 		break;
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS:
 		/* (a prompt already in 32-bit ids is protobuf-c's to write) */
-		m = c->allocate_slots && c->allocate_slots->keys == NULL &&
-		            c->allocate_slots->n_prompt_token_ids_u32 == 0
+		m = c->allocate_slots && c->allocate_slots->n_prompt_token_ids_u32 == 0
 		        ? c->allocate_slots
 		        : NULL;
 		break;
@@ -136,7 +156,8 @@ enum { F_PROMPT_U32 = 13 };
 /*
  * The request message's body length, its arrays' payloads kept in a. For
  * AllocateSlots, a[2] says whether its prompt goes as 32-bit ids (then
- * a[0] is that field's payload).
+ * a[0] is that field's payload); for Cache, Lookup and AllocateSlots, a[3]
+ * is their RequestKeys' body.
  */
 static size_t
 inner_len(const Kvpool__V1__BatchCall *c, size_t *a, int prompt_u32)
@@ -157,15 +178,16 @@ inner_len(const Kvpool__V1__BatchCall *c, size_t *a, int prompt_u32)
 		return kvp_pb_packed_len(1, a[0], m->n_block_ids) + kvp_pb_varint_field(2, m->num_cached_blocks) +
 		       kvp_pb_varint_field(3, m->num_full_blocks) + kvp_pb_varint_field(4, m->group_id) +
 		       kvp_pb_varint_field(5, m->block_size) + bytes_field(6, &m->block_hashes) +
-		       kvp_pb_packed_len(7, a[1], m->n_token_ids) + bytes_field(9, &m->block_mask) +
-		       bytes_field(10, &m->parent_hash);
+		       kvp_pb_packed_len(7, a[1], m->n_token_ids) + keys_field(8, m->keys, &a[3]) +
+		       bytes_field(9, &m->block_mask) + bytes_field(10, &m->parent_hash);
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_LOOKUP: {
 		const Kvpool__V1__LookupRequest *m = c->lookup;
 		a[0] = i64s_len(m->token_ids, m->n_token_ids);
 		a[1] = kvp_pb_u32s_len(m->group_ids, m->n_group_ids);
 		return bytes_field(1, &m->block_hashes) + kvp_pb_packed_len(2, a[0], m->n_token_ids) +
-		       kvp_pb_packed_len(4, a[1], m->n_group_ids) + kvp_pb_varint_field(5, m->block_size);
+		       keys_field(3, m->keys, &a[3]) + kvp_pb_packed_len(4, a[1], m->n_group_ids) +
+		       kvp_pb_varint_field(5, m->block_size);
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_ALLOCATE_SLOTS: {
 		const Kvpool__V1__AllocateSlotsRequest *m = c->allocate_slots;
@@ -175,7 +197,7 @@ inner_len(const Kvpool__V1__BatchCall *c, size_t *a, int prompt_u32)
 		a[1] = i64s_len(m->new_token_ids, m->n_new_token_ids);
 		return kvp_pb_varint_field(1, m->request_id) +
 		       kvp_pb_packed_len(a[2] ? F_PROMPT_U32 : 2, a[0], np) +
-		       kvp_pb_packed_len(4, a[1], m->n_new_token_ids) +
+		       keys_field(3, m->keys, &a[3]) + kvp_pb_packed_len(4, a[1], m->n_new_token_ids) +
 		       kvp_pb_varint_field(5, m->num_new_tokens) +
 		       kvp_pb_varint_field(6, m->num_lookahead_tokens) +
 		       bool_field(7, m->use_prefix_cache) + bool_field(8, m->delay_cache_blocks) +
@@ -226,6 +248,7 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		p = kvp_pb_put_varint_field(p, 5, m->block_size);
 		p = put_bytes(p, 6, &m->block_hashes);
 		p = put_i64s(p, 7, m->token_ids, m->n_token_ids, a[1]);
+		p = put_keys(p, 8, m->keys, a[3]);
 		p = put_bytes(p, 9, &m->block_mask);
 		return put_bytes(p, 10, &m->parent_hash);
 	}
@@ -233,6 +256,7 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		const Kvpool__V1__LookupRequest *m = c->lookup;
 		p = put_bytes(p, 1, &m->block_hashes);
 		p = put_i64s(p, 2, m->token_ids, m->n_token_ids, a[0]);
+		p = put_keys(p, 3, m->keys, a[3]);
 		p = kvp_pb_put_u32s(p, 4, m->group_ids, m->n_group_ids, a[1]);
 		return kvp_pb_put_varint_field(p, 5, m->block_size);
 	}
@@ -241,6 +265,7 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		p = kvp_pb_put_varint_field(p, 1, m->request_id);
 		if (!a[2])
 			p = put_i64s(p, 2, m->prompt_token_ids, m->n_prompt_token_ids, a[0]);
+		p = put_keys(p, 3, m->keys, a[3]);
 		p = put_i64s(p, 4, m->new_token_ids, m->n_new_token_ids, a[1]);
 		p = kvp_pb_put_varint_field(p, 5, m->num_new_tokens);
 		p = kvp_pb_put_varint_field(p, 6, m->num_lookahead_tokens);

@@ -6,8 +6,9 @@
  * prompts) its packer was 85% of the client's instructions in
  * kvp_client_batch. The calls a scheduler batches (Allocate, Touch, Free,
  * Cache, Lookup, AllocateSlots, FreeRequest, GetComputedBlocks, slots
- * runs; without RequestKeys) are written here; any other call is packed
- * by protobuf-c in its place, and any other request wholly by protobuf-c.
+ * runs) are written here, a RequestKeys among them packed by protobuf-c in
+ * its place; any other call is packed by protobuf-c in its place, and any
+ * other request wholly by protobuf-c.
  * The bytes are protobuf-c's own for the same message (with a prompt
  * moved to its 32-bit field under kvpc_plan.prompt_u32;
  * tests/test_request_pack.c compares them).
