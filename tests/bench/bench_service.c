@@ -7,11 +7,15 @@
  * in this process and a raw round trip carrying its Batch's bytes out and
  * its reply's bytes back: the two costs a remote Batch cannot avoid.
  *
- * usage: kvp-bench-service [--quick | --only-batch[=CLIENTS] | --only-core] [PATH_TO_KVPOOLD]
+ * usage: kvp-bench-service [--quick | --only-batch[=CLIENTS] | --only-core] [--pin C,D]
+ *                          [PATH_TO_KVPOOLD]
  *   --only-batch  the batched cycle alone over ipc://, 3 s, for a profiler,
  *                 from 1 client (or CLIENTS, 1 to 8)
  *   --only-core   the batched cycle handed to the daemon's handler in this
  *                 process (no daemon, no sockets), beside engine loop (b)
+ *   --pin C,D     this process (its clients, its in-process echo, engine
+ *                 loop (b)) on CPU C, kvpoold on CPU D, as kvp-bench-step --pin
+ *                 places them; the raw rows' echo stays in this process
  * Starts its own kvpoold (fork+exec before touching nng) on ipc:// and
  * tcp://127.0.0.1, with a 100,000-block pool of block size 16.
  */
@@ -30,6 +34,7 @@
 
 #include "../spawn.h"
 #include "bench_cycle_b.h"
+#include "bench_raw.h"
 #include "bench_cycle_batch.h"
 #include "bench_util.h"
 #include <unistd.h>
@@ -483,10 +488,17 @@ int
 main(int argc, char **argv)
 {
 	const char *daemon = KVPOOLD_PATH;
-	int only_batch = 0, only_core = 0;
-	const char *usage = "[--quick | --only-batch[=CLIENTS] | --only-core] [KVPOOLD]";
+	int only_batch = 0, only_core = 0, pin[2] = {-1, -1};
+	const char *usage = "[--quick | --only-batch[=CLIENTS] | --only-core] [--pin C,D] [KVPOOLD]";
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--quick") == 0)
+		if (strcmp(argv[i], "--pin") == 0) {
+			if (i + 1 >= argc || sscanf(argv[i + 1], "%d,%d", &pin[0], &pin[1]) != 2 ||
+			    pin[0] < 0 || pin[1] < 0 || pin[0] >= 1024 || pin[1] >= 1024) {
+				fprintf(stderr, "usage: kvp-bench-service %s\n", usage);
+				return 2;
+			}
+			i++;
+		} else if (strcmp(argv[i], "--quick") == 0)
 			seconds = 0.2;
 		else if (strcmp(argv[i], "--only-batch") == 0)
 			only_batch = 1, seconds = 3.0; /* one row, for a profiler */
@@ -497,6 +509,11 @@ main(int argc, char **argv)
 			only_core = 1;
 		else
 			daemon = bench_daemon_arg("kvp-bench-service", usage, argv[i]);
+	}
+	/* Before any thread: nng's and the clients' inherit the CPU. */
+	if (pin[0] >= 0 && bench_pin_self(pin[0]) != 0) {
+		fprintf(stderr, "kvp-bench-service: cannot run on CPU %d\n", pin[0]);
+		return 1;
 	}
 	if (only_core) { /* no daemon, no sockets: the engine and the handler, in process */
 		long cycles = 0;
@@ -515,11 +532,13 @@ main(int argc, char **argv)
 	snprintf(echo_tcp, sizeof(echo_tcp), "tcp://127.0.0.1:%d", bench_tcp_port(1));
 
 	/* fork+exec before the first nng call: nng is not fork-safe. */
-	const char *dargv[] = {daemon, "--quiet", "--rpc", ipc_url, "--rpc", tcp_url, "--admin",
-	                       "none", "--events", "none", "--pool",
+	char cpu[16];
+	snprintf(cpu, sizeof(cpu), "%d", pin[1]);
+	const char *dargv[] = {"/usr/bin/taskset", "-c", cpu, daemon, "--quiet", "--rpc", ipc_url,
+	                       "--rpc", tcp_url, "--admin", "none", "--events", "none", "--pool",
 	                       "name=bench,blocks=100000,block_size=16", "--contexts", "8",
 	                       "--lease-ms", "60000", NULL};
-	pid_t child = kvp_spawn(dargv, NULL);
+	pid_t child = kvp_spawn(pin[1] >= 0 ? dargv : dargv + 3, NULL);
 	daemon_pid = child;
 	if (echo_start() != 0) {
 		fprintf(stderr, "bench: cannot start the echo server\n");
@@ -529,7 +548,12 @@ main(int argc, char **argv)
 	nanosleep(&(struct timespec){0, 300000000}, NULL);
 
 	printf("kvp-bench-service: %.1f s per row; pool of 100,000 blocks, block size 16; "
-	       "latency per round trip\n\n", seconds);
+	       "latency per round trip\n", seconds);
+	if (pin[0] >= 0)
+		printf("placed: this process (clients, echo, engine) on CPU %d, kvpoold on CPU %d; "
+		       "the raw rows' echo shares the clients' CPU, so placed they are no floor\n",
+		       pin[0], pin[1]);
+	printf("\n");
 	double eng_b = engine_b_rate(seconds);
 	long core_cycles = 0;
 	double core = core_b_rate(seconds, &core_cycles);
