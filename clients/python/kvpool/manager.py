@@ -63,6 +63,7 @@ class RemoteKVCacheManager(_Remote):
         self._plain = all(g["kind"] == "full_attention" for g in self.groups)
         self._reqs = {}
         self._next_id = 1
+        self._spare = None  # a closed Step's Batch, cleared, for the next Step
 
     # ---- vLLM's entry points ----
     @property
@@ -360,7 +361,11 @@ class Step:
 
     def __init__(self, mgr):
         self._mgr = mgr
-        self._batch = mgr.client.batch(keep_going=True, borrow=True)
+        # A scheduler opens a Step per step: the last one's Batch (and the C
+        # memory it grew) is reused rather than created again.
+        self._batch, mgr._spare = mgr._spare, None
+        if self._batch is None:
+            self._batch = mgr.client.batch(keep_going=True, borrow=True)
         self._ops = []      # ("slots", ...), ("free", req), ("noop",) or a _Run
         self._run = None    # the open _Run, if the last call was decode-shaped
         self._count = 0
@@ -389,12 +394,13 @@ class Step:
             self._queued.add(rid)
             self._count += 1
             return self._count - 1
+        batch = self._live()
         kw, req = self._mgr._slots_call(request, num_new_tokens, num_new_computed_tokens,
                                         num_lookahead_tokens, num_external_computed_tokens,
                                         delay_cache_blocks, num_encoder_tokens,
                                         full_sequence_must_fit)
         self._close_run()
-        self._batch.allocate_slots(req.wire_id, **kw)
+        batch.allocate_slots(req.wire_id, **kw)
         self._ops.append(("slots", request, req, kw, num_new_computed_tokens,
                           new_computed_blocks))
         self._queued.add(rid)
@@ -402,6 +408,7 @@ class Step:
         return self._count - 1
 
     def free(self, request):
+        self._live()
         self._close_run()
         self._queued.discard(request.request_id)
         req = self._mgr._reqs.pop(request.request_id, None)
@@ -413,6 +420,11 @@ class Step:
         self._count += 1
         return self._count - 1
 
+    def _live(self):
+        if self._batch is None:
+            raise ValueError("kvpool: this Step is closed")
+        return self._batch
+
     def _close_run(self):
         if self._run is not None:
             self._run.add_to(self._batch)
@@ -420,8 +432,8 @@ class Step:
 
     def commit(self):
         """Sends the step; one result per queued call, in order."""
+        batch = self._live()
         self._close_run()
-        batch = self._batch
         if len(batch):
             batch._transmit()
         out = []
@@ -521,7 +533,18 @@ class Step:
             raise err
 
     def close(self):
-        self._batch.close()
+        """Ends the Step; calls queued and not committed are dropped."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return
+        batch.clear()
+        self._ops.clear()
+        self._queued.clear()
+        self._run = None
+        if self._mgr._spare is None:
+            self._mgr._spare = batch
+        else:
+            batch.close()
 
     def __enter__(self):
         return self

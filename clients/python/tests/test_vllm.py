@@ -390,6 +390,46 @@ def test_step_takes_one_allocate_slots_per_request(xpools):
     c.close()
 
 
+def test_steps_reuse_one_batch_and_a_closed_step_refuses(xpools):
+    """A Step takes the Batch a closed Step left (cleared: a call queued
+    and not committed is dropped, not sent with the next step); two Steps
+    open at once each have their own, and one Batch is kept when both
+    close; a closed Step refuses."""
+    url, ev = xpools
+    c = kvpool.Client(url, pool="q1")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    a, b = Req("a", range(4), hasher=h), Req("b", range(100, 104), hasher=h)
+    with m.step() as s:
+        first = s._batch
+        s.allocate_slots(a, 4)
+        (got_a,) = s.commit()[0].get_block_ids()
+    assert len(got_a) == 1
+    free = c.stats()["num_free"]
+    with m.step() as s, m.step() as t:
+        assert s._batch is first and t._batch is not first
+        second = t._batch
+        a.all_token_ids.append(4)
+        t.allocate_slots(a, 1)  # never committed
+    # t closed first and left its Batch; s's, one too many, was closed.
+    assert first._b is None
+    with m.step() as s:
+        assert s._batch is second and len(s._batch) == 0
+        s.allocate_slots(b, 4)
+        assert [len(g.get_block_ids()[0]) for g in s.commit()] == [1]
+    assert m.get_block_ids("a") == (got_a,)  # the dropped call changed nothing
+    assert c.stats()["num_free"] == free - 1
+    for call in (lambda: s.free(a), lambda: s.allocate_slots(Req("n", range(4), hasher=h), 4),
+                 s.commit):
+        with pytest.raises(ValueError, match="Step is closed"):
+            call()
+    assert m.get_block_ids("n") == ([],)
+    m.free(a)
+    m.free(b)
+    assert c.stats()["num_free"] == free + 1
+    c.close()
+
+
 @pytest.mark.parametrize("pool,step", [("x1", False), ("x2", True)])
 def test_external_tokens_as_a_kv_connector_passes_them(xpools, pool, step):
     """vLLM's num_external_computed_tokens: the connector's 12 tokens get
