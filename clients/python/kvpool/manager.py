@@ -355,6 +355,11 @@ class Step:
     read back with one C call each, so a step of a few hundred decodes
     costs Python little beside the round trip.
 
+    Open one per scheduler step (`with mgr.step() as s:`): closing it
+    keeps its Batch, cleared, for the manager's next Step, so a step does
+    not create one. Calls queued and not committed are dropped at close,
+    and a closed Step refuses calls (ValueError).
+
     Differs from calling the manager directly in one way that a network
     imposes: the results come back together, so a scheduler decides on
     preemption after the step rather than between its calls."""
