@@ -391,6 +391,7 @@ class Step:
                 or num_external_computed_tokens or full_sequence_must_fit):
             run = self._run
             if run is None:
+                self._live()  # once per run: a closed Step has none
                 run = self._run = _Run()
                 self._ops.append(run)
             run.requests.append(request)

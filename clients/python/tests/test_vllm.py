@@ -419,8 +419,9 @@ def test_steps_reuse_one_batch_and_a_closed_step_refuses(xpools):
         assert [len(g.get_block_ids()[0]) for g in s.commit()] == [1]
     assert m.get_block_ids("a") == (got_a,)  # the dropped call changed nothing
     assert c.stats()["num_free"] == free - 1
+    a.all_token_ids.append(5)  # a decode-shaped call, refused as the others
     for call in (lambda: s.free(a), lambda: s.allocate_slots(Req("n", range(4), hasher=h), 4),
-                 s.commit):
+                 lambda: s.allocate_slots(a, 1), s.commit):
         with pytest.raises(ValueError, match="Step is closed"):
             call()
     assert m.get_block_ids("n") == ([],)
