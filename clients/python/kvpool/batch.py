@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from . import _lib as L
 from .client import SlotsResult, _hashes, _ids, _keys, _raise, _tokens
-from .errors import BY_STATUS, KvpoolError
+from .errors import BY_STATUS, KvpoolError, NotSupported
 
 
 @dataclass
@@ -185,6 +185,26 @@ class Batch:
         first = len(self._kinds)
         self._kinds.extend(["allocate_slots"] * n)
         return first
+
+    def _add_lookup_hashes(self, block_hashes, block_size, hash_len):
+        """A Lookup of block_hashes (each hash_len bytes) in group 0 with
+        block_size, for the manager's prefetch: no keys, no group list."""
+        hs, nh = _hashes(block_hashes, hash_len)
+        g0 = (c_uint32 * 1)(0)
+        q = L.Lookup(hs, nh, None, 0, None, g0, 1, block_size, hash_len)
+        return self._add("lookup", L.kvp_batch_lookup(self._b, byref(q)), hs, g0, q)
+
+    def _lookup_result(self, i):
+        """Lookup call i's (None, hit ids, their ref counts), or (its error, None, None)."""
+        r, ref = self._res
+        L.kvp_batch_result(self._b, i, ref)
+        if r.status != 0:
+            return self._result(i).error, None, None
+        n = r.num_block_ids
+        if n and not r.ref_cnts:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                               "the daemon's Lookup reply has no ref counts (it predates them)")
+        return None, r.block_ids[:n] if n else [], r.ref_cnts[:n] if n else []
 
     def _error(self, i):
         """Call i's error (a KvpoolError), or None if it succeeded; the

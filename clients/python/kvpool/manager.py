@@ -64,6 +64,7 @@ class RemoteKVCacheManager(_Remote):
         self._reqs = {}
         self._next_id = 1
         self._spare = None  # a closed Step's Batch, cleared, for the next Step
+        self._prefetched = {}  # request_id -> (fine hashes, ids, ref counts)
 
     # ---- vLLM's entry points ----
     @property
@@ -77,20 +78,30 @@ class RemoteKVCacheManager(_Remote):
         found = self._computed(request)
         return found + (0,) if self._triple else found
 
-    def _computed(self, request):
+    def _fine(self, request):
+        """The hashes get_computed_blocks looks up (vLLM's: the last token is
+        always recomputed), or None where it looks nothing up."""
         if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
-            return self.empty_kv_cache_blocks, 0
+            return None
         if len(self.groups) != 1 or self.groups[0]["kind"] != "full_attention":
             raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
                                "get_computed_blocks on a hybrid or non-full-attention pool: use "
                                "Client.allocate_slots(use_prefix_cache=True), which takes vLLM's "
                                "exact hit in the daemon")
         bs = self.groups[0]["block_size"]
-        k = bs // self.hash_block_size
-        fine = request.block_hashes[:(request.num_tokens - 1) // bs * k]
+        return request.block_hashes[:(request.num_tokens - 1) // bs * (bs // self.hash_block_size)]
+
+    def _computed(self, request):
+        fine = self._fine(request)
         if not fine:
             return self.empty_kv_cache_blocks, 0
-        ids, refs = self.client._lookup1(fine, bs)
+        bs = self.groups[0]["block_size"]
+        k = bs // self.hash_block_size
+        pre = self._prefetched.pop(request.request_id, None) if self._prefetched else None
+        if pre is not None and pre[0] == fine:
+            ids, refs = pre[1], pre[2]
+        else:
+            ids, refs = self.client._lookup1(fine, bs)
         blocks, get = [], self._blocks.get
         for j, i in enumerate(ids):
             b = get(i) or self._block(i)
@@ -101,12 +112,58 @@ class RemoteKVCacheManager(_Remote):
             blocks.append(b)
         return KVCacheBlocks((blocks,)), len(blocks) * bs
 
+    def prefetch_computed_blocks(self, requests):
+        """Looks up the prefix hits of several requests in one round trip (a
+        Batch of Lookups), so that the next get_computed_blocks of each
+        answers from it without a call of its own. Not in vLLM's manager:
+        a scheduler calls it once per step with the requests it may admit,
+        before its loop over them. Returns how many it looked up.
+
+        The answers are what the pool held at this call, as separate calls
+        made now would have found. This manager's next allocate_slots,
+        free, reset_prefix_cache or Step commit drops the ones not yet
+        used (they may be stale after it); a later call on the requests'
+        tokens, if they changed, looks up again. A hit that went stale
+        anyway (another session evicted it) makes allocate_slots return
+        None, as always, and the scheduler retries."""
+        self._prefetched = {}
+        todo = []
+        for request in requests:
+            fine = self._fine(request)
+            if fine:
+                todo.append((request.request_id, fine))
+        if not todo:
+            return 0
+        bs, hl = self.groups[0]["block_size"], self.client.info["hash_len"]
+        batch, self._spare = self._spare, None
+        if batch is None:
+            batch = self.client.batch(keep_going=True, borrow=True)
+        try:
+            for _, fine in todo:
+                batch._add_lookup_hashes(fine, bs, hl)
+            batch._transmit()
+            got = {}
+            for i, (rid, fine) in enumerate(todo):
+                err, ids, refs = batch._lookup_result(i)
+                if err is not None:
+                    raise err
+                got[rid] = (fine, ids, refs)
+            self._prefetched = got
+        finally:
+            batch.clear()
+            if self._spare is None:
+                self._spare = batch
+            else:
+                batch.close()
+        return len(todo)
+
     def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
                        new_computed_blocks=None, num_lookahead_tokens=0,
                        num_external_computed_tokens=0, delay_cache_blocks=False,
                        num_encoder_tokens=0, full_sequence_must_fit=False):
         """The new blocks per group (KVCacheBlocks), or None when the request
         does not fit (nothing changed)."""
+        self._prefetched = {}
         kw, req = self._slots_call(request, num_new_tokens, num_new_computed_tokens,
                                    num_lookahead_tokens, num_external_computed_tokens,
                                    delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit)
@@ -120,6 +177,7 @@ class RemoteKVCacheManager(_Remote):
 
     def free(self, request):
         """Frees the request's blocks (tail first) and forgets it."""
+        self._prefetched = {}
         req = self._reqs.pop(request.request_id, None)
         if req is not None and req.sent:
             self.client.free_request(req.wire_id)
@@ -139,6 +197,10 @@ class RemoteKVCacheManager(_Remote):
         req = self._reqs.get(request_id)
         return KVCacheBlocks(tuple(list(g) for g in req.blocks)) if req else \
             self.empty_kv_cache_blocks
+
+    def reset_prefix_cache(self):
+        self._prefetched = {}
+        return super().reset_prefix_cache()
 
     def take_events(self):
         """The pool's events since the last call, BlockStored annotated with
@@ -439,6 +501,7 @@ class Step:
     def commit(self):
         """Sends the step; one result per queued call, in order."""
         batch = self._live()
+        self._mgr._prefetched = {}
         self._close_run()
         if len(batch):
             batch._transmit()

@@ -353,6 +353,7 @@ def xpools(tmp_path_factory):
         args += ["--pool", f"name={name},blocks=64,seed=0,executor=none,"
                            f"groups=full:4+mamba:4:{mode}"]
     args += ["--pool", "name=q1,blocks=8,block_size=4,seed=0,executor=none"]
+    args += ["--pool", "name=pf,blocks=16,block_size=4,seed=0,executor=none"]
     proc, url, ev = start(tmp_path_factory.mktemp("kvpoold-ext"), *args, pool="x1")
     yield url, ev
     stop(proc)
@@ -388,6 +389,57 @@ def test_step_takes_one_allocate_slots_per_request(xpools):
     m.free(r)
     assert c.stats()["num_free"] == 7
     c.close()
+
+
+def test_prefetched_hits_are_the_lookups_and_go_stale_on_change(xpools, monkeypatch):
+    """prefetch_computed_blocks looks up several requests in one round trip;
+    get_computed_blocks then answers each from it, with what a call of its
+    own would have returned, and without one. A changed request looks up
+    again; the manager's next change to the pool drops what is left."""
+    url, ev = xpools
+    c = kvpool.Client(url, pool="pf")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    owner = Req("o", range(9), hasher=h)
+    m.allocate_slots(owner, 9)  # caches blocks of tokens 0-3 and 4-7
+    shares = lambda rid: Req(rid, list(range(8)) + [100 + len(rid)], hasher=h)  # noqa: E731
+    b, d, e = shares("b"), shares("dd"), shares("eee")
+    alone = Req("c", range(50, 59), hasher=h)
+    tiny = Req("t", range(3), hasher=h)  # under a block: nothing to look up
+    direct = {r.request_id: m.get_computed_blocks(r) for r in (b, alone)}
+    sent = []
+    real = c._lookup1
+    monkeypatch.setattr(c, "_lookup1", lambda *a: sent.append(a) or real(*a))
+    assert m.prefetch_computed_blocks([b, alone, tiny, d, e]) == 4
+    for r in (b, alone):
+        blocks, hit = m.get_computed_blocks(r)
+        want_blocks, want_hit = direct[r.request_id]
+        assert hit == want_hit and blocks.get_block_ids() == want_blocks.get_block_ids()
+        assert [x.ref_cnt for x in blocks.blocks[0]] == [1] * (hit // 4)  # the owner's
+    assert direct["b"][1] == 8 and direct["c"][1] == 0 and sent == []
+    assert m.get_computed_blocks(tiny)[1] == 0 and sent == []
+    assert m.get_computed_blocks(b)[1] == 8 and len(sent) == 1  # used once, then a call
+    d.all_token_ids[5] = 999  # the request changed: its hashes no longer match
+    d.block_hashes = h.hash_request(d.all_token_ids, 4)
+    assert m.get_computed_blocks(d)[1] == 4 and len(sent) == 2
+    with m.step() as s:  # a Step's commit drops the rest (e's)
+        s.allocate_slots(b, 1, 8, m.get_computed_blocks(b)[0])
+        s.commit()
+    assert len(sent) == 3
+    assert m.get_computed_blocks(e)[1] == 8 and len(sent) == 4
+    m.prefetch_computed_blocks([e])
+    m.free(b)  # so does any direct change
+    assert m.get_computed_blocks(e)[1] == 8 and len(sent) == 5
+    m.prefetch_computed_blocks([e])
+    assert m.prefetch_computed_blocks([]) == 0  # a new prefetch replaces the last
+    assert m.get_computed_blocks(e)[1] == 8 and len(sent) == 6
+    m.free(owner)
+    assert c.stats()["num_free"] == 16 - 1
+    c.close()
+    hybrid = kvpool.Client(url, pool="x1")  # as get_computed_blocks there
+    with pytest.raises(kvpool.NotSupported, match="hybrid"):
+        RemoteKVCacheManager(hybrid).prefetch_computed_blocks([b])
+    hybrid.close()
 
 
 def test_steps_reuse_one_batch_and_a_closed_step_refuses(xpools):
