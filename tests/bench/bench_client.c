@@ -17,6 +17,10 @@
  *   kvp-bench-client URL POOL step-gap N    the same, busy for KVP_BENCH_GAP_US
  *                                       (350) µs before each call, as a
  *                                       client working between calls is
+ *   kvp-bench-client URL POOL step-prefetch N   the same, the 8 Lookups as one
+ *                                       Batch (RemoteKVCacheManager's
+ *                                       prefetch_computed_blocks): two round
+ *                                       trips a step
  *
  * Prints "MODE US_PER_OP CPU_US_PER_OP" (wall time, and the process's CPU
  * time over all its threads, nng's included). Built also as a module
@@ -84,6 +88,8 @@ static uint8_t *cold;
 /* step-gap: spin this long before each call (KVP_BENCH_GAP_US, default 350:
  * about what the Python step spends between its Batch and its next Lookup) */
 static double gap_s;
+/* step-prefetch: the step's Lookups go as one Batch before its calls' Batch */
+static bool prefetch;
 
 static void
 disturb(void)
@@ -113,17 +119,39 @@ step(struct kvp_client *c, struct kvp_batch *b, struct req *reqs, uint64_t *firs
 	uint32_t hit[64];
 	int rv;
 
+	if (prefetch)
+		kvp_batch_clear(b);
 	for (int k = 0; k < admit; k++) {
 		struct req *q = &reqs[*next + (uint64_t)k];
 		/* vLLM's get_computed_blocks: at most (160 - 1) / 16 blocks. */
 		size_t n = (PROMPT - 1) / BS < q->nh ? (PROMPT - 1) / BS : q->nh;
 		struct kvp_client_lookup l = {.hashes = q->hashes, .num_hashes = n};
+		if (prefetch) {
+			if ((rv = kvp_batch_lookup(b, &l)) != KVP_OK)
+				return die(c, "lookup", rv);
+			continue;
+		}
 		disturb();
 		double t = now();
 		if ((rv = kvp_client_lookup_refs(c, &l, ids, refs, MAXB, &nb, &ht)) != KVP_OK)
 			return die(c, "lookup", rv);
 		lookup_s += now() - t;
 		hit[k] = ht;
+	}
+	if (prefetch && admit > 0) {
+		size_t ran;
+		disturb();
+		double t = now();
+		rv = kvp_client_batch(c, b, &ran);
+		lookup_s += now() - t;
+		if (rv != KVP_OK)
+			return die(c, "lookup batch", rv);
+		for (int k = 0; k < admit; k++) {
+			struct kvp_batch_result r;
+			if ((rv = kvp_batch_result(b, (size_t)k, &r)) != KVP_OK || r.status != KVP_OK)
+				return die(c, "lookup result", rv != KVP_OK ? rv : r.status);
+			hit[k] = r.slots.hit_tokens;
+		}
 	}
 	kvp_batch_clear(b);
 	for (int k = 0; k < finish; k++)
@@ -184,7 +212,8 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 
 	if (url == NULL || pool == NULL || mode == NULL || us == NULL || cpu_us == NULL || n <= 0 ||
 	    (strcmp(mode, "stats") && strcmp(mode, "alloc") && strcmp(mode, "prompt") &&
-	     strcmp(mode, "step") && strcmp(mode, "step-cold") && strcmp(mode, "step-gap"))) {
+	     strcmp(mode, "step") && strcmp(mode, "step-cold") && strcmp(mode, "step-gap") &&
+	     strcmp(mode, "step-prefetch"))) {
 		fprintf(stderr, "kvp-bench-client: bad mode or count\n");
 		return 2;
 	}
@@ -236,6 +265,7 @@ kvp_bench_client_run(const char *url, const char *pool, const char *mode, long n
 	} else {
 		const char *gap = getenv("KVP_BENCH_GAP_US");
 		gap_s = strcmp(mode, "step-gap") == 0 ? (gap ? atof(gap) : 350) * 1e-6 : 0;
+		prefetch = strcmp(mode, "step-prefetch") == 0;
 		if (strcmp(mode, "step-cold") == 0 && (cold = calloc(1, COLD_BYTES)) == NULL) {
 			kvp_client_close(c);
 			return 1;
@@ -288,7 +318,8 @@ main(int argc, char **argv)
 	int rv;
 	if (argc != 5) {
 		fprintf(stderr,
-		        "usage: kvp-bench-client URL POOL stats|alloc|prompt|step|step-cold|step-gap N\n");
+		        "usage: kvp-bench-client URL POOL stats|alloc|prompt|step|step-cold|step-gap|"
+		        "step-prefetch N\n");
 		return 2;
 	}
 	if ((rv = kvp_bench_client_run(argv[1], argv[2], argv[3], strtol(argv[4], NULL, 10), &us,

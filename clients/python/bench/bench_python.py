@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Python package's cost beside the C client's, in one run.
 
-    python3 clients/python/bench/bench_python.py [--rounds 5] [BUILD_DIR]
+    python3 clients/python/bench/bench_python.py [--rounds 5] [--prefetch] [BUILD_DIR]
 
 Starts one kvpoold (BUILD_DIR/service/kvpoold) on ipc://, then for each
 round runs, interleaved and in this one process: the C client
@@ -13,7 +13,10 @@ describes (256 running requests; 8 finish, 248 decode, 8 arrive with a
 Lookup each for their prefix hit, as one Batch; the C client adds the
 decodes with one kvp_batch_allocate_slots_n), here through
 kvpool.vllm.RemoteKVCacheManager's step mode. Each run gets its own fresh
-pool. Prints medians over the rounds and the ratios Python / C, of wall
+pool. With --prefetch, each round also runs the step with the 8 arrivals'
+Lookups sent as one Batch before it (RemoteKVCacheManager's
+prefetch_computed_blocks; kvp-bench-client's step-prefetch), two round
+trips a step. Prints medians over the rounds and the ratios Python / C, of wall
 time and of the client process's CPU time (every thread, nng's included):
 the added CPU is what Python itself costs, free of the scheduling noise
 that a round trip on a small machine carries."""
@@ -52,10 +55,14 @@ class Req:
         return len(self.all_token_ids)
 
 
-def py_step(m, reqs, running, nxt, admit, finish, mark=None):
+def py_step(m, reqs, running, nxt, admit, finish, mark=None, prefetch=False):
     """bench_client.c's step through RemoteKVCacheManager (get_computed_blocks,
-    then one Step). mark(phase), if given, is called as each phase ends."""
+    then one Step). mark(phase), if given, is called as each phase ends.
+    prefetch: the arrivals' hits are looked up first in one round trip
+    (prefetch_computed_blocks, as kvp-bench-client's step-prefetch)."""
     mark = mark or (lambda phase: None)
+    if prefetch:
+        m.prefetch_computed_blocks(reqs[nxt:nxt + admit])
     hits = []
     for k in range(admit):
         hits.append(m.get_computed_blocks(reqs[nxt + k]))
@@ -180,7 +187,8 @@ def py_run(kvpool, url, pool, mode, n):
             t0, c0 = time.perf_counter(), time.process_time()
             try:
                 for _ in range(n):
-                    nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER)
+                    nxt = py_step(m, reqs, running, nxt, TURNOVER, TURNOVER,
+                                  prefetch=mode == "step-prefetch")
             finally:
                 undo()
         return ((time.perf_counter() - t0) / n * 1e6, (time.process_time() - c0) / n * 1e6,
@@ -242,6 +250,10 @@ def main():
                          "(step-cold) and busy for KVP_BENCH_GAP_US (350) µs before each call "
                          "(step-gap), 2 rounds each: does a client's work between calls slow "
                          "the calls themselves?")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="also run the step with the arrivals' Lookups as one Batch "
+                         "(prefetch_computed_blocks; kvp-bench-client step-prefetch), "
+                         "interleaved in the same rounds, on pools of its own")
     a = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = not a.no_pin and len(cpus) >= 2
@@ -262,10 +274,12 @@ def main():
     d = tempfile.mkdtemp(prefix="kvpool-bench-py-")
     url = f"ipc://{d}/rpc.ipc"
     pools = []
+    steps = ("step", "step-prefetch") if a.prefetch else ("step",)
     for r in range(a.rounds):
-        for who in ("c", "py"):
-            pools += ["--pool", f"name=step-{who}{r},blocks=16384,block_size={BS},seed=0,"
-                                "executor=none"]
+        for mode in steps:
+            for who in ("c", "py"):
+                pools += ["--pool", f"name={mode}-{who}{r},blocks=16384,block_size={BS},"
+                                    "seed=0,executor=none"]
     if a.breakdown:
         pools += ["--pool", f"name=step-bd,blocks=16384,block_size={BS},seed=0,executor=none"]
     variants = ("step-cold", "step-gap") if a.c_variants else ()
@@ -289,12 +303,14 @@ def main():
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+        if a.prefetch:
+            counts["step-prefetch"] = counts["step"]
         res = {(m, w): [] for m in counts for w in ("c", "py")}
         for r in range(a.rounds):
             for mode, n in counts.items():
-                pool = "bench" if mode != "step" else None
-                res[(mode, "c")].append(c_run(mod, url, pool or f"step-c{r}", mode, n))
-                res[(mode, "py")].append(py_run(kvpool, url, pool or f"step-py{r}", mode, n))
+                pool = "bench" if not mode.startswith("step") else None
+                res[(mode, "c")].append(c_run(mod, url, pool or f"{mode}-c{r}", mode, n))
+                res[(mode, "py")].append(py_run(kvpool, url, pool or f"{mode}-py{r}", mode, n))
             print(f"round {r + 1}/{a.rounds} done", file=sys.stderr, flush=True)
         bd = py_breakdown(kvpool, url, "step-bd", counts["step"]) if a.breakdown else None
         var = {v: [c_run(mod, url, f"{v}{r}", v, counts["step"]) for r in range(2)]
@@ -310,9 +326,12 @@ def main():
           "Python's added CPU / C's wall |")
     print("|---|---|---|---|---|---|---|---|")
     med = {}
-    for mode, label in (("stats", "Stats, µs per call"),
-                        ("alloc", "Allocate(16)+Free, µs per pair"),
-                        ("step", f"step ({calls} request calls + {TURNOVER} Lookups), µs")):
+    rows = [("stats", "Stats, µs per call"), ("alloc", "Allocate(16)+Free, µs per pair"),
+            ("step", f"step ({calls} request calls + {TURNOVER} Lookups), µs")]
+    if a.prefetch:
+        rows.append(("step-prefetch", f"step, its {TURNOVER} Lookups as one Batch "
+                                      "(prefetch_computed_blocks), µs"))
+    for mode, label in rows:
         cw, pw = (statistics.median(v[0] for v in res[(mode, w)]) for w in ("c", "py"))
         cc, pc = (statistics.median(v[1] for v in res[(mode, w)]) for w in ("c", "py"))
         med[mode] = (cw, pw)
