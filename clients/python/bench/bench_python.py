@@ -253,7 +253,8 @@ def main():
     ap.add_argument("--prefetch", action="store_true",
                     help="also run the step with the arrivals' Lookups as one Batch "
                          "(prefetch_computed_blocks; kvp-bench-client step-prefetch), "
-                         "interleaved in the same rounds, on pools of its own")
+                         "interleaved in the same rounds, on pools of its own (so at most "
+                         "--rounds 3: a kvpoold holds 16 pools)")
     a = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = not a.no_pin and len(cpus) >= 2
