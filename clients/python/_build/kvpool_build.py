@@ -51,7 +51,7 @@ def _sources():
     out = {}
     pkg = os.path.join(HERE, NAME)
     for name in sorted(os.listdir(pkg)):
-        if name.endswith(".py"):
+        if name.endswith(".py") or name == "py.typed":  # py.typed: the hints are for users (PEP 561)
             with open(os.path.join(pkg, name), "rb") as f:
                 out[f"{NAME}/{name}"] = f.read()
     return out

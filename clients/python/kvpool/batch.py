@@ -1,13 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvpool.Batch: several calls in one round trip, run in order under the
 pool's lock (a scheduler step), over libkvpool's kvp_batch."""
+from __future__ import annotations
+
 import ctypes
 from ctypes import byref, c_size_t, c_uint32, c_uint64
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _lib as L
 from .client import SlotsResult, _hashes, _ids, _keys, _raise, _tokens
+from ._types import Hashes, Ids, MMFeatures
 from .errors import BY_STATUS, KvpoolError, NotSupported
+
+if TYPE_CHECKING:
+    from .client import Client
 
 
 @dataclass
@@ -15,16 +22,16 @@ class CallResult:
     """One call's outcome: status 0 and its results, or the error it raised
     (a KvpoolError subclass with the daemon's detail) and none."""
     status: int
-    error: KvpoolError = None
-    block_ids: list = field(default_factory=list)
+    error: Optional[KvpoolError] = None
+    block_ids: list[int] = field(default_factory=list)
     count: int = 0
-    slots: SlotsResult = None
-    hashes: list = None
-    ref_cnts: list = None
-    stats: dict = None
+    slots: Optional[SlotsResult] = None
+    hashes: Optional[list[bytes]] = None
+    ref_cnts: Optional[list[int]] = None
+    stats: Optional[dict[str, Any]] = None
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return self.status == 0
 
 
@@ -38,9 +45,10 @@ class Batch:
 
     A Batch is reused step after step: clear() keeps its memory."""
 
-    def __init__(self, client, *, keep_going=False, borrow=False):
+    def __init__(self, client: Client, *, keep_going: bool = False,
+                 borrow: bool = False) -> None:
         self._client = client
-        self._b = L.BATCH()
+        self._b: Any = L.BATCH()
         rv = L.kvp_batch_create(byref(self._b))
         if rv != 0:
             self._b = None
@@ -48,29 +56,29 @@ class Batch:
         flags = (L.BATCH_CONTINUE if keep_going else 0) | (L.BATCH_BORROW if borrow else 0)
         L.kvp_batch_set_flags(self._b, flags)
         self.keep_going = keep_going
-        self._keep = []
-        self._kinds = []
+        self._keep: list[tuple[Any, ...]] = []  # what the C batch borrows, until clear()
+        self._kinds: list[str] = []
         r = L.BatchResult()
         self._res = (r, byref(r))  # _error's and _slots' reused result
 
-    def close(self):
+    def close(self) -> None:
         if self._b:
             L.kvp_batch_destroy(self._b)
             self._b = None
 
-    def __enter__(self):
+    def __enter__(self) -> Batch:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._kinds)
 
-    def clear(self):
+    def clear(self) -> None:
         """Drops every call and result (the memory is kept for the next step)."""
         L.kvp_batch_clear(self._b)
         self._keep.clear()
@@ -84,26 +92,28 @@ class Batch:
         return len(self._kinds) - 1
 
     # ---- the calls ----
-    def allocate(self, n):
+    def allocate(self, n: int) -> int:
         return self._add("allocate", L.kvp_batch_allocate(self._b, n))
 
-    def touch(self, ids):
+    def touch(self, ids: Ids) -> int:
         a, n = _ids(ids)
         return self._add("touch", L.kvp_batch_touch(self._b, a, n), a)
 
-    def free(self, ids):
+    def free(self, ids: Ids) -> int:
         a, n = _ids(ids)
         return self._add("free", L.kvp_batch_free(self._b, a, n), a)
 
-    def evict(self, ids):
+    def evict(self, ids: Ids) -> int:
         a, n = _ids(ids)
         return self._add("evict", L.kvp_batch_evict(self._b, a, n), a)
 
-    def stats(self):
+    def stats(self) -> int:
         return self._add("stats", L.kvp_batch_stats(self._b))
 
-    def cache(self, block_ids, tokens, num_full_blocks, *, num_cached_blocks=0, lora_name=None,
-              cache_salt=None, mm=None, group_id=0):
+    def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
+              num_cached_blocks: int = 0, lora_name: Optional[str] = None,
+              cache_salt: Optional[str] = None, mm: MMFeatures = None,
+              group_id: int = 0) -> int:
         """Client.cache's call (tokens hashed by the daemon)."""
         ids, nids = _ids(block_ids)
         toks, ntok = _tokens(tokens)
@@ -112,8 +122,9 @@ class Batch:
                     ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
         return self._add("cache", L.kvp_batch_cache(self._b, byref(a)), ids, toks, keep, a)
 
-    def lookup(self, tokens=None, *, block_hashes=None, lora_name=None, cache_salt=None,
-               mm=None, group_ids=(0,)):
+    def lookup(self, tokens: Optional[Ids] = None, *, block_hashes: Optional[Hashes] = None,
+               lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
+               mm: MMFeatures = None, group_ids: Sequence[int] = (0,)) -> int:
         """Client.lookup's call (tokens) or Client.lookup_hashes' (block_hashes)."""
         toks, ntok = _tokens(tokens)
         hl = self._client.info["hash_len"]
@@ -125,11 +136,14 @@ class Batch:
         return self._add("lookup", L.kvp_batch_lookup(self._b, byref(q)), toks, hs, keep, groups,
                          q)
 
-    def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
-                       token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
-                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None,
-                       full_sequence_must_fit=False, num_external_computed_tokens=0,
-                       no_new_tokens=False):
+    def allocate_slots(self, request_id: int, *, prompt: Optional[Ids] = None,
+                       new_tokens: Optional[Ids] = None, num_new_tokens: int = 0,
+                       token_budget: int = 0, num_lookahead_tokens: int = 0,
+                       use_prefix_cache: bool = True, delay_cache_blocks: bool = False,
+                       lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
+                       mm: MMFeatures = None, full_sequence_must_fit: bool = False,
+                       num_external_computed_tokens: int = 0,
+                       no_new_tokens: bool = False) -> int:
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
         p, np_ = _tokens(prompt) if prompt is not None else (None, 0)
         t, nt = _tokens(new_tokens) if new_tokens is not None else (None, 0)
@@ -141,15 +155,15 @@ class Batch:
         return self._add("allocate_slots", L.kvp_batch_allocate_slots(self._b, byref(a)), p, t,
                          keep, a)
 
-    def free_request(self, request_id, preempt=False):
+    def free_request(self, request_id: int, preempt: bool = False) -> int:
         return self._add("free_request", L.kvp_batch_free_request(self._b, request_id, preempt))
 
-    def get_computed_blocks(self, request_id):
+    def get_computed_blocks(self, request_id: int) -> int:
         return self._add("get_computed_blocks",
                          L.kvp_batch_get_computed_blocks(self._b, request_id))
 
     # ---- sending ----
-    def send(self):
+    def send(self) -> list[CallResult]:
         """Sends the calls as one Batch; returns one CallResult per call (a
         call that did not run: status NOT_FOUND). Raises a transport failure,
         and without keep_going the first call's failure (with .results)."""

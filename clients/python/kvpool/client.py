@@ -1,11 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvpool.Client: one session with one pool of a kvpoold, over libkvpool."""
+from __future__ import annotations
+
 import array
 import ctypes
 from ctypes import byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _lib as L
+from ._types import Buffer, Hashes, Ids, MMFeatures
+
+if TYPE_CHECKING:
+    from .batch import Batch
 from .errors import BY_STATUS, KvpoolError, NotSupported
 
 
@@ -106,13 +113,13 @@ class SlotsResult:
     """AllocateSlots' answer: the new blocks (group after group; per group in
     new_blocks_by_group, 0 where a Mamba group pads with the null block) and
     the token counts."""
-    new_blocks: list
+    new_blocks: list[int]
     hit_tokens: int
     num_scheduled_tokens: int
     num_computed_tokens: int
-    new_blocks_by_group: list = None
+    new_blocks_by_group: Optional[list[list[int]]] = None
     # Per group, how many of its new blocks lead it as the external tokens' blocks.
-    external_blocks_by_group: list = None
+    external_blocks_by_group: Optional[list[int]] = None
 
 
 class Client:
@@ -122,9 +129,10 @@ class Client:
     Refused calls raise the KvpoolError subclass of their status
     (kvpool.NoSpace, kvpool.NotOwner, ...) with the daemon's detail."""
 
-    def __init__(self, url, pool=None, token=None, *, timeout_ms=5000, retries=2,
-                 lease_ms=0, client_name="kvpool-python", tls=None, session_id=0,
-                 connect_timeout_ms=0):
+    def __init__(self, url: str, pool: Optional[str] = None, token: Optional[str] = None, *,
+                 timeout_ms: int = 5000, retries: int = 2, lease_ms: int = 0,
+                 client_name: str = "kvpool-python", tls: Optional[dict[str, Any]] = None,
+                 session_id: int = 0, connect_timeout_ms: int = 0) -> None:
         self.url = url
         tls = tls or {}
         unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name", "insecure"}
@@ -138,7 +146,7 @@ class Client:
         o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
                       s[7], session_id, connect_timeout_ms, bool(tls.get("insecure")))
         self._scratch = None  # _lookup1's reused structures
-        self._c = L.CLIENT()
+        self._c: Any = L.CLIENT()
         rv = L.kvp_client_open(byref(o), byref(self._c))
         if rv != 0:
             self._c = None
@@ -166,19 +174,19 @@ class Client:
         }
 
     # ---- lifetime ----
-    def close(self):
+    def close(self) -> None:
         """Ends the session. Idempotent."""
         if getattr(self, "_c", None):
             L.kvp_client_close(self._c)
             self._c = None
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
 
     def _check(self, rv):
@@ -192,7 +200,7 @@ class Client:
         return self._c
 
     # ---- blocks ----
-    def allocate(self, n):
+    def allocate(self, n: int) -> list[int]:
         """n free blocks (vLLM's get_new_blocks); NoSpace if fewer are free."""
         c = self._live()
         if not 0 < n <= self.info["max_ids_per_call"]:
@@ -201,33 +209,35 @@ class Client:
         self._check(L.kvp_client_allocate(c, n, ids))
         return list(ids)
 
-    def touch(self, ids):
+    def touch(self, ids: Ids) -> None:
         arr, n = _ids(ids)
         self._check(L.kvp_client_touch(self._live(), arr, n))
 
-    def free(self, ids):
+    def free(self, ids: Ids) -> None:
         arr, n = _ids(ids)
         self._check(L.kvp_client_free(self._live(), arr, n))
 
-    def evict(self, ids):
+    def evict(self, ids: Ids) -> int:
         arr, n = _ids(ids)
         out = c_uint32()
         self._check(L.kvp_client_evict(self._live(), arr, n, byref(out)))
         return out.value
 
-    def reset(self):
+    def reset(self) -> None:
         self._check(L.kvp_client_reset(self._live()))
 
-    def heartbeat(self):
+    def heartbeat(self) -> None:
         self._check(L.kvp_client_heartbeat(self._live()))
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         st = L.Stats()
         self._check(L.kvp_client_stats(self._live(), byref(st)))
         return {name: getattr(st, name) for name, _ in L.Stats._fields_}
 
-    def cache(self, block_ids, tokens, num_full_blocks, *, num_cached_blocks=0,
-              lora_name=None, cache_salt=None, mm=None, group_id=0):
+    def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
+              num_cached_blocks: int = 0, lora_name: Optional[str] = None,
+              cache_salt: Optional[str] = None, mm: MMFeatures = None,
+              group_id: int = 0) -> int:
         """cache_full_blocks: hashes the request's tokens (vLLM's chain, with
         these extra keys) and stores blocks num_cached_blocks..num_full_blocks-1.
         Returns how many were newly stored."""
@@ -241,7 +251,9 @@ class Client:
         del keep
         return out.value
 
-    def lookup(self, tokens, *, lora_name=None, cache_salt=None, mm=None):
+    def lookup(self, tokens: Ids, *, lora_name: Optional[str] = None,
+               cache_salt: Optional[str] = None,
+               mm: MMFeatures = None) -> tuple[list[int], int]:
         """find_longest_cache_hit over the tokens: (block ids, hit tokens)."""
         toks, ntok = _tokens(tokens)
         keys, keep = _keys(lora_name, cache_salt, mm)
@@ -253,9 +265,12 @@ class Client:
         del keep
         return list(ids[:nb.value]), ht.value
 
-    def cache_hashes(self, block_ids, block_hashes, num_cached_blocks, num_full_blocks, *,
-                     block_size=0, group_id=0, tokens=None, lora_name=None, lora_id=None,
-                     cache_salt=None, mm=None, block_mask=None):
+    def cache_hashes(self, block_ids: Ids, block_hashes: Hashes, num_cached_blocks: int,
+                     num_full_blocks: int, *, block_size: int = 0, group_id: int = 0,
+                     tokens: Optional[Ids] = None, lora_name: Optional[str] = None,
+                     lora_id: Optional[int] = None, cache_salt: Optional[str] = None,
+                     mm: MMFeatures = None,
+                     block_mask: Optional[Sequence[bool]] = None) -> int:
         """vLLM's cache_full_blocks with the request's own fine hashes
         (info["hash_len"] bytes each, from position 0) and, for the BlockStored event, its
         tokens from position 0 and extra keys. block_mask: None, or one
@@ -267,11 +282,11 @@ class Client:
         keys, keep = _keys(lora_name, cache_salt, mm)
         mask = None
         if block_mask is not None:
-            block_mask = bytes(1 if b else 0 for b in block_mask)
-            if len(block_mask) != max(num_full_blocks - num_cached_blocks, 0):
+            bits = bytes(1 if b else 0 for b in block_mask)
+            if len(bits) != max(num_full_blocks - num_cached_blocks, 0):
                 raise ValueError("kvpool: block_mask needs num_full_blocks - num_cached_blocks "
                                  "entries")
-            mask = (c_uint8 * max(len(block_mask), 1)).from_buffer_copy(block_mask or b"\0")
+            mask = (c_uint8 * max(len(bits), 1)).from_buffer_copy(bits or b"\0")
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, block_size, hs, nh,
                     toks if tokens is not None else None, ntok, None,
                     ctypes.pointer(keys) if keys else None, lora_id is not None,
@@ -281,7 +296,8 @@ class Client:
         del keep
         return out.value
 
-    def lookup_hashes(self, block_hashes, *, group_ids=(0,), block_size=0):
+    def lookup_hashes(self, block_hashes: Hashes, *, group_ids: Sequence[int] = (0,),
+                      block_size: int = 0) -> tuple[list[list[int]], list[list[int]]]:
         """The longest cached prefix of a hash chain (fine hashes; block_size
         a multiple of the pool's hash block size groups them), all groups or
         nothing per position: ([ids per group], [ref counts per group]),
@@ -334,14 +350,14 @@ class Client:
         n = nb.value
         return ids[:n], refs[:n]
 
-    def event_position(self):
+    def event_position(self) -> tuple[int, int]:
         """(epoch, next_seq) of the pool's event stream now: every event of a
         call that returned before this one is in a batch below next_seq."""
         e, s = c_uint64(), c_uint64()
         self._check(L.kvp_client_event_position(self._live(), byref(e), byref(s)))
         return e.value, s.value
 
-    def snapshot(self):
+    def snapshot(self) -> tuple[int, int, dict[tuple[bytes, int], int]]:
         """Every cached (hash, group) now: (epoch, next_seq, {(hash, group): blocks})."""
         out = ctypes.POINTER(L.Snapshot)()
         self._check(L.kvp_client_snapshot(self._live(), byref(out)))
@@ -355,17 +371,20 @@ class Client:
         finally:
             L.kvp_snapshot_free(out)
 
-    def batch(self, *, keep_going=False, borrow=False):
+    def batch(self, *, keep_going: bool = False, borrow: bool = False) -> Batch:
         """A new kvpool.Batch for this client (see Batch)."""
         from .batch import Batch
         return Batch(self, keep_going=keep_going, borrow=borrow)
 
     # ---- requests (vLLM's KVCacheManager) ----
-    def allocate_slots(self, request_id, *, prompt=None, new_tokens=None, num_new_tokens=0,
-                       token_budget=0, num_lookahead_tokens=0, use_prefix_cache=True,
-                       delay_cache_blocks=False, lora_name=None, cache_salt=None, mm=None,
-                       full_sequence_must_fit=False, num_external_computed_tokens=0,
-                       no_new_tokens=False):
+    def allocate_slots(self, request_id: int, *, prompt: Optional[Ids] = None,
+                       new_tokens: Optional[Ids] = None, num_new_tokens: int = 0,
+                       token_budget: int = 0, num_lookahead_tokens: int = 0,
+                       use_prefix_cache: bool = True, delay_cache_blocks: bool = False,
+                       lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
+                       mm: MMFeatures = None, full_sequence_must_fit: bool = False,
+                       num_external_computed_tokens: int = 0,
+                       no_new_tokens: bool = False) -> SlotsResult:
         """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
         p, np_ = _tokens(prompt or [])
         t, nt = _tokens(new_tokens or [])
@@ -387,10 +406,10 @@ class Client:
                            res.num_computed_tokens, rows,
                            list(res.external_blocks_per_group[:res.num_groups]))
 
-    def free_request(self, request_id, preempt=False):
+    def free_request(self, request_id: int, preempt: bool = False) -> None:
         self._check(L.kvp_client_free_request(self._live(), request_id, preempt))
 
-    def get_computed_blocks(self, request_id):
+    def get_computed_blocks(self, request_id: int) -> tuple[list[int], int]:
         """(block ids, hit tokens) of a request's prefix hit."""
         cap = self.info["max_ids_per_call"]
         ids = (c_int32 * cap)()
@@ -400,7 +419,7 @@ class Client:
         return list(ids[:n.value]), ht.value
 
     # ---- data plane ----
-    def read_blocks(self, ids, out=None):
+    def read_blocks(self, ids: Ids, out: Optional[Buffer] = None) -> Buffer:
         """The blocks' KV bytes (checksums verified), into `out` (any writable
         C-contiguous buffer of exactly len(ids) * block_bytes) or a new
         bytearray. Returns out."""
@@ -413,21 +432,22 @@ class Client:
         del keep
         return out
 
-    def write_blocks(self, ids, data):
+    def write_blocks(self, ids: Ids, data: Buffer) -> None:
         """Writes len(ids) * block_bytes bytes from any C-contiguous buffer."""
         arr, n = _ids(ids)
         addr, nbytes, keep = _buffer(data, writable=False)
         self._check(L.kvp_client_write_blocks(self._live(), arr, n, addr, nbytes))
         del keep
 
-    def copy_blocks(self, src, dst):
+    def copy_blocks(self, src: Ids, dst: Ids) -> None:
         s, n = _ids(src)
         d, m = _ids(dst)
         if n != m:
             raise ValueError("kvpool: copy_blocks: src and dst differ in length")
         self._check(L.kvp_client_copy_blocks(self._live(), s, d, n))
 
-    def write_tokens(self, slots, k, v, *, layer=None):
+    def write_tokens(self, slots: Ids, k: Buffer, v: Buffer, *,
+                     layer: Optional[int] = None) -> None:
         """vLLM's reshape_and_cache_flash: K and V of len(slots) tokens placed
         by slot (-1 skips a token). With layer=None, k and v hold every layer
         ([layers][n][heads][head_size]), else one layer's ([n][heads][head_size]).
@@ -455,8 +475,8 @@ class Hasher:
     default, as kvpoold's), "sha256" (vLLM's default, pickle bytes), or
     "xxhash" / "xxhash_cbor" (XXH3-128 of the same bytes: 16-byte hashes)."""
 
-    def __init__(self, seed, algorithm="sha256_cbor"):
-        self._h = None
+    def __init__(self, seed: Optional[str | bytes], algorithm: str = "sha256_cbor") -> None:
+        self._h: Any = None
         algo = ctypes.c_int()
         rv = L.kvp_hash_algo_parse(algorithm.encode(), byref(algo))
         if rv != 0:
@@ -471,10 +491,11 @@ class Hasher:
         self.hash_len = L.kvp_hasher_len(h)
 
     @property
-    def none_hash(self):
+    def none_hash(self) -> bytes:
         return bytes(L.kvp_hasher_none_hash(self._h)[:L.kvp_hasher_none_len(self._h)])
 
-    def hash_request(self, tokens, block_size, *, lora_name=None, cache_salt=None, mm=None):
+    def hash_request(self, tokens: Ids, block_size: int, *, lora_name: Optional[str] = None,
+                     cache_salt: Optional[str] = None, mm: MMFeatures = None) -> list[bytes]:
         """The hashes (hash_len bytes each) of every full block of the tokens."""
         toks, n = _tokens(tokens)
         cap = max(1, n // block_size)
@@ -490,10 +511,10 @@ class Hasher:
         raw = bytes(out)
         return [raw[i * hl:(i + 1) * hl] for i in range(got.value)]
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             L.kvp_hasher_destroy(self._h)
             self._h = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()

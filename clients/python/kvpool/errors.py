@@ -2,6 +2,7 @@
 """kvpool's status codes as exceptions: every call that the daemon (or the
 C client) refuses raises the subclass of KvpoolError for its status, with
 the daemon's detail text."""
+from __future__ import annotations
 
 
 class KvpoolError(Exception):
@@ -9,7 +10,7 @@ class KvpoolError(Exception):
     (KVP_ENOSPACE); detail: the daemon's or the client's explanation."""
     status = -1
 
-    def __init__(self, status, name, detail=""):
+    def __init__(self, status: int, name: str, detail: str = "") -> None:
         self.status, self.name, self.detail = status, name, detail
         super().__init__(f"{name}: {detail}" if detail else name)
 

@@ -2,16 +2,22 @@
 """KV cache events with vLLM's classes' field names, the subscriber that
 follows a pool's event stream without silently diverging, and the
 reference index a KV-aware router keeps."""
+from __future__ import annotations
+
 import ctypes
 from ctypes import byref, c_uint8
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from . import _lib as L
 from .client import _raise
 from .errors import WrongState
 
+#: A block hash in an event: an int (vLLM's default, the last 8 bytes) or the bytes.
+EventHash = Union[int, bytes]
 
-def hash_to_int(h):
+
+def hash_to_int(h: bytes) -> int:
     """vLLM's default event hash form (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1):
     the last 8 bytes read big-endian."""
     return int.from_bytes(h[-8:], "big")
@@ -19,24 +25,24 @@ def hash_to_int(h):
 
 @dataclass(frozen=True)
 class BlockStored:
-    block_hashes: list
-    parent_block_hash: object
-    token_ids: list
+    block_hashes: list[EventHash]
+    parent_block_hash: Optional[EventHash]
+    token_ids: list[int]
     block_size: int
-    lora_id: object
-    medium: object
-    lora_name: object = None
-    extra_keys: object = None
-    group_idx: object = None
-    kv_cache_spec_kind: object = None
-    kv_cache_spec_sliding_window: object = None
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str] = None
+    extra_keys: Optional[list[Optional[tuple[Any, ...]]]] = None
+    group_idx: Optional[int] = None
+    kv_cache_spec_kind: Optional[str] = None
+    kv_cache_spec_sliding_window: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
-    block_hashes: list
-    medium: object
-    group_idx: object = None
+    block_hashes: list[EventHash]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,12 @@ def _cbor(b, i):
     raise ValueError(f"kvpool: CBOR major type {major} is not in the extra-keys subset")
 
 
-def convert(ev, int_hashes=True, annotate=True):
+def convert(ev: Any, int_hashes: bool = True,
+            annotate: bool = True) -> Union[BlockStored, BlockRemoved, AllBlocksCleared]:
     """A kvpool.events class from a C struct kvp_event (copied out)."""
-    conv = hash_to_int if int_hashes else bytes
+    conv: Callable[[bytes], EventHash] = bytes
+    if int_hashes:
+        conv = hash_to_int
     hl = ev.hash_len
     raw = ctypes.string_at(ev.hashes, ev.num_hashes * hl) if ev.num_hashes else b""
     hashes = [conv(raw[k * hl:(k + 1) * hl]) for k in range(ev.num_hashes)]
@@ -110,7 +119,7 @@ class EventBatch:
     epoch: int
     seq: int
     ts: float
-    events: list
+    events: list[Union[BlockStored, BlockRemoved, AllBlocksCleared]]
 
 
 @dataclass
@@ -122,7 +131,7 @@ class Reset:
     pool: str
     epoch: int
     next_seq: int
-    entries: dict
+    entries: dict[tuple[bytes, int], int]
 
 
 class Subscriber:
@@ -137,8 +146,9 @@ class Subscriber:
 
     index: keep a kvpool.Index up to date from the stream (sub.index)."""
 
-    def __init__(self, events_url, rpc_url, *, pools=("default",), token=None, timeout_ms=5000,
-                 index=True, int_hashes=True, tls=None):
+    def __init__(self, events_url: str, rpc_url: str, *, pools: Sequence[str] = ("default",),
+                 token: Optional[str] = None, timeout_ms: int = 5000, index: bool = True,
+                 int_hashes: bool = True, tls: Optional[dict[str, Any]] = None) -> None:
         tls = tls or {}
         enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
         self._names = [enc(p) for p in pools]
@@ -149,12 +159,12 @@ class Subscriber:
         s = self._strings
         o = L.SubOptions(s[0], s[1], None, names, len(self._names), s[2], timeout_ms, 0, s[3],
                          s[4], s[5], s[6], 0, bool(tls.get("insecure")))
-        self._queue = []
-        self._error = None
+        self._queue: list[Union[Reset, EventBatch]] = []
+        self._error: Optional[BaseException] = None
         self.int_hashes = int_hashes
-        self.index = Index() if index else None
+        self.index: Optional[Index] = Index() if index else None
         self._handler = L.SubHandler(None, L.RESET_FN(self._on_reset), L.BATCH_FN(self._on_batch))
-        self._s = ctypes.c_void_p()
+        self._s: Any = ctypes.c_void_p()
         rv = L.kvp_sub_open(byref(o), byref(self._handler), byref(self._s))
         if rv != 0:
             self._s = None
@@ -186,7 +196,7 @@ class Subscriber:
         except Exception as e:
             self._error = e
 
-    def poll(self, timeout_ms=0):
+    def poll(self, timeout_ms: int = 0) -> list[Union[Reset, EventBatch]]:
         """Waits up to timeout_ms, repairs gaps, returns what arrived (a list)."""
         if not self._s:
             raise ValueError("kvpool: the subscriber is closed")
@@ -200,7 +210,8 @@ class Subscriber:
         out, self._queue = self._queue, []
         return out
 
-    def iter(self, timeout_ms=100, idle_polls=None):
+    def iter(self, timeout_ms: int = 100,
+             idle_polls: Optional[int] = None) -> Iterator[Union[Reset, EventBatch]]:
         """Yields Reset and EventBatch objects; stops after idle_polls empty
         polls in a row (None: never)."""
         idle = 0
@@ -211,27 +222,28 @@ class Subscriber:
 
     __iter__ = iter
 
-    def stats(self, pool=None):
+    def stats(self, pool: Optional[str] = None) -> dict[str, Any]:
         st = L.SubStats()
         rv = L.kvp_sub_get_stats(self._s, pool.encode() if pool else None, byref(st))
         if rv != 0:
             _raise(rv, f"pool {pool} is not followed")
         return {name: getattr(st, name) for name, _ in L.SubStats._fields_}
 
-    def close(self):
+    def close(self) -> None:
         if getattr(self, "_s", None):
             L.kvp_sub_close(self._s)
             self._s = None
-        if getattr(self, "index", None) is not None:
-            self.index.close()
+        index = getattr(self, "index", None)
+        if index is not None:
+            index.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Subscriber:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()
 
 
@@ -239,8 +251,8 @@ class Index:
     """The reference index: (hash, group) -> blocks caching it, fed by a
     Subscriber (libkvpool's kvindex). What a router scores a pool with."""
 
-    def __init__(self):
-        self._ix = ctypes.c_void_p()
+    def __init__(self) -> None:
+        self._ix: Any = ctypes.c_void_p()
         rv = L.kvp_index_create(byref(self._ix))
         if rv != 0:
             self._ix = None
@@ -259,12 +271,12 @@ class Index:
         elif rv != 0:
             _raise(rv, "index apply")
 
-    def count(self, block_hash, group=0):
+    def count(self, block_hash: bytes, group: int = 0) -> int:
         """Blocks caching this (hash, group); 0 if none."""
         h = (c_uint8 * len(block_hash)).from_buffer_copy(block_hash)
         return L.kvp_index_count(self._ix, h, len(block_hash), group)
 
-    def prefix(self, block_hashes, group=0):
+    def prefix(self, block_hashes: Sequence[bytes], group: int = 0) -> int:
         """How many leading hashes of a chain the index holds in group."""
         if not block_hashes:
             return 0
@@ -273,10 +285,10 @@ class Index:
         h = (c_uint8 * len(raw)).from_buffer_copy(raw)
         return L.kvp_index_prefix(self._ix, h, len(block_hashes), hl, group)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return L.kvp_index_size(self._ix)
 
-    def equals(self, entries):
+    def equals(self, entries: Mapping[tuple[bytes, int], int]) -> bool:
         """True if the index holds exactly these {(hash, group): blocks}
         (for example Client.snapshot()'s)."""
         items = list(entries.items())
@@ -288,10 +300,10 @@ class Index:
             arr[i] = L.SnapshotEntry(ctypes.cast(buf, L.U8P), len(h), g, n)
         return bool(L.kvp_index_equals(self._ix, arr, len(items)))
 
-    def close(self):
+    def close(self) -> None:
         if getattr(self, "_ix", None):
             L.kvp_index_destroy(self._ix)
             self._ix = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.close()

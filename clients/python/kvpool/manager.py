@@ -2,18 +2,26 @@
 """RemoteKVCacheManager: vLLM's KVCacheManager entry points over the
 daemon's request-level calls (AllocateSlots, FreeRequest, Lookup), one
 round trip per call, or one Batch per scheduler step (Step)."""
+from __future__ import annotations
+
 from array import array
 from operator import attrgetter, itemgetter, sub
 from ctypes import byref, c_int32, c_size_t, c_uint32
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 from . import _lib as L
 from .client import _raise
 from .errors import NoSpace, NotSupported
-from .vllm import KVCacheBlock, KVCacheBlocks, _Remote, _Req, _request_keys
+from ._types import RequestLike
+from .vllm import KVCacheBlock, KVCacheBlocks, KVCacheEvent, _Remote, _Req, _request_keys
 
 _all_tokens, _sent, _wire_id = (attrgetter(a) for a in ("all_token_ids", "sent", "wire_id"))
 _last = itemgetter(-1)
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
+
+if TYPE_CHECKING:
+    from .batch import Batch
+    from .client import Client
 
 
 class RemoteKVCacheManager(_Remote):
@@ -44,8 +52,9 @@ class RemoteKVCacheManager(_Remote):
     AllocateSlots; Client.allocate_slots(use_prefix_cache=True) takes it and
     reports hit_tokens, but vLLM's two-call shape cannot carry it exactly)."""
 
-    def __init__(self, client, enable_kv_cache_events=False, *, events_url=None, token=None,
-                 shared_prefix_boundary=False):
+    def __init__(self, client: Client, enable_kv_cache_events: bool = False, *,
+                 events_url: Optional[str] = None, token: Optional[str] = None,
+                 shared_prefix_boundary: bool = False) -> None:
         """shared_prefix_boundary=True: get_computed_blocks returns the
         triple of vLLM's newer KVCacheManager (blocks, hit tokens,
         shared_prefix_boundary) instead of the pair. The boundary is that of
@@ -61,17 +70,20 @@ class RemoteKVCacheManager(_Remote):
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in self.groups))
         # Only full attention: no null replacement for the mirror to apply.
         self._plain = all(g["kind"] == "full_attention" for g in self.groups)
-        self._reqs = {}
+        self._reqs: dict[Any, _Req] = {}
         self._next_id = 1
         self._spare = None  # a closed Step's Batch, cleared, for the next Step
-        self._prefetched = {}  # request_id -> (fine hashes, ids, ref counts)
+        # request_id -> (fine hashes, ids, ref counts)
+        self._prefetched: dict[Any, tuple[list[bytes], list[int], list[int]]] = {}
 
     # ---- vLLM's entry points ----
     @property
-    def usage(self):
+    def usage(self) -> float:
         return self.client.stats()["usage"]
 
-    def get_computed_blocks(self, request):
+    def get_computed_blocks(
+            self, request: RequestLike
+    ) -> Union[tuple[KVCacheBlocks, int], tuple[KVCacheBlocks, int, int]]:
         """(KVCacheBlocks of the longest cached prefix, its tokens), plus 0
         with shared_prefix_boundary=True; the last token is always
         recomputed. No reference is taken."""
@@ -112,7 +124,7 @@ class RemoteKVCacheManager(_Remote):
             blocks.append(b)
         return KVCacheBlocks((blocks,)), len(blocks) * bs
 
-    def prefetch_computed_blocks(self, requests):
+    def prefetch_computed_blocks(self, requests: Iterable[RequestLike]) -> int:
         """Looks up the prefix hits of several requests in one round trip (a
         Batch of Lookups), so that the next get_computed_blocks of each
         answers from it without a call of its own. Not in vLLM's manager:
@@ -157,10 +169,12 @@ class RemoteKVCacheManager(_Remote):
                 batch.close()
         return len(todo)
 
-    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
-                       new_computed_blocks=None, num_lookahead_tokens=0,
-                       num_external_computed_tokens=0, delay_cache_blocks=False,
-                       num_encoder_tokens=0, full_sequence_must_fit=False):
+    def allocate_slots(self, request: RequestLike, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Optional[KVCacheBlocks] = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> Optional[KVCacheBlocks]:
         """The new blocks per group (KVCacheBlocks), or None when the request
         does not fit (nothing changed)."""
         self._prefetched = {}
@@ -175,7 +189,7 @@ class RemoteKVCacheManager(_Remote):
         return self._slots_done(request, req, kw, res, num_new_computed_tokens,
                                 new_computed_blocks)
 
-    def free(self, request):
+    def free(self, request: RequestLike) -> None:
         """Frees the request's blocks (tail first) and forgets it."""
         self._prefetched = {}
         req = self._reqs.pop(request.request_id, None)
@@ -183,7 +197,7 @@ class RemoteKVCacheManager(_Remote):
             self.client.free_request(req.wire_id)
             _released(req)
 
-    def get_block_ids(self, request_id):
+    def get_block_ids(self, request_id: Any) -> tuple[list[int], ...]:
         """The request's block table per group, as this adapter mirrors it
         (hits, external and new blocks, and the null block where a
         sliding-window, chunked-local or Mamba group has dropped blocks, as
@@ -193,25 +207,25 @@ class RemoteKVCacheManager(_Remote):
             return tuple([] for _ in self.groups)
         return tuple([b.block_id for b in g] for g in req.blocks)
 
-    def get_blocks(self, request_id):
+    def get_blocks(self, request_id: Any) -> KVCacheBlocks:
         req = self._reqs.get(request_id)
         return KVCacheBlocks(tuple(list(g) for g in req.blocks)) if req else \
             self.empty_kv_cache_blocks
 
-    def reset_prefix_cache(self):
+    def reset_prefix_cache(self) -> bool:
         self._prefetched = {}
         return super().reset_prefix_cache()
 
-    def take_events(self):
+    def take_events(self) -> list[KVCacheEvent]:
         """The pool's events since the last call, BlockStored annotated with
         its group's kind and window as vLLM's manager does (every session's
         events, in the pool's order)."""
         return self._take_events()
 
-    def create_kv_cache_blocks(self, blocks):
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
-    def step(self):
+    def step(self) -> Step:
         """A Step: this scheduler step's allocate_slots and free calls sent as
         one Batch on commit()."""
         return Step(self)
@@ -219,7 +233,7 @@ class RemoteKVCacheManager(_Remote):
     # ---- shared by the direct calls and Step ----
     def _slots_call(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                     num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
-                    full_sequence_must_fit):
+                    full_sequence_must_fit) -> tuple[dict[str, Any], _Req]:
         # num_encoder_tokens only sizes vLLM's cross-attention groups, which a
         # kvpool pool cannot have: every group here ignores it, as vLLM's do.
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
@@ -426,22 +440,24 @@ class Step:
     imposes: the results come back together, so a scheduler decides on
     preemption after the step rather than between its calls."""
 
-    def __init__(self, mgr):
+    def __init__(self, mgr: RemoteKVCacheManager) -> None:
         self._mgr = mgr
         # A scheduler opens a Step per step: the last one's Batch (and the C
         # memory it grew) is reused rather than created again.
         self._batch, mgr._spare = mgr._spare, None
         if self._batch is None:
             self._batch = mgr.client.batch(keep_going=True, borrow=True)
-        self._ops = []      # ("slots", ...), ("free", req), ("noop",) or a _Run
-        self._run = None    # the open _Run, if the last call was decode-shaped
+        self._ops: list[Any] = []  # ("slots", ...), ("free", req), ("noop",) or a _Run
+        self._run: Optional[_Run] = None  # the open _Run, if the last call was decode-shaped
         self._count = 0
-        self._queued = set()  # request ids with an allocate_slots in this step
+        self._queued: set[Any] = set()  # request ids with an allocate_slots in this step
 
-    def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0,
-                       new_computed_blocks=None, num_lookahead_tokens=0,
-                       num_external_computed_tokens=0, delay_cache_blocks=False,
-                       num_encoder_tokens=0, full_sequence_must_fit=False):
+    def allocate_slots(self, request: RequestLike, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Optional[KVCacheBlocks] = None,
+                       num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> int:
         rid = request.request_id
         if rid in self._queued:
             # Its tokens are counted at commit: a second call would send them twice.
@@ -475,13 +491,13 @@ class Step:
         self._count += 1
         return self._count - 1
 
-    def free(self, request):
-        self._live()
+    def free(self, request: RequestLike) -> int:
+        batch = self._live()
         self._close_run()
         self._queued.discard(request.request_id)
         req = self._mgr._reqs.pop(request.request_id, None)
         if req is not None and req.sent:
-            self._batch.free_request(req.wire_id)
+            batch.free_request(req.wire_id)
             self._ops.append(("free", req))
         else:
             self._ops.append(("noop",))
@@ -498,14 +514,14 @@ class Step:
             self._run.add_to(self._batch)
             self._run = None
 
-    def commit(self):
+    def commit(self) -> list[Optional[KVCacheBlocks]]:
         """Sends the step; one result per queued call, in order."""
         batch = self._live()
         self._mgr._prefetched = {}
         self._close_run()
         if len(batch):
             batch._transmit()
-        out = []
+        out: list[Optional[KVCacheBlocks]] = []
         try:
             k = 0
             for op in self._ops:
@@ -601,7 +617,7 @@ class Step:
         if err is not None:
             raise err
 
-    def close(self):
+    def close(self) -> None:
         """Ends the Step; calls queued and not committed are dropped."""
         batch, self._batch = self._batch, None
         if batch is None:
@@ -615,8 +631,8 @@ class Step:
         else:
             batch.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Step:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -12,13 +12,24 @@ Where a network makes exactness impossible, the method says so: another
 session can change a block's ref count or evict a cached block between two
 calls, and events are the pool's (every session's), not this caller's.
 """
+from __future__ import annotations
+
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 from .client import Client
 from .errors import NoSpace, WrongState
 from .events import BlockStored, EventBatch, Subscriber
 from . import _lib as L
+from ._types import RequestLike
+from .events import AllBlocksCleared, BlockRemoved
+
+#: What take_events() returns: vLLM's KVCacheEvent classes' shapes.
+KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+if TYPE_CHECKING:  # at run time, __getattr__ below loads them (kvpool.manager imports this)
+    from .manager import RemoteKVCacheManager, Step  # noqa: F401
 
 
 class KVCacheBlock:
@@ -28,25 +39,25 @@ class KVCacheBlock:
     per block id per adapter, as vLLM's pool hands out the same objects."""
     __slots__ = ("block_id", "ref_cnt", "_block_hash", "is_null")
 
-    def __init__(self, block_id, ref_cnt=0, is_null=False):
+    def __init__(self, block_id: int, ref_cnt: int = 0, is_null: bool = False) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
-        self._block_hash = None
+        self._block_hash: Optional[bytes] = None
         self.is_null = is_null
 
     @property
-    def block_hash(self):
+    def block_hash(self) -> Optional[bytes]:
         return self._block_hash
 
     @block_hash.setter
-    def block_hash(self, h):
+    def block_hash(self, h: bytes) -> None:
         assert self._block_hash is None, "The block already has a hash."
         self._block_hash = h
 
-    def reset_hash(self):
+    def reset_hash(self) -> None:
         self._block_hash = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
                 f"block_hash={self._block_hash!r}, is_null={self.is_null})")
 
@@ -120,7 +131,7 @@ class _Remote:
                    if isinstance(e, BlockStored) else e for e in out]
         return out
 
-    def reset_prefix_cache(self):
+    def reset_prefix_cache(self) -> bool:
         """True and every hash dropped, or False (blocks still in use)."""
         try:
             self.client.reset()
@@ -130,7 +141,7 @@ class _Remote:
             b.reset_hash()
         return True
 
-    def close(self):
+    def close(self) -> None:
         if self._sub is not None:
             self._sub.close()
             self._sub = None
@@ -144,10 +155,11 @@ class RemoteBlockPool(_Remote):
     in the pool's order). Ref counts are the daemon's at the time of the
     call that returned the block; another session may change them after."""
 
-    def __init__(self, client, enable_kv_cache_events=False, *, events_url=None, token=None):
+    def __init__(self, client: Client, enable_kv_cache_events: bool = False, *,
+                 events_url: Optional[str] = None, token: Optional[str] = None) -> None:
         super().__init__(client, enable_kv_cache_events, events_url, token, annotate=False)
 
-    def get_new_blocks(self, num_blocks):
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """num_blocks blocks from the free queue's head; ValueError (nothing
         changed) when fewer are free, as vLLM."""
         if num_blocks == 0:
@@ -164,18 +176,23 @@ class RemoteBlockPool(_Remote):
             out.append(b)
         return out
 
-    def touch(self, blocks):
+    def touch(self, blocks: Union[Sequence[KVCacheBlock],
+                                  Sequence[Sequence[KVCacheBlock]]]) -> None:
         """Takes a reference on each block (a sequence of blocks, or vLLM's
         older tuple of per-group sequences)."""
-        flat = [b for grp in blocks for b in grp] if blocks and not isinstance(
-            next(iter(blocks)), KVCacheBlock) else list(blocks)
+        flat: list[KVCacheBlock] = []
+        for item in blocks:
+            if isinstance(item, KVCacheBlock):
+                flat.append(item)
+            else:
+                flat.extend(item)
         ids = [b.block_id for b in flat if not b.is_null]
         if ids:
             self.client.touch(ids)
         for b in flat:
             b.ref_cnt += 1  # the null block's drifts, as vLLM's
 
-    def free_blocks(self, ordered_blocks):
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drops a reference on each block; the first freed is evicted first."""
         blocks = list(ordered_blocks)
         ids = [b.block_id for b in blocks if not b.is_null]
@@ -184,8 +201,10 @@ class RemoteBlockPool(_Remote):
         for b in blocks:
             b.ref_cnt -= 1
 
-    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, block_size,
-                          kv_cache_group_id, block_mask=None):
+    def cache_full_blocks(self, request: RequestLike, blocks: Sequence[KVCacheBlock],
+                          num_cached_blocks: int, num_full_blocks: int, block_size: int,
+                          kv_cache_group_id: int,
+                          block_mask: Optional[Sequence[bool]] = None) -> None:
         """Caches blocks [num_cached_blocks, num_full_blocks) of the request
         under its hashes (request.block_hashes, fine, of hash_block_size
         tokens); the daemon emits the BlockStored event."""
@@ -204,7 +223,8 @@ class RemoteBlockPool(_Remote):
                 continue
             b._block_hash = _group_key(b"".join(fine[i * k:(i + 1) * k]), kv_cache_group_id)
 
-    def get_cached_block(self, block_hash, kv_cache_group_ids):
+    def get_cached_block(self, block_hash: bytes,
+                         kv_cache_group_ids: Sequence[int]) -> Optional[list[KVCacheBlock]]:
         """One cached block per group for this hash, or None if any group
         misses. Pure (no reference taken): the block may be evicted by
         another session before this caller touches it."""
@@ -225,7 +245,7 @@ class RemoteBlockPool(_Remote):
             out.append(b)
         return out
 
-    def evict_blocks(self, block_ids):
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drops the listed blocks' hashes (ref counts and queue unchanged)."""
         ids = sorted(block_ids)
         for i in ids:
@@ -239,13 +259,13 @@ class RemoteBlockPool(_Remote):
             if i in self._blocks:
                 self._blocks[i].reset_hash()
 
-    def get_num_free_blocks(self):
+    def get_num_free_blocks(self) -> int:
         return self.client.stats()["num_free"]
 
-    def get_usage(self):
+    def get_usage(self) -> float:
         return self.client.stats()["usage"]
 
-    def take_events(self):
+    def take_events(self) -> list[KVCacheEvent]:
         """The pool's events since the last call (see the class docstring)."""
         return self._take_events()
 
@@ -253,21 +273,21 @@ class RemoteBlockPool(_Remote):
 @dataclass
 class KVCacheBlocks:
     """vLLM's KVCacheBlocks: blocks[g] is group g's list of blocks."""
-    blocks: tuple
+    blocks: tuple[Sequence[KVCacheBlock], ...]
 
-    def __add__(self, other):
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
 
-    def get_block_ids(self, allow_none=False):
+    def get_block_ids(self, allow_none: bool = False) -> Optional[tuple[list[int], ...]]:
         if allow_none and all(len(g) == 0 for g in self.blocks):
             return None
         return tuple([b.block_id for b in g] for g in self.blocks)
 
-    def get_unhashed_block_ids(self):
+    def get_unhashed_block_ids(self) -> list[int]:
         assert len(self.blocks) == 1, "Only one group is supported"
         return [b.block_id for b in self.blocks[0] if b.block_hash is None]
 
-    def new_empty(self):
+    def new_empty(self) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
 
@@ -290,7 +310,7 @@ class _Req:
         self.allocated = [False] * ngroups
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     """RemoteKVCacheManager and Step live in kvpool.manager, which imports
     this module: loaded on first use, so either module can be imported first."""
     if name in ("RemoteKVCacheManager", "Step"):
