@@ -14,9 +14,11 @@ trap '[ -z "$DPID" ] || kill $DPID 2>/dev/null; rm -rf "$T"' EXIT
 	--pool name=default,blocks=16,executor=none & DPID=$!
 cd "$T"
 KVPOOL_LIB=$LIB "$T/venv/bin/python" - "$T" <<'PY'
-import sys, time
+import os, sys, time
 import kvpool, kvpool.vllm
 assert kvpool.__file__.startswith(sys.argv[1] + "/venv/"), kvpool.__file__
+# PEP 561: type checkers use the installed package's hints.
+assert os.path.exists(os.path.join(os.path.dirname(kvpool.__file__), "py.typed"))
 deadline = time.monotonic() + 10
 while True:
     try:
