@@ -22,7 +22,8 @@ __version__ = "0.2.0"
 library_path = _lib.path
 
 __all__ = ["Client", "Hasher", "SlotsResult", "Batch", "CallResult", "Subscriber", "Index",
-           "EventBatch", "Reset", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KvpoolError", "InvalidArgument", "NoSpace",
+           "EventBatch", "Reset", "BlockStored", "BlockRemoved", "AllBlocksCleared",
+           "KvpoolError", "InvalidArgument", "NoSpace",
            "NotFound", "WrongState", "NotOwner", "UnknownPool", "UnsupportedVersion",
            "MessageTooLarge", "Unauthenticated", "Busy", "Internal", "OutOfRange", "NoMemory",
            "NotSupported", "NoDevice", "Unavailable", "BY_STATUS", "library_path"]

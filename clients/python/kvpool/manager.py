@@ -184,7 +184,8 @@ class RemoteKVCacheManager(_Remote):
         try:
             res = self.client.allocate_slots(req.wire_id, **kw)
         except NoSpace:
-            self._refused(request, req, num_new_computed_tokens + kw["num_external_computed_tokens"])
+            self._refused(request, req,
+                          num_new_computed_tokens + kw["num_external_computed_tokens"])
             return None
         return self._slots_done(request, req, kw, res, num_new_computed_tokens,
                                 new_computed_blocks)
