@@ -7,7 +7,7 @@ from __future__ import annotations
 from array import array
 from operator import attrgetter, itemgetter, sub
 from ctypes import byref, c_int32, c_size_t, c_uint32
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from . import _lib as L
 from .client import _raise
@@ -20,7 +20,6 @@ _last = itemgetter(-1)
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 
 if TYPE_CHECKING:
-    from .batch import Batch
     from .client import Client
 
 
@@ -81,12 +80,11 @@ class RemoteKVCacheManager(_Remote):
     def usage(self) -> float:
         return self.client.stats()["usage"]
 
-    def get_computed_blocks(
-            self, request: RequestLike
-    ) -> Union[tuple[KVCacheBlocks, int], tuple[KVCacheBlocks, int, int]]:
+    def get_computed_blocks(self, request: RequestLike) -> tuple[Any, ...]:
         """(KVCacheBlocks of the longest cached prefix, its tokens), plus 0
         with shared_prefix_boundary=True; the last token is always
-        recomputed. No reference is taken."""
+        recomputed. No reference is taken. (Typed as a tuple of either
+        length, so that both vLLM's pair and its newer triple unpack.)"""
         found = self._computed(request)
         return found + (0,) if self._triple else found
 

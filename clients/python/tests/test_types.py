@@ -86,9 +86,12 @@ def test_mypy_flags_a_user_program_that_misuses_the_api(tmp_path):
         "        for r in running:\n"
         "            s.allocate_slots(r, 1)\n"
         "        got = s.commit()\n"
-        "    c.allocate('4')\n"                             # line 12: a str for an int
-        "    n: str = m.usage\n"                            # line 13: a float as a str
-        "    s.allocate_slots(running[0])\n")               # line 14: num_new_tokens missing
+        "    blocks, hit = m.get_computed_blocks(waiting[0])\n"  # vLLM's pair unpacks
+        "    new = m.allocate_slots(waiting[0], 8 - hit, hit, blocks)\n"
+        "    ids2 = new.get_block_ids() if new is not None else None\n"
+        "    c.allocate('4')\n"                             # line 15: a str for an int
+        "    n: str = m.usage\n"                            # line 16: a float as a str
+        "    s.allocate_slots(running[0])\n")               # line 17: num_new_tokens missing
     env = dict(os.environ, MYPYPATH=os.path.dirname(PKG))
     r = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir",
                         os.devnull, "--ignore-missing-imports", "user.py"],
@@ -97,4 +100,4 @@ def test_mypy_flags_a_user_program_that_misuses_the_api(tmp_path):
     assert r is not None
     flagged = {int(line.split(":")[1]) for line in r.stdout.splitlines()
                if line.startswith("user.py:") and ": error:" in line}
-    assert flagged == {12, 13, 14}, r.stdout
+    assert flagged == {15, 16, 17}, r.stdout
