@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Union, overload
 
 from .client import Client
 from .errors import NoSpace, WrongState
@@ -277,6 +277,12 @@ class KVCacheBlocks:
 
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)))
+
+    @overload
+    def get_block_ids(self, allow_none: Literal[False] = False) -> tuple[list[int], ...]: ...
+
+    @overload
+    def get_block_ids(self, allow_none: Literal[True]) -> Optional[tuple[list[int], ...]]: ...
 
     def get_block_ids(self, allow_none: bool = False) -> Optional[tuple[list[int], ...]]:
         if allow_none and all(len(g) == 0 for g in self.blocks):

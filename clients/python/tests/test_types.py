@@ -88,7 +88,7 @@ def test_mypy_flags_a_user_program_that_misuses_the_api(tmp_path):
         "        got = s.commit()\n"
         "    blocks, hit = m.get_computed_blocks(waiting[0])\n"  # vLLM's pair unpacks
         "    new = m.allocate_slots(waiting[0], 8 - hit, hit, blocks)\n"
-        "    ids2 = new.get_block_ids() if new is not None else None\n"
+        "    first: list[int] = new.get_block_ids()[0] if new is not None else []\n"
         "    c.allocate('4')\n"                             # line 15: a str for an int
         "    n: str = m.usage\n"                            # line 16: a float as a str
         "    s.allocate_slots(running[0])\n")               # line 17: num_new_tokens missing
