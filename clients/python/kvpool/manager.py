@@ -20,6 +20,7 @@ _last = itemgetter(-1)
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 
 if TYPE_CHECKING:
+    from .batch import Batch
     from .client import Client
 
 
@@ -71,7 +72,7 @@ class RemoteKVCacheManager(_Remote):
         self._plain = all(g["kind"] == "full_attention" for g in self.groups)
         self._reqs: dict[Any, _Req] = {}
         self._next_id = 1
-        self._spare = None  # a closed Step's Batch, cleared, for the next Step
+        self._spare: Optional[Batch] = None  # a Batch, cleared, for the next Step or prefetch
         # request_id -> (fine hashes, ids, ref counts)
         self._prefetched: dict[Any, tuple[list[bytes], list[int], list[int]]] = {}
 
@@ -145,9 +146,7 @@ class RemoteKVCacheManager(_Remote):
         if not todo:
             return 0
         bs, hl = self.groups[0]["block_size"], self.client.info["hash_len"]
-        batch, self._spare = self._spare, None
-        if batch is None:
-            batch = self.client.batch(keep_going=True, borrow=True)
+        batch = self._take_batch()
         try:
             for _, fine in todo:
                 batch._add_lookup_hashes(fine, bs, hl)
@@ -160,12 +159,21 @@ class RemoteKVCacheManager(_Remote):
                 got[rid] = (fine, ids, refs)
             self._prefetched = got
         finally:
-            batch.clear()
-            if self._spare is None:
-                self._spare = batch
-            else:
-                batch.close()
+            self._give_batch(batch)
         return len(todo)
+
+    def _take_batch(self) -> Batch:
+        """The kept Batch (keep going, borrowed arrays), or a new one."""
+        batch, self._spare = self._spare, None
+        return batch if batch is not None else self.client.batch(keep_going=True, borrow=True)
+
+    def _give_batch(self, batch: Batch) -> None:
+        """Clears a Batch and keeps it for the next user, or closes it if one is kept."""
+        batch.clear()
+        if self._spare is None:
+            self._spare = batch
+        else:
+            batch.close()
 
     def allocate_slots(self, request: RequestLike, num_new_tokens: int,
                        num_new_computed_tokens: int = 0,
@@ -443,9 +451,7 @@ class Step:
         self._mgr = mgr
         # A scheduler opens a Step per step: the last one's Batch (and the C
         # memory it grew) is reused rather than created again.
-        self._batch, mgr._spare = mgr._spare, None
-        if self._batch is None:
-            self._batch = mgr.client.batch(keep_going=True, borrow=True)
+        self._batch: Optional[Batch] = mgr._take_batch()
         self._ops: list[Any] = []  # ("slots", ...), ("free", req), ("noop",) or a _Run
         self._run: Optional[_Run] = None  # the open _Run, if the last call was decode-shaped
         self._count = 0
@@ -621,14 +627,10 @@ class Step:
         batch, self._batch = self._batch, None
         if batch is None:
             return
-        batch.clear()
         self._ops.clear()
         self._queued.clear()
         self._run = None
-        if self._mgr._spare is None:
-            self._mgr._spare = batch
-        else:
-            batch.close()
+        self._mgr._give_batch(batch)
 
     def __enter__(self) -> Step:
         return self
