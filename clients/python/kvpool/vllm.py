@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Un
 from .client import Client
 from .errors import NoSpace, WrongState
 from .events import BlockStored, EventBatch, Subscriber
-from . import _lib as L
 from ._types import RequestLike
 from .events import AllBlocksCleared, BlockRemoved
 
