@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A tiny scheduler loop sharing a prefix across requests, then a
-prefill-to-decode handoff of block contents from NumPy arrays.
+"""A tiny scheduler loop sharing a prefix across requests, a step that
+admits four more with their prefix hits looked up in one round trip, then
+a prefill-to-decode handoff of block contents from NumPy arrays.
 
     python3 clients/python/examples/scheduler_and_handoff.py ipc:///tmp/kvpool.ipc [POOL]
 
@@ -53,6 +54,21 @@ def main(url, pool="default"):
                     s.allocate_slots(r, 1)
                 s.commit()
         print(f"after 3 decode steps: usage {mgr.usage:.3f}")
+        # Admitting several requests in one step: their prefix hits come from
+        # one round trip (prefetch_computed_blocks), then one Step allocates.
+        more = [Request(f"req-{i}", system + [i] * bs, hasher, bs) for i in range(4, 8)]
+        try:
+            mgr.prefetch_computed_blocks(more)
+            hits = [mgr.get_computed_blocks(r) for r in more]
+        except kvpool.NotSupported:  # a hybrid pool: the daemon takes the hit itself
+            hits = [(None, 0)] * len(more)
+        with mgr.step() as s:
+            for r, (blocks, hit) in zip(more, hits):
+                s.allocate_slots(r, r.num_tokens - hit, hit, blocks)
+            got = s.commit()
+        print(f"admitted {len(more)} in one step: prefix hits {[h for _, h in hits]} tokens, "
+              f"new blocks {[g.get_block_ids() if g else None for g in got]}")
+        reqs += more
 
         # Prefill-to-decode handoff through the prefix cache: the prefill side
         # takes blocks, writes their KV from NumPy and caches them under the

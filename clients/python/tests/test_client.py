@@ -205,4 +205,5 @@ def test_the_readme_example_runs(daemon):
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "req-1: prefix hit 64 tokens" in out.stdout  # the shared system prompt
+    assert "admitted 4 in one step: prefix hits [64, 64, 64, 64] tokens" in out.stdout
     assert "byte for byte" in out.stdout and "freed every request" in out.stdout
