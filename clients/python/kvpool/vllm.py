@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Un
 from .client import Client
 from .errors import NoSpace, WrongState
 from .events import BlockStored, EventBatch, Subscriber
-from ._types import RequestLike
+from ._types import RequestLike  # noqa: F401 (public here: what the adapters read)
 from .events import AllBlocksCleared, BlockRemoved
 
 #: What take_events() returns: vLLM's KVCacheEvent classes' shapes.
