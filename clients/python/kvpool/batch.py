@@ -124,15 +124,18 @@ class Batch:
 
     def lookup(self, tokens: Optional[Ids] = None, *, block_hashes: Optional[Hashes] = None,
                lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
-               mm: MMFeatures = None, group_ids: Sequence[int] = (0,)) -> int:
-        """Client.lookup's call (tokens) or Client.lookup_hashes' (block_hashes)."""
+               mm: MMFeatures = None, group_ids: Sequence[int] = (0,),
+               block_size: int = 0) -> int:
+        """Client.lookup's call (tokens) or Client.lookup_hashes' (block_hashes;
+        block_size as there, 0: the pool's)."""
         toks, ntok = _tokens(tokens)
         hl = self._client.info["hash_len"]
         hs, nh = _hashes(block_hashes, hl) if block_hashes is not None else (None, 0)
         keys, keep = _keys(lora_name, cache_salt, mm)
         groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
         q = L.Lookup(hs, nh, toks if tokens is not None else None, ntok,
-                     ctypes.pointer(keys) if keys else None, groups, len(group_ids), 0, hl)
+                     ctypes.pointer(keys) if keys else None, groups, len(group_ids), block_size,
+                     hl)
         return self._add("lookup", L.kvp_batch_lookup(self._b, byref(q)), toks, hs, keep, groups,
                          q)
 
@@ -199,14 +202,6 @@ class Batch:
         first = len(self._kinds)
         self._kinds.extend(["allocate_slots"] * n)
         return first
-
-    def _add_lookup_hashes(self, block_hashes, block_size, hash_len):
-        """A Lookup of block_hashes (each hash_len bytes) in group 0 with
-        block_size, for the manager's prefetch: no keys, no group list."""
-        hs, nh = _hashes(block_hashes, hash_len)
-        g0 = (c_uint32 * 1)(0)
-        q = L.Lookup(hs, nh, None, 0, None, g0, 1, block_size, hash_len)
-        return self._add("lookup", L.kvp_batch_lookup(self._b, byref(q)), hs, g0, q)
 
     def _lookup_result(self, i):
         """Lookup call i's (None, hit ids, their ref counts), or (its error, None, None)."""

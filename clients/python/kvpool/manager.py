@@ -145,11 +145,11 @@ class RemoteKVCacheManager(_Remote):
                 todo.append((request.request_id, fine))
         if not todo:
             return 0
-        bs, hl = self.groups[0]["block_size"], self.client.info["hash_len"]
+        bs = self.groups[0]["block_size"]
         batch = self._take_batch()
         try:
             for _, fine in todo:
-                batch._add_lookup_hashes(fine, bs, hl)
+                batch.lookup(block_hashes=fine, block_size=bs)
             batch._transmit()
             got = {}
             for i, (rid, fine) in enumerate(todo):
