@@ -16,8 +16,8 @@ Buffer = Any
 
 class RequestLike(Protocol):
     """What the vLLM adapters read of a vLLM Request (any object with these;
-    lora_request, cache_salt, mm_features and skip_reading_prefix_cache are
-    read when present)."""
+    lora_request, cache_salt, mm_features, skip_reading_prefix_cache and
+    num_preemptions are read when present)."""
 
     @property
     def request_id(self) -> Hashable: ...

@@ -13,7 +13,8 @@ from . import _lib as L
 from .client import _raise
 from .errors import NoSpace, NotSupported
 from ._types import RequestLike
-from .vllm import KVCacheBlock, KVCacheBlocks, KVCacheEvent, _Remote, _Req, _request_keys
+from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, _Remote, _Req,
+                   _request_keys)
 
 _all_tokens, _sent, _wire_id = (attrgetter(a) for a in ("all_token_ids", "sent", "wire_id"))
 _last = itemgetter(-1)
@@ -29,7 +30,7 @@ class RemoteKVCacheManager(_Remote):
 
     A vLLM Request (or any object with request_id, all_token_ids,
     num_tokens, block_hashes and optionally lora_request, cache_salt,
-    mm_features, skip_reading_prefix_cache) is registered with the daemon at
+    mm_features, skip_reading_prefix_cache, num_preemptions) is registered with the daemon at
     its first allocate_slots; later calls send only the tokens appended
     since. The daemon hashes tokens itself, with the pool's algorithm and
     seed: request.block_hashes must come from the same (kvpool.Hasher with
@@ -54,15 +55,19 @@ class RemoteKVCacheManager(_Remote):
 
     def __init__(self, client: Client, enable_kv_cache_events: bool = False, *,
                  events_url: Optional[str] = None, token: Optional[str] = None,
-                 shared_prefix_boundary: bool = False) -> None:
+                 shared_prefix_boundary: bool = False, log_stats: bool = False) -> None:
         """shared_prefix_boundary=True: get_computed_blocks returns the
         triple of vLLM's newer KVCacheManager (blocks, hit tokens,
         shared_prefix_boundary) instead of the pair. The boundary is that of
         a sparse-retention group (Mamba, sliding window) lagging full
         attention; get_computed_blocks serves single full-attention pools
-        only, where vLLM's is always 0, so it is 0 here."""
+        only, where vLLM's is always 0, so it is 0 here. log_stats: as
+        vLLM's, get_computed_blocks records PrefixCacheStats for
+        make_prefix_cache_stats()."""
         super().__init__(client, enable_kv_cache_events, events_url, token, annotate=True)
         self._triple = shared_prefix_boundary
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.max_model_len = client.info["max_model_len"]
         self.groups = client.info["groups"] or [{"kind": "full_attention",
                                                  "block_size": client.info["block_size"]}]
@@ -87,7 +92,40 @@ class RemoteKVCacheManager(_Remote):
         recomputed. No reference is taken. (Typed as a tuple of either
         length, so that both vLLM's pair and its newer triple unpack.)"""
         found = self._computed(request)
+        if self.prefix_cache_stats is not None and self.enable_caching and not getattr(
+                request, "skip_reading_prefix_cache", False):
+            self.prefix_cache_stats.record(request.num_tokens, found[1],
+                                           getattr(request, "num_preemptions", 0) > 0)
         return found + (0,) if self._triple else found
+
+    def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
+        """The stats since the last call (and a fresh set), or None without log_stats."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_num_common_prefix_blocks(self, running_request_id: Any) -> list[int]:
+        """Per group, how many leading blocks of the request every request of
+        this manager holds (vLLM's cascade-attention prefix): counted in full
+        attention groups, 0 in the others, as vLLM does. vLLM compares each
+        block's ref_cnt with its request count; a remote pool's ref counts
+        include other sessions', so this counts this manager's own holders:
+        the requests the daemon has taken (a first allocate_slots that
+        succeeded) and that free() has not ended. A prefix other sessions
+        share does not make a block common here, or stop it being so."""
+        req = self._reqs.get(running_request_id)
+        out = [0] * len(self.groups)
+        if req is None or not req.sent:
+            return out
+        n = sum(1 for r in self._reqs.values() if r.sent)
+        for g, spec in enumerate(self.groups):
+            if spec["kind"] == "full_attention":
+                for b in req.blocks[g]:
+                    if b._held != n:
+                        break
+                    out[g] += 1
+        return out
 
     def _fine(self, request):
         """The hashes get_computed_blocks looks up (vLLM's: the last token is
@@ -221,7 +259,10 @@ class RemoteKVCacheManager(_Remote):
 
     def reset_prefix_cache(self) -> bool:
         self._prefetched = {}
-        return super().reset_prefix_cache()
+        done = super().reset_prefix_cache()
+        if done and self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return done
 
     def take_events(self) -> list[KVCacheEvent]:
         """The pool's events since the last call, BlockStored annotated with
@@ -282,6 +323,7 @@ class RemoteKVCacheManager(_Remote):
             for g, hit in enumerate(new_computed_blocks.blocks):
                 for b in hit:
                     b.ref_cnt += 1
+                    b._held += 1
                 req.blocks[g].extend(hit)
         ext = kw.get("num_external_computed_tokens", 0)
         if self._plain and len(res.new_blocks_by_group) == 1:
@@ -304,7 +346,7 @@ class RemoteKVCacheManager(_Remote):
             for i in ids:
                 b = self.null_block if i == 0 else self._block(i)
                 if i != 0:
-                    b.ref_cnt = 1
+                    b.ref_cnt = b._held = 1
                     b.reset_hash()
                 row.append(b)
             req.blocks[g].extend(row)
@@ -318,7 +360,7 @@ class RemoteKVCacheManager(_Remote):
         blocks, row = self._blocks, []
         for i in res.new_blocks_by_group[0]:
             b = blocks.get(i) or self._block(i)
-            b.ref_cnt = 1
+            b.ref_cnt = b._held = 1
             b._block_hash = None
             row.append(b)
         req.blocks[0].extend(row)
@@ -368,6 +410,7 @@ class RemoteKVCacheManager(_Remote):
 
     def _to_null(self, row, i):
         row[i].ref_cnt -= 1
+        row[i]._held -= 1
         row[i] = self.null_block
 
 
@@ -391,6 +434,7 @@ def _released(req):
         for b in row:
             if not b.is_null:
                 b.ref_cnt -= 1
+                b._held -= 1
     req.blocks = []
 
 
@@ -610,7 +654,7 @@ class Step:
                     b = blocks.get(i)
                     if b is None:
                         b = blocks[i] = KVCacheBlock(i)
-                    b.ref_cnt = 1
+                    b.ref_cnt = b._held = 1
                     b._block_hash = None
                     row.append(b)
                 off += k

@@ -36,13 +36,16 @@ class KVCacheBlock:
     (as the daemon reported it, then this caller's own touch/free applied),
     block_hash (hash || 4-byte group id, or None) and is_null. One object
     per block id per adapter, as vLLM's pool hands out the same objects."""
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "is_null")
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "is_null", "_held")
 
     def __init__(self, block_id: int, ref_cnt: int = 0, is_null: bool = False) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self._block_hash: Optional[bytes] = None
         self.is_null = is_null
+        # RemoteKVCacheManager: how many of its own requests' tables hold the
+        # block (ref_cnt also counts other sessions' references).
+        self._held = 0
 
     @property
     def block_hash(self) -> Optional[bytes]:
@@ -59,6 +62,33 @@ class KVCacheBlock:
     def __repr__(self) -> str:
         return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
                 f"block_hash={self._block_hash!r}, is_null={self.is_null})")
+
+
+@dataclass
+class PrefixCacheStats:
+    """vLLM's PrefixCacheStats (vllm.v1.metrics.stats): what
+    RemoteKVCacheManager(log_stats=True).make_prefix_cache_stats() returns.
+    Per get_computed_blocks that looked the cache up: requests, queries (the
+    request's tokens) and hits (hit tokens), or the preempted_* three for a
+    request whose num_preemptions is above 0; reset: reset_prefix_cache
+    succeeded since the last make_prefix_cache_stats."""
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
 
 
 def _group_key(h, gid):
@@ -324,5 +354,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["KVCacheBlock", "KVCacheBlocks", "RemoteBlockPool", "RemoteKVCacheManager", "Step",
-           "Client"]
+__all__ = ["KVCacheBlock", "KVCacheBlocks", "PrefixCacheStats", "RemoteBlockPool",
+           "RemoteKVCacheManager", "Step", "Client"]

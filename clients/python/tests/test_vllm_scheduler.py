@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What vLLM's Scheduler asks RemoteKVCacheManager every step besides its
+allocations: get_num_common_prefix_blocks (cascade attention's shared
+prefix) and make_prefix_cache_stats (its hit-rate metrics), against a real
+kvpoold, with the counts vLLM's own manager gives."""
+import pytest
+
+import kvpool
+from kvpool.vllm import PrefixCacheStats, RemoteBlockPool, RemoteKVCacheManager
+
+from conftest import start, stop
+from test_vllm import Req
+
+
+@pytest.fixture(scope="module")
+def spools(tmp_path_factory):
+    args = []
+    for name in ("cp1", "cp2", "st"):
+        args += ["--pool", f"name={name},blocks=32,block_size=4,seed=0,executor=none"]
+    args += ["--pool", "name=cph,blocks=64,seed=0,executor=none,"
+                       "groups=full:4+sliding_window:4:8"]
+    proc, url, _ = start(tmp_path_factory.mktemp("kvpoold-sched"), *args, pool="cp1")
+    yield url
+    stop(proc)
+
+
+def _admit(m, req, step):
+    """vLLM's admission of a waiting request: its hit, then allocate_slots."""
+    blocks, hit = m.get_computed_blocks(req)
+    n = req.num_tokens - hit
+    if not step:
+        return m.allocate_slots(req, n, hit, blocks)
+    with m.step() as s:
+        s.allocate_slots(req, n, hit, blocks)
+        return s.commit()[0]
+
+
+@pytest.mark.parametrize("pool,step", [("cp1", False), ("cp2", True)])
+def test_common_prefix_counts_this_managers_requests(spools, pool, step):
+    """Three requests share an 8-token prefix (two blocks of 4): both blocks
+    are common while every request holds them, none while a request without
+    the prefix runs, and again both once it is freed. Another session's
+    references to the same blocks change their ref_cnt, not the answer."""
+    c = kvpool.Client(spools, pool=pool)
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    shared = list(range(8))
+    a, b, d = (Req(r, shared + [100 * k + j for j in range(5)], hasher=h)
+               for k, r in enumerate(("a", "b", "d"), 1))
+    assert m.get_num_common_prefix_blocks("a") == [0]  # unknown: nothing common
+    assert _admit(m, a, step).get_block_ids() == ([1, 2, 3, 4],)
+    # One request: all of its blocks are common, as vLLM counts (ref_cnt 1 == 1 request).
+    assert m.get_num_common_prefix_blocks("a") == [4]
+    assert _admit(m, b, step) is not None and _admit(m, d, step) is not None
+    assert m.get_block_ids("b")[0][:2] == m.get_block_ids("d")[0][:2] == [1, 2]
+    assert m.get_num_common_prefix_blocks("a") == [2]
+    assert m.get_num_common_prefix_blocks("d") == [2]
+    other = Req("o", [900 + j for j in range(5)], hasher=h)
+    assert _admit(m, other, step) is not None
+    assert m.get_num_common_prefix_blocks("a") == [0]
+    # A second session takes a reference on each shared block. The pool's
+    # ref counts (4) now equal this manager's 4 requests, though "o" holds
+    # neither block: vLLM's rule applied to them would call both common.
+    pool2 = RemoteBlockPool(kvpool.Client(spools, pool=pool))
+    held = [pool2.get_cached_block(x, [0])[0] for x in a.block_hashes[:2]]
+    pool2.touch(held)
+    assert [x.ref_cnt for x in held] == [4, 4]
+    assert m.get_num_common_prefix_blocks("a") == [0]
+    m.free(other)  # 3 requests, ref counts 4: common again
+    assert m.get_num_common_prefix_blocks("b") == [2]
+    for r in (a, b, d):
+        m.free(r)
+    assert m.get_num_common_prefix_blocks("a") == [0]
+    pool2.free_blocks(held)
+    pool2.client.close()
+    c.close()
+
+
+def test_common_prefix_is_zero_beside_full_attention(spools):
+    """A hybrid pool: the full-attention group counts, the sliding window
+    group answers 0, as vLLM's SlidingWindowManager does."""
+    c = kvpool.Client(spools, pool="cph")
+    m = RemoteKVCacheManager(c)
+    x, y = Req("x", range(13), hashes=[]), Req("y", range(50, 63), hashes=[])
+    assert m.allocate_slots(x, 13) is not None
+    assert m.get_num_common_prefix_blocks("x") == [4, 0]
+    assert m.allocate_slots(y, 13) is not None
+    assert m.get_num_common_prefix_blocks("x") == [0, 0]
+    m.free(y)
+    assert m.get_num_common_prefix_blocks("x") == [4, 0]
+    m.free(x)
+    c.close()
+
+
+def test_prefix_cache_stats_as_vllm_records_them(spools):
+    """log_stats=True: each get_computed_blocks that looks the cache up adds
+    the request's tokens and hit tokens (preempted requests apart);
+    make_prefix_cache_stats hands them over and starts again; a reset marks
+    them. Without log_stats it returns None, as vLLM's."""
+    c = kvpool.Client(spools, pool="st")
+    assert RemoteKVCacheManager(c).make_prefix_cache_stats() is None
+    m = RemoteKVCacheManager(c, log_stats=True)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r1 = Req("r1", range(13), hasher=h)
+    m.get_computed_blocks(r1)
+    m.allocate_slots(r1, 13)
+    r2 = Req("r2", range(13), hasher=h)
+    assert m.get_computed_blocks(r2)[1] == 12
+    again = Req("r3", range(9), hasher=h)
+    again.num_preemptions = 1
+    assert m.get_computed_blocks(again)[1] == 8
+    skip = Req("r4", range(9), hasher=h)
+    skip.skip_reading_prefix_cache = True  # no lookup: not counted
+    m.get_computed_blocks(skip)
+    assert m.make_prefix_cache_stats() == PrefixCacheStats(
+        reset=False, requests=2, queries=26, hits=12, preempted_requests=1,
+        preempted_queries=9, preempted_hits=8)
+    assert m.make_prefix_cache_stats() == PrefixCacheStats()
+    m.free(r1)
+    assert m.reset_prefix_cache()
+    assert m.make_prefix_cache_stats().reset
+    c.close()
