@@ -257,6 +257,10 @@ class RemoteKVCacheManager(_Remote):
         return KVCacheBlocks(tuple(list(g) for g in req.blocks)) if req else \
             self.empty_kv_cache_blocks
 
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self._prefetched = {}
+        super().evict_blocks(block_ids)
+
     def reset_prefix_cache(self) -> bool:
         self._prefetched = {}
         done = super().reset_prefix_cache()

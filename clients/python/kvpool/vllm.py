@@ -160,6 +160,22 @@ class _Remote:
                    if isinstance(e, BlockStored) else e for e in out]
         return out
 
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drops the listed blocks' hashes (ref counts and queue unchanged):
+        BlockPool's, and KVCacheManager's, which vLLM's scheduler calls for the
+        blocks a KV connector failed to load."""
+        ids = sorted(block_ids)
+        for i in ids:
+            assert 0 <= i < self.num_gpu_blocks, (
+                f"Invalid block_id {i} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
+                "connector - workers should only report block IDs that were allocated by the "
+                "scheduler.")
+        if ids:
+            self.client.evict(ids)
+        for i in ids:
+            if i in self._blocks:
+                self._blocks[i].reset_hash()
+
     def reset_prefix_cache(self) -> bool:
         """True and every hash dropped, or False (blocks still in use)."""
         try:
@@ -273,20 +289,6 @@ class RemoteBlockPool(_Remote):
             b._block_hash = _group_key(block_hash, gid)
             out.append(b)
         return out
-
-    def evict_blocks(self, block_ids: Iterable[int]) -> None:
-        """Drops the listed blocks' hashes (ref counts and queue unchanged)."""
-        ids = sorted(block_ids)
-        for i in ids:
-            assert 0 <= i < self.num_gpu_blocks, (
-                f"Invalid block_id {i} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
-                "connector - workers should only report block IDs that were allocated by the "
-                "scheduler.")
-        if ids:
-            self.client.evict(ids)
-        for i in ids:
-            if i in self._blocks:
-                self._blocks[i].reset_hash()
 
     def get_num_free_blocks(self) -> int:
         return self.client.stats()["num_free"]

@@ -15,7 +15,7 @@ from test_vllm import Req
 @pytest.fixture(scope="module")
 def spools(tmp_path_factory):
     args = []
-    for name in ("cp1", "cp2", "st"):
+    for name in ("cp1", "cp2", "st", "ev"):
         args += ["--pool", f"name={name},blocks=32,block_size=4,seed=0,executor=none"]
     args += ["--pool", "name=cph,blocks=64,seed=0,executor=none,"
                        "groups=full:4+sliding_window:4:8"]
@@ -119,4 +119,22 @@ def test_prefix_cache_stats_as_vllm_records_them(spools):
     m.free(r1)
     assert m.reset_prefix_cache()
     assert m.make_prefix_cache_stats().reset
+    c.close()
+
+
+def test_manager_evicts_what_a_connector_failed_to_load(spools):
+    """KVCacheManager.evict_blocks (vLLM's scheduler calls it for blocks a KV
+    connector could not load): the hashes go, and the hit stops before them."""
+    c = kvpool.Client(spools, pool="ev")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r1 = Req("r1", range(13), hasher=h)
+    assert m.allocate_slots(r1, 13).get_block_ids() == ([1, 2, 3, 4],)
+    m.free(r1)
+    r2 = Req("r2", range(13), hasher=h)
+    m.prefetch_computed_blocks([r2])
+    m.evict_blocks({2})
+    blocks, hit = m.get_computed_blocks(r2)  # looked up again: the prefetch is dropped
+    assert hit == 4 and blocks.get_block_ids() == ([1],)
+    assert c.stats()["num_cached_blocks"] == 2
     c.close()
