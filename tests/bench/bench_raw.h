@@ -30,7 +30,7 @@ int bench_raw_run(const char *url, size_t req_len, size_t rep_len, uint64_t n, d
 int bench_raw_run_remote(const char *url, size_t req_len, size_t rep_len, uint64_t n,
                          double *wall, double server_us, double client_us);
 
-/* kvp-bench-echo's request header: reply length, then spin ns (u64s, little-endian). */
+/* kvp-bench-echo's request header: reply length, then spin in ns of its CPU time (u64s, LE). */
 #define BENCH_ECHO_HDR 16u
 #define BENCH_ECHO_MAX ((size_t)64 << 20)
 

@@ -15,7 +15,11 @@
  *                 process (no daemon, no sockets), beside engine loop (b)
  *   --pin C,D     this process (its clients, its in-process echo, engine
  *                 loop (b)) on CPU C, kvpoold on CPU D, as kvp-bench-step --pin
- *                 places them; the raw rows' echo stays in this process
+ *                 places them; the raw rows' echo stays in this process, and
+ *                 two more rows send a Batch's bytes to kvp-bench-echo on CPU
+ *                 D, served as kvpoold serves: idle (nng's own cost) and busy
+ *                 for the handler's time per Batch (the rate a daemon whose
+ *                 only cost beyond nng were its handler would reach)
  * Starts its own kvpoold (fork+exec before touching nng) on ipc:// and
  * tcp://127.0.0.1, with a 100,000-block pool of block size 16.
  */
@@ -48,7 +52,7 @@
 #define MAX_CLIENTS 8
 
 static double seconds = 1.0;
-static char ipc_url[128], tcp_url[128], echo_ipc[128], echo_tcp[128];
+static char ipc_url[128], tcp_url[128], echo_ipc[128], echo_tcp[128], echo_placed[128];
 
 /* ---- one measurement: N threads each running an operation until time is up ---- */
 
@@ -62,12 +66,12 @@ enum kind { RAW, STATS, ALLOC_FREE, CYCLE, CYCLE_BATCH, RAW_BATCH };
 static size_t batch_req_len, batch_rep_len;
 /* In process, per Batch: the daemon's handler, and the client's packing and reply reading. */
 static double core_batch_us, client_batch_us;
-static const char echo_magic[4] = {'K', 'V', 'P', 'R'};
 
 struct job {
 	enum kind kind;
 	const char *url;
 	int index;
+	double spin_us;    /* RAW_BATCH: how long kvp-bench-echo works before each reply */
 	long ops;          /* round trips */
 	long units;        /* what the row counts: calls, or request cycles */
 	double *lat;       /* per round trip, seconds */
@@ -95,17 +99,19 @@ static void
 run_raw(struct job *j)
 {
 	nng_socket s;
-	char small[64] = "ping", *msg = small;
+	char small[64] = {0}, *msg = small;
 	size_t len = sizeof(small);
-	if (j->kind == RAW_BATCH) { /* the Batch's bytes, and its reply's size named in them */
-		uint32_t rep = (uint32_t)batch_rep_len;
-		len = batch_req_len > 8 ? batch_req_len : 8;
+	uint64_t echo64[2] = {sizeof(small), 0}; /* 64 B back, at once */
+
+	memcpy(small, echo64, sizeof(echo64));
+	if (j->kind == RAW_BATCH) { /* the Batch's bytes, led by kvp-bench-echo's header */
+		uint64_t hdr[2] = {batch_rep_len, (uint64_t)(j->spin_us * 1e3)};
+		len = batch_req_len > BENCH_ECHO_HDR ? batch_req_len : BENCH_ECHO_HDR;
 		if ((msg = calloc(1, len)) == NULL) {
 			j->failed = 1;
 			return;
 		}
-		memcpy(msg, echo_magic, 4);
-		memcpy(msg + 4, &rep, 4);
+		memcpy(msg, hdr, sizeof(hdr)); /* little-endian hosts only, as the echoes read it */
 	}
 	if (nng_req0_open(&s) != 0 || nng_dial(s, j->url, NULL, 0) != 0) {
 		j->failed = 1;
@@ -267,8 +273,9 @@ struct result {
 
 static pid_t daemon_pid;
 
+/* server: the process whose CPU the row reports (kvpoold, or kvp-bench-echo). */
 static struct result
-measure(enum kind kind, const char *url, int clients)
+measure_on(enum kind kind, const char *url, int clients, double spin_us, pid_t server)
 {
 	pthread_t th[MAX_CLIENTS];
 	struct job jobs[MAX_CLIENTS];
@@ -276,9 +283,10 @@ measure(enum kind kind, const char *url, int clients)
 	size_t total = 0;
 
 	memset(jobs, 0, sizeof(jobs));
-	double d0 = daemon_pid > 0 ? proc_cpu(daemon_pid) : 0, c0 = cpu_now();
+	double d0 = server > 0 ? proc_cpu(server) : 0, c0 = cpu_now();
 	double t0 = now();
 	for (int i = 0; i < clients; i++) {
+		jobs[i].spin_us = spin_us;
 		jobs[i].kind = kind;
 		jobs[i].url = url;
 		jobs[i].index = i;
@@ -287,7 +295,7 @@ measure(enum kind kind, const char *url, int clients)
 	for (int i = 0; i < clients; i++)
 		pthread_join(th[i], NULL);
 	double dt = now() - t0;
-	double d1 = daemon_pid > 0 ? proc_cpu(daemon_pid) : 0, c1 = cpu_now();
+	double d1 = server > 0 ? proc_cpu(server) : 0, c1 = cpu_now();
 	long units = 0, ops = 0;
 	for (int i = 0; i < clients; i++) {
 		units += jobs[i].units;
@@ -312,6 +320,46 @@ measure(enum kind kind, const char *url, int clients)
 	return r;
 }
 
+static struct result
+measure(enum kind kind, const char *url, int clients)
+{
+	return measure_on(kind, url, clients, 0, daemon_pid);
+}
+
+/*
+ * --pin's floor rows: a Batch's bytes each way to kvp-bench-echo (echo_pid,
+ * on kvpoold's CPU), idle; busy for the engine's own time for 64 cycles (a
+ * daemon with no cost beyond the engine's and nng's); and busy for the
+ * handler's time in process. Nonzero if a round trip failed.
+ */
+static int
+placed_rows(pid_t echo_pid, int clients, double eng_b, double raw_p50)
+{
+	int failed = 0;
+	for (int busy = 0; busy < 3; busy++) {
+		double spin = busy == 0 ? 0 : busy == 1 ? (eng_b > 0 ? CB_CYCLES * 1e6 / eng_b : 0)
+		                                        : core_batch_us;
+		struct result r = measure_on(RAW_BATCH, echo_placed, clients, spin, echo_pid);
+		char what[128];
+		snprintf(what, sizeof(what), busy == 0 ? "raw nng, a Batch's bytes each way, to "
+		                                         "kvp-bench-echo beside kvpoold (floor)"
+		                             : busy == 1 ? "the same, the echo busy %.0f us of CPU per "
+		                                           "Batch (engine (b)'s time for its cycles)"
+		                                         : "the same, the echo busy %.0f us of CPU per "
+		                                           "Batch (the handler's time in process)",
+		         spin);
+		char vs_raw[32] = "-"; /* --only-batch measures no 64 B round trip */
+		if (raw_p50 > 0)
+			snprintf(vs_raw, sizeof(vs_raw), "%.2f", r.p50_us / raw_p50);
+		printf("| ipc | %d | %s | %.0f cycles/s (%.3f of engine (b); echo CPU per Batch %.0f "
+		       "us) | %.0f us | %.0f us | %s |\n", clients, what, r.units_per_s,
+		       eng_b > 0 ? r.units_per_s / eng_b : 0, r.daemon_cpu_us, r.p50_us, r.p99_us,
+		       vs_raw);
+		failed |= r.failed;
+	}
+	return failed;
+}
+
 /* ---- the raw echo server ---- */
 
 struct echo {
@@ -330,11 +378,11 @@ echo_cb(void *arg)
 		return;
 	if (echo.state[i] == 0) {
 		nng_msg *m = nng_aio_get_msg(echo.aio[i]);
-		uint32_t want;
+		uint64_t want;
 		/* The received message, back; resized to what a RAW_BATCH request names. */
-		if (nng_msg_len(m) >= 8 && memcmp(nng_msg_body(m), echo_magic, 4) == 0) {
-			memcpy(&want, (const char *)nng_msg_body(m) + 4, 4);
-			(void)nng_msg_realloc(m, want);
+		if (nng_msg_len(m) >= BENCH_ECHO_HDR) {
+			memcpy(&want, nng_msg_body(m), sizeof(want));
+			(void)nng_msg_realloc(m, want > BENCH_ECHO_MAX ? BENCH_ECHO_MAX : want);
 		}
 		echo.state[i] = 1;
 		nng_ctx_send(echo.ctx[i], echo.aio[i]);
@@ -540,6 +588,8 @@ main(int argc, char **argv)
 	                       "--lease-ms", "60000", NULL};
 	pid_t child = kvp_spawn(pin[1] >= 0 ? dargv : dargv + 3, NULL);
 	daemon_pid = child;
+	snprintf(echo_placed, sizeof(echo_placed), "ipc:///tmp/kvpool-bench-echop-%d.ipc", pid);
+	pid_t echo_pid = pin[1] >= 0 ? bench_echo_start(ECHO_PATH, echo_placed, pin[1]) : -1;
 	if (echo_start() != 0) {
 		fprintf(stderr, "bench: cannot start the echo server\n");
 		kill(child, SIGTERM);
@@ -575,9 +625,12 @@ main(int argc, char **argv)
 	int failed = 0;
 	if (only_batch) {
 		struct result r = measure(CYCLE_BATCH, ipc_url, only_batch);
-		printf("ipc, %d client(s), batches: %.0f cycles/s (%.3f of engine (b)), p50 %.0f us\n",
-		       only_batch, r.units_per_s, eng_b > 0 ? r.units_per_s / eng_b : 0, r.p50_us);
+		printf("ipc, %d client(s), batches: %.0f cycles/s (%.3f of engine (b)), p50 %.0f us, "
+		       "kvpoold %.0f us of CPU per Batch\n", only_batch, r.units_per_s,
+		       eng_b > 0 ? r.units_per_s / eng_b : 0, r.p50_us, r.daemon_cpu_us);
 		failed = r.failed;
+		if (echo_pid > 0)
+			failed |= placed_rows(echo_pid, only_batch, eng_b, 0);
 	}
 	for (int t = 0; t < 2 && !only_batch; t++) {
 		const char *url = t ? tcp_url : ipc_url, *eurl = t ? echo_tcp : echo_ipc;
@@ -608,9 +661,13 @@ main(int argc, char **argv)
 				       t ? "tcp" : "ipc", clients, names[k], r.units_per_s, units[k], extra,
 				       r.p50_us, r.p99_us, raw.p50_us > 0 ? r.p50_us / raw.p50_us : 0);
 			}
+			if (t == 0 && clients == 8 && echo_pid > 0 && batch_req_len > 0)
+				failed |= placed_rows(echo_pid, clients, eng_b, raw.p50_us);
 		}
 	}
 	int status = kvp_reap(child, 10000);
+	if (echo_pid > 0 && kvp_reap(echo_pid, 2000) != 0)
+		failed = 1; /* it runs until SIGTERM, then ends with 0 */
 	nng_close(echo.sock);
 	if (failed || status != 0) {
 		fprintf(stderr, "bench: a call failed or the daemon did not stop cleanly\n");
