@@ -486,12 +486,12 @@ main(int argc, char **argv)
 		if ((events && !ev_on) || (!events && !ev_off))
 			continue;
 		double eng_med[100], rem_med[100], raw_med[100], dcpu[100], ccpu[100], bld[100];
-		double core_med[100], gap_med[100];
+		double core_med[100], gap_med[100], ecpu[100];
 		size_t req_b = 0, rep_b = 0;
 		for (uint64_t r = 0; r < rounds; r++) {
 			struct checks c;
 			eng_med[r] = rem_med[r] = raw_med[r] = dcpu[r] = ccpu[r] = bld[r] = core_med[r] = 0;
-			gap_med[r] = 0;
+			gap_med[r] = ecpu[r] = 0;
 			if (do_engine) {
 				memset(&c, 0, sizeof(c));
 				if (run_engine(w, n, events, &t, &c) != 0)
@@ -529,9 +529,12 @@ main(int argc, char **argv)
 					                        &c, w, n, events);
 				printf("round %" PRIu64 ", events %s: remote p10 %.0f / p50 %.0f / p90 %.0f us",
 				       r + 1, events ? "on" : "off", sw.p10, sw.p50, sw.p90);
-				if (raw_run(echo, url_raw, url_echo, req_b, rep_b, n, raw, 0, 0) != 0 ||
-				    (do_core && raw_run(echo, url_raw, url_echo, req_b, rep_b, n, raw + n,
-				                        core_med[r], ccpu[r]) != 0)) {
+				/* The echo's CPU per idle round trip (16 warm-ups included): nng's share. */
+				double e0 = echo > 0 ? proc_cpu(echo) : 0;
+				int rr = raw_run(echo, url_raw, url_echo, req_b, rep_b, n, raw, 0, 0);
+				ecpu[r] = echo > 0 ? (proc_cpu(echo) - e0) / (double)(n + 16) * 1e6 : 0;
+				if (rr != 0 || (do_core && raw_run(echo, url_raw, url_echo, req_b, rep_b, n,
+				                                   raw + n, core_med[r], ccpu[r]) != 0)) {
 					fprintf(stderr, "bench: the raw nng round trip failed\n");
 					failed = 1;
 					break;
@@ -563,6 +566,9 @@ main(int argc, char **argv)
 			printf("| - client CPU (median) | %.0f | %.2f |\n", C, C / 272);
 			printf("| - client building the batch (median) | %.0f | %.2f |\n", B, B / 272);
 			printf("| raw nng REQ/REP, %zu B request, %zu B reply | %.0f | |\n", req_b, rep_b, X);
+			if (echo > 0)
+				printf("| - kvp-bench-echo's CPU per round trip (nng's server side) | %.0f | |\n",
+				       median(ecpu, (int)rounds));
 			if (do_core)
 				printf("| raw nng REQ/REP, same sizes, the echo busy for core's time and the "
 				       "client for its CPU time between calls | %.0f | |\n", G);
