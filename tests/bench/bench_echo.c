@@ -8,9 +8,8 @@
  * reply (service/transport.c), so its round trips pay the same thread
  * handoffs. Each request's first 16 bytes say what to answer: the reply's
  * length (u64, little-endian), then how long to spin first, in ns of the
- * thread's CPU time (u64). It
- * replies with that many zero bytes, built as the daemon builds a reply, and
- * runs until SIGTERM (kvp_reap).
+ * thread's CPU time (u64). It replies with that many zero bytes, built as the
+ * daemon builds a reply, and runs until SIGTERM (kvp_reap).
  */
 #define _POSIX_C_SOURCE 200809L
 

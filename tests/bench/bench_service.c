@@ -16,10 +16,11 @@
  *   --pin C,D     this process (its clients, its in-process echo, engine
  *                 loop (b)) on CPU C, kvpoold on CPU D, as kvp-bench-step --pin
  *                 places them; the raw rows' echo stays in this process, and
- *                 two more rows send a Batch's bytes to kvp-bench-echo on CPU
- *                 D, served as kvpoold serves: idle (nng's own cost) and busy
- *                 for the handler's time per Batch (the rate a daemon whose
- *                 only cost beyond nng were its handler would reach)
+ *                 three more rows send a Batch's bytes to kvp-bench-echo on
+ *                 CPU D, served as kvpoold serves: idle (nng's own cost), and
+ *                 busy for engine (b)'s and for the handler's time per Batch
+ *                 (the rates a daemon whose only costs beyond nng were those
+ *                 would reach)
  * Starts its own kvpoold (fork+exec before touching nng) on ipc:// and
  * tcp://127.0.0.1, with a 100,000-block pool of block size 16.
  */
