@@ -212,18 +212,27 @@ kvp_grp_reserve(struct kvp_grp_blocks *b, size_t n)
 }
 
 /*
- * Nulls and frees blocks below last walking back, stopping at a null. vLLM
- * frees them as one list in walk order; freeing one at a time appends them
- * to the free queue in the same order.
+ * Nulls and frees blocks below last walking back, stopping at a null: one
+ * free_blocks of the list in walk order, as vLLM's _remove_blocks_in_range
+ * (under vLLM 0.33's free order one call and several calls differ). The run
+ * is reversed in place to be that list, then nulled.
  */
 static void
 remove_below(struct kvp_grp_blocks *b, struct kvp_pool *pool, size_t last)
 {
-	for (size_t i = last < b->n ? last : b->n; i-- > 0 && b->ids[i] != KVP_NULL_BLOCK;) {
-		/* The request holds this reference: cannot fail. */
-		(void)kvp_pool_free_blocks(pool, &b->ids[i], 1);
-		b->ids[i] = KVP_NULL_BLOCK;
+	size_t hi = last < b->n ? last : b->n, lo = hi;
+
+	while (lo > 0 && b->ids[lo - 1] != KVP_NULL_BLOCK)
+		lo--;
+	for (size_t i = lo, j = hi; i + 1 < j; i++, j--) {
+		int32_t t = b->ids[i];
+		b->ids[i] = b->ids[j - 1];
+		b->ids[j - 1] = t;
 	}
+	/* The request holds these references: cannot fail. */
+	(void)kvp_pool_free_blocks(pool, &b->ids[lo], hi - lo);
+	for (size_t i = lo; i < hi; i++)
+		b->ids[i] = KVP_NULL_BLOCK;
 }
 
 void

@@ -57,11 +57,11 @@ grow(void **p, size_t *cap, size_t need, size_t elem)
 	return KVP_OK;
 }
 
-/* The coarse hash of group block i: k fine hashes of hlen bytes, contiguous already. */
+/* The key hash of group block i (kvp_pool_coarse_hash: the pool's rule); *len its length. */
 static const uint8_t *
-coarse(const struct kvp_mreq *r, uint32_t k, uint32_t hlen, size_t i)
+coarse(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t k, size_t i, size_t *len)
 {
-	return r->hashes + i * k * hlen;
+	return kvp_pool_coarse_hash(m->pool, r->hashes, k, i, len);
 }
 
 /* ---- lifecycle ---- */
@@ -114,7 +114,9 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 	kvp_group_specs_resolve(spec, cfg->num_groups, caching);
 	if (kvp_group_specs_validate(spec, cfg->num_groups, hbs, caching, NULL, 0) != KVP_OK)
 		return KVP_EINVAL;
-	for (uint32_t g = 0; g < cfg->num_groups && caching; g++)
+	/* 9aaf83ef5's concatenated keys must fit the pool's longest key. */
+	for (uint32_t g = 0; g < cfg->num_groups && caching &&
+	                     kvp_pool_semantics(pool) == KVP_VLLM_9AAF83EF5; g++)
 		if ((uint64_t)(spec[g].block_size / hbs) * hlen > kvp_pool_max_hash_len(pool))
 			return KVP_EINVAL;
 	uint32_t maxr = cfg->max_requests ? cfg->max_requests : 65536;
@@ -273,11 +275,12 @@ probe(void *ctx, size_t i)
 {
 	const struct probe_ctx *p = ctx;
 	int32_t ids[KVP_MGR_MAX_GROUPS];
+	size_t len;
 
-	if (i >= p->r->num_hashes / p->k ||
-	    kvp_pool_get_cached_block(p->m->pool, coarse(p->r, p->k, p->m->hlen, i),
-	                              (size_t)p->k * p->m->hlen, p->ag->gids, p->ag->n,
-	                              ids) != KVP_OK)
+	if (i >= p->r->num_hashes / p->k)
+		return false;
+	const uint8_t *h = coarse(p->m, p->r, p->k, i, &len);
+	if (kvp_pool_get_cached_block(p->m->pool, h, len, p->ag->gids, p->ag->n, ids) != KVP_OK)
 		return false;
 	for (uint32_t j = 0; j < p->ag->n; j++)
 		p->m->hit_ids[p->ag->gids[j] * p->m->hit_stride + i] = ids[j];
@@ -403,19 +406,19 @@ check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const 
            size_t nh)
 {
 	uint32_t k = m->spec[g].block_size / m->hash_bs;
-	size_t want = (size_t)k * m->hlen + KVP_MAP_KEY_GROUP_LEN, klen;
+	size_t klen, hl;
 
 	if (nh > r->num_hashes / k)
 		return KVP_EINVAL;
 	for (size_t i = 0; i < nh; i++) {
-		const uint8_t *key;
+		const uint8_t *key, *h;
 		if (ids[i] < 0 || (uint32_t)ids[i] >= kvp_pool_num_blocks(m->pool))
 			return KVP_ERANGE;
 		if (ids[i] == KVP_NULL_BLOCK && m->spec[g].kind != KVP_GROUP_FULL)
 			continue;
 		key = kvp_pool_block_key(m->pool, ids[i], &klen);
-		if (key == NULL || klen != want ||
-		    memcmp(key, coarse(r, k, m->hlen, i), klen - KVP_MAP_KEY_GROUP_LEN) ||
+		h = coarse(m, r, k, i, &hl);
+		if (key == NULL || klen != hl + KVP_MAP_KEY_GROUP_LEN || memcmp(key, h, hl) ||
 		    kvp_map_key_group(key, klen) != g)
 			return KVP_ESTATE;
 	}

@@ -32,6 +32,8 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 		return KVP_EINVAL;
 	if (cfg->medium != NULL && strlen(cfg->medium) >= sizeof(p->medium))
 		return KVP_EINVAL;
+	if (kvp_vllm_semantics_name(cfg->semantics) == NULL)
+		return KVP_EINVAL;
 	if (cfg->metrics != NULL && kvp_metrics_num_blocks(cfg->metrics) < cfg->num_blocks)
 		return KVP_EINVAL;
 	if ((p = calloc(1, sizeof(*p))) == NULL)
@@ -42,6 +44,8 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 	p->max_hash_len = mhl;
 	p->caching = cfg->enable_caching;
 	p->events_on = cfg->enable_events;
+	p->free_unhashed_first = cfg->semantics == KVP_VLLM_0_33;
+	p->coarse_concat = cfg->semantics == KVP_VLLM_9AAF83EF5;
 	p->metrics = cfg->metrics;
 	snprintf(p->medium, sizeof(p->medium), "%s", cfg->medium ? cfg->medium : "GPU");
 	kvp_event_batch_init(&p->events);
@@ -295,21 +299,38 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 			return KVP_ESTATE;
 		b[id].mark = mark;
 	}
-	/* Each block appears once, so decrement-then-append in one pass keeps
-	 * vLLM's order (all decrements, then appends in list order). */
-	int32_t last = b[p->queue.tail].prev;
+	/*
+	 * Each block appears once, so deciding and linking in one pass keeps
+	 * vLLM's order (all decrements, then the unhashed prepended in list
+	 * order, then the hashed appended in list order): a block's place
+	 * depends only on its own hash, which freeing does not change. The
+	 * prepended ones go in after front, the last one prepended.
+	 */
+	int32_t last = b[p->queue.tail].prev, front = p->queue.head;
 	struct kvp_block *lb = &b[last]; /* &b[last], kept so it is not recomputed */
 	uint32_t appended = 0;
+	const bool split = p->free_unhashed_first;
 #pragma GCC unroll 4
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (id == KVP_NULL_BLOCK || --b[id].ref_cnt != 0)
 			continue;
+		appended++;
+		if (split && (!p->caching || !kvp_map_has_id(&p->map, id))) {
+			int32_t nx = b[front].next;
+			b[id].prev = front;
+			b[id].next = nx;
+			b[front].next = id;
+			b[nx].prev = id;
+			if (front == last) /* the queue was empty: id is also its tail */
+				last = id, lb = &b[id];
+			front = id;
+			continue;
+		}
 		lb->next = id;
 		b[id].prev = last;
 		last = id;
 		lb = &b[id];
-		appended++;
 	}
 	lb->next = p->queue.tail;
 	b[p->queue.tail].prev = last;
@@ -322,7 +343,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
                            const struct kvp_cache_args *a)
 {
 	uint32_t k, nc, nf, mark;
-	size_t hlen, stored = 0;
+	size_t hlen, olen, stored = 0; /* olen: kvp_pool_coarse_hash's, always hlen */
 	int rv;
 
 	if (p == NULL || a == NULL || (blocks == NULL && num_blocks > 0))
@@ -336,7 +357,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	if (a->block_size == 0 || a->block_size % p->hash_block_size != 0)
 		return KVP_EINVAL;
 	k = a->block_size / p->hash_block_size;
-	hlen = (size_t)k * p->hash_len;
+	hlen = p->coarse_concat ? (size_t)k * p->hash_len : p->hash_len;
 	if (hlen > p->max_hash_len || nf > num_blocks || a->block_hashes == NULL ||
 	    a->num_block_hashes / k < nf || (a->token_ids == NULL && a->num_tokens > 0) ||
 	    kvp_request_keys_validate(a->keys) != KVP_OK)
@@ -368,7 +389,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		b[id].mark = mark;
 		stored++;
 		uint8_t *key = kvp_map__slot_mut(&p->map, id);
-		const uint8_t *h = a->block_hashes + (size_t)i * hlen;
+		const uint8_t *h = kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen);
 		uint32_t kh;
 		if (hlen == KVP_HASH_LEN) {
 			memcpy(key, h, KVP_HASH_LEN); /* a constant size: moves */
@@ -407,7 +428,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			return rv;
 		struct kvp_stored_desc d = {
 			.hash_len = hlen,
-			.parent = nc > 0 ? a->block_hashes + (size_t)(nc - 1) * hlen : NULL,
+			.parent = nc > 0 ? kvp_pool_coarse_hash(p, a->block_hashes, k, nc - 1, &olen) : NULL,
 			.token_ids = a->token_ids + t0,
 			.num_tokens = t1 - t0,
 			.block_size = a->block_size,
@@ -432,7 +453,8 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			rv = kvp_extra_keys_encode(a->keys, start, start + a->block_size, &mm_idx,
 			                           p->extra_buf, p->extra_cap, &elen);
 			assert(rv == KVP_OK);
-			kvp_event_stored_add(&p->events, a->block_hashes + (size_t)i * hlen,
+			kvp_event_stored_add(&p->events,
+			                     kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen),
 			                     p->extra_buf, elen);
 		}
 	}
@@ -441,6 +463,50 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		kvp_event_stored_end(&p->events);
 	p->stats.blocks_stored += stored;
 	return KVP_OK;
+}
+
+const uint8_t *
+kvp_pool_coarse_hash(const struct kvp_pool *p, const uint8_t *fine, uint32_t k, size_t i,
+                     size_t *len)
+{
+	if (p->coarse_concat) {
+		*len = (size_t)k * p->hash_len;
+		return fine + i * k * p->hash_len;
+	}
+	*len = p->hash_len;
+	return fine + ((i + 1) * k - 1) * p->hash_len;
+}
+
+enum kvp_vllm_semantics
+kvp_pool_semantics(const struct kvp_pool *p)
+{
+	return p->coarse_concat ? KVP_VLLM_9AAF83EF5 : KVP_VLLM_0_33;
+}
+
+const char *
+kvp_vllm_semantics_name(enum kvp_vllm_semantics s)
+{
+	switch (s) {
+	case KVP_VLLM_0_33:
+		return "0.33";
+	case KVP_VLLM_9AAF83EF5:
+		return "9aaf83ef5";
+	}
+	return NULL;
+}
+
+int
+kvp_vllm_semantics_parse(const char *name, enum kvp_vllm_semantics *out)
+{
+	if (name == NULL || out == NULL)
+		return KVP_EINVAL;
+	for (int s = KVP_VLLM_0_33; s <= KVP_VLLM_9AAF83EF5; s++) {
+		if (strcmp(name, kvp_vllm_semantics_name((enum kvp_vllm_semantics)s)) == 0) {
+			*out = (enum kvp_vllm_semantics)s;
+			return KVP_OK;
+		}
+	}
+	return KVP_EINVAL;
 }
 
 static int

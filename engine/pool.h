@@ -6,10 +6,19 @@
  * free queue, never handed out, never cached. The free queue starts in id
  * order (1..N-1); allocation pops from its head, evicting lazily: a popped
  * block that still has a hash loses it and a BlockRemoved event is queued.
- * Freed blocks are appended in the order given and keep their hashes
- * (evictable cached blocks that prefix lookups can still hit and touch can
- * revive). The prefix-cache map is keyed by hash || 4-byte big-endian group
- * id with no de-duplication.
+ * Freed blocks keep their hashes (evictable cached blocks that prefix
+ * lookups can still hit and touch can revive). The prefix-cache map is keyed
+ * by hash || 4-byte big-endian group id with no de-duplication.
+ *
+ * Two rules follow the vLLM a pool reproduces (kvp_pool_config.semantics):
+ *  - vLLM 0.33 (the default): freed blocks that reach ref count 0 with no
+ *    hash (every block, with caching off) go to the queue's head in the
+ *    order given, to be reused first; hashed ones are appended to the tail
+ *    in the order given. A coarse block (block_size = k·hash_block_size) is
+ *    keyed by its last fine hash, which chains over the whole prefix.
+ *  - vLLM at 9aaf83ef5: every freed block is appended to the tail in the
+ *    order given, and a coarse block is keyed by its k fine hashes
+ *    concatenated.
  *
  * Deliberate differences from vLLM (a remote service cannot trust its
  * caller, so misuse is rejected with a status and nothing changes; vLLM
@@ -53,11 +62,24 @@
 
 #define KVP_NULL_BLOCK 0
 
+/* The vLLM whose BlockPool rules a pool reproduces (see the top comment). */
+enum kvp_vllm_semantics {
+	KVP_VLLM_0_33 = 0,       /* vLLM 0.33 (2026-11): the default */
+	KVP_VLLM_9AAF83EF5 = 1,  /* vLLM at commit 9aaf83ef5 (2025) */
+};
+
+/* "0.33" or "9aaf83ef5", or NULL for a value that is not one of ours. */
+const char *kvp_vllm_semantics_name(enum kvp_vllm_semantics s);
+/* Parses those names; KVP_EINVAL for anything else; *out only on success. */
+int kvp_vllm_semantics_parse(const char *name, enum kvp_vllm_semantics *out);
+
 struct kvp_pool_config {
 	uint32_t num_blocks;       /* N >= 1, the null block included */
 	uint32_t hash_block_size;  /* tokens per fine hash, >= 1 */
 	uint32_t hash_len;         /* bytes per fine hash (one digest): 32 or 16; 0: 32 */
-	uint32_t max_hash_len;     /* longest block hash cached, hash_len·k, k <= 32; 0: hash_len */
+	uint32_t max_hash_len;     /* longest block hash cached, hash_len·k, k <= 32; 0: hash_len.
+	                            * Only 9aaf83ef5's concatenated keys are longer than hash_len. */
+	enum kvp_vllm_semantics semantics; /* 0: vLLM 0.33 */
 	bool enable_caching;
 	bool enable_events;
 	const char *medium;        /* events' medium; NULL: "GPU" (vLLM's) */
@@ -77,8 +99,8 @@ struct kvp_pool;
 /*
  * Creates a pool. KVP_EINVAL for a bad config (num_blocks 0 or above
  * 2^31-3, hash_block_size 0, hash_len not 32 or 16, max_hash_len not a
- * multiple of hash_len or over 32·hash_len, metrics sized for fewer
- * blocks), KVP_ENOMEM. *out only on success.
+ * multiple of hash_len or over 32·hash_len, an unknown semantics, metrics
+ * sized for fewer blocks), KVP_ENOMEM. *out only on success.
  */
 int kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out);
 /* Destroys a pool (events still queued are dropped). NULL is a no-op. */
@@ -109,9 +131,10 @@ int kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, siz
 int kvp_pool_touch(struct kvp_pool *p, const int32_t *ids, size_t n);
 
 /*
- * free_blocks: decrements each block's ref count and appends those that
- * reach 0 to the queue tail in the order given (the first is evicted
- * first; managers pass a request's blocks in reverse). Hashes are kept.
+ * free_blocks: decrements each block's ref count and queues those that
+ * reach 0 in the order given (the first is reused first; managers pass a
+ * request's blocks in reverse): vLLM 0.33 puts the unhashed ones at the head
+ * and appends the hashed ones, 9aaf83ef5 appends all. Hashes are kept.
  * KVP_ERANGE, KVP_ESTATE (a ref count is already 0), KVP_EINVAL (a non-null
  * id repeated, or ids NULL with n > 0).
  */
@@ -135,9 +158,22 @@ struct kvp_cache_args {
 };
 
 /*
+ * The key hash of coarse block i of a request whose fine hashes (the pool's
+ * hash_len each) start at fine, for a group of block_size = k·hash_block_size:
+ * fine hash (i+1)·k-1 under vLLM 0.33, fine hashes [i·k, (i+1)·k)
+ * concatenated under 9aaf83ef5. Points into fine; *len gets its length. The
+ * one place the rule lives: the manager, the service and the clients' lookups
+ * all call it. p, fine, len valid; k >= 1.
+ */
+const uint8_t *kvp_pool_coarse_hash(const struct kvp_pool *p, const uint8_t *fine, uint32_t k,
+                                    size_t i, size_t *len);
+/* The pool's semantics. */
+enum kvp_vllm_semantics kvp_pool_semantics(const struct kvp_pool *p);
+
+/*
  * cache_full_blocks: caches blocks[num_cached..num_full) under the request's
- * hashes (coarse hash i = fine hashes [i·k, (i+1)·k) concatenated, k =
- * block_size / hash_block_size), skipping the null block and masked-out
+ * hashes (kvp_pool_coarse_hash of the fine hashes, k = block_size /
+ * hash_block_size), skipping the null block and masked-out
  * blocks, and queues exactly one BlockStored (parent = the logical previous
  * hash, token ids of the whole range, one extra-keys item per stored block).
  * num_cached >= num_full: KVP_OK, no change, no event.

@@ -28,6 +28,8 @@ struct kvp_pool {
 	uint32_t hash_len;        /* bytes per fine hash: 32 or 16 */
 	uint32_t max_hash_len;
 	bool caching, events_on;
+	bool free_unhashed_first; /* vLLM 0.33's free order */
+	bool coarse_concat;       /* 9aaf83ef5's concatenated coarse keys */
 	char medium[32];          /* sizeof: the limit on a configured medium */
 	struct kvp_block *blocks; /* n + 2: the queue's sentinels at the end */
 	struct kvp_queue queue;

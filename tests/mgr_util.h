@@ -23,9 +23,10 @@ env_open(struct env *e, uint32_t n, uint32_t hash_bs, const char *groups, bool c
 	struct kvp_group_spec g[KVP_MAX_GROUPS];
 	size_t ng = 0;
 	char err[160];
+	/* The scenarios these tests pin were written against vLLM 9aaf83ef5. */
 	struct kvp_pool_config pc = {.num_blocks = n, .hash_block_size = hash_bs,
 	                             .max_hash_len = 128, .enable_caching = caching,
-	                             .enable_events = true};
+	                             .enable_events = true, .semantics = KVP_VLLM_9AAF83EF5};
 
 	if (kvp_group_specs_parse(groups, g, KVP_MAX_GROUPS, &ng, err, sizeof(err)) != KVP_OK)
 		fail_msg("%s", err);

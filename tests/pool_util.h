@@ -8,15 +8,25 @@
 #include "engine/pool.h"
 
 static inline struct kvp_pool *
-mkpool(uint32_t n, uint32_t bs, bool events)
+mkpool_sem(uint32_t n, uint32_t bs, bool events, enum kvp_vllm_semantics sem)
 {
 	struct kvp_pool_config cfg = {
 		.num_blocks = n, .hash_block_size = bs, .enable_caching = true,
-		.enable_events = events,
+		.enable_events = events, .semantics = sem,
 	};
 	struct kvp_pool *p = NULL;
 	assert_ok(kvp_pool_create(&cfg, &p));
 	return p;
+}
+
+/*
+ * A pool with vLLM 9aaf83ef5's rules: the reference spec's scenarios
+ * (../shared/reference/scenarios.md) were written against that commit.
+ */
+static inline struct kvp_pool *
+mkpool(uint32_t n, uint32_t bs, bool events)
+{
+	return mkpool_sem(n, bs, events, KVP_VLLM_9AAF83EF5);
 }
 
 /* Synthetic hashes: X = b"X" * 32. */

@@ -181,7 +181,8 @@ static void
 test_pool_b7_caching_disabled_emits_nothing(void **state)
 {
 	struct kvp_pool_config cfg = {.num_blocks = 5, .hash_block_size = 4,
-	                              .enable_caching = false, .enable_events = true};
+	                              .enable_caching = false, .enable_events = true,
+	                              .semantics = KVP_VLLM_9AAF83EF5};
 	struct kvp_pool *p;
 	struct kvp_event_batch b;
 	struct req r;
@@ -515,12 +516,13 @@ test_pool_cache_chunked_parent_mask_and_null_skip(void **state)
 	kvp_pool_destroy(p);
 }
 
-/* Coarse blocks (spec 5.6, H7): key = two fine hashes || group. */
+/* Coarse blocks at 9aaf83ef5 (spec 5.6, H7): key = two fine hashes || group. */
 static void
-test_pool_cache_coarse_block_concatenates_fine_hashes(void **state)
+test_pool_9aaf83ef5_coarse_block_concatenates_fine_hashes(void **state)
 {
 	struct kvp_pool_config cfg = {.num_blocks = 4, .hash_block_size = 4, .max_hash_len = 64,
-	                              .enable_caching = true, .enable_events = true};
+	                              .enable_caching = true, .enable_events = true,
+	                              .semantics = KVP_VLLM_9AAF83EF5};
 	struct kvp_pool *p;
 	struct kvp_event_batch b;
 	struct kvp_event ev;
@@ -567,6 +569,140 @@ test_pool_cache_coarse_block_concatenates_fine_hashes(void **state)
 	assert_pool_ok(p);
 	kvp_event_batch_fini(&b);
 	kvp_pool_destroy(p);
+}
+
+/*
+ * vLLM 0.33 (#42656): a freed block with no hash goes to the queue's head,
+ * to be reused first. vLLM's test_prefill frees a request of five blocks
+ * whose first three are cached, in reverse, and ends with this queue.
+ */
+static void
+test_pool_v033_free_puts_unhashed_blocks_first(void **state)
+{
+	struct kvp_pool *p = mkpool_sem(11, 4, true, KVP_VLLM_0_33);
+	struct req r;
+	int32_t a[5];
+
+	(void)state;
+	req_init(&r, "ABC");
+	assert_ok(kvp_pool_get_new_blocks(p, 5, a));
+	assert_ids(a, 5, 1, 2, 3, 4, 5);
+	assert_ok(cache(p, &r, a, 5, 0, 3, 4, 0));
+	rev(a, 5);
+	assert_ok(kvp_pool_free_blocks(p, a, 5));
+	assert_queue(p, 5, 4, 6, 7, 8, 9, 10, 3, 2, 1);
+	/* The next allocation takes the unhashed ones; no hash is evicted. */
+	assert_ok(kvp_pool_get_new_blocks(p, 2, a));
+	assert_ids(a, 2, 5, 4);
+	assert_int_equal(kvp_pool_num_cached_blocks(p), 3);
+	/* Freed into an empty queue too: the unhashed first, then the hashed. */
+	int32_t all[8];
+	assert_ok(kvp_pool_get_new_blocks(p, 8, all));
+	assert_int_equal(kvp_pool_num_free(p), 0);
+	int32_t back[] = {3, 6, 2, 7}, cached[] = {6, 2};
+	assert_ok(cache(p, &r, cached, 2, 0, 2, 4, 0)); /* 3's hash went when it was taken */
+	assert_ok(kvp_pool_free_blocks(p, back, 4));
+	assert_queue(p, 3, 7, 6, 2);
+	assert_pool_ok(p);
+	kvp_pool_destroy(p);
+}
+
+/* vLLM 0.33 with caching off: every freed block is reused first (LIFO). */
+static void
+test_pool_v033_caching_off_free_is_lifo(void **state)
+{
+	struct kvp_pool_config cfg = {.num_blocks = 5, .hash_block_size = 4};
+	struct kvp_pool *p;
+	int32_t a[2];
+
+	(void)state;
+	assert_ok(kvp_pool_create(&cfg, &p));
+	assert_ok(kvp_pool_get_new_blocks(p, 2, a));
+	rev(a, 2);
+	assert_ok(kvp_pool_free_blocks(p, a, 2));
+	assert_queue(p, 2, 1, 3, 4);
+	assert_pool_ok(p);
+	kvp_pool_destroy(p);
+}
+
+/*
+ * vLLM 0.33 (#45939): a coarse block is keyed by its last fine hash, which
+ * chains over the whole prefix; its events carry those hashes. No
+ * max_hash_len is needed for any block size.
+ */
+static void
+test_pool_v033_coarse_block_keyed_by_last_fine_hash(void **state)
+{
+	struct kvp_pool *p = mkpool_sem(6, 4, true, KVP_VLLM_0_33);
+	struct kvp_event_batch b;
+	struct kvp_event ev;
+	struct req r;
+	int32_t a[2], c[1], hit[1];
+	uint8_t want[36];
+	const uint8_t *key;
+	size_t klen;
+
+	(void)state;
+	req_init(&r, "ABCDEF");
+	kvp_event_batch_init(&b);
+	assert_ok(kvp_pool_get_new_blocks(p, 2, a));
+	assert_ok(cache(p, &r, a, 2, 0, 1, 8, 1));
+	assert_ok(cache(p, &r, a, 2, 1, 2, 8, 1));
+	key = kvp_pool_block_key(p, a[1], &klen);
+	memcpy(want, synth('D'), 32);
+	memcpy(want + 32, "\0\0\0\1", 4);
+	assert_int_equal(klen, 36);
+	assert_memory_equal(key, want, 36);
+	assert_ok(kvp_pool_get_cached_block(p, synth('D'), 32, (uint32_t[]){1}, 1, hit));
+	assert_int_equal(hit[0], a[1]);
+	assert_ok(kvp_pool_get_cached_block(p, synth('B'), 32, (uint32_t[]){1}, 1, hit));
+	assert_int_equal(hit[0], a[0]);
+	assert_status(kvp_pool_get_cached_block(p, synth('C'), 32, (uint32_t[]){1}, 1, hit),
+	              KVP_ENOTFOUND);
+	assert_ok(kvp_pool_take_events(p, &b));
+	assert_int_equal(kvp_event_batch_count(&b), 2);
+	assert_ok(kvp_event_batch_get(&b, 1, &ev));
+	assert_int_equal(ev.hash_len, 32);
+	assert_int_equal(ev.num_hashes, 1);
+	assert_memory_equal(ev.hashes, synth('D'), 32);
+	assert_non_null(ev.parent);
+	assert_memory_equal(ev.parent, synth('B'), 32);
+	assert_int_equal(ev.num_tokens, 8);
+	/* Three hash blocks a block, with no max_hash_len: keyed by the third. */
+	assert_ok(kvp_pool_get_new_blocks(p, 1, c));
+	assert_ok(cache(p, &r, c, 1, 0, 1, 12, 0));
+	key = kvp_pool_block_key(p, c[0], &klen);
+	assert_int_equal(klen, 36);
+	assert_memory_equal(key, synth('C'), 32);
+	size_t hl;
+	assert_ptr_equal(kvp_pool_coarse_hash(p, r.hashes, 3, 1, &hl), r.hashes + 5 * 32);
+	assert_int_equal(hl, 32);
+	assert_int_equal(kvp_pool_semantics(p), KVP_VLLM_0_33);
+	assert_pool_ok(p);
+	kvp_event_batch_fini(&b);
+	kvp_pool_destroy(p);
+}
+
+/* Names of the semantics parse back; anything else is refused. */
+static void
+test_pool_semantics_names_round_trip_and_bad_ones_are_refused(void **state)
+{
+	enum kvp_vllm_semantics s = KVP_VLLM_9AAF83EF5;
+	struct kvp_pool_config cfg = {.num_blocks = 4, .hash_block_size = 4,
+	                              .semantics = (enum kvp_vllm_semantics)7};
+	struct kvp_pool *p = NULL;
+
+	(void)state;
+	assert_ok(kvp_vllm_semantics_parse("0.33", &s));
+	assert_int_equal(s, KVP_VLLM_0_33);
+	assert_ok(kvp_vllm_semantics_parse("9aaf83ef5", &s));
+	assert_int_equal(s, KVP_VLLM_9AAF83EF5);
+	assert_status(kvp_vllm_semantics_parse("0.32", &s), KVP_EINVAL);
+	assert_status(kvp_vllm_semantics_parse(NULL, &s), KVP_EINVAL);
+	assert_int_equal(s, KVP_VLLM_9AAF83EF5);
+	assert_null(kvp_vllm_semantics_name((enum kvp_vllm_semantics)7));
+	assert_status(kvp_pool_create(&cfg, &p), KVP_EINVAL);
+	assert_null(p);
 }
 
 /* Multi-group lookup is all or nothing (spec 4.1). */
@@ -688,7 +824,11 @@ main(void)
 		cmocka_unit_test(test_pool_c5_evict_blocks_only_unhashes),
 		cmocka_unit_test(test_pool_c6_reset_fails_while_in_use_then_clears_keeping_order),
 		cmocka_unit_test(test_pool_cache_chunked_parent_mask_and_null_skip),
-		cmocka_unit_test(test_pool_cache_coarse_block_concatenates_fine_hashes),
+		cmocka_unit_test(test_pool_9aaf83ef5_coarse_block_concatenates_fine_hashes),
+		cmocka_unit_test(test_pool_v033_free_puts_unhashed_blocks_first),
+		cmocka_unit_test(test_pool_v033_caching_off_free_is_lifo),
+		cmocka_unit_test(test_pool_v033_coarse_block_keyed_by_last_fine_hash),
+		cmocka_unit_test(test_pool_semantics_names_round_trip_and_bad_ones_are_refused),
 		cmocka_unit_test(test_pool_get_cached_block_multi_group_all_or_nothing),
 		cmocka_unit_test(test_pool_misuse_is_rejected_and_changes_nothing),
 	};

@@ -44,6 +44,7 @@ static struct {
 } M;
 
 static uint64_t rng;
+static enum kvp_vllm_semantics SEM; /* the rules under test */
 static int64_t tokens[NTOK];
 
 static uint32_t
@@ -161,9 +162,19 @@ m_free(const int32_t *ids, int n)
 			return KVP_ESTATE;
 		seen[id] = 1;
 	}
-	for (int i = 0; i < n; i++)
-		if (ids[i] != 0 && --M.ref[ids[i]] == 0)
+	/* vLLM 0.33: unhashed blocks to the front in list order, hashed to the back. */
+	int first[N], nfirst = 0;
+	for (int i = 0; i < n; i++) {
+		if (ids[i] == 0 || --M.ref[ids[i]] != 0)
+			continue;
+		if (SEM == KVP_VLLM_0_33 && !M.key[ids[i]].set)
+			first[nfirst++] = ids[i];
+		else
 			M.queue[M.qlen++] = ids[i];
+	}
+	memmove(M.queue + nfirst, M.queue, (size_t)M.qlen * sizeof(M.queue[0]));
+	memcpy(M.queue, first, (size_t)nfirst * sizeof(first[0]));
+	M.qlen += nfirst;
 	return KVP_OK;
 }
 
@@ -323,18 +334,18 @@ pick(int cls)
 }
 
 static void
-test_pool_differential_random_ops_match_reference_model(void **state)
+random_ops(enum kvp_vllm_semantics sem)
 {
 	const char *ops_env = getenv("KVP_DIFF_OPS"), *seed_env = getenv("KVP_DIFF_SEED");
 	uint64_t ops = ops_env ? strtoull(ops_env, NULL, 10) : 1000000;
 	uint64_t seed = seed_env ? strtoull(seed_env, NULL, 10) : 1;
-	struct kvp_pool *p = mkpool(N, BS, true);
+	struct kvp_pool *p = mkpool_sem(N, BS, true, sem);
 	struct kvp_event_batch b;
 	uint64_t counts[8] = {0}, errors = 0;
 
-	(void)state;
-	printf("differential: seed %llu, %llu operations\n", (unsigned long long)seed,
-	       (unsigned long long)ops);
+	SEM = sem;
+	printf("differential (vLLM %s): seed %llu, %llu operations\n",
+	       kvp_vllm_semantics_name(sem), (unsigned long long)seed, (unsigned long long)ops);
 	rng = seed * 0x9e3779b97f4a7c15ull + 1;
 	memset(&M, 0, sizeof(M));
 	for (int i = 1; i < N; i++)
@@ -470,11 +481,26 @@ test_pool_differential_random_ops_match_reference_model(void **state)
 	kvp_pool_destroy(p);
 }
 
+static void
+test_pool_differential_v033_random_ops_match_reference_model(void **state)
+{
+	(void)state;
+	random_ops(KVP_VLLM_0_33);
+}
+
+static void
+test_pool_differential_9aaf83ef5_random_ops_match_reference_model(void **state)
+{
+	(void)state;
+	random_ops(KVP_VLLM_9AAF83EF5);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_pool_differential_random_ops_match_reference_model),
+		cmocka_unit_test(test_pool_differential_v033_random_ops_match_reference_model),
+		cmocka_unit_test(test_pool_differential_9aaf83ef5_random_ops_match_reference_model),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
