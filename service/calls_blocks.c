@@ -300,7 +300,9 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	if (ng > MAX_GROUPS_PER_LOOKUP)
 		return kvpd_fail(c, KVP_EINVAL, "%zu groups in one lookup; the limit is %d", ng,
 		            MAX_GROUPS_PER_LOOKUP);
-	if (bs % hbs != 0 || (size_t)(bs / hbs) * hl > kvp_pool_max_hash_len(c->p->pool))
+	if (bs % hbs != 0 ||
+	    (kvp_pool_semantics(c->p->pool) == KVP_VLLM_9AAF83EF5 &&
+	     (size_t)(bs / hbs) * hl > kvp_pool_max_hash_len(c->p->pool)))
 		return kvpd_fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
 	for (size_t i = 0; i < ng; i++)
 		if ((rv = check_group(c, groups[i])))
@@ -317,12 +319,13 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	if (ids == NULL || row == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	/* Left to right, all groups per position, stopping at the first miss. */
-	while (hit < ncoarse &&
-	       kvp_pool_get_cached_block(c->p->pool, hashes + hit * k * hl, (size_t)k * hl, groups,
-	                                 ng, row) == KVP_OK) {
+	for (; hit < ncoarse; hit++) {
+		size_t klen;
+		const uint8_t *key = kvp_pool_coarse_hash(c->p->pool, hashes, k, hit, &klen);
+		if (kvp_pool_get_cached_block(c->p->pool, key, klen, groups, ng, row) != KVP_OK)
+			break;
 		for (size_t g = 0; g < ng; g++)
 			ids[g * ncoarse + hit] = row[g];
-		hit++;
 	}
 	/* Compact to hit entries per group, group after group. */
 	for (size_t g = 1; g < ng; g++)

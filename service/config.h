@@ -18,6 +18,7 @@
 
 #include "common/block_hash.h"
 #include "common/group_spec.h"
+#include "engine/pool.h"
 
 #define KVPD_MAX_POOLS 16
 #define KVPD_MAX_URLS 8
@@ -55,15 +56,26 @@ struct kvpd_pool_config {
 	uint32_t num_groups;       /* 0 until resolved: one full-attention group of block_size */
 	struct kvp_group_spec groups[KVP_MAX_GROUPS];
 	uint32_t max_model_len;
+	enum kvp_vllm_semantics vllm; /* the vLLM whose BlockPool rules it keeps; default 0.33 */
 	bool has_seed;
-	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: random */
-	enum kvp_hash_algo hash_algo; /* vLLM's --prefix-caching-hash-algo; default sha256_cbor */
+	char seed[KVPD_NAME_MAX];  /* NONE_HASH seed; absent: kvpd_pool_seed() */
+	enum kvp_hash_algo hash_algo; /* vLLM's --prefix-caching-hash-algo; default sha256 */
 	char token[KVPD_TOKEN_MAX]; /* empty: no auth token needed */
-	char medium[16];           /* events' medium without an executor */
+	char medium[16];           /* events' medium; empty: the executor's, or GPU without one */
 	int32_t dp_rank;           /* vLLM wire: data-parallel rank; -1: the pool's position */
 	char model[KVPD_NAME_MAX]; /* vLLM wire: {model} in the topic; empty: the pool's name */
 	struct kvpd_exec_settings exec;
 };
+
+/*
+ * The NONE_HASH seed of a pool's hasher: its seed setting; absent, vLLM
+ * 0.33's default (resolve_none_hash_seed without PYTHONHASHSEED): the fixed
+ * "vllm-none-hash" for the SHA-256 algorithms, NULL (random) for xxhash and
+ * xxhash_cbor; absent with vllm=9aaf83ef5, NULL (random), as vLLM then.
+ */
+const char *kvpd_pool_seed(const struct kvpd_pool_config *p);
+/* vLLM 0.33's fixed default seed (vLLM's DEFAULT_NONE_HASH_SEED). */
+#define KVPD_DEFAULT_NONE_HASH_SEED "vllm-none-hash"
 
 /* vLLM's ZMQ event wire (service/vllm_pub.c), next to the native stream. */
 struct kvpd_vllm_config {

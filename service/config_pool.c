@@ -145,6 +145,8 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		p->has_seed = true;
 		return kvpd_cfg_copy_str(p->seed, sizeof(p->seed), v);
 	}
+	if (strcmp(k, "vllm") == 0)
+		return kvp_vllm_semantics_parse(v, &p->vllm) == KVP_OK ? 0 : -1;
 	if (strcmp(k, "hash_algo") == 0)
 		return kvp_hash_algo_parse(v, &p->hash_algo) == KVP_OK ? 0 : -1;
 	if (strcmp(k, "token_file") == 0)
@@ -171,7 +173,7 @@ kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *err)
 	p.dp_rank = -1;
 	p.max_model_len = 8192;
 	p.caching = true;
-	snprintf(p.medium, sizeof(p.medium), "CPU");
+	p.hash_algo = KVP_HASH_SHA256; /* vLLM's default */
 	if (kvpd_cfg_copy_str(buf, sizeof(buf), spec) != 0)
 		rv = -1;
 	else if (strchr(buf, '=') == NULL)
@@ -199,6 +201,18 @@ kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *err)
 	}
 	*out = p;
 	return 0;
+}
+
+const char *
+kvpd_pool_seed(const struct kvpd_pool_config *p)
+{
+	if (p->has_seed)
+		return p->seed;
+	if (p->vllm != KVP_VLLM_0_33)
+		return NULL;
+	return p->hash_algo == KVP_HASH_SHA256 || p->hash_algo == KVP_HASH_SHA256_CBOR
+	           ? KVPD_DEFAULT_NONE_HASH_SEED
+	           : NULL;
 }
 
 int

@@ -19,12 +19,14 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		if (kvp_group_specs_format(p->groups, p->num_groups, groups, sizeof(groups)) != 0)
 			snprintf(groups, sizeof(groups), "(%u groups)", p->num_groups);
 		fprintf(out, "pool = name=%s,blocks=%s,groups=%s,hash_block_size=%u,caching=%s,"
-		             "block_size=%u,max_model_len=%u,medium=%s,seed=%s,hash_algo=%s,"
+		             "block_size=%u,max_model_len=%u,medium=%s,vllm=%s,seed=%s,hash_algo=%s,"
 		             "dp_rank=%d,model=%s,token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
 		             "layout=%s,memory=%s\n",
 		        p->name, p->num_blocks ? blocks : "(from memory)", groups, p->hash_block_size,
 		        p->caching ? "on" : "off", p->block_size,
-		        p->max_model_len, p->medium, p->has_seed ? p->seed : "(random)",
+		        p->max_model_len, p->medium[0] ? p->medium : "(the executor's, or GPU)",
+		        kvp_vllm_semantics_name(p->vllm),
+		        kvpd_pool_seed(p) ? kvpd_pool_seed(p) : "(random)",
 		        kvp_hash_algo_name(p->hash_algo),
 		        p->dp_rank < 0 ? (int)i : p->dp_rank, p->model[0] ? p->model : p->name,
 		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,

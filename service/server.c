@@ -113,7 +113,8 @@ exec_init(struct kvpd_pool *p, char *err, size_t err_len)
 		snprintf(err, err_len, "pool %s: %s", pc->name, why);
 		return rv;
 	}
-	snprintf(pc->medium, sizeof(pc->medium), "%s", kvp_exec_medium(p->exec));
+	if (pc->medium[0] == '\0')
+		snprintf(pc->medium, sizeof(pc->medium), "%s", kvp_exec_medium(p->exec));
 	snprintf(p->exec_note, sizeof(p->exec_note),
 	         "executor %s%s%s, %u blocks x %llu B = %llu MiB (layers %u, heads %u, head size %u, "
 	         "%s, %s)",
@@ -148,8 +149,13 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->events_on = events_on;
 	if ((rv = exec_init(p, err, err_len)) != KVP_OK)
 		return rv;
+	/* Without an executor the pool stands for an engine's GPU BlockPool. */
+	if (p->cfg.medium[0] == '\0')
+		snprintf(p->cfg.medium, sizeof(p->cfg.medium), "GPU");
+	kc.semantics = pc->vllm;
 	kc.num_blocks = p->cfg.num_blocks;
-	for (uint32_t g = 0; g < pc->num_groups && pc->caching; g++) {
+	for (uint32_t g = 0; g < pc->num_groups && pc->caching && pc->vllm == KVP_VLLM_9AAF83EF5;
+	     g++) {
 		uint32_t len = pc->groups[g].block_size / pc->hash_block_size *
 		               (uint32_t)kvp_hash_algo_len(pc->hash_algo);
 		kc.max_hash_len = len > kc.max_hash_len ? len : kc.max_hash_len;
@@ -179,7 +185,7 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 		snprintf(err, err_len, "pool %s: cannot allocate a mutex", pc->name);
 		return KVP_ENOMEM;
 	}
-	if ((rv = kvp_hasher_create_algo(pc->has_seed ? pc->seed : NULL, pc->hash_algo,
+	if ((rv = kvp_hasher_create_algo(kvpd_pool_seed(pc), pc->hash_algo,
 	                                 &p->hasher)) != KVP_OK ||
 	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
 	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK) {

@@ -23,12 +23,15 @@ setup(void **state)
 	snprintf(token_pool, sizeof(token_pool), "name=locked,blocks=8,block_size=4,token_file=%s",
 	         token_path);
 	snprintf(events_url, sizeof(events_url), "ipc:///tmp/kvpool-test-events-%d.ipc", (int)getpid());
+#define CBOR0 "seed=0,hash_algo=sha256_cbor"
 	const char *args[] = {"--rpc", ipc_url, "--rpc", tcp_url, "--admin", admin_url,
 	                      "--events", events_url,
-	                      "--pool", "name=fresh,blocks=10,block_size=4,seed=0", "--pool", token_pool,
-	                      "--pool", "name=default,blocks=10,block_size=4,seed=0",
-	                      "--pool", "name=secure,blocks=32,block_size=4,seed=0",
-	                      "--pool", "name=tiny,blocks=8,block_size=4,seed=0",
+	                      /* The tests' vectors are sha256_cbor's with seed "0". */
+	                      "--pool", "name=fresh,blocks=10,block_size=4," CBOR0,
+	                      "--pool", token_pool,
+	                      "--pool", "name=default,blocks=10,block_size=4," CBOR0,
+	                      "--pool", "name=secure,blocks=32,block_size=4," CBOR0,
+	                      "--pool", "name=tiny,blocks=8,block_size=4," CBOR0,
 	                      "--max-ids", "64", "--max-sessions", "12", "--max-msg-bytes", "65536",
 	                      "--lease-ms", "5000", "--log-format", "json", NULL};
 	unsetenv("KVPOOL_TOKEN");

@@ -30,7 +30,7 @@ start(void)
 {
 	const char *args[] = {"--rpc", rpc_url, "--events", ev_url, "--admin", admin,
 	                      "--replay-batches", "64", "--lease-ms", "60000",
-	                      "--pool", "name=ev,blocks=64,block_size=4,seed=0",
+	                      "--pool", "name=ev,blocks=64,block_size=4,seed=0,hash_algo=sha256_cbor",
 	                      "--pool", "name=other,blocks=16,block_size=4",
 	                      "--pool", sec_pool, NULL};
 	return daemon_start(args);
