@@ -471,11 +471,16 @@ class Client:
 class Hasher:
     """vLLM's block hashes, the same bytes the daemon computes.
     seed: PYTHONHASHSEED's role (NONE_HASH = hash_fn(seed)); None: random.
-    algorithm: vLLM's --prefix-caching-hash-algo, "sha256_cbor" (the
-    default, as kvpoold's), "sha256" (vLLM's default, pickle bytes), or
+    Hasher.DEFAULT_SEED is vLLM 0.33's when PYTHONHASHSEED is unset (SHA-256
+    algorithms), so Hasher(Hasher.DEFAULT_SEED) hashes as a default vLLM and
+    a default kvpoold pool do.
+    algorithm: vLLM's --prefix-caching-hash-algo, "sha256" (the default, as
+    vLLM's and kvpoold's: pickle bytes), "sha256_cbor" (canonical CBOR), or
     "xxhash" / "xxhash_cbor" (XXH3-128 of the same bytes: 16-byte hashes)."""
 
-    def __init__(self, seed: Optional[str | bytes], algorithm: str = "sha256_cbor") -> None:
+    DEFAULT_SEED = "vllm-none-hash"
+
+    def __init__(self, seed: Optional[str | bytes], algorithm: str = "sha256") -> None:
         self._h: Any = None
         algo = ctypes.c_int()
         rv = L.kvp_hash_algo_parse(algorithm.encode(), byref(algo))

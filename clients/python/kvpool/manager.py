@@ -14,7 +14,7 @@ from .client import _raise
 from .errors import NoSpace, NotSupported
 from ._types import RequestLike
 from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, _Remote, _Req,
-                   _request_keys)
+                   _coarse_hash, _concat_keys, _request_keys)
 
 _all_tokens, _sent, _wire_id = (attrgetter(a) for a in ("all_token_ids", "sent", "wire_id"))
 _last = itemgetter(-1)
@@ -152,12 +152,12 @@ class RemoteKVCacheManager(_Remote):
         else:
             ids, refs = self.client._lookup1(fine, bs)
         blocks, get = [], self._blocks.get
+        concat = k > 1 and _concat_keys(self.client.info)
         for j, i in enumerate(ids):
             b = get(i) or self._block(i)
             b.ref_cnt = refs[j]
             if b._block_hash is None:
-                b._block_hash = (fine[j] if k == 1 else b"".join(fine[j * k:(j + 1) * k])) + \
-                    _GROUP0
+                b._block_hash = _coarse_hash(fine, j, k, concat) + _GROUP0
             blocks.append(b)
         return KVCacheBlocks((blocks,)), len(blocks) * bs
 

@@ -95,6 +95,22 @@ def _group_key(h, gid):
     return h + gid.to_bytes(4, "big")
 
 
+def _concat_keys(info) -> bool:
+    """Whether the pool keys a coarse block by its k fine hashes joined
+    (vllm=9aaf83ef5) rather than by its last fine hash (vLLM 0.33, the
+    default). Only a 9aaf83ef5 pool with coarse groups caches keys longer than
+    one digest; for one hash block a block the two rules agree."""
+    return info["max_hash_len"] > info["hash_len"]
+
+
+def _coarse_hash(fine, i, k, concat):
+    """Coarse block i's key hash over fine hashes, k to a block (the
+    pool's rule, engine/pool.h kvp_pool_coarse_hash)."""
+    if k == 1:
+        return fine[i]
+    return b"".join(fine[i * k:(i + 1) * k]) if concat else fine[(i + 1) * k - 1]
+
+
 def _request_keys(request):
     """LoRA name and id, cache salt and multimodal features of a vLLM Request."""
     lora = getattr(request, "lora_request", None)
@@ -266,17 +282,20 @@ class RemoteBlockPool(_Remote):
             b = blocks[i]
             if b.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                 continue
-            b._block_hash = _group_key(b"".join(fine[i * k:(i + 1) * k]), kv_cache_group_id)
+            b._block_hash = _group_key(_coarse_hash(fine, i, k, _concat_keys(self.client.info)),
+                                       kv_cache_group_id)
 
     def get_cached_block(self, block_hash: bytes,
                          kv_cache_group_ids: Sequence[int]) -> Optional[list[KVCacheBlock]]:
         """One cached block per group for this hash, or None if any group
         misses. Pure (no reference taken): the block may be evicted by
-        another session before this caller touches it."""
+        another session before this caller touches it. block_hash is one
+        digest (vLLM 0.33: a coarse block's is its last fine hash), or on a
+        vllm=9aaf83ef5 pool the k fine hashes of a coarse block joined."""
         hl = self.client.info["hash_len"]
         if not block_hash or len(block_hash) % hl:
             raise ValueError(f"kvpool: a block hash is {hl} bytes per hash block")
-        k = len(block_hash) // hl
+        k = len(block_hash) // hl  # 1 for every key of a vLLM 0.33 pool
         fine = [block_hash[i * hl:(i + 1) * hl] for i in range(k)]
         ids, refs = self.client.lookup_hashes(fine, group_ids=list(kv_cache_group_ids),
                                               block_size=k * self.hash_block_size)

@@ -11,7 +11,7 @@ BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 2  # layers x K,V x tokens x heads x head si
 
 def test_hashes_are_vllms():
     # scenarios.md H0, H1, H2, H5, H6 (sha256_cbor, PYTHONHASHSEED=0).
-    h = kvpool.Hasher("0")
+    h = kvpool.Hasher("0", algorithm="sha256_cbor")
     assert h.none_hash.hex() == "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
     b = h.hash_request(range(32), 16)
     assert [x.hex() for x in b] == [

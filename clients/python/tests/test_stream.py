@@ -119,14 +119,17 @@ def test_batch_builder_runs_a_step(served):
             b.free(res[i_alloc].block_ids)
             b.free_request(1)
             assert [r.ok for r in b.send()] == [True, True]
-        with c.batch() as b:
-            b.allocate(1)
-            b.free([63])  # not held: stops the batch, send() raises it
-            b.allocate(1)
-            with pytest.raises(kvpool.NotOwner) as e:
-                b.send()
-            assert e.value.results[2].status == kvpool.NotFound.status  # did not run
-            c.free(e.value.results[0].block_ids)
+        with kvpool.Client(url, pool="kv") as other:
+            theirs = other.allocate(1)
+            with c.batch() as b:
+                b.allocate(1)
+                b.free(theirs)  # not held by c: stops the batch, send() raises it
+                b.allocate(1)
+                with pytest.raises(kvpool.NotOwner) as e:
+                    b.send()
+                assert e.value.results[2].status == kvpool.NotFound.status  # did not run
+                c.free(e.value.results[0].block_ids)
+            other.free(theirs)
         assert c.stats()["num_free"] == free0
 
 

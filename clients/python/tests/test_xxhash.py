@@ -44,18 +44,20 @@ def test_the_daemon_hashes_as_the_client_and_refuses_32_byte_hashes(served):
         c.free(ids)
 
 
-def test_coarse_blocks_join_16_byte_hashes(served):
+def test_coarse_blocks_are_keyed_by_their_last_16_byte_hash(served):
+    """vLLM 0.33: a coarse block's key is its last fine hash (one digest)."""
     url = served
     with kvpool.Client(url, pool="xc") as c:
-        assert c.info["hash_len"] == 16 and c.info["max_hash_len"] == 32
+        assert c.info["hash_len"] == 16 and c.info["max_hash_len"] == 16
         fine = kvpool.Hasher("0", algorithm="xxhash_cbor").hash_request(range(16), 4)
         ids = c.allocate(2)
         assert c.cache_hashes(ids, fine, 0, 2, block_size=8, tokens=range(16)) == 2
         assert c.lookup_hashes(fine, block_size=8)[0] == [ids]
         pool = RemoteBlockPool(c)
-        got = pool.get_cached_block(fine[2] + fine[3], [0])
+        got = pool.get_cached_block(fine[3], [0])
         assert [b.block_id for b in got] == [ids[1]]
-        assert pool.get_cached_block(fine[2] + fine[2], [0]) is None
+        assert got[0].block_hash == fine[3] + b"\0\0\0\0"
+        assert pool.get_cached_block(fine[2], [0]) is None
         c.free(ids)
 
 
