@@ -3,6 +3,7 @@
 # Builds kvpool and runs every test (CTest drives the cmocka programs).
 #   bash tests/run.sh                   plain build in build/
 #   KVP_SANITIZE=1 bash tests/run.sh    ASan + UBSan build in build-asan/
+#   KVP_NO_VLLM=1 bash tests/run.sh     without the tests against vLLM 0.33
 # Extra CMake arguments may follow, e.g. -DCMAKE_BUILD_TYPE=Debug.
 set -eu
 cd "$(dirname "$0")/.."
@@ -14,6 +15,12 @@ if [ "${KVP_SANITIZE:-0}" = 1 ]; then
 else
 	dir=build
 fi
-cmake -S . -B "$dir" "$@"
+# vLLM 0.33 from PyPI in a cached environment, for the tests against vLLM
+# (KVP_NO_VLLM=1 leaves them out: they then report themselves skipped).
+vllm_py=""
+if [ "${KVP_NO_VLLM:-0}" != 1 ] && [ "${KVP_SANITIZE:-0}" != 1 ]; then
+	vllm_py="$(sh tests/vllm/env.sh)/bin/python"
+fi
+cmake -S . -B "$dir" -DKVP_VLLM_PYTHON="$vllm_py" "$@"
 cmake --build "$dir" -j "$(nproc)"
 ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" 2>&1

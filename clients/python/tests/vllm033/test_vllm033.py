@@ -1,0 +1,218 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool against the installed vLLM 0.33 (its own classes, not copies):
+hashes, free order, coarse-block keys and the event wire. Run with the
+environment tests/vllm/env.sh makes; skipped where vLLM is not installed."""
+import os
+import random
+import socket
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if not vllm.__version__.startswith("0.33."):
+    pytest.skip(f"these tests pin vLLM 0.33, not {vllm.__version__}", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import msgspec  # noqa: E402
+import zmq  # noqa: E402
+from vllm.distributed import kv_events as vke  # noqa: E402
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+from vllm.v1.core import kv_cache_utils as vku  # noqa: E402
+from vllm.v1.core.block_pool import BlockPool  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.vllm import RemoteBlockPool  # noqa: E402
+
+from conftest import start, stop  # noqa: E402
+
+
+def _vllm_hashes(tokens, block_size, algo="sha256"):
+    """A default vLLM 0.33's block hashes (PYTHONHASHSEED unset)."""
+    fn = get_hash_fn_by_name(algo)
+    vku.init_none_hash(fn)
+    out, parent = [], None
+    for i in range(len(tokens) // block_size):
+        parent = vku.hash_block_tokens(fn, parent, tokens[i * block_size:(i + 1) * block_size],
+                                       None)
+        out.append(parent)
+    return out
+
+
+@pytest.fixture
+def daemon(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    procs = []
+
+    def run(*pools, extra=()):
+        args = list(extra)
+        for p in pools:
+            args += ["--pool", p]
+        name = pools[0].split(",")[0].split("=")[1]
+        proc, url, _ = start(tmp_path, *args, pool=name)
+        procs.append(proc)
+        return url
+    yield run
+    for p in procs:
+        stop(p)
+
+
+def test_a_default_pool_hashes_as_a_default_vllm(daemon, monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    url = daemon("name=d,blocks=32,block_size=16,executor=none")
+    tokens = list(range(1000, 1064))
+    want = _vllm_hashes(tokens, 16)
+    assert vku.get_none_hash_seed() == "vllm-none-hash"
+    assert kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED).hash_request(tokens, 16) == want
+    with kvpool.Client(url, pool="d") as c:
+        assert c.info["hash_algorithm"] == "sha256"
+        ids = c.allocate(4)
+        assert c.cache(ids, tokens, 4) == 4  # the daemon hashes the tokens
+        assert c.lookup_hashes(want)[0] == [ids]  # vLLM's hashes find them
+        c.free(ids)
+
+
+def test_xxhash_pools_keep_a_random_seed_as_vllm(daemon):
+    url = daemon("name=x,blocks=8,block_size=4,executor=none,hash_algo=xxhash")
+    tokens = list(range(8))
+    with kvpool.Client(url, pool="x") as c:
+        ids = c.allocate(2)
+        c.cache(ids, tokens, 2)
+        # vLLM 0.33 draws a random seed for xxhash: nothing can match by default.
+        assert c.lookup_hashes(_vllm_hashes(tokens, 4, "xxhash"))[0] == [[]]
+        c.free(ids)
+
+
+def _request(hashes, ntok):
+    """What BlockPool.cache_full_blocks reads of a vLLM Request."""
+    return SimpleNamespace(block_hashes=hashes, all_token_ids=list(range(ntok)),
+                           lora_request=None, mm_features=[], cache_salt=None,
+                           session_id=None, prompt_embeds=None)
+
+
+def _drain(pool):
+    """Allocates every free block: the free queue's order, head first."""
+    n = pool.get_num_free_blocks()
+    return [b.block_id for b in pool.get_new_blocks(n)]
+
+
+def test_free_order_is_vllms_test_prefill(daemon):
+    url = daemon("name=f,blocks=11,block_size=4,executor=none")
+    hashes = [bytes([i]) * 32 for i in range(1, 4)]
+    theirs = BlockPool(11, True, 4)
+    with kvpool.Client(url, pool="f") as c:
+        ours = RemoteBlockPool(c)
+        for pool in (theirs, ours):
+            blocks = pool.get_new_blocks(5)
+            pool.cache_full_blocks(_request(hashes, 20), blocks, 0, 3, 4, 0)
+            pool.free_blocks(reversed(blocks))
+        want = [b.block_id for b in theirs.free_block_queue.get_all_free_blocks()]
+        assert want == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]  # vLLM's test_prefill
+        assert _drain(ours) == want
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_random_block_pool_runs_match_vllms(daemon, caching):
+    """The same seeded run of allocations, caches and frees on vLLM's
+    BlockPool and on a kvpool pool allocates the same ids throughout and
+    leaves the same free queue."""
+    seed = 20261127
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    n = 24
+    url = daemon(f"name=r,blocks={n},block_size=4,executor=none,caching={'on' if caching else 'off'}")
+    theirs = BlockPool(n, caching, 4)
+    with kvpool.Client(url, pool="r") as c:
+        ours = RemoteBlockPool(c)
+        held_t, held_o, serial = [], [], 0
+        for step in range(300):
+            op = rng.random()
+            if op < 0.45 and theirs.get_num_free_blocks() > 0:
+                k = rng.randint(1, min(4, theirs.get_num_free_blocks()))
+                bt, bo = theirs.get_new_blocks(k), ours.get_new_blocks(k)
+                assert [b.block_id for b in bt] == [b.block_id for b in bo], step
+                if caching and rng.random() < 0.6:
+                    m = rng.randint(1, k)
+                    hashes = [(serial + i).to_bytes(32, "big") for i in range(m)]
+                    serial += m
+                    for pool, blocks in ((theirs, bt), (ours, bo)):
+                        pool.cache_full_blocks(_request(hashes, 4 * m), blocks, 0, m, 4, 0)
+                held_t.append(bt)
+                held_o.append(bo)
+            elif held_t:
+                i = rng.randrange(len(held_t))
+                bt, bo = held_t.pop(i), held_o.pop(i)
+                theirs.free_blocks(reversed(bt))
+                ours.free_blocks(reversed(bo))
+        for bt, bo in zip(held_t, held_o):
+            theirs.free_blocks(reversed(bt))
+            ours.free_blocks(reversed(bo))
+        want = [b.block_id for b in theirs.free_block_queue.get_all_free_blocks()]
+        assert _drain(ours) == want
+
+
+def test_coarse_blocks_are_keyed_as_vllms(daemon):
+    """A group of 8-token blocks over 4-token hashes: vLLM 0.33 keys block i
+    by BlockHashListWithBlockSize(fine, 4, 8)[i], the last fine hash."""
+    url = daemon("name=c,blocks=8,hash_block_size=4,groups=full:8,executor=none")
+    tokens = list(range(16))
+    fine = _vllm_hashes(tokens, 4)
+    coarse = vku.BlockHashListWithBlockSize(fine, 4, 8)
+    with kvpool.Client(url, pool="c") as c:
+        pool = RemoteBlockPool(c)
+        blocks = pool.get_new_blocks(2)
+        pool.cache_full_blocks(_request(fine, 16), blocks, 0, 2, 8, 0)
+        for i, b in enumerate(blocks):
+            assert b.block_hash == vku.make_block_hash_with_group_id(coarse[i], 0)
+            assert [x.block_id for x in pool.get_cached_block(coarse[i], [0])] == [b.block_id]
+        pool.free_blocks(reversed(blocks))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_vllm_wire_decodes_with_vllms_own_classes(daemon):
+    """kvpoold's vLLM wire (map form, vLLM 0.26 on) decoded by vLLM 0.33's
+    KVEventBatch: a pool without an executor says medium GPU, as the engine
+    block pool it stands for."""
+    port = _free_port()
+    wire = f"tcp://127.0.0.1:{port}"
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(wire)
+    try:
+        url = daemon("name=w,blocks=16,block_size=4,executor=none",
+                     extra=("--vllm-events", f"tcp://*:{port}"))
+        time.sleep(0.3)
+        tokens = list(range(500, 508))
+        want = _vllm_hashes(tokens, 4)
+        with kvpool.Client(url, pool="w") as c:
+            ids = c.allocate(2)
+            c.cache(ids, tokens, 2)
+            c.free(ids)
+            c.evict(ids)
+        dec = msgspec.msgpack.Decoder(type=vke.KVEventBatch)
+        events, deadline = [], time.monotonic() + 10
+        while len(events) < 3 and time.monotonic() < deadline:
+            if sub.poll(100):
+                _topic, _seq, payload = sub.recv_multipart()
+                events += dec.decode(payload).events
+        stored, *removed = events
+        assert isinstance(stored, vke.BlockStored)
+        assert stored.block_hashes == [vku.maybe_convert_block_hash(h) for h in want]
+        assert stored.parent_block_hash is None and stored.token_ids == tokens
+        assert stored.block_size == 4 and stored.medium == vke.MEDIUM_GPU
+        assert stored.group_idx == 0
+        assert all(isinstance(e, vke.BlockRemoved) and e.medium == "GPU" for e in removed)
+        assert sorted(h for e in removed for h in e.block_hashes) == sorted(
+            stored.block_hashes)
+    finally:
+        sub.close(0)
+        ctx.term()
