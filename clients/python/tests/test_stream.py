@@ -177,3 +177,46 @@ def test_killed_python_client_blocks_come_back_after_its_lease(served):
             time.sleep(0.1)
             c.heartbeat()
         assert c.stats()["leases_expired"] >= 1
+
+
+def test_subscriber_follows_a_restarted_daemon(tmp_path):
+    """A Subscriber left open while kvpoold restarts on the same endpoints:
+    its session is gone (the new daemon refuses it once), it opens a new
+    one, resets to the new epoch and delivers the new daemon's batches."""
+    args = ("--pool", "name=s,blocks=32,block_size=4,executor=none")
+    proc, url, ev = start(tmp_path, *args, pool="s", events=True)
+
+    def produce(k):
+        with kvpool.Client(url, pool="s") as c:
+            ids = c.allocate(1)
+            c.cache(ids, range(4 * k, 4 * k + 4), 1)
+            c.free(ids)
+
+    def batches(sub, timeout_s):
+        got, end = [], time.monotonic() + timeout_s
+        while time.monotonic() < end and not any(isinstance(x, kvpool.EventBatch) for x in got):
+            got += sub.poll(50)
+        return got
+
+    sub = kvpool.Subscriber(ev, url, pools=["s"], index=False)
+    try:
+        time.sleep(0.3)  # the subscription reaches the publisher
+        produce(0)
+        before = batches(sub, 5)
+        epoch0 = [x for x in before if isinstance(x, kvpool.EventBatch)][0].epoch
+        stop(proc)
+        proc, url2, ev2 = start(tmp_path, *args, pool="s", events=True)
+        assert (url2, ev2) == (url, ev)
+        after = []
+        for k in range(1, 40):  # the SUB socket reconnects at a time of its own
+            produce(k)
+            after += batches(sub, 0.25)
+            if any(isinstance(x, kvpool.EventBatch) for x in after):
+                break
+        resets = [x for x in after if isinstance(x, kvpool.Reset)]
+        got = [x for x in after if isinstance(x, kvpool.EventBatch)]
+        assert resets and resets[0].epoch != epoch0, after
+        assert got and got[0].epoch == resets[0].epoch, after
+    finally:
+        sub.close()
+        stop(proc)
