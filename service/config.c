@@ -67,6 +67,10 @@ static const struct setting {
 	                        "Default int"},
 	{"vllm-replay-topic", "BOOL", "1: replay replies carry the topic frame (vLLM 0.26, "
 	                              "llm-d); 0: they do not (Dynamo's listener). Default 1"},
+	{"vllm-replay-plain", "URL", "a second ROUTER replay endpoint, whose replies never carry "
+	                             "the topic frame (Dynamo's listener), beside vllm-replay's "
+	                             "(llm-d's): one daemon serves both. Offset by dp_rank like "
+	                             "vllm-replay. Default none"},
 	{"vllm-buffer-steps", "N", "vLLM-wire batches each pool keeps for replay. Default 10000"},
 	{"vllm-buffer-mib", "N", "MiB of vLLM-wire batches each pool keeps for replay at most "
 	                         "(as replay-mib). Default 64"},

@@ -81,6 +81,7 @@ const char *kvpd_pool_seed(const struct kvpd_pool_config *p);
 struct kvpd_vllm_config {
 	char endpoint[KVPD_PATH_MAX];  /* PUB; empty: off */
 	char replay[KVPD_PATH_MAX];    /* ROUTER; empty: no replay */
+	char replay_plain[KVPD_PATH_MAX]; /* a second ROUTER, replies without the topic frame */
 	char topic[KVPD_PATH_MAX];     /* template: {pod} {model} {pool} {rank} */
 	char pod[KVPD_NAME_MAX];       /* {pod}; empty: the host name */
 	bool array_form;               /* events as arrays (vLLM < 0.26), not maps */

@@ -43,6 +43,7 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        w->endpoint, w->replay[0] ? w->replay : "none", w->topic, w->pod,
 		        w->array_form ? "array" : "map", w->hash_bytes ? "bytes" : "int",
 		        w->replay_topic, w->buffer_steps, w->buffer_mib, w->hwm, w->token_pools);
+		fprintf(out, "vllm-replay-plain = %s\n", w->replay_plain[0] ? w->replay_plain : "none");
 	} else {
 		fprintf(out, "vllm-events = none\n");
 	}

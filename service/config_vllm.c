@@ -44,6 +44,9 @@ kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
 		return kvpd_cfg_copy_str(w->endpoint, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
 	if (strcmp(name, "replay") == 0)
 		return kvpd_cfg_copy_str(w->replay, KVPD_PATH_MAX, v && strcmp(v, "none") == 0 ? "" : v);
+	if (strcmp(name, "replay-plain") == 0)
+		return kvpd_cfg_copy_str(w->replay_plain, KVPD_PATH_MAX,
+		                         v && strcmp(v, "none") == 0 ? "" : v);
 	if (strcmp(name, "topic") == 0)
 		return kvpd_cfg_copy_str(w->topic, KVPD_PATH_MAX, v);
 	if (strcmp(name, "pod") == 0)
@@ -73,13 +76,17 @@ int
 kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err)
 {
 	struct kvpd_vllm_config *w = &c->vllm;
-	char eps[KVPD_MAX_POOLS][2][KVPD_PATH_MAX];
+	/* Per pool: its PUB, its replay ROUTER, its plain replay ROUTER. */
+	static const char *const names[3] = {"vllm-events", "vllm-replay", "vllm-replay-plain"};
+	const char *want[3] = {w->endpoint, w->replay, w->replay_plain};
+	char eps[KVPD_MAX_POOLS][3][KVPD_PATH_MAX];
 
 	if (w->endpoint[0] == '\0') {
-		if (w->replay[0] != '\0') {
-			fprintf(err, "kvpoold: vllm-replay needs vllm-events\n");
-			return -1;
-		}
+		for (int k = 1; k < 3; k++)
+			if (want[k][0] != '\0') {
+				fprintf(err, "kvpoold: %s needs vllm-events\n", names[k]);
+				return -1;
+			}
 		return 0;
 	}
 	if (w->pod[0] == '\0' && gethostname(w->pod, sizeof(w->pod) - 1) != 0)
@@ -91,8 +98,8 @@ kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err)
 			p->dp_rank = (int32_t)i;
 		if (p->model[0] == '\0')
 			memcpy(p->model, p->name, sizeof(p->model));
-		for (int k = 0; k < 2; k++) {
-			const char *ep = k == 0 ? w->endpoint : w->replay;
+		for (int k = 0; k < 3; k++) {
+			const char *ep = want[k];
 			if (ep[0] == '\0') {
 				eps[i][k][0] = '\0';
 				continue;
@@ -102,15 +109,20 @@ kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err)
 				fprintf(err, "kvpoold: pool %s: %s %s cannot be offset for dp_rank %d "
 				             "(vLLM offsets tcp:// ports and inproc:// names only; give "
 				             "each pool a dp_rank, or use tcp://)\n",
-				        p->name, k == 0 ? "vllm-events" : "vllm-replay", ep, p->dp_rank);
+				        p->name, names[k], ep, p->dp_rank);
 				return -1;
 			}
-			/* Any earlier pool's socket of either kind, and this pool's PUB. */
+			/* Any earlier pool's socket of any kind, and this pool's earlier ones. */
 			for (size_t j = 0; j <= i; j++)
-				for (int kj = 0; kj < 2; kj++) {
+				for (int kj = 0; kj < 3; kj++) {
 					if ((j == i && kj >= k) || strcmp(eps[j][kj], eps[i][k]) != 0 ||
 					    (kj == 0 && k == 0 && !kvp_vllm_binds(eps[i][k])))
 						continue;
+					if (j == i) {
+						fprintf(err, "kvpoold: pool %s: %s and %s would both bind "
+						             "%s\n", p->name, names[kj], names[k], eps[i][k]);
+						return -1;
+					}
 					fprintf(err, "kvpoold: pools %s and %s would both bind %s: give them "
 					             "different dp_rank values, or vllm-events and vllm-replay "
 					             "ports further apart\n",

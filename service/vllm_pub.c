@@ -26,10 +26,12 @@
 
 struct pub {
 	char topic[KVPD_PATH_MAX];
-	char ipc_paths[2][KVPD_PATH_MAX]; /* ipc files we bound, removed at close */
+	char ipc_paths[3][KVPD_PATH_MAX]; /* ipc files we bound, removed at close */
 	size_t topic_len;
 	uint32_t rank;
-	void *pub, *router;
+	void *pub;
+	void *router[2];                 /* vllm-replay, vllm-replay-plain; NULL: none */
+	bool router_topic[2];            /* whether that endpoint's replies carry the topic */
 	pthread_mutex_t mu;              /* pub socket, ring, next_seq */
 	uint64_t next_seq;
 	struct kvpd_ring ring;           /* slots NULL without a replay endpoint */
@@ -44,7 +46,6 @@ struct kvpd_vllm {
 	void *ctx;
 	struct pub *pubs;
 	size_t n;
-	bool replay_topic;
 	bool has_thread;
 	pthread_t thr;
 	atomic_bool stop;
@@ -92,14 +93,14 @@ emit(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns)
 
 /* Sends the reply envelope: identity, the empty delimiter (REQ), the topic. */
 static void
-send_head(struct kvpd_vllm *v, struct pub *p, const zmq_msg_t *id, bool delim)
+send_head(struct pub *p, int r, const zmq_msg_t *id, bool delim)
 {
-	zmq_send(p->router, zmq_msg_data((zmq_msg_t *)id), zmq_msg_size(id),
+	zmq_send(p->router[r], zmq_msg_data((zmq_msg_t *)id), zmq_msg_size(id),
 	         ZMQ_SNDMORE | ZMQ_DONTWAIT);
 	if (delim)
-		zmq_send(p->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	if (v->replay_topic)
-		zmq_send(p->router, p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		zmq_send(p->router[r], "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	if (p->router_topic[r])
+		zmq_send(p->router[r], p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
 }
 
 /*
@@ -108,10 +109,10 @@ send_head(struct kvpd_vllm *v, struct pub *p, const zmq_msg_t *id, bool delim)
  * never taken; the ring's lock only while one payload is copied.
  */
 static void
-serve_replay(struct kvpd_vllm *v, struct pub *p)
+serve_replay(struct pub *p, int r)
 {
 	zmq_msg_t f[4];
-	int nf = kvp_vllm_recv_frames(p->router, ZMQ_DONTWAIT, f, 4);
+	int nf = kvp_vllm_recv_frames(p->router[r], ZMQ_DONTWAIT, f, 4);
 	bool delim;
 	uint64_t start;
 
@@ -140,16 +141,16 @@ serve_replay(struct kvpd_vllm *v, struct pub *p)
 			continue;
 		uint8_t seqb[8];
 		kvp_vllm_seq_put(seqb, s);
-		send_head(v, p, &f[0], delim);
-		zmq_send(p->router, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		if (zmq_msg_send(&payload, p->router, ZMQ_DONTWAIT) < 0)
+		send_head(p, r, &f[0], delim);
+		zmq_send(p->router[r], seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		if (zmq_msg_send(&payload, p->router[r], ZMQ_DONTWAIT) < 0)
 			zmq_msg_close(&payload);
 	}
 	uint8_t endb[8];
 	kvp_vllm_seq_put(endb, KVP_VLLM_END_SEQ);
-	send_head(v, p, &f[0], delim);
-	zmq_send(p->router, endb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	zmq_send(p->router, "", 0, ZMQ_DONTWAIT);
+	send_head(p, r, &f[0], delim);
+	zmq_send(p->router[r], endb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	zmq_send(p->router[r], "", 0, ZMQ_DONTWAIT);
 	count(&p->ctr->replays, 1);
 	for (int i = 0; i < nf; i++)
 		zmq_msg_close(&f[i]);
@@ -164,15 +165,19 @@ static void *
 replay_main(void *arg)
 {
 	struct kvpd_vllm *v = arg;
-	zmq_pollitem_t items[KVPD_MAX_POOLS];
-	struct pub *owner[KVPD_MAX_POOLS];
+	zmq_pollitem_t items[2 * KVPD_MAX_POOLS];
+	struct pub *owner[2 * KVPD_MAX_POOLS];
+	int which[2 * KVPD_MAX_POOLS];
 	int k = 0;
 
 	for (size_t i = 0; i < v->n; i++)
-		if (v->pubs[i].router != NULL) {
-			items[k] = (zmq_pollitem_t){.socket = v->pubs[i].router, .events = ZMQ_POLLIN};
-			owner[k++] = &v->pubs[i];
-		}
+		for (int r = 0; r < 2; r++)
+			if (v->pubs[i].router[r] != NULL) {
+				items[k] = (zmq_pollitem_t){.socket = v->pubs[i].router[r],
+				                            .events = ZMQ_POLLIN};
+				which[k] = r;
+				owner[k++] = &v->pubs[i];
+			}
 	while (!atomic_load(&v->stop)) {
 		if (zmq_poll(items, k, 100) < 0) {
 			if (errno == ETERM)
@@ -181,7 +186,7 @@ replay_main(void *arg)
 		}
 		for (int i = 0; i < k; i++)
 			if (items[i].revents & ZMQ_POLLIN)
-				serve_replay(v, owner[i]);
+				serve_replay(owner[i], which[i]);
 	}
 	return NULL;
 }
@@ -241,20 +246,27 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 		return KVP_EINVAL;
 	if (strncmp(ep, "ipc://", 6) == 0)
 		snprintf(p->ipc_paths[0], sizeof(p->ipc_paths[0]), "%s", ep + 6);
-	if (w->replay[0] != '\0') {
-		if (kvp_vllm_offset_endpoint(w->replay, p->rank, ep, sizeof(ep)) != KVP_OK) {
+	/* One ring serves both replay endpoints; they differ in the topic frame only. */
+	const char *replay[2] = {w->replay, w->replay_plain};
+	p->router_topic[0] = w->replay_topic;
+	p->router_topic[1] = false;
+	if ((replay[0][0] != '\0' || replay[1][0] != '\0') &&
+	    kvpd_ring_init(&p->ring, w->buffer_steps, (size_t)w->buffer_mib << 20) != KVP_OK) {
+		snprintf(err, len, "vLLM wire: no memory for the replay ring");
+		return KVP_ENOMEM;
+	}
+	for (int r = 0; r < 2; r++) {
+		if (replay[r][0] == '\0')
+			continue;
+		if (kvp_vllm_offset_endpoint(replay[r], p->rank, ep, sizeof(ep)) != KVP_OK) {
 			snprintf(err, len, "vLLM wire: pool %s: bad replay endpoint", pc->name);
 			return KVP_EINVAL;
 		}
-		if (kvpd_ring_init(&p->ring, w->buffer_steps, (size_t)w->buffer_mib << 20) != KVP_OK) {
-			snprintf(err, len, "vLLM wire: no memory for the replay ring");
-			return KVP_ENOMEM;
-		}
-		p->router = open_socket(v->ctx, ZMQ_ROUTER, w->hwm, ep, true, err, len);
-		if (p->router == NULL)
+		p->router[r] = open_socket(v->ctx, ZMQ_ROUTER, w->hwm, ep, true, err, len);
+		if (p->router[r] == NULL)
 			return KVP_EINVAL;
 		if (strncmp(ep, "ipc://", 6) == 0)
-			snprintf(p->ipc_paths[1], sizeof(p->ipc_paths[1]), "%s", ep + 6);
+			snprintf(p->ipc_paths[1 + r], sizeof(p->ipc_paths[1 + r]), "%s", ep + 6);
 	}
 	return KVP_OK;
 }
@@ -277,7 +289,6 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 		return KVP_ENOMEM;
 	}
 	v->srv = srv;
-	v->replay_topic = cfg->vllm.replay_topic;
 	if ((v->ctx = zmq_ctx_new()) == NULL) {
 		free(v->pubs);
 		free(v);
@@ -296,7 +307,7 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 			continue;
 		}
 		rv = open_pub(v, &v->pubs[i], cfg, &cfg->pools[i], err, len);
-		any_replay |= v->pubs[i].router != NULL;
+		any_replay |= v->pubs[i].router[0] != NULL || v->pubs[i].router[1] != NULL;
 	}
 	if (rv == KVP_OK && any_replay) {
 		if (pthread_create(&v->thr, NULL, replay_main, v) != 0) {
@@ -335,9 +346,10 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 			continue;
 		if (p->pub)
 			zmq_close(p->pub);
-		if (p->router)
-			zmq_close(p->router);
-		for (int k = 0; k < 2; k++) /* libzmq leaves the socket files behind */
+		for (int r = 0; r < 2; r++)
+			if (p->router[r])
+				zmq_close(p->router[r]);
+		for (int k = 0; k < 3; k++) /* libzmq leaves the socket files behind */
 			if (p->ipc_paths[k][0] != '\0')
 				(void)unlink(p->ipc_paths[k]);
 		kvpd_ring_fini(&p->ring);

@@ -68,3 +68,46 @@ def test_a_restarted_daemon_counts_seq_from_zero_again(tmp_path):
             stop(proc)
         sock.close(0)
         ctx.term()
+
+
+def _replay(ctx, endpoint, from_seq=0, timeout_s=5):
+    """vLLM's replay request from a DEALER: every reply's frames, up to the end marker."""
+    s = ctx.socket(zmq.DEALER)
+    s.connect(endpoint)
+    try:
+        s.send(struct.pack(">q", from_seq))
+        replies, deadline = [], time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if s.poll(100):
+                frames = s.recv_multipart()
+                replies.append(frames)
+                if frames[-2] == struct.pack(">q", -1):
+                    return replies
+        raise AssertionError(f"no end marker from {endpoint}: {replies}")
+    finally:
+        s.close(0)
+
+
+def test_one_daemon_replays_for_llmd_and_dynamo(tmp_path):
+    """vllm-replay's replies carry the topic frame (llm-d), vllm-replay-plain's
+    do not (Dynamo's listener): the same batches from one daemon."""
+    wire, topic_ep, plain_ep = (f"ipc://{tmp_path}/{n}.ipc" for n in ("v", "r", "p"))
+    args = ("--vllm-events", wire, "--vllm-replay", topic_ep, "--vllm-replay-plain", plain_ep,
+            "--vllm-topic", "kv@pod@{model}",
+            "--pool", "name=w,blocks=64,block_size=4,executor=none")
+    proc, url, _ = start(tmp_path, *args, pool="w")
+    ctx = zmq.Context()
+    try:
+        for k in range(2):
+            _stored_batch(url, k)
+        with_topic = _replay(ctx, topic_ep)
+        plain = _replay(ctx, plain_ep)
+        assert [len(f) for f in with_topic] == [3, 3, 3]
+        assert all(f[0] == b"kv@pod@w" for f in with_topic)
+        assert [len(f) for f in plain] == [2, 2, 2]
+        assert [f[1:] for f in with_topic] == plain
+        assert [struct.unpack(">q", f[0])[0] for f in plain] == [0, 1, -1]
+        assert msgpack.unpackb(plain[0][1])[1], "the replayed batch has its events"
+    finally:
+        stop(proc)
+        ctx.term()
