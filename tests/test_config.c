@@ -305,6 +305,19 @@ test_config_vllm_wire(void **state)
 	assert_int_equal(load(&c, clash, NULL), -1);
 	char *noev[] = {"kvpoold", "--vllm-replay", "tcp://*:5558", NULL};
 	assert_int_equal(load(&c, noev, NULL), -1);
+	char *noev2[] = {"kvpoold", "--vllm-replay-plain", "tcp://*:5559", NULL};
+	assert_int_equal(load(&c, noev2, NULL), -1);
+	/* The plain replay endpoint on the topic one's port, or on rank 1's PUB. */
+	char *both[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay",
+	                "tcp://*:5558", "--vllm-replay-plain", "tcp://*:5558", NULL};
+	assert_int_equal(load(&c, both, NULL), -1);
+	char *plain_clash[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay-plain",
+	                       "tcp://*:5558", "--pool", "a:10", "--pool", "b:10", NULL};
+	assert_int_equal(load(&c, plain_clash, NULL), -1);
+	char *plain_ok[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay",
+	                    "tcp://*:5558", "--vllm-replay-plain", "tcp://*:5559", NULL};
+	assert_int_equal(load(&c, plain_ok, NULL), 0);
+	assert_string_equal(c.vllm.replay_plain, "tcp://*:5559");
 	char *topic[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-topic", "kv@{host}",
 	                 NULL};
 	assert_int_equal(load(&c, topic, NULL), -1);
