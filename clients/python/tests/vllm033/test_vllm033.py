@@ -216,3 +216,53 @@ def test_vllm_wire_decodes_with_vllms_own_classes(daemon):
     finally:
         sub.close(0)
         ctx.term()
+
+
+def _array_twin(cls):
+    """vLLM 0.33's event class with the array layout vLLM used before 0.26
+    (array_like): the same fields, types and defaults, read positionally."""
+    fields = [(f.name, f.type) if f.default is msgspec.NODEFAULT else (f.name, f.type, f.default)
+              for f in msgspec.structs.fields(cls)]
+    return msgspec.defstruct(cls.__name__, fields, array_like=True, omit_defaults=True,
+                             tag=True, kw_only=False)
+
+
+def test_vllm_wire_array_form_decodes_with_vllms_fields(daemon):
+    """--vllm-format array (vLLM before 0.26): each event is [tag, fields...]
+    in vLLM's field order; decoded with twins of vLLM 0.33's own classes."""
+    port = _free_port()
+    stored_t, removed_t, cleared_t = (_array_twin(c) for c in
+                                      (vke.BlockStored, vke.BlockRemoved, vke.AllBlocksCleared))
+    batch_t = msgspec.defstruct("KVEventBatch", [("ts", float),
+                                                  ("events", list[stored_t | removed_t | cleared_t]),
+                                                  ("data_parallel_rank", int | None, None)],
+                                array_like=True, omit_defaults=True)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        url = daemon("name=a,blocks=16,block_size=4,executor=none",
+                     extra=("--vllm-events", f"tcp://*:{port}", "--vllm-format", "array"))
+        time.sleep(0.3)
+        tokens = list(range(40, 48))
+        with kvpool.Client(url, pool="a") as c:
+            ids = c.allocate(2)
+            c.cache(ids, tokens, 2)
+            c.free(ids)
+            c.evict(ids)
+        dec = msgspec.msgpack.Decoder(type=batch_t)
+        events, deadline = [], time.monotonic() + 10
+        while len(events) < 3 and time.monotonic() < deadline:
+            if sub.poll(100):
+                _topic, _seq, payload = sub.recv_multipart()
+                events += dec.decode(payload).events
+        stored = events[0]
+        assert isinstance(stored, stored_t)
+        assert stored.block_hashes == [vku.maybe_convert_block_hash(h)
+                                       for h in _vllm_hashes(tokens, 4)]
+        assert stored.token_ids == tokens and stored.block_size == 4 and stored.medium == "GPU"
+        assert all(isinstance(e, removed_t) for e in events[1:])
+    finally:
+        sub.close(0)
+        ctx.term()
