@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A pytest plugin that runs vLLM's own tests with kvpool deciding every
+BlockPool call: loaded with `-p kvpool_swap` (this folder on sys.path)
+before vLLM's test modules import BlockPool.
+
+Each vLLM BlockPool the tests (or vLLM's managers, coordinators and
+Scheduler) create becomes a KVPoolBlockPool: a pool of the same shape on
+a kvpoold of its own (real process, real ipc:// socket), through
+kvpool's Python client. Every allocation, reference, free, cache, lookup,
+eviction and reset goes to the daemon, whose answer is what the caller
+gets. vLLM's own structures (blocks, free_block_queue, the hash map) are
+kept beside as the mirror vLLM's tests read, and every daemon answer is
+checked against them: a pool id, lookup hit or refusal that differs from
+vLLM's raises KVPoolDiverged and fails the test.
+
+Calls kvpool has no counterpart for (cache_partial_block,
+move_block_hashes, unpin_blocks) raise KVPoolUnsupported; a test that
+writes vLLM's private structures directly (cached_block_hash_to_block
+.insert, blocks[i].ref_cnt = ...) desynchronises the mirror and fails on
+the next check. Both are counted by tests/vllm/run_own_tests.sh."""
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+
+import kvpool  # noqa: E402
+from kvpool.errors import NoSpace, WrongState  # noqa: E402
+from vllm.v1.core import block_pool as _bp  # noqa: E402
+from vllm.v1.core import kv_cache_coordinator as _coord  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id  # noqa: E402
+
+VllmBlockPool = _bp.BlockPool
+MAX_GROUPS = 8
+_TMP = tempfile.mkdtemp(prefix="kvpool-swap-")
+atexit.register(shutil.rmtree, _TMP, True)
+_live = []
+
+
+class KVPoolDiverged(AssertionError):
+    """kvpool's answer differs from vLLM's own BlockPool's."""
+
+
+class KVPoolUnsupported(NotImplementedError):
+    """A BlockPool call kvpool has no counterpart for."""
+
+
+def _kvpoold():
+    p = os.environ.get("KVPOOLD") or os.path.join(ROOT, "build", "service", "kvpoold")
+    if not os.path.exists(p):
+        raise RuntimeError(f"kvpool_swap: no kvpoold at {p} (set KVPOOLD)")
+    return p
+
+
+def _stop(proc, client):
+    try:
+        client.close()
+    except Exception:
+        pass
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class KVPoolBlockPool(VllmBlockPool):
+    def __init__(self, num_gpu_blocks, enable_caching, hash_block_size,
+                 enable_kv_cache_events=False, metrics_collector=None,
+                 num_hash_lookahead_tokens=0, medium=_bp.MEDIUM_GPU):
+        super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
+                         metrics_collector, num_hash_lookahead_tokens, medium)
+        d = tempfile.mkdtemp(dir=_TMP)
+        url = f"ipc://{d}/rpc.ipc"
+        groups = "+".join([f"full:{hash_block_size}"] * MAX_GROUPS)
+        spec = (f"name=p,blocks={num_gpu_blocks},hash_block_size={hash_block_size},"
+                f"groups={groups},caching={'on' if enable_caching else 'off'},executor=none,"
+                f"max_model_len=1048576")
+        proc = subprocess.Popen([_kvpoold(), "--quiet", "--rpc", url, "--admin", "none",
+                                 "--events", "none", "--max-ids", "1000000",
+                                 "--max-msg-bytes", "268435456", "--pool", spec],
+                                stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self._kv = kvpool.Client(url, pool="p", timeout_ms=10000, retries=0)
+                break
+            except (kvpool.Busy, kvpool.Unavailable):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    raise RuntimeError("kvpool_swap: kvpoold did not start")
+                time.sleep(0.02)
+        self._kv_proc = proc
+        self._kv_stop = weakref.finalize(self, _stop, proc, self._kv)
+        _live.append(self._kv_stop)
+
+    # ---- calls kvpool decides, checked against vLLM's mirror ----
+
+    def get_new_blocks(self, num_blocks):
+        try:
+            ids = self._kv.allocate(num_blocks) if num_blocks else []
+        except NoSpace:
+            ids = None
+        try:
+            ret = super().get_new_blocks(num_blocks)
+        except ValueError:
+            if ids is not None:
+                raise KVPoolDiverged(f"kvpool allocated {num_blocks}, vLLM refused") from None
+            raise
+        if ids != [b.block_id for b in ret]:
+            raise KVPoolDiverged(f"kvpool allocated {ids}, vLLM {[b.block_id for b in ret]}")
+        return ret
+
+    def touch(self, blocks):
+        blocks = list(blocks)
+        ids = [b.block_id for b in blocks if not b.is_null]
+        if ids:
+            self._kv.touch(ids)
+        super().touch(blocks)
+
+    def free_blocks(self, ordered_blocks):
+        blocks = list(ordered_blocks)
+        ids = [b.block_id for b in blocks
+               if not b.is_null and (b.pool is None or b.pool is self)]
+        if ids:
+            self._kv.free(ids)
+        super().free_blocks(blocks)
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                          kv_cache_group_id, block_mask=None):
+        if num_cached_blocks < num_full_blocks:
+            k = block_size // self.hash_block_size
+            fine = list(request.block_hashes[:num_full_blocks * k])
+            # Only blocks[num_cached:num_full] are read (vLLM's too); the rest are placeholders.
+            ids = [0] * num_cached_blocks + [b.block_id for b in
+                                             blocks[num_cached_blocks:num_full_blocks]]
+            self._kv.cache_hashes(ids, fine,
+                                  num_cached_blocks, num_full_blocks, block_size=block_size,
+                                  group_id=kv_cache_group_id, tokens=request.all_token_ids,
+                                  block_mask=block_mask)
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                  block_size, kv_cache_group_id, block_mask)
+
+    def get_cached_block(self, block_hash, kv_cache_group_ids):
+        want = super().get_cached_block(block_hash, kv_cache_group_ids)
+        ids, _ = self._kv.lookup_hashes([bytes(block_hash)], group_ids=list(kv_cache_group_ids),
+                                        block_size=self.hash_block_size)
+        got = [g[0] for g in ids] if ids and ids[0] else None
+        if got != (None if want is None else [b.block_id for b in want]):
+            raise KVPoolDiverged(f"kvpool's lookup found {got}, vLLM's "
+                                 f"{None if want is None else [b.block_id for b in want]}")
+        return want
+
+    def evict_blocks(self, block_ids):
+        ids = sorted(block_ids)
+        if ids and max(ids) < self.num_gpu_blocks and min(ids) >= 0:
+            self._kv.evict(ids)
+        super().evict_blocks(block_ids)
+
+    def reset_prefix_cache(self):
+        try:
+            self._kv.reset()
+            ours = True
+        except WrongState:
+            ours = False
+        theirs = super().reset_prefix_cache()
+        if ours != theirs:
+            raise KVPoolDiverged(f"kvpool's reset said {ours}, vLLM's {theirs}")
+        return theirs
+
+    # ---- calls kvpool has no counterpart for ----
+
+    def cache_partial_block(self, *a, **k):
+        raise KVPoolUnsupported("cache_partial_block: kvpool caches full blocks only")
+
+    def move_block_hashes(self, *a, **k):
+        raise KVPoolUnsupported("move_block_hashes: kvpool cannot re-point a cached key")
+
+    def unpin_blocks(self, *a, **k):
+        raise KVPoolUnsupported("unpin_blocks: kvpool has no reuse watchers")
+
+
+def _install():
+    _bp.BlockPool = KVPoolBlockPool
+    _coord.BlockPool = KVPoolBlockPool
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("vllm.") and getattr(mod, "BlockPool", None) is VllmBlockPool:
+            mod.BlockPool = KVPoolBlockPool
+
+
+_install()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Each test's pools are checked against the daemon's, then stopped."""
+    import gc
+    gc.collect()
+    while _live:
+        f = _live.pop()
+        f()
+
+
+def pytest_report_header(config):
+    return "kvpool_swap: vLLM's BlockPool is kvpool's (a kvpoold per pool), checked against vLLM's"
