@@ -75,7 +75,7 @@ def py_step(m, reqs, running, nxt, admit, finish, mark=None, prefetch=False):
             s.allocate_slots(q, 1)
         for k in range(admit):
             q = reqs[nxt + k]
-            blocks, hit = hits[k]
+            blocks, hit = hits[k][:2]
             s.allocate_slots(q, PROMPT - hit, hit, blocks)
             running.append(q)
         mark("queueing the Step's calls")

@@ -5,8 +5,9 @@ a prefill-to-decode handoff of block contents from NumPy arrays.
 
     python3 clients/python/examples/scheduler_and_handoff.py ipc:///tmp/kvpool.ipc [POOL]
 
-The pool's NONE_HASH seed must be 0 (seed=0 in its --pool spec), so the
-hashes Python computes are the daemon's. With an executor (host memory by
+The pool must hash as a default vLLM 0.33 does (no seed in its --pool
+spec: NONE_HASH from vLLM's fixed seed), so the hashes Python computes are
+the daemon's. With an executor (host memory by
 default) the handoff runs too."""
 import sys
 
@@ -33,14 +34,14 @@ class Request:
 def main(url, pool="default"):
     with kvpool.Client(url, pool=pool) as c:
         bs = c.info["block_size"]
-        hasher = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+        hasher = kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED, algorithm=c.info["hash_algorithm"])
         mgr = RemoteKVCacheManager(c)
         system = list(range(1000, 1000 + 4 * bs))  # a system prompt of 4 blocks
         reqs = [Request(f"req-{i}", system + [i] * bs, hasher, bs) for i in range(4)]
         # The scheduler's calls for each new request: the prefix hit, then slots.
         for r in reqs:
             try:
-                hit_blocks, hit = mgr.get_computed_blocks(r)
+                hit_blocks, hit, _ = mgr.get_computed_blocks(r)
             except kvpool.NotSupported:  # a hybrid pool: the daemon takes the hit itself
                 hit_blocks, hit = None, 0
             new = mgr.allocate_slots(r, r.num_tokens - hit, hit, hit_blocks)
@@ -59,7 +60,7 @@ def main(url, pool="default"):
         more = [Request(f"req-{i}", system + [i] * bs, hasher, bs) for i in range(4, 8)]
         try:
             mgr.prefetch_computed_blocks(more)
-            hits = [mgr.get_computed_blocks(r) for r in more]
+            hits = [mgr.get_computed_blocks(r)[:2] for r in more]
         except kvpool.NotSupported:  # a hybrid pool: the daemon takes the hit itself
             hits = [(None, 0)] * len(more)
         with mgr.step() as s:

@@ -55,14 +55,17 @@ class RemoteKVCacheManager(_Remote):
 
     def __init__(self, client: Client, enable_kv_cache_events: bool = False, *,
                  events_url: Optional[str] = None, token: Optional[str] = None,
-                 shared_prefix_boundary: bool = False, log_stats: bool = False) -> None:
-        """shared_prefix_boundary=True: get_computed_blocks returns the
-        triple of vLLM's newer KVCacheManager (blocks, hit tokens,
-        shared_prefix_boundary) instead of the pair. The boundary is that of
-        a sparse-retention group (Mamba, sliding window) lagging full
-        attention; get_computed_blocks serves single full-attention pools
-        only, where vLLM's is always 0, so it is 0 here. log_stats: as
-        vLLM's, get_computed_blocks records PrefixCacheStats for
+                 shared_prefix_boundary: bool = True, log_stats: bool = False) -> None:
+        """shared_prefix_boundary=True (the default, vLLM 0.33's shape):
+        get_computed_blocks returns the triple (blocks, hit tokens,
+        shared_prefix_boundary), and the caller records the hit with
+        record_prefix_cache_stats, as vLLM 0.33's Scheduler does. The
+        boundary is that of a sparse-retention group (Mamba, sliding window)
+        lagging full attention; get_computed_blocks serves single
+        full-attention pools only, where vLLM's is always 0, so it is 0 here.
+        shared_prefix_boundary=False: the pair of vLLM before the triple, and
+        get_computed_blocks records the stats itself, as vLLM did then.
+        log_stats: as vLLM's, keep PrefixCacheStats for
         make_prefix_cache_stats()."""
         super().__init__(client, enable_kv_cache_events, events_url, token, annotate=True)
         self._triple = shared_prefix_boundary
@@ -86,17 +89,35 @@ class RemoteKVCacheManager(_Remote):
     def usage(self) -> float:
         return self.client.stats()["usage"]
 
-    def get_computed_blocks(self, request: RequestLike) -> tuple[Any, ...]:
-        """(KVCacheBlocks of the longest cached prefix, its tokens), plus 0
-        with shared_prefix_boundary=True; the last token is always
-        recomputed. No reference is taken. (Typed as a tuple of either
-        length, so that both vLLM's pair and its newer triple unpack.)"""
-        found = self._computed(request)
-        if self.prefix_cache_stats is not None and self.enable_caching and not getattr(
-                request, "skip_reading_prefix_cache", False):
-            self.prefix_cache_stats.record(request.num_tokens, found[1],
-                                           getattr(request, "num_preemptions", 0) > 0)
-        return found + (0,) if self._triple else found
+    def get_computed_blocks(self, request: RequestLike,
+                            max_cache_hit_length: Optional[int] = None) -> tuple[Any, ...]:
+        """(KVCacheBlocks of the longest cached prefix, its tokens, 0), or
+        the pair with shared_prefix_boundary=False. The hit covers at most
+        max_cache_hit_length tokens (default num_tokens - 1: the last token
+        is always recomputed). No reference is taken. (Typed as a tuple of
+        either length, so that both vLLM's pair and its triple unpack.)"""
+        found = self._computed(request, max_cache_hit_length)
+        if not self._triple:
+            self.record_prefix_cache_stats(request, found[1])
+            return found
+        return found + (0,)
+
+    def prefix_cache_lookup_enabled(self, request: RequestLike) -> bool:
+        """Whether get_computed_blocks looks the cache up for this request."""
+        return self.enable_caching and not getattr(request, "skip_reading_prefix_cache", False)
+
+    def record_prefix_cache_stats(self, request: RequestLike, num_hits: int) -> None:
+        """vLLM 0.33's: counts one lookup of num_hits tokens in
+        make_prefix_cache_stats(), unless stats are off or the request
+        skipped the cache."""
+        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits,
+                                       getattr(request, "num_preemptions", 0) > 0)
+
+    def new_step_starts(self) -> None:
+        """vLLM 0.33's Scheduler calls this as each step starts; a remote
+        pool keeps no per-step state, so it does nothing."""
 
     def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
         """The stats since the last call (and a fresh set), or None without log_stats."""
@@ -127,10 +148,11 @@ class RemoteKVCacheManager(_Remote):
                     out[g] += 1
         return out
 
-    def _fine(self, request):
-        """The hashes get_computed_blocks looks up (vLLM's: the last token is
+    def _fine(self, request, max_cache_hit_length=None):
+        """The hashes get_computed_blocks looks up (vLLM's: at most
+        max_cache_hit_length tokens, by default all but the last, which is
         always recomputed), or None where it looks nothing up."""
-        if not self.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        if not self.prefix_cache_lookup_enabled(request):
             return None
         if len(self.groups) != 1 or self.groups[0]["kind"] != "full_attention":
             raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
@@ -138,10 +160,11 @@ class RemoteKVCacheManager(_Remote):
                                "Client.allocate_slots(use_prefix_cache=True), which takes vLLM's "
                                "exact hit in the daemon")
         bs = self.groups[0]["block_size"]
-        return request.block_hashes[:(request.num_tokens - 1) // bs * (bs // self.hash_block_size)]
+        cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+        return request.block_hashes[:max(cap, 0) // bs * (bs // self.hash_block_size)]
 
-    def _computed(self, request):
-        fine = self._fine(request)
+    def _computed(self, request, max_cache_hit_length=None):
+        fine = self._fine(request, max_cache_hit_length)
         if not fine:
             return self.empty_kv_cache_blocks, 0
         bs = self.groups[0]["block_size"]
@@ -218,9 +241,17 @@ class RemoteKVCacheManager(_Remote):
                        new_computed_blocks: Optional[KVCacheBlocks] = None,
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> Optional[KVCacheBlocks]:
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> Optional[KVCacheBlocks]:
         """The new blocks per group (KVCacheBlocks), or None when the request
-        does not fit (nothing changed)."""
+        does not fit (nothing changed). vLLM 0.33's last three arguments:
+        has_scheduled_reqs only switches vLLM's watermark, which is 0 by
+        default and which a remote pool does not apply; nothing here zeroes
+        blocks, so skip_zeroing_group_ids changes nothing; reserved_blocks
+        above 0 (vLLM's gate for async connector loads) is NotSupported: a
+        remote pool cannot hold blocks back for another caller's sequences."""
+        _check_reserved(reserved_blocks)
         self._prefetched = {}
         kw, req = self._slots_call(request, num_new_tokens, num_new_computed_tokens,
                                    num_lookahead_tokens, num_external_computed_tokens,
@@ -418,6 +449,13 @@ class RemoteKVCacheManager(_Remote):
         row[i] = self.null_block
 
 
+def _check_reserved(reserved_blocks):
+    if reserved_blocks:
+        raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                           "allocate_slots(reserved_blocks > 0): a remote pool cannot keep "
+                           "blocks back for another caller's sequences")
+
+
 def _skipped_blocks(spec, num_computed):
     """get_num_skipped_tokens(num_computed) // block_size: a window's or a
     chunk's tokens before it, a Mamba group's before the last token."""
@@ -510,7 +548,10 @@ class Step:
                        new_computed_blocks: Optional[KVCacheBlocks] = None,
                        num_lookahead_tokens: int = 0, num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False, num_encoder_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> int:
+                       full_sequence_must_fit: bool = False, reserved_blocks: int = 0,
+                       has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()) -> int:
+        _check_reserved(reserved_blocks)
         rid = request.request_id
         if rid in self._queued:
             # Its tokens are counted at commit: a second call would send them twice.

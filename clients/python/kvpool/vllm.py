@@ -3,9 +3,12 @@
 
 RemoteBlockPool has vllm.v1.core.block_pool.BlockPool's methods, arguments
 and return types; RemoteKVCacheManager has KVCacheManager's entry points
-(vLLM at the reference spec's version: get_computed_blocks returns
-(blocks, num_computed_tokens)). Code written against vLLM's classes runs
-against a remote pool. Written from vLLM's documented behaviour; no vLLM
+(vLLM 0.33's: get_computed_blocks returns (blocks, num_computed_tokens,
+shared_prefix_boundary), the Scheduler records stats with
+record_prefix_cache_stats; shared_prefix_boundary=False gives the pair of
+earlier vLLM). Code written against vLLM's classes runs against a remote
+pool; they are not yet drop-in for vLLM 0.33's Scheduler, which reads more
+members (its coordinator and block pool among them). Written from vLLM's documented behaviour; no vLLM
 code is used or needed.
 
 Where a network makes exactness impossible, the method says so: another

@@ -87,7 +87,7 @@ def test_mypy_flags_a_user_program_that_misuses_the_api(tmp_path):
         "        for r in running:\n"
         "            s.allocate_slots(r, 1)\n"
         "        got = s.commit()\n"
-        "    blocks, hit = m.get_computed_blocks(waiting[0])\n"  # vLLM's pair unpacks
+        "    blocks, hit, _ = m.get_computed_blocks(waiting[0])\n"  # vLLM 0.33's triple
         "    new = m.allocate_slots(waiting[0], 8 - hit, hit, blocks)\n"
         "    first: list[int] = new.get_block_ids()[0] if new is not None else []\n"
         "    c.allocate('4')\n"                             # line 15: a str for an int

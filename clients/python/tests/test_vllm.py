@@ -191,18 +191,18 @@ def _manager_flow(m, h, step=False):
     alloc = slots(m, step)
 
     r1 = Req("r1", range(13), hasher=h)
-    blocks, hit = m.get_computed_blocks(r1)
+    blocks, hit, _ = m.get_computed_blocks(r1)
     assert hit == 0 and blocks.get_block_ids() == ([],)
     assert alloc(r1, 13).get_block_ids() == ([1, 2, 3, 4],)
     r2 = Req("r2", range(13), hasher=h)
-    blocks, hit = m.get_computed_blocks(r2)
+    blocks, hit, _ = m.get_computed_blocks(r2)
     assert hit == 12 and blocks.get_block_ids() == ([1, 2, 3],)
     assert [b.ref_cnt for b in blocks.blocks[0]] == [1, 1, 1]
     assert alloc(r2, 1, hit, blocks).get_block_ids() == ([5],)
     assert m.get_block_ids("r2") == ([1, 2, 3, 5],)
     assert [b.ref_cnt for b in blocks.blocks[0]] == [2, 2, 2]
     r3 = Req("r3", range(12), hasher=h)
-    blocks, hit = m.get_computed_blocks(r3)
+    blocks, hit, _ = m.get_computed_blocks(r3)
     assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
     assert alloc(r3, 4, hit, blocks).get_block_ids() == ([6],)
     # Decode: r2 grows to 14 tokens, which block 5 holds: nothing new.
@@ -256,7 +256,7 @@ def test_refused_decode_keeps_its_token_and_retries(pools, pool, step):
         r1.all_token_ids.append(t)
         assert alloc(r1, 1).get_block_ids() == ([],)
     probe = Req("p", range(9), hasher=h)
-    blocks, hit = m.get_computed_blocks(probe)
+    blocks, hit, _ = m.get_computed_blocks(probe)
     assert hit == 8 and blocks.get_block_ids() == ([1, 3],)
     m.free(r1)
     c.close()
@@ -381,7 +381,7 @@ def test_step_takes_one_allocate_slots_per_request(xpools):
     assert [g.get_block_ids() if g else g for g in got] == [([],), None]
     assert m.get_block_ids("r") == ([1, 2],)
     probe = Req("p", range(9), hasher=h)
-    blocks, hit = m.get_computed_blocks(probe)
+    blocks, hit, _ = m.get_computed_blocks(probe)
     assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
     # The next step takes the request again.
     r.all_token_ids.append(8)
@@ -414,8 +414,8 @@ def test_prefetched_hits_are_the_lookups_and_go_stale_on_change(xpools, monkeypa
     monkeypatch.setattr(c, "_lookup1", lambda *a: sent.append(a) or real(*a))
     assert m.prefetch_computed_blocks([b, alone, tiny, d, e]) == 4
     for r in (b, alone):
-        blocks, hit = m.get_computed_blocks(r)
-        want_blocks, want_hit = direct[r.request_id]
+        blocks, hit, _ = m.get_computed_blocks(r)
+        want_blocks, want_hit, _ = direct[r.request_id]
         assert hit == want_hit and blocks.get_block_ids() == want_blocks.get_block_ids()
         assert [x.ref_cnt for x in blocks.blocks[0]] == [1] * (hit // 4)  # the owner's
     assert direct["b"][1] == 8 and direct["c"][1] == 0 and sent == []

@@ -26,7 +26,7 @@ def spools(tmp_path_factory):
 
 def _admit(m, req, step):
     """vLLM's admission of a waiting request: its hit, then allocate_slots."""
-    blocks, hit = m.get_computed_blocks(req)
+    blocks, hit, _ = m.get_computed_blocks(req)
     n = req.num_tokens - hit
     if not step:
         return m.allocate_slots(req, n, hit, blocks)
@@ -92,14 +92,41 @@ def test_common_prefix_is_zero_beside_full_attention(spools):
     c.close()
 
 
+def test_prefix_cache_stats_as_vllm_0_33_records_them(spools):
+    """vLLM 0.33's shape: get_computed_blocks records nothing; the Scheduler
+    calls record_prefix_cache_stats with the hit, which counts unless the
+    request skipped the cache."""
+    c = kvpool.Client(spools, pool="st")
+    m = RemoteKVCacheManager(c, log_stats=True)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r = Req("q1", range(500, 509), hasher=h)
+    blocks, hit, boundary = m.get_computed_blocks(r)
+    assert (hit, boundary) == (0, 0)
+    assert m.make_prefix_cache_stats() == PrefixCacheStats()
+    m.record_prefix_cache_stats(r, hit)
+    skip = Req("q2", range(9), hasher=h)
+    skip.skip_reading_prefix_cache = True
+    assert not m.prefix_cache_lookup_enabled(skip)
+    m.record_prefix_cache_stats(skip, 0)
+    assert m.make_prefix_cache_stats() == PrefixCacheStats(requests=1, queries=9)
+    m.new_step_starts()  # vLLM 0.33's Scheduler calls it each step: nothing to do
+    with pytest.raises(kvpool.NotSupported):
+        m.allocate_slots(r, 9, reserved_blocks=1)
+    assert m.allocate_slots(r, 9, has_scheduled_reqs=False,
+                            skip_zeroing_group_ids=(0,)).get_block_ids() == ([1, 2, 3],)
+    m.free(r)
+    c.close()
+
+
 def test_prefix_cache_stats_as_vllm_records_them(spools):
-    """log_stats=True: each get_computed_blocks that looks the cache up adds
-    the request's tokens and hit tokens (preempted requests apart);
-    make_prefix_cache_stats hands them over and starts again; a reset marks
-    them. Without log_stats it returns None, as vLLM's."""
+    """The pair shape of vLLM before 0.33 (shared_prefix_boundary=False):
+    each get_computed_blocks that looks the cache up adds the request's
+    tokens and hit tokens (preempted requests apart); make_prefix_cache_stats
+    hands them over and starts again; a reset marks them. Without log_stats
+    it returns None, as vLLM's."""
     c = kvpool.Client(spools, pool="st")
     assert RemoteKVCacheManager(c).make_prefix_cache_stats() is None
-    m = RemoteKVCacheManager(c, log_stats=True)
+    m = RemoteKVCacheManager(c, log_stats=True, shared_prefix_boundary=False)
     h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
     r1 = Req("r1", range(13), hasher=h)
     m.get_computed_blocks(r1)
@@ -134,7 +161,7 @@ def test_manager_evicts_what_a_connector_failed_to_load(spools):
     r2 = Req("r2", range(13), hasher=h)
     m.prefetch_computed_blocks([r2])
     m.evict_blocks({2})
-    blocks, hit = m.get_computed_blocks(r2)  # looked up again: the prefetch is dropped
+    blocks, hit, _ = m.get_computed_blocks(r2)  # looked up again: the prefetch is dropped
     assert hit == 4 and blocks.get_block_ids() == ([1],)
     assert c.stats()["num_cached_blocks"] == 2
     c.close()
