@@ -54,6 +54,8 @@ def daemon(tmp_path_factory):
                          "--kv-layers", "2", "--kv-heads", "2", "--kv-head-size", "16",
                          "--pool", "name=kv,blocks=64,block_size=16,seed=0",
                          "--pool", "name=bare,blocks=8,executor=none",
+                         # no seed: hashes as a default vLLM 0.33 (the example's)
+                         "--pool", "name=dflt,blocks=64,block_size=16",
                          "--pool", "name=gptoss,blocks=21,seed=0,executor=none,"
                                    "groups=full:16+sliding_window:16:32")
     yield url

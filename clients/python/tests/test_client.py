@@ -201,7 +201,7 @@ def test_the_readme_example_runs(daemon):
     here = os.path.dirname(os.path.abspath(__file__))
     ex = os.path.join(os.path.dirname(here), "examples", "scheduler_and_handoff.py")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(here))
-    out = subprocess.run([sys.executable, ex, daemon, "kv"], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, ex, daemon, "dflt"], env=env, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "req-1: prefix hit 64 tokens" in out.stdout  # the shared system prompt
