@@ -27,7 +27,8 @@ from .events import BlockStored, EventBatch, Subscriber
 from ._types import RequestLike  # noqa: F401 (public here: what the adapters read)
 from .events import AllBlocksCleared, BlockRemoved
 
-#: What take_events() returns: vLLM's KVCacheEvent classes' shapes.
+#: What take_events() returns: vLLM's own KVCacheEvent classes where vLLM is installed,
+#: else kvpool's dataclasses of the same fields.
 KVCacheEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
 
 if TYPE_CHECKING:  # at run time, __getattr__ below loads them (kvpool.manager imports this)
@@ -127,6 +128,34 @@ def _request_keys(request):
             "cache_salt": getattr(request, "cache_salt", None), "mm": mm or None}
 
 
+def _vllm_event_classes() -> Optional[dict[type, Any]]:
+    """vLLM's own event classes by kvpool's, when vLLM is installed."""
+    global _VLLM_EVENTS
+    if _VLLM_EVENTS is None:
+        try:
+            from vllm.distributed import kv_events as vke
+        except ImportError:
+            _VLLM_EVENTS = {}
+        else:
+            _VLLM_EVENTS = {BlockStored: vke.BlockStored, BlockRemoved: vke.BlockRemoved,
+                            AllBlocksCleared: vke.AllBlocksCleared}
+    return _VLLM_EVENTS or None
+
+
+_VLLM_EVENTS: Optional[dict[type, Any]] = None
+
+
+def _as_vllms(events: list) -> list:
+    """The events as vLLM's own classes (vllm.distributed.kv_events, so
+    isinstance() against them holds), field for field, where vLLM is
+    installed; kvpool's dataclasses of the same fields otherwise."""
+    classes = _vllm_event_classes()
+    if classes is None:
+        return events
+    return [classes[type(e)](**{f: getattr(e, f) for f in e.__dataclass_fields__})
+            for e in events]
+
+
 class _Remote:
     """What both adapters share: the client, block objects, events."""
 
@@ -177,7 +206,7 @@ class _Remote:
         if not self._annotate:  # BlockPool's own events carry no spec annotation
             out = [replace(e, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)
                    if isinstance(e, BlockStored) else e for e in out]
-        return out
+        return _as_vllms(out)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drops the listed blocks' hashes (ref counts and queue unchanged):

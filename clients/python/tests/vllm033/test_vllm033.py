@@ -266,3 +266,30 @@ def test_vllm_wire_array_form_decodes_with_vllms_fields(daemon):
     finally:
         sub.close(0)
         ctx.term()
+
+
+def test_block_pool_events_are_vllms_own(tmp_path, monkeypatch):
+    """RemoteBlockPool.take_events() with vLLM installed: vLLM's own event
+    classes, equal to what vLLM's BlockPool emits for the same calls."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    proc, url, ev = start(tmp_path, "--pool", "name=e,blocks=8,block_size=4,executor=none",
+                          pool="e", events=True)
+    try:
+        tokens = list(range(70, 78))
+        hashes = _vllm_hashes(tokens, 4)
+        theirs = BlockPool(8, True, 4, enable_kv_cache_events=True)
+        with kvpool.Client(url, pool="e") as c:
+            ours = RemoteBlockPool(c, True, events_url=ev)
+            try:
+                for pool in (theirs, ours):
+                    blocks = pool.get_new_blocks(2)
+                    pool.cache_full_blocks(_request(hashes, 8), blocks, 0, 2, 4, 0)
+                    pool.free_blocks(reversed(blocks))
+                    pool.evict_blocks({blocks[1].block_id})
+                want, got = theirs.take_events(), ours.take_events()
+            finally:
+                ours.close()
+        assert [type(e) for e in got] == [vke.BlockStored, vke.BlockRemoved]
+        assert got == want
+    finally:
+        stop(proc)
