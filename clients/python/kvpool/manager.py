@@ -115,6 +115,32 @@ class RemoteKVCacheManager(_Remote):
         self.prefix_cache_stats.record(request.num_tokens, num_hits,
                                        getattr(request, "num_preemptions", 0) > 0)
 
+    def get_computed_blocks_for_connector(
+            self, request: RequestLike,
+            max_cache_hit_length: Optional[int] = None) -> tuple[Any, ...]:
+        """vLLM 0.33's lookup for a KV connector: get_computed_blocks'
+        triple and hit_diverged, which only a hybrid Mamba pool can set and
+        get_computed_blocks serves full attention alone: always False."""
+        blocks, hit, boundary = self._computed(request, max_cache_hit_length) + (0,)
+        return blocks, hit, boundary, False
+
+    # vLLM 0.33's per-step drains. Each hands over work vLLM's managers queue
+    # for its workers: copy-on-write copies of partial hits and Mamba
+    # boundary states (neither exists in a kvpool pool: it caches full
+    # blocks only and serves full-attention lookups), and the new blocks to
+    # zero (needs_kv_cache_zeroing, which this adapter does not record).
+    def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: RequestLike) -> list[tuple[int, int, int]]:
+        return []
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
     def new_step_starts(self) -> None:
         """vLLM 0.33's Scheduler calls this as each step starts; a remote
         pool keeps no per-step state, so it does nothing."""
