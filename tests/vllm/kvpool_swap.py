@@ -18,29 +18,16 @@ move_block_hashes, unpin_blocks) raise KVPoolUnsupported; a test that
 writes vLLM's private structures directly (cached_block_hash_to_block
 .insert, blocks[i].ref_cnt = ...) desynchronises the mirror and fails on
 the next check. Both are counted by tests/vllm/run_own_tests.sh."""
-import atexit
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 import weakref
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
-
-import kvpool  # noqa: E402
-from kvpool.errors import NoSpace, WrongState  # noqa: E402
-from vllm.v1.core import block_pool as _bp  # noqa: E402
-from vllm.v1.core import kv_cache_coordinator as _coord  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id  # noqa: E402
+import swap_daemon  # puts clients/python on sys.path
+from kvpool.errors import NoSpace, WrongState
+from vllm.v1.core import block_pool as _bp
+from vllm.v1.core import kv_cache_coordinator as _coord
 
 VllmBlockPool = _bp.BlockPool
 MAX_GROUPS = 8
-_TMP = tempfile.mkdtemp(prefix="kvpool-swap-")
-atexit.register(shutil.rmtree, _TMP, True)
 _live = []
 
 
@@ -52,55 +39,18 @@ class KVPoolUnsupported(NotImplementedError):
     """A BlockPool call kvpool has no counterpart for."""
 
 
-def _kvpoold():
-    p = os.environ.get("KVPOOLD") or os.path.join(ROOT, "build", "service", "kvpoold")
-    if not os.path.exists(p):
-        raise RuntimeError(f"kvpool_swap: no kvpoold at {p} (set KVPOOLD)")
-    return p
-
-
-def _stop(proc, client):
-    try:
-        client.close()
-    except Exception:
-        pass
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 class KVPoolBlockPool(VllmBlockPool):
     def __init__(self, num_gpu_blocks, enable_caching, hash_block_size,
                  enable_kv_cache_events=False, metrics_collector=None,
                  num_hash_lookahead_tokens=0, medium=_bp.MEDIUM_GPU):
         super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events,
                          metrics_collector, num_hash_lookahead_tokens, medium)
-        d = tempfile.mkdtemp(dir=_TMP)
-        url = f"ipc://{d}/rpc.ipc"
         groups = "+".join([f"full:{hash_block_size}"] * MAX_GROUPS)
-        spec = (f"name=p,blocks={num_gpu_blocks},hash_block_size={hash_block_size},"
-                f"groups={groups},caching={'on' if enable_caching else 'off'},executor=none,"
-                f"max_model_len=1048576")
-        proc = subprocess.Popen([_kvpoold(), "--quiet", "--rpc", url, "--admin", "none",
-                                 "--events", "none", "--max-ids", "1000000",
-                                 "--max-msg-bytes", "268435456", "--pool", spec],
-                                stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self._kv = kvpool.Client(url, pool="p", timeout_ms=10000, retries=0)
-                break
-            except (kvpool.Busy, kvpool.Unavailable):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    proc.kill()
-                    raise RuntimeError("kvpool_swap: kvpoold did not start")
-                time.sleep(0.02)
+        proc, self._kv, _ = swap_daemon.start(
+            f"blocks={num_gpu_blocks},hash_block_size={hash_block_size},groups={groups},"
+            f"caching={'on' if enable_caching else 'off'},executor=none,max_model_len=1048576")
         self._kv_proc = proc
-        self._kv_stop = weakref.finalize(self, _stop, proc, self._kv)
+        self._kv_stop = weakref.finalize(self, swap_daemon.stop, proc, self._kv)
         _live.append(self._kv_stop)
 
     # ---- calls kvpool decides, checked against vLLM's mirror ----

@@ -9,24 +9,12 @@ Schedulers the tests build another way keep vLLM's manager; the report
 header says so. Schedulers with more than one KV cache group, or groups
 other than full attention, are refused (KVPoolUnsupported): the adapter's
 get_computed_blocks serves one full-attention group."""
-import atexit
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+import swap_daemon  # puts clients/python on sys.path
+from kvpool.vllm import RemoteKVCacheManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-import kvpool  # noqa: E402
-from kvpool.vllm import RemoteKVCacheManager  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
-
-_TMP = tempfile.mkdtemp(prefix="kvpool-swapm-")
-atexit.register(shutil.rmtree, _TMP, True)
 _procs = []    # (kvpoold, its client), stopped after each test: client first
 _swapped = {}  # nodeid -> passed, for tests whose Scheduler got the adapter
 _current = [None]
@@ -34,13 +22,6 @@ _current = [None]
 
 class KVPoolUnsupported(NotImplementedError):
     """A Scheduler shape the adapter does not serve."""
-
-
-def _kvpoold():
-    p = os.environ.get("KVPOOLD") or os.path.join(ROOT, "build", "service", "kvpoold")
-    if not os.path.exists(p):
-        raise RuntimeError(f"kvpool_swap_manager: no kvpoold at {p} (set KVPOOLD)")
-    return p
 
 
 def remote_manager_for(scheduler):
@@ -52,27 +33,12 @@ def remote_manager_for(scheduler):
     if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
         raise KVPoolUnsupported("kvpool_swap_manager: only one full-attention group")
     bs = groups[0].kv_cache_spec.block_size
-    d = tempfile.mkdtemp(dir=_TMP)
-    url, ev = f"ipc://{d}/rpc.ipc", f"ipc://{d}/ev.ipc"
-    spec = (f"name=p,blocks={cfg.num_blocks},block_size={bs},"
-            f"caching={'on' if mine.enable_caching else 'off'},executor=none,"
-            f"max_model_len={max(mine.max_model_len, 16)}")
-    proc = subprocess.Popen([_kvpoold(), "--quiet", "--rpc", url, "--admin", "none", "--events",
-                             ev, "--max-ids", "1000000", "--max-msg-bytes", "268435456",
-                             "--pool", spec], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client = kvpool.Client(url, pool="p", timeout_ms=10000, retries=0)
-            _procs.append((proc, client))
-            break
-        except (kvpool.Busy, kvpool.Unavailable):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError("kvpool_swap_manager: kvpoold did not start")
-            time.sleep(0.02)
     events = bool(getattr(mine, "enable_kv_cache_events", False))
+    proc, client, ev = swap_daemon.start(
+        f"blocks={cfg.num_blocks},block_size={bs},"
+        f"caching={'on' if mine.enable_caching else 'off'},executor=none,"
+        f"max_model_len={max(mine.max_model_len, 16)}", events=events)
+    _procs.append((proc, client))
     return RemoteKVCacheManager(client, events, events_url=ev if events else None,
                                 log_stats=mine.log_stats)
 
@@ -114,15 +80,7 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_runtest_teardown(item, nextitem):
     while _procs:
-        p, client = _procs.pop()
-        client.close()
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        swap_daemon.stop(*_procs.pop())
 
 
 def pytest_report_header(config):
