@@ -115,6 +115,57 @@ class RemoteKVCacheManager(_Remote):
         self.prefix_cache_stats.record(request.num_tokens, num_hits,
                                        getattr(request, "num_preemptions", 0) > 0)
 
+    def estimate_cached_tokens(self, request: RequestLike) -> int:
+        """vLLM 0.33's: the tokens the request's cached blocks cover (its
+        prefill metrics read it), as this adapter saw the daemon cache them:
+        full blocks up to the computed tokens at each allocate_slots that was
+        not delay_cache_blocks. A hash another session drops with
+        evict_blocks still counts here, where vLLM's own would not. Full
+        attention pools only (NotSupported otherwise, as get_computed_blocks)."""
+        if not self._plain or len(self.groups) != 1:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                               "estimate_cached_tokens on a hybrid pool")
+        req = self._reqs.get(request.request_id)
+        return req.cached if req is not None else 0
+
+    def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
+        """vLLM 0.33's Scheduler asks for the request's full blocks up to
+        num_computed_tokens to be cached. The daemon caches them at
+        allocate_slots already; a request for blocks it has not cached
+        (delay_cache_blocks, P/D transfers completing later) is NotSupported:
+        the daemon has no call that caches a request's blocks afterwards."""
+        if not self.enable_caching:
+            return
+        if not self._plain or len(self.groups) != 1:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED", "cache_blocks on a hybrid pool")
+        req = self._reqs.get(request.request_id)
+        bs = self.groups[0]["block_size"]
+        if req is None or num_computed_tokens // bs * bs > req.cached:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                               "cache_blocks for blocks allocate_slots did not cache")
+
+    def get_block_ids_for_computed_tokens(self, request_id: Any,
+                                          num_computed_tokens: int) -> tuple[list[int], ...]:
+        """vLLM 0.33's: get_block_ids clipped, in attention groups, to the
+        blocks that cover num_computed_tokens; Mamba groups unclipped."""
+        out = []
+        for spec, ids in zip(self.groups, self.get_block_ids(request_id)):
+            if spec["kind"] == "mamba":
+                out.append(ids)
+            else:
+                out.append(ids[:-(-num_computed_tokens // spec["block_size"])])
+        return tuple(out)
+
+    def remove_skipped_blocks(self, request_id: Any, processed_computed_tokens: int,
+                              num_prompt_tokens: Optional[int] = None) -> None:
+        """vLLM 0.33's: frees the blocks a sparse group no longer needs. Full
+        attention skips nothing (vLLM's is a no-op there too); on a hybrid pool
+        the daemon drops them at each allocate_slots, and a call between is
+        NotSupported."""
+        if not self._plain:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                               "remove_skipped_blocks between allocate_slots on a hybrid pool")
+
     def get_computed_blocks_for_connector(
             self, request: RequestLike,
             max_cache_hit_length: Optional[int] = None) -> tuple[Any, ...]:
@@ -389,7 +440,7 @@ class RemoteKVCacheManager(_Remote):
         ext = kw.get("num_external_computed_tokens", 0)
         if self._plain and len(res.new_blocks_by_group) == 1:
             # Full attention only: nothing to drop or pad, one row of new blocks.
-            return self._plain_done(req, res)
+            return self._plain_done(req, res, kw)
         total_computed = req.computed + num_new_computed_tokens + ext
         self._drop_skipped(req, total_computed)
         if fresh and ext:
@@ -414,9 +465,18 @@ class RemoteKVCacheManager(_Remote):
             # The external tokens' blocks join the table; vLLM returns only the rest.
             new.append(row[lead[g]:])
         req.computed = res.num_computed_tokens
+        self._note_cached(req, kw.get("delay_cache_blocks", False))
         return self.create_kv_cache_blocks(tuple(new))
 
-    def _plain_done(self, req, res):
+    def _note_cached(self, req, delayed):
+        """After an allocate_slots the daemon took: it cached the request's
+        full blocks up to its computed tokens or the tokens it has, fewer
+        (unless delay_cache_blocks), as vLLM's manager does."""
+        if self.enable_caching and not delayed:
+            bs = self.groups[0]["block_size"]
+            req.cached = max(req.cached, min(req.computed, req.sent) // bs * bs)
+
+    def _plain_done(self, req, res, kw):
         """_slots_done's end on a full-attention-only pool."""
         blocks, row = self._blocks, []
         for i in res.new_blocks_by_group[0]:
@@ -426,6 +486,7 @@ class RemoteKVCacheManager(_Remote):
             row.append(b)
         req.blocks[0].extend(row)
         req.computed = res.num_computed_tokens
+        self._note_cached(req, kw.get("delay_cache_blocks", False))
         lead = res.external_blocks_by_group[0] if res.external_blocks_by_group else 0
         return KVCacheBlocks((row[lead:],)) if len(row) > lead else self.empty_kv_cache_blocks
 
@@ -699,6 +760,7 @@ class Step:
         for req, target, computed in zip(reqs, run.targets, comp):
             req.sent = target
             req.computed = computed
+            mgr._note_cached(req, False)  # a run's calls are never delay_cache_blocks
         res = [empty] * n
         err = None
         if any(st):

@@ -380,7 +380,7 @@ class KVCacheBlocks:
 
 
 class _Req:
-    __slots__ = ("wire_id", "sent", "blocks", "computed", "last_state", "allocated")
+    __slots__ = ("wire_id", "sent", "blocks", "computed", "cached", "last_state", "allocated")
 
     def __init__(self, wire_id, ngroups):
         self.wire_id = wire_id
@@ -391,6 +391,7 @@ class _Req:
     def reset(self, ngroups):
         """No blocks: as new, or after a preemption."""
         self.blocks = [[] for _ in range(ngroups)]
+        self.cached = 0  # tokens the daemon cached for it (full blocks), full attention
         # Mamba align, per group: the previous state block's index, and
         # whether blocks were ever allocated (vLLM's last_state_block_idx
         # and _allocated_block_reqs).

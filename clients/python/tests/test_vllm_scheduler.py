@@ -165,3 +165,28 @@ def test_manager_evicts_what_a_connector_failed_to_load(spools):
     assert hit == 4 and blocks.get_block_ids() == ([1],)
     assert c.stats()["num_cached_blocks"] == 2
     c.close()
+
+
+def test_vllm_0_33_scheduler_members(spools):
+    """estimate_cached_tokens, cache_blocks, get_block_ids_for_computed_tokens
+    and remove_skipped_blocks as vLLM 0.33's Scheduler calls them, on a full
+    attention pool of 4-token blocks."""
+    c = kvpool.Client(spools, pool="cp1")
+    m = RemoteKVCacheManager(c)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r = Req("m1", range(7000, 7013), hasher=h)
+    assert m.estimate_cached_tokens(r) == 0  # unknown request
+    ids = m.allocate_slots(r, 13).get_block_ids()[0]
+    assert m.estimate_cached_tokens(r) == 12  # three full blocks of 13 tokens
+    m.cache_blocks(r, 12)  # already cached by allocate_slots: nothing to do
+    with pytest.raises(kvpool.NotSupported):
+        m.cache_blocks(r, 16)  # a block allocate_slots did not cache
+    assert m.get_block_ids_for_computed_tokens("m1", 5) == (ids[:2],)
+    m.remove_skipped_blocks("m1", 13)  # full attention skips nothing
+    assert m.get_block_ids("m1") == (ids,)
+    d = Req("m2", range(8000, 8009), hasher=h)
+    m.allocate_slots(d, 9, delay_cache_blocks=True)
+    assert m.estimate_cached_tokens(d) == 0  # delayed: nothing cached yet
+    m.free(r)
+    m.free(d)
+    c.close()
