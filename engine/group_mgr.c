@@ -224,6 +224,8 @@ remove_below(struct kvp_grp_blocks *b, struct kvp_pool *pool, size_t last)
 
 	while (lo > 0 && b->ids[lo - 1] != KVP_NULL_BLOCK)
 		lo--;
+	if (lo == hi)
+		return; /* nothing to free (and b->ids may be NULL) */
 	for (size_t i = lo, j = hi; i + 1 < j; i++, j--) {
 		int32_t t = b->ids[i];
 		b->ids[i] = b->ids[j - 1];
