@@ -1,12 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The cpu backend: KV memory in host memory (anonymous mappings, huge pages
- * where offered, pages committed on first touch), moved with memcpy. It is
- * the reference the CUDA backend is compared with, so it stays plain: every
+ * where offered, pages committed on first touch; or a shared region, a file
+ * every byte of which is allocated at open), moved with memcpy. It is the
+ * reference the CUDA backend is compared with, so it stays plain: every
  * loop below is the kernel's loop with the thread indices spelled out.
  */
+#define _GNU_SOURCE /* MAP_POPULATE, madvise */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/big_alloc.h"
 #include "gpu/exec_impl.h"
@@ -18,11 +26,73 @@ mem(struct kvp_exec *e)
 	return e->impl;
 }
 
+/*
+ * The region: a file made with O_EXCL under a name no other process can
+ * predict, its blocks allocated now (posix_fallocate: a tmpfs too small for
+ * the pool fails here, with a reason, instead of a SIGBUS at first write),
+ * then mapped shared. The daemon writes through this mapping, clients
+ * through theirs: the same pages.
+ */
+static int
+region_open(struct kvp_exec *e)
+{
+	const struct kvp_exec_config *c = e->cfg;
+	uint64_t r;
+	int fd, err;
+
+	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
+		r = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
+	if ((size_t)snprintf(e->region_path, sizeof(e->region_path), "%s/kvpool-%s-%ld-%016llx",
+	                     c->region_dir, c->region_name ? c->region_name : "pool",
+	                     (long)getpid(), (unsigned long long)r) >= sizeof(e->region_path)) {
+		snprintf(e->err, sizeof(e->err), "region path in %.160s too long", c->region_dir);
+		e->region_path[0] = '\0';
+		return KVP_EINVAL;
+	}
+	fd = open(e->region_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW,
+	          (mode_t)(c->region_mode & 0777));
+	if (fd < 0) {
+		snprintf(e->err, sizeof(e->err), "cannot create region %.160s: %s", e->region_path,
+		         strerror(errno));
+		e->region_path[0] = '\0';
+		return errno == ENOMEM ? KVP_ENOMEM : KVP_EINVAL;
+	}
+	/* open() applies the umask; the mode asked for is the mode meant. */
+	if (fchmod(fd, (mode_t)(c->region_mode & 0777)) != 0) {
+		err = errno;
+		goto fail;
+	}
+	if ((err = posix_fallocate(fd, 0, (off_t)e->mem_bytes)) != 0)
+		goto fail;
+	e->impl = mmap(NULL, (size_t)e->mem_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (e->impl == MAP_FAILED) {
+		e->impl = NULL;
+		err = errno;
+		goto fail;
+	}
+	close(fd);
+	return KVP_OK;
+fail:
+	snprintf(e->err, sizeof(e->err), "cannot allocate %llu bytes for region %.160s: %s",
+	         (unsigned long long)e->mem_bytes, e->region_path, strerror(err));
+	close(fd);
+	unlink(e->region_path);
+	e->region_path[0] = '\0';
+	return KVP_ENOMEM;
+}
+
 static int
 cpu_open(struct kvp_exec *e, int device)
 {
 	(void)device;
-	if (e->mem_bytes > SIZE_MAX || (e->impl = kvp_big_alloc((size_t)e->mem_bytes)) == NULL) {
+	if (e->mem_bytes > SIZE_MAX) {
+		snprintf(e->err, sizeof(e->err), "%llu bytes of KV memory do not fit in memory",
+		         (unsigned long long)e->mem_bytes);
+		return KVP_ENOMEM;
+	}
+	if (e->cfg != NULL && e->cfg->region_dir != NULL)
+		return region_open(e);
+	if ((e->impl = kvp_big_alloc((size_t)e->mem_bytes)) == NULL) {
 		snprintf(e->err, sizeof(e->err), "cannot map %llu bytes of KV memory",
 		         (unsigned long long)e->mem_bytes);
 		return KVP_ENOMEM;
@@ -33,6 +103,11 @@ cpu_open(struct kvp_exec *e, int device)
 static void
 cpu_close(struct kvp_exec *e)
 {
+	if (e->region_path[0] != '\0') {
+		munmap(e->impl, (size_t)e->mem_bytes);
+		unlink(e->region_path);
+		return;
+	}
 	kvp_big_free(e->impl, (size_t)e->mem_bytes);
 }
 
@@ -67,6 +142,11 @@ cpu_read_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, void *dst)
 {
 	unsigned char *out = dst;
 	uint32_t nl = e->shape.num_layers;
+	if (e->shape.rows) { /* a row is the payload: one copy per block */
+		for (size_t i = 0; i < n; i++)
+			memcpy(out + i * e->block_bytes, chunk(e, 0, 0, ids[i]), e->block_bytes);
+		return KVP_OK;
+	}
 	for (size_t i = 0; i < n; i++)
 		for (uint32_t l = 0; l < nl; l++)
 			for (uint32_t kv = 0; kv < 2; kv++) {
@@ -87,6 +167,11 @@ static int
 cpu_write_blocks(struct kvp_exec *e, const int32_t *ids, size_t n, const void *src)
 {
 	const unsigned char *in = src;
+	if (e->shape.rows) {
+		for (size_t i = 0; i < n; i++)
+			memcpy(chunk(e, 0, 0, ids[i]), in + i * e->block_bytes, e->block_bytes);
+		return KVP_OK;
+	}
 	for (size_t i = 0; i < n; i++)
 		for (uint32_t l = 0; l < e->shape.num_layers; l++)
 			for (uint32_t kv = 0; kv < 2; kv++)

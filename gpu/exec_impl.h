@@ -38,7 +38,9 @@ struct kvp_exec {
 	uint64_t chunk_bytes;  /* one block of one layer's K (or V) */
 	uint64_t mem_bytes;
 	unsigned copy_threads; /* cuda's staging copiers, 1.. */
-	void *impl;            /* the backend's state */
+	void *impl;            /* the backend's state (cpu: the memory) */
+	const struct kvp_exec_config *cfg; /* during open only */
+	char region_path[4096]; /* cpu with a region: its file; else "" */
 	char err[256];
 };
 

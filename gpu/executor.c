@@ -39,7 +39,9 @@ kvp_kv_shape_check(const struct kvp_kv_shape *s, char *why, size_t why_len)
 	if (s->dtype > KVP_DTYPE_FP32 || s->layout > KVP_LAYOUT_HND)
 		return say(why, why_len, "unknown dtype or layout"), KVP_EINVAL;
 	/* block_bytes <= 2^63 / num_blocks: every offset fits in 64 bits. */
-	uint64_t bb = kvp_kv_block_bytes(s);
+	uint64_t bb = kvp_kv_block_bytes(s) + KVP_ROW_ALIGN; /* a row's padding included */
+	if (s->rows > 1)
+		return say(why, why_len, "rows is 0 or 1"), KVP_EINVAL;
 	if (bb > (UINT64_MAX >> 2) / s->num_blocks)
 		return say(why, why_len, "the KV memory would exceed 2^62 bytes"), KVP_EINVAL;
 	return KVP_OK;
@@ -51,6 +53,13 @@ kvp_kv_block_bytes(const struct kvp_kv_shape *s)
 	/* Each factor is at most 2^16 and layers x heads x head_size x 2 x 4 < 2^36. */
 	return (uint64_t)s->num_layers * 2 * s->block_size * s->num_heads * s->head_size *
 	       kvp_dtype_size(s->dtype);
+}
+
+uint64_t
+kvp_kv_block_stride(const struct kvp_kv_shape *s)
+{
+	struct kvp_kv_strides st = kvp_kv_strides_of(s);
+	return s->rows ? st.block_stride * st.elem_bytes : kvp_kv_block_bytes(s);
 }
 
 int
@@ -65,7 +74,7 @@ kvp_kv_fit_blocks(const struct kvp_kv_shape *s, uint64_t budget, uint32_t *num_b
 		return KVP_EINVAL;
 	uint64_t page = (uint64_t)one.block_size * one.num_heads * one.head_size * 2 *
 	                kvp_dtype_size(one.dtype);
-	uint64_t n = budget / page / one.num_layers;
+	uint64_t n = one.rows ? budget / kvp_kv_block_stride(&one) : budget / page / one.num_layers;
 	if (n < 2) /* the null block and at least one usable block */
 		return KVP_ENOSPACE;
 	*num_blocks = n > (1u << 30) ? (1u << 30) : (uint32_t)n;
@@ -141,12 +150,17 @@ try_open(const struct kvp_exec_ops *ops, const struct kvp_exec_config *cfg, stru
 		return say(why, why_len, "out of memory"), KVP_ENOMEM;
 	e->ops = ops;
 	e->shape = cfg->shape;
+	if (cfg->region_dir != NULL && ops == &kvp_exec_cpu_ops)
+		e->shape.rows = 1;
 	e->st = kvp_kv_strides_of(&e->shape);
 	e->block_bytes = kvp_kv_block_bytes(&e->shape);
 	e->chunk_bytes = e->st.block_elems * e->st.elem_bytes;
-	e->mem_bytes = e->block_bytes * e->shape.num_blocks;
+	e->mem_bytes = kvp_kv_block_stride(&e->shape) * e->shape.num_blocks;
+	e->cfg = cfg;
 	e->copy_threads = cfg->copy_threads ? cfg->copy_threads : default_copy_threads();
-	if ((rv = ops->open(e, cfg->device)) != KVP_OK) {
+	rv = ops->open(e, cfg->device);
+	e->cfg = NULL; /* the caller's, valid only during open */
+	if (rv != KVP_OK) {
 		say(why, why_len, "%s executor: %s", ops->name,
 		    e->err[0] ? e->err : kvp_strerror(rv));
 		free(e);
@@ -219,6 +233,22 @@ const char *
 kvp_exec_medium(const struct kvp_exec *e)
 {
 	return e ? e->ops->medium : "";
+}
+
+int
+kvp_exec_region(const struct kvp_exec *e, struct kvp_exec_region *out)
+{
+	if (e == NULL || out == NULL || e->region_path[0] == '\0')
+		return KVP_ENOTSUP;
+	*out = (struct kvp_exec_region){
+		.path = e->region_path,
+		.bytes = e->mem_bytes,
+		.row_bytes = e->block_bytes,
+		.row_stride = kvp_kv_block_stride(&e->shape),
+		.num_rows = e->shape.num_blocks,
+		.base = e->impl,
+	};
+	return KVP_OK;
 }
 
 const struct kvp_kv_shape *

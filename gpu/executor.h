@@ -55,6 +55,19 @@ struct kvp_exec_config {
 	 * 8 threads 0.38-0.84 (BENCHMARKS.md). The cpu backend ignores it.
 	 */
 	unsigned copy_threads;
+	/*
+	 * cpu: a shared region. With region_dir set, the KV memory is a file
+	 * created there (O_EXCL, permission bits region_mode, its name
+	 * "kvpool-<region_name>-<pid>-<random>"), every byte allocated up front
+	 * (a full tmpfs is an error at open, never a SIGBUS later), mapped shared
+	 * and laid out in rows (shape.rows is forced to 1), so same-host clients
+	 * map it and move a block as one contiguous row. /dev/shm is tmpfs; a
+	 * hugetlbfs mount gives huge pages. The file is removed at close. NULL:
+	 * private memory, laid out as shape.rows says. cuda ignores it.
+	 */
+	const char *region_dir;
+	const char *region_name;
+	uint32_t region_mode;
 };
 #define KVP_EXEC_COPY_THREADS 8u
 #define KVP_EXEC_MAX_COPY_THREADS 32u
@@ -72,11 +85,14 @@ int kvp_kv_shape_check(const struct kvp_kv_shape *s, char *why, size_t why_len);
 
 /* Bytes of one block's transfer payload: layers x 2 x block_size x heads x head_size x dtype. */
 uint64_t kvp_kv_block_bytes(const struct kvp_kv_shape *s);
+/* Memory per block: its payload, padded to KVP_ROW_ALIGN with rows. */
+uint64_t kvp_kv_block_stride(const struct kvp_kv_shape *s);
 
 /*
  * How many blocks fit in budget bytes, as vLLM sizes its cache:
  * page_size = block_size x heads x head_size x 2 x dtype_size per layer,
- * blocks = budget / page_size / layers. num_blocks in s is ignored.
+ * blocks = budget / page_size / layers (with rows: budget / the padded
+ * row). num_blocks in s is ignored.
  */
 int kvp_kv_fit_blocks(const struct kvp_kv_shape *s, uint64_t budget, uint32_t *num_blocks);
 
@@ -103,6 +119,18 @@ const char *kvp_exec_medium(const struct kvp_exec *e);       /* "CPU" or "GPU", 
 const struct kvp_kv_shape *kvp_exec_shape(const struct kvp_exec *e);
 uint64_t kvp_exec_block_bytes(const struct kvp_exec *e);
 uint64_t kvp_exec_memory_bytes(const struct kvp_exec *e);      /* the KV memory it holds */
+/* A cpu executor's shared region: the file clients map and its rows. */
+struct kvp_exec_region {
+	const char *path;     /* valid until close */
+	uint64_t bytes;       /* the file's size: num_rows x row_stride */
+	uint64_t row_bytes;   /* one block's payload (kvp_exec_block_bytes) */
+	uint64_t row_stride;  /* row i starts at i x row_stride (a multiple of KVP_ROW_ALIGN) */
+	uint32_t num_rows;    /* the pool's blocks, row 0 the null block's */
+	unsigned char *base;  /* the executor's own mapping */
+};
+/* Fills *out: KVP_OK, or KVP_ENOTSUP for an executor without a region. */
+int kvp_exec_region(const struct kvp_exec *e, struct kvp_exec_region *out);
+
 /* The last failure's detail (a CUDA error string, say), or "". */
 const char *kvp_exec_last_error(const struct kvp_exec *e);
 

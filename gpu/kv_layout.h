@@ -24,6 +24,14 @@
  * is what block transfers move. A new layout needs new strides here, and
  * nothing else as long as it keeps blocks contiguous.
  *
+ * Rows (shape.rows = 1, a shared region's memory): block-major instead,
+ *
+ *   cache[block][layer][kv][...one block...]
+ *
+ * each block's row holding exactly its transfer payload (below), padded to
+ * a multiple of KVP_ROW_ALIGN bytes, so a client that maps the region
+ * reads and writes a block as one contiguous row.
+ *
  * A block's transfer payload (read_blocks / write_blocks) is its 2*layers
  * chunks back to back: layer 0 K, layer 0 V, layer 1 K, ..., each chunk in
  * the cache's own layout. A list of blocks is their payloads back to back.
@@ -55,7 +63,11 @@ struct kvp_kv_shape {
 	uint32_t head_size;
 	uint32_t dtype;        /* enum kvp_dtype */
 	uint32_t layout;       /* enum kvp_cache_layout */
+	uint32_t rows;         /* 1: block-major rows (a region); 0: per-layer tensors */
 };
+
+/* A row's alignment and padding in a region: the page size. */
+#define KVP_ROW_ALIGN 4096u
 
 /* Strides derived from a shape, in elements. */
 struct kvp_kv_strides {
@@ -65,6 +77,7 @@ struct kvp_kv_strides {
 	uint64_t block_elems;  /* one block of one layer's K: block_size*heads*head_size */
 	uint64_t kv_stride;    /* from a layer's K to its V: num_blocks*block_elems */
 	uint64_t layer_stride; /* from layer l to l+1: 2*kv_stride */
+	uint64_t block_stride; /* from block b to b+1: block_elems, or a padded row */
 	uint64_t token_elems;  /* one token's K (or V) of one layer: heads*head_size */
 };
 
@@ -89,8 +102,17 @@ kvp_kv_strides_of(const struct kvp_kv_shape *s)
 		st.page_stride = st.token_elems;
 		st.head_stride = s->head_size;
 	}
-	st.kv_stride = (uint64_t)s->num_blocks * st.block_elems;
-	st.layer_stride = 2 * st.kv_stride;
+	if (s->rows) {
+		uint64_t row = 2 * (uint64_t)s->num_layers * st.block_elems * st.elem_bytes;
+		row = (row + KVP_ROW_ALIGN - 1) / KVP_ROW_ALIGN * KVP_ROW_ALIGN;
+		st.kv_stride = st.block_elems;
+		st.layer_stride = 2 * st.block_elems;
+		st.block_stride = row / st.elem_bytes;
+	} else {
+		st.kv_stride = (uint64_t)s->num_blocks * st.block_elems;
+		st.layer_stride = 2 * st.kv_stride;
+		st.block_stride = st.block_elems;
+	}
 	return st;
 }
 
@@ -98,7 +120,7 @@ kvp_kv_strides_of(const struct kvp_kv_shape *s)
 KVP_HD static inline uint64_t
 kvp_chunk_offset(const struct kvp_kv_strides *st, uint32_t layer, uint32_t kv, uint64_t block)
 {
-	return layer * st->layer_stride + kv * st->kv_stride + block * st->block_elems;
+	return layer * st->layer_stride + kv * st->kv_stride + block * st->block_stride;
 }
 
 /* Element offset of (layer, kv, block, offset in block, head, dim) in the cache. */

@@ -6,8 +6,12 @@
  * and writes the layout formulas out by hand, independent of kv_layout.h.
  * After every operation the whole memory is read back and compared.
  */
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvp_test.h"
 
@@ -286,21 +290,36 @@ static const struct shape_case cases[] = {
 	{4, 32, 4, 2, 128},
 };
 
+/* Where the tests make regions: TMPDIR (a tmpfs is not needed), else /tmp. */
+static const char *
+region_dir(void)
+{
+	const char *d = getenv("TMPDIR");
+	return d && d[0] ? d : "/tmp";
+}
+
 static void
 cpu_matches_model(void **state)
 {
 	(void)state;
 	for (uint32_t dt = KVP_DTYPE_FP16; dt <= KVP_DTYPE_FP32; dt++)
-		for (uint32_t lay = KVP_LAYOUT_NHD; lay <= KVP_LAYOUT_HND; lay++)
+		for (uint32_t form = 0; form < 3 * (KVP_LAYOUT_HND + 1); form++)
 			for (size_t c = 0; c < N_ELEMS(cases); c++) {
+				/* form / 2: per-layer tensors, rows, rows in a shared region */
+				uint32_t lay = form % 2;
 				struct kvp_exec_config cfg = {
 					.backend = KVP_EXEC_CPU,
 					.shape = {cases[c].num_blocks, cases[c].block_size, cases[c].layers,
-					          cases[c].heads, cases[c].head_size, dt, lay}};
+					          cases[c].heads, cases[c].head_size, dt, lay, form / 2 == 1},
+					.region_dir = form / 2 == 2 ? region_dir() : NULL,
+					.region_mode = 0600};
 				struct kvp_exec *e = NULL;
 				char why[256];
 				struct model md = {.s = cfg.shape, .es = kvp_dtype_size(dt)};
 				size_t total = (size_t)kvp_kv_block_bytes(&cfg.shape) * cfg.shape.num_blocks;
+				if (form / 2 > 0)
+					total = (kvp_kv_block_bytes(&cfg.shape) + KVP_ROW_ALIGN - 1) /
+					        KVP_ROW_ALIGN * KVP_ROW_ALIGN * cfg.shape.num_blocks;
 
 				assert_ok(kvp_exec_open(&cfg, &e, why, sizeof(why)));
 				assert_string_equal(kvp_exec_backend_name(e), "cpu");
@@ -336,6 +355,71 @@ cpu_matches_model(void **state)
 				kvp_exec_close(e);
 				free(md.m);
 			}
+}
+
+/*
+ * A region is a file another process maps: row i of a second mapping holds
+ * block i's payload, writes through either mapping are seen by the other,
+ * the mode is the one asked for, and close removes the file.
+ */
+static void
+region_file(void **state)
+{
+	(void)state;
+	struct kvp_exec_config cfg = {.backend = KVP_EXEC_CPU,
+	                              .shape = {6, 4, 3, 2, 8, KVP_DTYPE_BF16, KVP_LAYOUT_HND},
+	                              .region_dir = region_dir(), .region_name = "t",
+	                              .region_mode = 0640};
+	struct kvp_exec *e;
+	struct kvp_exec_region r;
+	struct stat st;
+	char why[256], path[4096];
+
+	assert_ok(kvp_exec_open(&cfg, &e, why, sizeof(why)));
+	assert_ok(kvp_exec_region(e, &r));
+	assert_int_equal(r.row_bytes, kvp_exec_block_bytes(e));
+	assert_int_equal(r.row_stride, KVP_ROW_ALIGN); /* 3·2·4·2·8·2 = 768 bytes, padded */
+	assert_int_equal(r.num_rows, 6);
+	assert_int_equal(r.bytes, 6 * KVP_ROW_ALIGN);
+	assert_int_equal(kvp_exec_memory_bytes(e), r.bytes);
+	assert_non_null(strstr(r.path, "/kvpool-t-"));
+	assert_int_equal(stat(r.path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0640);
+	assert_int_equal((uint64_t)st.st_size, r.bytes);
+	snprintf(path, sizeof(path), "%s", r.path);
+
+	int fd = open(path, O_RDWR);
+	assert_true(fd >= 0);
+	unsigned char *m = mmap(NULL, r.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	assert_true(m != MAP_FAILED);
+	close(fd);
+	size_t bb = r.row_bytes;
+	unsigned char *in = malloc(2 * bb), *out = malloc(2 * bb);
+	fill(in, 2 * bb);
+	int32_t ids[2] = {4, 1};
+	assert_ok(kvp_exec_write_blocks(e, ids, 2, in, 2 * bb));
+	assert_memory_equal(m + 4 * r.row_stride, in, bb);
+	assert_memory_equal(m + 1 * r.row_stride, in + bb, bb);
+	/* a client's write through its own mapping is what the executor reads */
+	memset(m + 2 * r.row_stride, 0x5a, bb);
+	ids[0] = 2;
+	assert_ok(kvp_exec_read_blocks(e, ids, 1, out, bb));
+	for (size_t i = 0; i < bb; i++)
+		assert_int_equal(out[i], 0x5a);
+	munmap(m, r.bytes);
+	kvp_exec_close(e);
+	assert_int_equal(stat(path, &st), -1);
+
+	/* without a region: KVP_ENOTSUP; a directory that is not there: a clear error */
+	cfg.region_dir = NULL;
+	assert_ok(kvp_exec_open(&cfg, &e, why, sizeof(why)));
+	assert_status(kvp_exec_region(e, &r), KVP_ENOTSUP);
+	kvp_exec_close(e);
+	cfg.region_dir = "/nonexistent/kvpool";
+	assert_true(kvp_exec_open(&cfg, &e, why, sizeof(why)) != KVP_OK);
+	assert_non_null(strstr(why, "cannot create region"));
+	free(in);
+	free(out);
 }
 
 /* Many blocks in one call, repeats in a read. */
@@ -495,6 +579,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(cpu_matches_model),
 		cmocka_unit_test(many_blocks),
+		cmocka_unit_test(region_file),
 		cmocka_unit_test(open_refusals),
 		cmocka_unit_test(crc32c),
 		cmocka_unit_test(par_copy_matches_memcpy),
