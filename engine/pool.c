@@ -83,6 +83,7 @@ kvp_pool_destroy(struct kvp_pool *p)
 	if (p == NULL)
 		return;
 	kvp_map_fini(&p->map);
+	kvp_map_fini(&p->pending);
 	kvp_event_batch_fini(&p->events);
 	kvp_big_free(p->blocks, ((size_t)p->n + 2) * sizeof(*p->blocks));
 	free(p->scratch);
@@ -316,6 +317,9 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 		if (id == KVP_NULL_BLOCK || --b[id].ref_cnt != 0)
 			continue;
 		appended++;
+		/* A reserved block whose reserver went without commit or abort: its key goes too. */
+		if (__builtin_expect(p->num_pending != 0, 0) && kvp_map_has_id(&p->pending, id))
+			kvp_pool__drop_pending(p, id);
 		if (split && (!p->caching || !kvp_map_has_id(&p->map, id))) {
 			int32_t nx = b[front].next;
 			b[id].prev = front;
@@ -384,7 +388,8 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			continue;
 		if (b[id].mark == mark)
 			return KVP_EINVAL;
-		if (kvp_map_has_id(&p->map, id) || b[id].ref_cnt == 0)
+		if (kvp_map_has_id(&p->map, id) || b[id].ref_cnt == 0 ||
+		    (p->num_pending != 0 && kvp_map_has_id(&p->pending, id)))
 			return KVP_ESTATE;
 		b[id].mark = mark;
 		stored++;

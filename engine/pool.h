@@ -179,7 +179,8 @@ enum kvp_vllm_semantics kvp_pool_semantics(const struct kvp_pool *p);
  * num_cached >= num_full: KVP_OK, no change, no event.
  * KVP_EINVAL (range, hash list too short, block size, hash too long for the
  * pool, a block named twice, token_ids NULL with num_tokens > 0, bad keys),
- * KVP_ERANGE, KVP_ESTATE (a block already has a hash, or has ref count 0),
+ * KVP_ERANGE, KVP_ESTATE (a block already has a hash, has ref count 0, or
+ * is reserved for a key),
  * KVP_ENOTSUP (caching is off), KVP_ENOMEM.
  */
 int kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num_blocks,
@@ -201,6 +202,49 @@ int kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n);
  * block is in use (nothing changes), KVP_ENOMEM.
  */
 int kvp_pool_reset_prefix_cache(struct kvp_pool *p);
+
+/*
+ * ---- Keyed stores: two-phase, content-addressed (the data plane) ----
+ *
+ * A key is a map key, hash || 4-byte big-endian group (vLLM's offload
+ * keys), key_len bytes (hash at most max_hash_len). A reserved block is an
+ * allocated block (ref count 1, the reserver's) whose key is pending:
+ * invisible to get_cached_block, snapshots and events until commit makes
+ * it cached. When a reserved block's last reference goes any other way
+ * (free_blocks, a lost session's release), its key goes with it: nothing
+ * half-written ever becomes visible.
+ */
+
+/*
+ * reserve: for each key, ids[i] = a block popped from the free queue's head
+ * (evicting its old hash as get_new_blocks does), or -1 when the key is
+ * cached, pending, or named earlier in the call ("already stored"). All or
+ * nothing: KVP_ENOSPACE (every ids[i] = -1) if fewer blocks are free than
+ * keys need one. evicted (may be NULL; room for n keys) gets the keys of
+ * key_len bytes that the popped blocks lost, *num_evicted their count.
+ * KVP_EINVAL (NULL pointers, key_len, n over num_blocks), KVP_ENOTSUP
+ * (caching off), KVP_ENOMEM. Allocates a set of 2n entries per call.
+ */
+int kvp_pool_reserve(struct kvp_pool *p, const uint8_t *keys, size_t key_len, size_t n,
+                     int32_t *ids, uint8_t *evicted, size_t *num_evicted);
+/*
+ * commit: each reserved block's key becomes cached (one BlockStored per run
+ * of one group, in order, with no tokens or parent, block_size
+ * block_sizes[group] or 0 past num_groups, as vLLM's offloading
+ * placeholders), then the reserver's reference is released (free_blocks).
+ * KVP_ERANGE, KVP_EINVAL (an id twice), KVP_ESTATE (an id not reserved),
+ * KVP_ENOMEM. Nothing changes on error.
+ */
+int kvp_pool_commit(struct kvp_pool *p, const int32_t *ids, size_t n, const uint32_t *block_sizes,
+                    size_t num_groups);
+/* abort: forgets each reserved block's key (no event) and releases its reference. As commit. */
+int kvp_pool_abort(struct kvp_pool *p, const int32_t *ids, size_t n);
+/* The block reserved for key, or -1. */
+int32_t kvp_pool_pending_block(const struct kvp_pool *p, const uint8_t *key, size_t key_len);
+/* Whether block id is reserved for a key. */
+bool kvp_pool_is_pending(const struct kvp_pool *p, int32_t id);
+/* Reserved blocks. */
+uint32_t kvp_pool_num_pending(const struct kvp_pool *p);
 
 /* Moves the queued events into *out (whose previous contents are dropped). */
 int kvp_pool_take_events(struct kvp_pool *p, struct kvp_event_batch *out);

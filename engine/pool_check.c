@@ -102,5 +102,22 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 		FAIL("map has %u keys, count says %u", keys, p->map.num_keys);
 	if (!p->caching && hashed != 0)
 		FAIL("caching is off but %u blocks are hashed", hashed);
+	/* A reserved block is held, not cached, and found under its pending key. */
+	uint32_t pending = 0;
+	for (uint32_t i = 0; p->pending_on && i < p->n; i++) {
+		size_t len;
+		const uint8_t *key = kvp_map_key(&p->pending, (int32_t)i, &len);
+		if (key == NULL)
+			continue;
+		pending++;
+		if (p->blocks[i].ref_cnt <= 0 || i == KVP_NULL_BLOCK)
+			FAIL("reserved block %u has ref count %d", i, p->blocks[i].ref_cnt);
+		if (kvp_map_has_id(&p->map, (int32_t)i))
+			FAIL("reserved block %u is also cached", i);
+		if (kvp_map_lookup(&p->pending, key, len) != (int32_t)i)
+			FAIL("reserved block %u is not under its pending key", i);
+	}
+	if (pending != p->num_pending)
+		FAIL("%u reserved blocks, count says %u", pending, p->num_pending);
 	return KVP_OK;
 }

@@ -42,6 +42,12 @@ struct kvp_pool {
 	uint8_t *extra_buf;       /* cache_full_blocks' extra-key scratch */
 	size_t extra_cap;
 	struct kvp_pool_stats stats;
+	struct kvp_map pending;   /* reserved keys -> their blocks (pool_keyed.c) */
+	bool pending_on;          /* pending is made on the first reserve */
+	uint32_t num_pending;
 };
+
+/* Forgets the pending key of block id, whose last reference went (pool_keyed.c). */
+void kvp_pool__drop_pending(struct kvp_pool *p, int32_t id);
 
 #endif /* KVP_POOL_IMPL_H */
