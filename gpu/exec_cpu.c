@@ -7,7 +7,10 @@
  * loop below is the kernel's loop with the thread indices spelled out.
  */
 #define _GNU_SOURCE /* MAP_POPULATE, madvise */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -79,6 +82,41 @@ fail:
 	unlink(e->region_path);
 	e->region_path[0] = '\0';
 	return KVP_ENOMEM;
+}
+
+int
+kvp_exec_region_sweep(const char *dir, unsigned *removed)
+{
+	DIR *d;
+	struct dirent *de;
+	unsigned n = 0;
+
+	if (dir == NULL || (d = opendir(dir)) == NULL)
+		return KVP_EINVAL;
+	while ((de = readdir(d)) != NULL) {
+		/* kvpool-<name>-<pid>-<16 hex digits>: the pid is the field before the last */
+		const char *last = strrchr(de->d_name, '-');
+		char path[4096];
+		struct stat st;
+		if (strncmp(de->d_name, "kvpool-", 7) != 0 || last == NULL || strlen(last) != 17)
+			continue;
+		const char *p = last;
+		while (p > de->d_name && p[-1] >= '0' && p[-1] <= '9')
+			p--;
+		if (p == last || p[-1] != '-')
+			continue;
+		long pid = strtol(p, NULL, 10);
+		if (pid <= 0 || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, de->d_name) >= sizeof(path) ||
+		    lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+			continue;
+		n += unlink(path) == 0;
+	}
+	closedir(d);
+	if (removed != NULL)
+		*removed = n;
+	return KVP_OK;
 }
 
 static int

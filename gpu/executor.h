@@ -131,6 +131,13 @@ struct kvp_exec_region {
 /* Fills *out: KVP_OK, or KVP_ENOTSUP for an executor without a region. */
 int kvp_exec_region(const struct kvp_exec *e, struct kvp_exec_region *out);
 
+/*
+ * Removes the region files in dir that processes no longer running left
+ * (a daemon killed before it could close), owned by this user; *removed
+ * (may be NULL) gets how many. KVP_OK, or KVP_EINVAL if dir cannot be read.
+ */
+int kvp_exec_region_sweep(const char *dir, unsigned *removed);
+
 /* The last failure's detail (a CUDA error string, say), or "". */
 const char *kvp_exec_last_error(const struct kvp_exec *e);
 

@@ -106,4 +106,15 @@ int kvpd_h_copy_blocks(struct call *c, const Kvpool__V1__CopyBlocksRequest *m,
 int kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
                         Kvpool__V1__Reply *out);
 
+/* The shared region and its calls by key (calls_region.c). */
+int kvpd_h_region(struct call *c, const Kvpool__V1__RegionRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_reserve(struct call *c, const Kvpool__V1__ReserveRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_abort(struct call *c, const Kvpool__V1__AbortRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m,
+                           Kvpool__V1__Reply *out);
+int kvpd_h_unlock(struct call *c, const Kvpool__V1__UnlockRequest *m, Kvpool__V1__Reply *out);
+/* Whether the session may take n more block references (--max-refs); fails the call if not. */
+int kvpd_room_for_refs(struct call *c, size_t n);
+
 #endif /* KVPD_CALL_H */

@@ -52,7 +52,13 @@
 	X(WRITE_BLOCKS,        write_blocks,        27, 0,      N) \
 	X(READ_BLOCKS,         read_blocks,         28, 0,      N) \
 	X(COPY_BLOCKS,         copy_blocks,         29, 0,      N) \
-	X(WRITE_TOKENS,        write_tokens,        30, 0,      N)
+	X(WRITE_TOKENS,        write_tokens,        30, 0,      N) \
+	X(REGION,              region,              31, 0,      N) \
+	X(RESERVE,             reserve,             32, KVPD_M, N) \
+	X(COMMIT,              commit,              33, KVPD_M, N) \
+	X(ABORT,               abort,               34, KVPD_M, N) \
+	X(LOOKUP_AND_LOCK,     lookup_and_lock,     35, KVPD_M, N) \
+	X(UNLOCK,              unlock,              36, KVPD_M, N)
 
 /* KVPD_CALL_<UPPER>: a call's row in the table; KVPD_NUM_CALLS rows. */
 enum kvpd_call_index {

@@ -27,8 +27,8 @@ kvpd_check_ids(struct call *c, const int32_t *ids, size_t n)
 }
 
 /* Whether the pool's sessions may take n more references (--max-refs). */
-static int
-room_for_refs(struct call *c, size_t n)
+int
+kvpd_room_for_refs(struct call *c, size_t n)
 {
 	uint64_t held = c->p->refs_held, limit = c->p->limits.max_refs;
 	if (held + n <= limit)
@@ -63,7 +63,7 @@ kvpd_h_allocate(struct call *c, const Kvpool__V1__AllocateRequest *m, Kvpool__V1
 	if (m->num_blocks > kvp_pool_num_free(c->p->pool))
 		return kvpd_fail(c, KVP_ENOSPACE, "%u blocks asked, %u free", m->num_blocks,
 		            kvp_pool_num_free(c->p->pool));
-	if ((rv = room_for_refs(c, m->num_blocks)))
+	if ((rv = kvpd_room_for_refs(c, m->num_blocks)))
 		return rv;
 	r = NEW(c, Kvpool__V1__AllocateReply, kvpool__v1__allocate_reply__descriptor);
 	ids = kvpd_scratch(c, (size_t)m->num_blocks * sizeof(*ids));
@@ -91,7 +91,7 @@ kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Repl
 		return rv;
 	for (size_t i = 0; i < m->n_block_ids; i++)
 		refs += m->block_ids[i] != KVP_NULL_BLOCK;
-	if ((rv = room_for_refs(c, refs)))
+	if ((rv = kvpd_room_for_refs(c, refs)))
 		return rv;
 	if (r == NULL || kvpd_session_reserve(c->sess, m->n_block_ids) != KVP_OK)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");

@@ -118,6 +118,7 @@ pool_info(struct call *c)
 		x->block_size = sh->block_size;
 		x->block_bytes = kvp_exec_block_bytes(p->exec);
 		x->memory_bytes = kvp_exec_memory_bytes(p->exec);
+		x->region = p->row_crc != NULL;
 		info->executor = x;
 	}
 	return info;

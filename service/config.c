@@ -40,7 +40,9 @@ static const struct setting {
 	                 "vLLM's default: pickle bytes; or sha256_cbor; xxhash, xxhash_cbor: "
 	                 "16-byte hashes), token_file, medium (events' medium; default the "
 	                 "executor's, GPU without one), dp_rank and model (vLLM wire; default the "
-	                 "pool's position and name), and the executor's executor, device, layers, "
+	                 "pool's position and name), shards (slices per shared-region row, one per "
+	                 "tensor-parallel worker; default 1), and the executor's executor, device, "
+	                 "layers, "
 	                 "heads, head_size, dtype, layout, memory (default: the global settings "
 	                 "below). blocks may be left out when a memory budget sizes the pool. "
 	                 "Default " DEFAULT_POOL},
@@ -114,6 +116,12 @@ static const struct setting {
 	{"kv-dtype", "TYPE", "fp16, bf16 or fp32. Default fp16"},
 	{"kv-layout", "L", "nhd ([blocks, block_size, heads, head_size], vLLM's flash layout) or "
 	                   "hnd. Default nhd"},
+	{"region-dir", "DIR", "where a cpu pool's KV memory becomes a shared region: a file made "
+	                      "there (mode ipc-mode) that same-host clients map to write and read "
+	                      "rows in place (Reserve/Commit, LookupAndLock). A tmpfs such as "
+	                      "/dev/shm, or a hugetlbfs mount for huge pages; every byte is "
+	                      "allocated at start. 'none': private memory, no region. Default "
+	                      "/dev/shm"},
 	{"kv-memory", "SIZE", "memory budget that sizes pools given without blocks: bytes (K, M, G, "
 	                      "T suffixes) or a fraction of free device (cuda) or physical (cpu) "
 	                      "memory such as 0.9"},
@@ -321,6 +329,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = v == NULL || *v == '\0' || *end != '\0' || m > 0777 || (m & 0600) != 0600 ? -1 : 0;
 		if (rv == 0)
 			c->ipc_mode = (uint32_t)m;
+	} else if (strcmp(name, "region-dir") == 0) {
+		rv = v == NULL || v[0] == '\0' ? -1 : kvpd_cfg_copy_str(c->region_dir, sizeof(c->region_dir), v);
 	} else if (strcmp(name, "drain-ms") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 0, 600000, &c->drain_ms);
 	} else if (strcmp(name, "send-timeout-ms") == 0) {
@@ -500,6 +510,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->send_timeout_ms = 5000;
 	c->idle_timeout_ms = 300000;
 	c->ipc_mode = 0600;
+	snprintf(c->region_dir, sizeof(c->region_dir), "/dev/shm");
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
 	c->log_level = KVPD_INFO;
 	c->log_format = KVPD_LOG_TEXT;

@@ -64,6 +64,7 @@ struct kvpd_pool_config {
 	char medium[16];           /* events' medium; empty: the executor's, or GPU without one */
 	int32_t dp_rank;           /* vLLM wire: data-parallel rank; -1: the pool's position */
 	char model[KVPD_NAME_MAX]; /* vLLM wire: {model} in the topic; empty: the pool's name */
+	uint32_t shards;           /* slices per region row (tensor-parallel workers); 0: 1 */
 	struct kvpd_exec_settings exec;
 };
 
@@ -114,7 +115,8 @@ struct kvpd_config {
 	uint32_t drain_ms;         /* graceful shutdown budget */
 	uint32_t send_timeout_ms;  /* a reply not taken within this closes its connection */
 	uint32_t idle_timeout_ms;  /* a connection with no request this long is closed; 0: never */
-	uint32_t ipc_mode;         /* permission bits of the ipc:// sockets it creates */
+	uint32_t ipc_mode;         /* permission bits of the ipc:// sockets (and regions) it creates */
+	char region_dir[KVPD_PATH_MAX]; /* cpu pools' shared regions go here; "none": no region */
 	char tls_cert[KVPD_PATH_MAX], tls_key[KVPD_PATH_MAX], tls_ca[KVPD_PATH_MAX];
 	struct kvpd_exec_settings exec; /* every pool's defaults */
 	bool quiet;

@@ -157,6 +157,8 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_parse_u32(v, 0, 1024, (uint32_t *)&p->dp_rank);
 	if (strcmp(k, "model") == 0)
 		return kvpd_cfg_copy_str(p->model, sizeof(p->model), v);
+	if (strcmp(k, "shards") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1024, &p->shards);
 	int rv = kvpd_cfg_exec_item(&p->exec, k, v);
 	return rv == -2 ? -1 : rv;
 }

@@ -46,6 +46,7 @@ pool_fini(struct kvpd_pool *p)
 	kvp_mgr_destroy(p->mgr);
 	kvp_pool_destroy(p->pool);
 	kvp_exec_close(p->exec);
+	free(p->row_crc);
 	kvp_hasher_destroy(p->hasher);
 	kvp_event_batch_fini(&p->events);
 	kvpd_arena_fini(&p->arena);
@@ -69,7 +70,7 @@ host_memory(void)
  * p->cfg.medium.
  */
 static int
-exec_init(struct kvpd_pool *p, char *err, size_t err_len)
+exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t err_len)
 {
 	struct kvpd_pool_config *pc = &p->cfg;
 	const struct kvpd_exec_settings *x = &pc->exec;
@@ -89,6 +90,13 @@ exec_init(struct kvpd_pool *p, char *err, size_t err_len)
 	    kvpd_parse_memory(x->memory, &budget, &frac) != 0) {
 		snprintf(err, err_len, "pool %s: bad executor settings", pc->name);
 		return KVP_EINVAL;
+	}
+	/* A cpu pool with prefix caching becomes a shared region (keys need the cache map). */
+	if (ec.backend != KVP_EXEC_CUDA && pc->caching && strcmp(cfg->region_dir, "none") != 0) {
+		ec.region_dir = cfg->region_dir;
+		ec.region_name = pc->name;
+		ec.region_mode = cfg->ipc_mode;
+		ec.shape.rows = ec.backend == KVP_EXEC_CPU;
 	}
 	ec.shape.block_size = pc->block_size;
 	ec.shape.num_layers = x->layers;
@@ -115,13 +123,27 @@ exec_init(struct kvpd_pool *p, char *err, size_t err_len)
 	}
 	if (pc->medium[0] == '\0')
 		snprintf(pc->medium, sizeof(pc->medium), "%s", kvp_exec_medium(p->exec));
+	struct kvp_exec_region reg;
+	if (kvp_exec_region(p->exec, &reg) == KVP_OK) {
+		uint32_t sh = pc->shards ? pc->shards : 1;
+		if (reg.row_bytes % sh != 0) {
+			snprintf(err, err_len, "pool %s: rows of %llu bytes do not split into %u shards",
+			         pc->name, (unsigned long long)reg.row_bytes, sh);
+			return KVP_EINVAL;
+		}
+		if ((p->row_crc = calloc(reg.num_rows, sizeof(*p->row_crc))) == NULL) {
+			snprintf(err, err_len, "pool %s: out of memory", pc->name);
+			return KVP_ENOMEM;
+		}
+	}
 	snprintf(p->exec_note, sizeof(p->exec_note),
 	         "executor %s%s%s, %u blocks x %llu B = %llu MiB (layers %u, heads %u, head size %u, "
-	         "%s, %s)",
+	         "%s, %s)%s%.200s",
 	         kvp_exec_backend_name(p->exec), why[0] ? ": " : "", why, pc->num_blocks,
 	         (unsigned long long)kvp_exec_block_bytes(p->exec),
 	         (unsigned long long)(kvp_exec_memory_bytes(p->exec) >> 20), x->layers, x->heads,
-	         x->head_size, x->dtype, x->layout);
+	         x->head_size, x->dtype, x->layout, p->row_crc ? ", shared region " : "",
+	         p->row_crc ? reg.path : "");
 	return KVP_OK;
 }
 
@@ -147,7 +169,7 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	memset(p, 0, sizeof(*p));
 	p->cfg = *pc;
 	p->events_on = events_on;
-	if ((rv = exec_init(p, err, err_len)) != KVP_OK)
+	if ((rv = exec_init(p, cfg, err, err_len)) != KVP_OK)
 		return rv;
 	/* Without an executor the pool stands for an engine's GPU BlockPool. */
 	if (p->cfg.medium[0] == '\0')
@@ -227,6 +249,9 @@ kvpd_server_create(const struct kvpd_config *cfg, struct kvpd_server **out, char
 		return KVP_ENOMEM;
 	}
 	s->cfg = *cfg;
+	/* Regions a killed daemon left behind hold memory until someone removes them. */
+	if (strcmp(cfg->region_dir, "none") != 0)
+		(void)kvp_exec_region_sweep(cfg->region_dir, NULL);
 	for (size_t i = 0; i < cfg->num_pools; i++) {
 		if ((rv = pool_init(&s->pools[i], cfg, &cfg->pools[i], err, err_len)) != KVP_OK) {
 			s->num_pools = i + 1;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -422,6 +423,38 @@ region_file(void **state)
 	free(out);
 }
 
+/* The sweep removes regions of processes that are gone, and only those. */
+static void
+region_sweep(void **state)
+{
+	(void)state;
+	char dead[4096], live[4096], other[4096];
+	unsigned removed = 99;
+	pid_t child = fork();
+	assert_true(child >= 0);
+	if (child == 0)
+		_exit(0);
+	assert_int_equal(waitpid(child, NULL, 0), child);
+	snprintf(dead, sizeof(dead), "%s/kvpool-x-%ld-0123456789abcdef", region_dir(), (long)child);
+	snprintf(live, sizeof(live), "%s/kvpool-x-%ld-0123456789abcdef", region_dir(),
+	         (long)getppid());
+	snprintf(other, sizeof(other), "%s/kvpool-x-%ld-notours", region_dir(), (long)child);
+	for (int i = 0; i < 3; i++) {
+		const char *f = i == 0 ? dead : i == 1 ? live : other;
+		int fd = open(f, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+		assert_true(fd >= 0);
+		close(fd);
+	}
+	assert_ok(kvp_exec_region_sweep(region_dir(), &removed));
+	assert_true(removed >= 1);
+	assert_int_equal(access(dead, F_OK), -1);
+	assert_int_equal(access(live, F_OK), 0);
+	assert_int_equal(access(other, F_OK), 0);
+	unlink(live);
+	unlink(other);
+	assert_status(kvp_exec_region_sweep("/nonexistent/kvpool", NULL), KVP_EINVAL);
+}
+
 /* Many blocks in one call, repeats in a read. */
 static void
 many_blocks(void **state)
@@ -580,6 +613,7 @@ main(void)
 		cmocka_unit_test(cpu_matches_model),
 		cmocka_unit_test(many_blocks),
 		cmocka_unit_test(region_file),
+		cmocka_unit_test(region_sweep),
 		cmocka_unit_test(open_refusals),
 		cmocka_unit_test(crc32c),
 		cmocka_unit_test(par_copy_matches_memcpy),
