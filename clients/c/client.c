@@ -217,6 +217,7 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 		e->block_size = x->block_size;
 		e->block_bytes = x->block_bytes;
 		e->memory_bytes = x->memory_bytes;
+		e->region = x->region;
 	}
 }
 

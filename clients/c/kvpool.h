@@ -63,6 +63,7 @@ struct kvp_client_executor {
 	char layout[8];             /* "nhd", "hnd" */
 	uint64_t block_bytes;       /* one block's payload */
 	uint64_t memory_bytes;
+	bool region;                /* a shared region: kvp_region_open, reserve, lookup_lock */
 };
 
 struct kvp_client_info {
@@ -270,6 +271,78 @@ int kvp_client_read_blocks(struct kvp_client *c, const int32_t *ids, size_t n, v
  */
 int kvp_client_write_blocks(struct kvp_client *c, const int32_t *ids, size_t n, const void *buf,
                             size_t len);
+
+/*
+ * The shared region (same host): a cpu pool's memory is a file this client
+ * maps, so KV rows are written and read in place, never through the
+ * socket. Rows are found by key: a block hash (info.hash_len bytes) then
+ * its group as 4 big-endian bytes (vLLM's offload key), kvp_client_key_len()
+ * bytes each, keys back to back. A writer reserves rows, writes them and
+ * commits (or aborts); a reader looks keys up and locks their rows, reads
+ * them and unlocks. Reserved rows and locks are this session's: closing the
+ * client (or losing its lease) releases them, and an uncommitted row never
+ * becomes visible. Every holder of the mapping can write every row: check
+ * a row against the CRC32C recorded at commit (kvp_region_check) before
+ * trusting it. Calls take at most info.max_ids_per_call keys.
+ */
+struct kvp_region;
+struct kvp_region_info {
+	char path[4096];        /* the file mapped */
+	uint64_t bytes;         /* its size */
+	uint64_t row_bytes;     /* one block's payload (executor.block_bytes) */
+	uint64_t row_stride;    /* row i at i x row_stride from the base */
+	uint32_t num_rows;      /* row 0, the null block's, is never handed out */
+	uint32_t shards;        /* slices per row, one per tensor-parallel worker */
+	uint64_t shard_bytes;   /* shard s at s x shard_bytes into a row */
+};
+
+/* Bytes per key: info.hash_len + 4 (0 for NULL). */
+size_t kvp_client_key_len(const struct kvp_client *c);
+/*
+ * Asks the daemon for the pool's region and maps it (read and write,
+ * shared). KVP_OK; KVP_ENOTSUP (the pool has no region); KVP_ENOTFOUND (the
+ * file is not on this host, or not readable by this user: the detail says
+ * which); KVP_EINVAL; KVP_ENOMEM. *out only on success; the mapping is
+ * independent of the client and outlives it.
+ */
+int kvp_region_open(struct kvp_client *c, struct kvp_region **out);
+/* Unmaps. NULL: no-op. */
+void kvp_region_close(struct kvp_region *r);
+const struct kvp_region_info *kvp_region_info(const struct kvp_region *r);
+/* Row id's address in this mapping; NULL for an id outside 1 .. num_rows - 1. */
+void *kvp_region_row(const struct kvp_region *r, int32_t row);
+/* Whether row's payload has checksum crc (a CRC32C of row_bytes bytes). */
+bool kvp_region_check(const struct kvp_region *r, int32_t row, uint32_t crc);
+
+/*
+ * Reserves a row for each key: rows[i] is the row to write, or -1 if the key
+ * is already stored (cached, being stored by someone, or earlier in this
+ * call). Free cached rows are evicted by the pool's LRU to make room; evicted
+ * (may be NULL; room for n keys) gets their keys and *num_evicted their
+ * count. All or nothing: KVP_ENOSPACE when too few rows can be had.
+ */
+int kvp_client_reserve(struct kvp_client *c, const uint8_t *keys, size_t n, int32_t *rows,
+                       uint8_t *evicted, size_t *num_evicted);
+/*
+ * Makes reserved keys visible (cached, BlockStored) with the CRC32C of each
+ * row: crcs[i] if crcs is not NULL, else the daemon reads the row. Each key
+ * must be reserved by this session: KVP_ENOTFOUND, KVP_ENOTOWNER otherwise.
+ */
+int kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs);
+/* Gives reserved rows back unseen (no event). As commit. */
+int kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n);
+/*
+ * Looks keys up and locks each hit's row against eviction and reuse until
+ * kvp_client_unlock or the session's end. rows[i] (n entries) is the row or
+ * -1 (a miss, not locked); crcs (may be NULL) the CRC32C recorded at commit.
+ * With prefix, the lookup stops at the first miss: *num_looked (may be NULL)
+ * is how many keys were looked up, *num_hits (may be NULL) how many hit.
+ * Keys must be distinct (KVP_EINVAL).
+ */
+int kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix,
+                           int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits);
+/* Releases this session's lock on each key's row. KVP_ENOTOWNER if one is not locked by it. */
+int kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n);
 
 /* Copies block src[i] to dst[i] (copy-on-write); dst held by this session, not cached. */
 int kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32_t *dst,

@@ -1,0 +1,255 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* libkvpool's shared region: the pool's rows mapped here, and the calls by key. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "clients/c/client_impl.h"
+#include "common/crc32c.h"
+
+struct kvp_region {
+	struct kvp_region_info info;
+	unsigned char *base;
+};
+
+size_t
+kvp_client_key_len(const struct kvp_client *c)
+{
+	return c ? (size_t)(c->info.hash_len ? c->info.hash_len : 32) + 4 : 0;
+}
+
+static int
+no_region(struct kvp_client *c)
+{
+	if (!c->info.executor.region)
+		return kvp_client_fail_(c, KVP_ENOTSUP, "pool %s has no shared region", c->info.pool);
+	return KVP_OK;
+}
+
+/* The shape the daemon gave must describe a file this size: a lying reply maps nothing. */
+static bool
+sane(const struct kvp_region_info *i, uint64_t file_size)
+{
+	return i->num_rows > 1 && i->row_bytes > 0 && i->row_stride >= i->row_bytes &&
+	       i->row_stride <= i->bytes / i->num_rows && i->bytes == file_size &&
+	       i->bytes <= SIZE_MAX && i->shards >= 1 && i->shard_bytes * i->shards == i->row_bytes;
+}
+
+int
+kvp_region_open(struct kvp_client *c, struct kvp_region **out)
+{
+	Kvpool__V1__RegionRequest m = KVPOOL__V1__REGION_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	struct kvp_region *g;
+	struct stat st;
+	int fd;
+
+	if (c == NULL || out == NULL)
+		return KVP_EINVAL;
+	if (no_region(c))
+		return KVP_ENOTSUP;
+	KVP_CLIENT_CALL(c, region, REGION, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_REGION || (g = calloc(1, sizeof(*g))) == NULL) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_ENOMEM, "%s", "out of memory, or no region in the reply");
+	}
+	const Kvpool__V1__RegionReply *x = r->region;
+	snprintf(g->info.path, sizeof(g->info.path), "%s", x->path);
+	g->info.bytes = x->bytes;
+	g->info.row_bytes = x->row_bytes;
+	g->info.row_stride = x->row_stride;
+	g->info.num_rows = x->num_rows;
+	g->info.shards = x->shards;
+	g->info.shard_bytes = x->shard_bytes;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	/* O_NOFOLLOW: the daemon made a plain file; a link put there by someone else is not it. */
+	fd = open(g->info.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		char why[4200];
+		snprintf(why, sizeof(why), "cannot open the region %s (%s): is the daemon on this "
+		         "host, and may this user read it (--ipc-mode)?", g->info.path, strerror(e));
+		free(g);
+		return kvp_client_fail_(c, KVP_ENOTFOUND, "%s", why);
+	}
+	if (!sane(&g->info, (uint64_t)st.st_size)) {
+		close(fd);
+		free(g);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "the region's reply does not match its file");
+	}
+	g->base = mmap(NULL, (size_t)g->info.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (g->base == MAP_FAILED) {
+		free(g);
+		return kvp_client_fail_(c, KVP_ENOMEM, "cannot map the region: %s", strerror(errno));
+	}
+	*out = g;
+	return KVP_OK;
+}
+
+void
+kvp_region_close(struct kvp_region *r)
+{
+	if (r == NULL)
+		return;
+	munmap(r->base, (size_t)r->info.bytes);
+	free(r);
+}
+
+const struct kvp_region_info *
+kvp_region_info(const struct kvp_region *r)
+{
+	return r ? &r->info : NULL;
+}
+
+void *
+kvp_region_row(const struct kvp_region *r, int32_t row)
+{
+	if (r == NULL || row <= 0 || (uint32_t)row >= r->info.num_rows)
+		return NULL;
+	return r->base + (uint64_t)row * r->info.row_stride;
+}
+
+bool
+kvp_region_check(const struct kvp_region *r, int32_t row, uint32_t crc)
+{
+	const void *p = kvp_region_row(r, row);
+	return p != NULL && kvp_crc32c(0, p, (size_t)r->info.row_bytes) == crc;
+}
+
+/* A key list's checks: KVP_OK and the bytes field, or KVP_EINVAL. */
+static int
+key_list(struct kvp_client *c, const uint8_t *keys, size_t n, ProtobufCBinaryData *out)
+{
+	size_t kl = kvp_client_key_len(c);
+	if (c == NULL || (keys == NULL && n > 0) || n > SIZE_MAX / kl)
+		return KVP_EINVAL;
+	if (no_region(c))
+		return KVP_ENOTSUP;
+	out->data = (uint8_t *)keys;
+	out->len = n * kl;
+	return KVP_OK;
+}
+
+int
+kvp_client_reserve(struct kvp_client *c, const uint8_t *keys, size_t n, int32_t *rows,
+                   uint8_t *evicted, size_t *num_evicted)
+{
+	Kvpool__V1__ReserveRequest m = KVPOOL__V1__RESERVE_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int e;
+
+	if ((rows == NULL && n > 0) || (e = key_list(c, keys, n, &m.keys)) != KVP_OK)
+		return rows == NULL && n > 0 ? KVP_EINVAL : e;
+	KVP_CLIENT_CALL(c, reserve, RESERVE, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	size_t kl = kvp_client_key_len(c);
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_RESERVE || r->reserve->n_rows != n ||
+	    r->reserve->evicted_keys.len % kl != 0 || r->reserve->evicted_keys.len / kl > n) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed Reserve reply");
+	}
+	memcpy(rows, r->reserve->rows, n * sizeof(*rows));
+	if (evicted != NULL)
+		memcpy(evicted, r->reserve->evicted_keys.data, r->reserve->evicted_keys.len);
+	if (num_evicted != NULL)
+		*num_evicted = r->reserve->evicted_keys.len / kl;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs)
+{
+	Kvpool__V1__CommitRequest m = KVPOOL__V1__COMMIT_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int e;
+
+	if ((e = key_list(c, keys, n, &m.keys)) != KVP_OK)
+		return e;
+	if (crcs != NULL) {
+		m.crc32c = (uint32_t *)crcs;
+		m.n_crc32c = n;
+	}
+	KVP_CLIENT_CALL(c, commit, COMMIT, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n)
+{
+	Kvpool__V1__AbortRequest m = KVPOOL__V1__ABORT_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int e;
+
+	if ((e = key_list(c, keys, n, &m.keys)) != KVP_OK)
+		return e;
+	KVP_CLIENT_CALL(c, abort, ABORT, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix,
+                       int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits)
+{
+	Kvpool__V1__LookupAndLockRequest m = KVPOOL__V1__LOOKUP_AND_LOCK_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int e;
+
+	if ((rows == NULL && n > 0) || (e = key_list(c, keys, n, &m.keys)) != KVP_OK)
+		return rows == NULL && n > 0 ? KVP_EINVAL : e;
+	m.prefix = prefix;
+	KVP_CLIENT_CALL(c, lookup_and_lock, LOOKUP_AND_LOCK, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	const Kvpool__V1__LookupAndLockReply *x = r->lookup_and_lock;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP_AND_LOCK || x->n_rows > n ||
+	    x->n_crc32c != x->n_rows || (!prefix && x->n_rows != n)) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed LookupAndLock reply");
+	}
+	for (size_t i = 0; i < n; i++) {
+		rows[i] = i < x->n_rows ? x->rows[i] : -1;
+		if (crcs != NULL)
+			crcs[i] = i < x->n_rows ? x->crc32c[i] : 0;
+	}
+	if (num_looked != NULL)
+		*num_looked = x->n_rows;
+	if (num_hits != NULL)
+		*num_hits = x->num_hits;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n)
+{
+	Kvpool__V1__UnlockRequest m = KVPOOL__V1__UNLOCK_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int e;
+
+	if ((e = key_list(c, keys, n, &m.keys)) != KVP_OK)
+		return e;
+	KVP_CLIENT_CALL(c, unlock, UNLOCK, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}

@@ -1,0 +1,513 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The shared region through a real kvpoold over ipc: a writer process
+ * reserves, writes in place and commits, a second process (this program
+ * run again as "reader") looks up, locks and reads identical bytes through
+ * its own mapping; a writer killed between Reserve and Commit (this
+ * program as "crasher") leaves nothing visible and its rows come back after
+ * its lease; a locked row survives memory pressure and is evicted after
+ * Unlock; Abort publishes nothing; a peer without the token gets no
+ * mapping and each pool has its own file; a retried call id applies once.
+ */
+#include "daemon_util.h"
+
+#include <nng/nng.h>
+#include <nng/protocol/reqrep0/req.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "kvp_test.h"
+
+#include "clients/c/kvpool.h"
+#include "common/crc32c.h"
+#include "kvpool.pb-c.h"
+
+#define KL 36 /* sha256: 32-byte hash and a 4-byte group */
+#define ROWS 16
+#define TOKEN "region-token"
+
+static char ipc_url[128], tcp_url[128], admin[64], token_path[128];
+static pid_t daemon_pid;
+
+/* Key i of a series: its hash bytes from (series, i), group g. */
+static void
+make_key(uint8_t *k, uint32_t series, uint32_t i, uint32_t g)
+{
+	for (int j = 0; j < 32; j++)
+		k[j] = (uint8_t)(series * 131 + i * 17 + (uint32_t)j * 7 + 1);
+	k[32] = (uint8_t)(g >> 24), k[33] = (uint8_t)(g >> 16), k[34] = (uint8_t)(g >> 8);
+	k[35] = (uint8_t)g;
+}
+
+static void
+make_keys(uint8_t *k, uint32_t series, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		make_key(k + i * KL, series, i, 0);
+}
+
+/* Row content for key (series, i): a pattern nobody else writes. */
+static void
+fill_row(unsigned char *row, size_t len, uint32_t series, uint32_t i)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull * (series * 1000 + i + 1);
+	for (size_t j = 0; j < len; j++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		row[j] = (unsigned char)x;
+	}
+}
+
+static struct kvp_client *
+open_client(const char *pool, const char *token, uint32_t lease_ms)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = pool, .token = token,
+	                               .timeout_ms = 5000, .retries = 1, .lease_ms = lease_ms};
+	struct kvp_client *c = NULL;
+	int rv = kvp_client_open(&o, &c);
+	if (rv != KVP_OK)
+		fail_msg("open %s: %s (%s)", pool, kvp_status_name(rv), kvp_client_open_detail());
+	return c;
+}
+
+/* ---- helper processes: this program run as "reader" or "crasher" ---- */
+
+/* Locks series keys 0..n-1, checks every row against its pattern and CRC, unlocks. */
+static int
+reader_main(uint32_t series, uint32_t n)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "kv", .token = TOKEN};
+	struct kvp_client *c = NULL;
+	struct kvp_region *r = NULL;
+	uint8_t keys[ROWS * KL];
+	int32_t rows[ROWS];
+	uint32_t crcs[ROWS], hits = 0;
+	unsigned char want[1 << 16];
+
+	if (kvp_client_open(&o, &c) != KVP_OK || kvp_region_open(c, &r) != KVP_OK)
+		return 10;
+	make_keys(keys, series, n);
+	if (kvp_client_lookup_lock(c, keys, n, false, rows, crcs, NULL, &hits) != KVP_OK ||
+	    hits != n)
+		return 11;
+	size_t rb = (size_t)kvp_region_info(r)->row_bytes;
+	for (uint32_t i = 0; i < n; i++) {
+		fill_row(want, rb, series, i);
+		if (memcmp(kvp_region_row(r, rows[i]), want, rb) != 0)
+			return 12;
+		if (!kvp_region_check(r, rows[i], crcs[i]))
+			return 13;
+	}
+	if (kvp_client_unlock(c, keys, n) != KVP_OK)
+		return 14;
+	kvp_region_close(r);
+	kvp_client_close(c);
+	return 0;
+}
+
+/* Reserves series keys with a short lease, writes half, says so on stdout, and waits to die. */
+static int
+crasher_main(uint32_t series, uint32_t n)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "kv", .token = TOKEN,
+	                               .lease_ms = 300};
+	struct kvp_client *c = NULL;
+	struct kvp_region *r = NULL;
+	uint8_t keys[ROWS * KL];
+	int32_t rows[ROWS];
+
+	if (kvp_client_open(&o, &c) != KVP_OK || kvp_region_open(c, &r) != KVP_OK)
+		return 10;
+	make_keys(keys, series, n);
+	if (kvp_client_reserve(c, keys, n, rows, NULL, NULL) != KVP_OK)
+		return 11;
+	for (uint32_t i = 0; i < n / 2; i++)
+		fill_row(kvp_region_row(r, rows[i]), (size_t)kvp_region_info(r)->row_bytes, series, i);
+	printf("reserved\n");
+	fflush(stdout);
+	for (;;)
+		pause();
+}
+
+/* Runs this program as a helper; returns its pid, its stdout on *out_fd if asked. */
+static pid_t
+helper(const char *mode, uint32_t series, uint32_t n, int *out_fd)
+{
+	char s[16], k[16];
+	int fds[2] = {-1, -1};
+	snprintf(s, sizeof(s), "%u", series);
+	snprintf(k, sizeof(k), "%u", n);
+	if (out_fd)
+		assert_int_equal(pipe(fds), 0);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (out_fd) {
+			dup2(fds[1], 1);
+			close(fds[0]);
+			close(fds[1]);
+		}
+		execl("/proc/self/exe", "test_region", mode, ipc_url, s, k, (char *)NULL);
+		_exit(127);
+	}
+	if (out_fd) {
+		close(fds[1]);
+		*out_fd = fds[0];
+	}
+	return pid;
+}
+
+static int
+wait_exit(pid_t pid)
+{
+	int st = 0;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- the tests ---- */
+
+static void
+test_region_two_processes_share_rows(void **state)
+{
+	(void)state;
+	struct kvp_client *c = open_client("kv", TOKEN, 0);
+	struct kvp_region *r = NULL;
+	uint8_t keys[8 * KL];
+	int32_t rows[8];
+
+	assert_true(kvp_client_info(c)->executor.region);
+	assert_ok(kvp_region_open(c, &r));
+	const struct kvp_region_info *ri = kvp_region_info(r);
+	assert_int_equal(ri->num_rows, ROWS);
+	assert_int_equal(ri->row_bytes, kvp_client_info(c)->executor.block_bytes);
+	assert_int_equal(ri->row_stride % 4096, 0);
+	assert_int_equal(ri->shards, 2);
+	assert_int_equal(ri->shard_bytes * 2, ri->row_bytes);
+	make_keys(keys, 1, 8);
+	assert_ok(kvp_client_reserve(c, keys, 8, rows, NULL, NULL));
+	for (int i = 0; i < 8; i++) {
+		assert_true(rows[i] > 0);
+		fill_row(kvp_region_row(r, rows[i]), (size_t)ri->row_bytes, 1, (uint32_t)i);
+	}
+	/* the other process sees nothing before the commit */
+	assert_int_equal(wait_exit(helper("reader", 1, 8, NULL)), 11);
+	assert_ok(kvp_client_commit(c, keys, 8, NULL));
+	assert_int_equal(wait_exit(helper("reader", 1, 8, NULL)), 0);
+	/* storing again: already stored, no row */
+	assert_ok(kvp_client_reserve(c, keys, 8, rows, NULL, NULL));
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(rows[i], -1);
+	/* the nng data path reads the same bytes the region holds */
+	uint32_t hits;
+	uint32_t crcs[8];
+	unsigned char *buf = malloc((size_t)ri->row_bytes);
+	assert_ok(kvp_client_lookup_lock(c, keys, 1, false, rows, crcs, NULL, &hits));
+	assert_ok(kvp_client_read_blocks(c, rows, 1, buf, (size_t)ri->row_bytes, NULL));
+	assert_memory_equal(buf, kvp_region_row(r, rows[0]), (size_t)ri->row_bytes);
+	assert_true(kvp_region_check(r, rows[0], crcs[0]));
+	assert_ok(kvp_client_unlock(c, keys, 1));
+	assert_status(kvp_client_unlock(c, keys, 1), KVP_ENOTOWNER);
+	free(buf);
+	kvp_region_close(r);
+	kvp_client_close(c);
+}
+
+static void
+test_region_crash_before_commit_leaves_nothing(void **state)
+{
+	(void)state;
+	struct kvp_client *c = open_client("kv", TOKEN, 0);
+	struct kvp_client_stats st0, st;
+	uint8_t keys[4 * KL];
+	int32_t rows[4];
+	uint32_t hits = 9;
+	char line[32] = "";
+	int fd;
+
+	assert_ok(kvp_client_stats(c, &st0));
+	pid_t pid = helper("crasher", 2, 4, &fd);
+	assert_true(read(fd, line, sizeof(line) - 1) > 0);
+	close(fd);
+	assert_non_null(strstr(line, "reserved"));
+	make_keys(keys, 2, 4);
+	assert_ok(kvp_client_stats(c, &st));
+	assert_int_equal(st.num_free, st0.num_free - 4);
+	/* reserved elsewhere: a miss here, and "already stored" for another writer */
+	assert_ok(kvp_client_lookup_lock(c, keys, 4, false, rows, NULL, NULL, &hits));
+	assert_int_equal(hits, 0);
+	assert_ok(kvp_client_reserve(c, keys, 4, rows, NULL, NULL));
+	assert_int_equal(rows[0], -1);
+	kill(pid, SIGKILL);
+	assert_int_equal(wait_exit(pid), 128 + SIGKILL);
+	/* after its lease, the rows are free again and the keys were never seen */
+	for (int i = 0; i < 100; i++) {
+		assert_ok(kvp_client_stats(c, &st));
+		if (st.num_free == st0.num_free)
+			break;
+		sleep_ms(50);
+	}
+	assert_int_equal(st.num_free, st0.num_free);
+	assert_ok(kvp_client_lookup_lock(c, keys, 4, false, rows, NULL, NULL, &hits));
+	assert_int_equal(hits, 0);
+	assert_ok(kvp_client_reserve(c, keys, 4, rows, NULL, NULL));
+	for (int i = 0; i < 4; i++)
+		assert_true(rows[i] > 0);
+	assert_ok(kvp_client_abort(c, keys, 4));
+	assert_status(kvp_client_commit(c, keys, 4, NULL), KVP_ENOTFOUND);
+	kvp_client_close(c);
+}
+
+static void
+test_region_locked_row_survives_pressure(void **state)
+{
+	(void)state;
+	struct kvp_client *w = open_client("kv", TOKEN, 0), *rd = open_client("kv", TOKEN, 0);
+	struct kvp_client_stats st;
+	uint8_t a[KL], keys[ROWS * KL], ev[ROWS * KL];
+	int32_t row, rows[ROWS], arow;
+	uint32_t hits;
+	size_t ne;
+
+	make_key(a, 3, 0, 0);
+	assert_ok(kvp_client_reserve(w, a, 1, &row, NULL, NULL));
+	assert_ok(kvp_client_commit(w, a, 1, NULL));
+	assert_ok(kvp_client_lookup_lock(rd, a, 1, true, &arow, NULL, NULL, &hits));
+	assert_int_equal(hits, 1);
+	assert_int_equal(arow, row);
+	/* fill every other row with new keys, twice over: A is never taken */
+	assert_ok(kvp_client_stats(w, &st));
+	uint32_t n = st.num_free;
+	for (uint32_t round = 0; round < 2; round++) {
+		make_keys(keys, 10 + round, n);
+		assert_ok(kvp_client_reserve(w, keys, n, rows, NULL, NULL));
+		for (uint32_t i = 0; i < n; i++)
+			assert_true(rows[i] > 0 && rows[i] != arow);
+		assert_ok(kvp_client_commit(w, keys, n, NULL));
+	}
+	make_keys(keys, 20, n + 1);
+	assert_status(kvp_client_reserve(w, keys, n + 1, rows, NULL, NULL), KVP_ENOSPACE);
+	assert_ok(kvp_client_unlock(rd, a, 1));
+	/* unlocked, A is evictable again: the newest in the LRU, so evicted last */
+	make_keys(keys, 21, n + 1);
+	assert_ok(kvp_client_reserve(w, keys, n + 1, rows, ev, &ne));
+	assert_int_equal(ne, n + 1);
+	assert_memory_equal(ev + n * KL, a, KL);
+	assert_ok(kvp_client_abort(w, keys, n + 1));
+	kvp_client_close(rd);
+	kvp_client_close(w);
+}
+
+static double
+events_emitted(void)
+{
+	char series[128];
+	snprintf(series, sizeof(series), "kvpool_events_emitted_total{pool=\"kv\"}");
+	char buf[1 << 16];
+	int port = atoi(strrchr(admin, ':') + 1);
+	assert_true(http_get(port, "/metrics", buf, sizeof(buf)) > 0);
+	const char *p = strstr(buf, series);
+	assert_non_null(p);
+	return atof(p + strlen(series));
+}
+
+static void
+test_region_abort_publishes_nothing(void **state)
+{
+	(void)state;
+	struct kvp_client *c = open_client("kv", TOKEN, 0);
+	uint8_t keys[2 * KL];
+	int32_t rows[2];
+
+	make_keys(keys, 4, 2);
+	double e0 = events_emitted();
+	assert_ok(kvp_client_reserve(c, keys, 2, rows, NULL, NULL));
+	assert_ok(kvp_client_abort(c, keys, 2));
+	assert_true(events_emitted() == e0);
+	assert_ok(kvp_client_reserve(c, keys, 2, rows, NULL, NULL));
+	assert_ok(kvp_client_commit(c, keys, 2, NULL));
+	assert_true(events_emitted() > e0);
+	/* wrong shapes and states: clear statuses, nothing changes */
+	assert_status(kvp_client_abort(c, keys, 2), KVP_ENOTFOUND);
+	uint8_t dup[2 * KL];
+	memcpy(dup, keys, KL);
+	memcpy(dup + KL, keys, KL);
+	int32_t r2[2];
+	assert_status(kvp_client_lookup_lock(c, dup, 2, false, r2, NULL, NULL, NULL), KVP_EINVAL);
+	kvp_client_close(c);
+}
+
+static void
+test_region_needs_the_token_and_its_pool(void **state)
+{
+	(void)state;
+	struct kvp_client_options o = {.url = ipc_url, .pool = "kv", .timeout_ms = 2000};
+	struct kvp_client *c = NULL, *kv, *other;
+	struct kvp_region *r1 = NULL, *r2 = NULL;
+
+	/* no token, or the wrong one: no session, so no Region call at all */
+	assert_status(kvp_client_open(&o, &c), KVP_EUNAUTH);
+	o.token = "not-it";
+	assert_status(kvp_client_open(&o, &c), KVP_EUNAUTH);
+	kv = open_client("kv", TOKEN, 0);
+	other = open_client("other", NULL, 0);
+	assert_ok(kvp_region_open(kv, &r1));
+	assert_ok(kvp_region_open(other, &r2));
+	assert_string_not_equal(kvp_region_info(r1)->path, kvp_region_info(r2)->path);
+	assert_non_null(strstr(kvp_region_info(r1)->path, "kvpool-kv-"));
+	/* the file is the daemon user's alone (ipc-mode 0600) */
+	struct stat st;
+	assert_int_equal(stat(kvp_region_info(r1)->path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0600);
+	kvp_region_close(r1);
+	kvp_region_close(r2);
+	/* a pool without a region says so */
+	struct kvp_client *bare = open_client("bare", NULL, 0);
+	assert_status(kvp_region_open(bare, &r1), KVP_ENOTSUP);
+	uint8_t k[KL];
+	int32_t row;
+	make_key(k, 5, 0, 0);
+	assert_status(kvp_client_reserve(bare, k, 1, &row, NULL, NULL), KVP_ENOTSUP);
+	kvp_client_close(bare);
+	kvp_client_close(other);
+	kvp_client_close(kv);
+}
+
+/* A Reserve and a Commit sent twice with one call id take effect once. */
+static void
+test_region_retried_call_applies_once(void **state)
+{
+	(void)state;
+	nng_socket s;
+	uint8_t buf[4096], keys[2 * KL];
+	struct kvp_client *c = open_client("kv", TOKEN, 0);
+	struct kvp_client_stats st0, st;
+
+	assert_int_equal(nng_req0_open(&s), 0);
+	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, 3000), 0);
+	assert_int_equal(nng_dial(s, ipc_url, NULL, 0), 0);
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
+	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
+	h.protocol_version = 1;
+	h.auth_token = TOKEN;
+	rq.pool = "kv";
+	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
+	rq.hello = &h;
+	Kvpool__V1__Reply *r[2];
+	for (int k = 0; k < 1; k++) {
+		size_t n = kvpool__v1__request__pack(&rq, buf);
+		void *rb;
+		size_t rl;
+		assert_int_equal(nng_send(s, buf, n, 0), 0);
+		assert_int_equal(nng_recv(s, &rb, &rl, NNG_FLAG_ALLOC), 0);
+		r[0] = kvpool__v1__reply__unpack(NULL, rl, rb);
+		nng_free(rb, rl);
+	}
+	assert_int_equal(r[0]->status, 0);
+	uint64_t sid = r[0]->hello->session_id;
+	kvpool__v1__reply__free_unpacked(r[0], NULL);
+
+	assert_ok(kvp_client_stats(c, &st0));
+	make_keys(keys, 6, 2);
+	Kvpool__V1__ReserveRequest res = KVPOOL__V1__RESERVE_REQUEST__INIT;
+	Kvpool__V1__CommitRequest com = KVPOOL__V1__COMMIT_REQUEST__INIT;
+	res.keys.data = keys;
+	res.keys.len = sizeof(keys);
+	com.keys = res.keys;
+	Kvpool__V1__Request a = KVPOOL__V1__REQUEST__INIT;
+	a.pool = "kv";
+	a.session_id = sid;
+	a.token.data = (uint8_t *)TOKEN;
+	a.token.len = strlen(TOKEN);
+	for (int call = 0; call < 2; call++) {
+		a.call_id = 900 + (uint64_t)call;
+		a.call_case = call ? KVPOOL__V1__REQUEST__CALL_COMMIT : KVPOOL__V1__REQUEST__CALL_RESERVE;
+		if (call)
+			a.commit = &com;
+		else
+			a.reserve = &res;
+		size_t n = kvpool__v1__request__pack(&a, buf);
+		for (int k = 0; k < 2; k++) {
+			void *rb;
+			size_t rl;
+			assert_int_equal(nng_send(s, buf, n, 0), 0);
+			assert_int_equal(nng_recv(s, &rb, &rl, NNG_FLAG_ALLOC), 0);
+			r[k] = kvpool__v1__reply__unpack(NULL, rl, rb);
+			nng_free(rb, rl);
+			assert_non_null(r[k]);
+			assert_int_equal(r[k]->status, KVP_OK);
+		}
+		if (call == 0) {
+			assert_int_equal(r[1]->reserve->n_rows, 2);
+			assert_memory_equal(r[0]->reserve->rows, r[1]->reserve->rows, 2 * sizeof(int32_t));
+			assert_ok(kvp_client_stats(c, &st));
+			assert_int_equal(st.num_free, st0.num_free - 2); /* reserved once */
+		}
+		kvpool__v1__reply__free_unpacked(r[0], NULL);
+		kvpool__v1__reply__free_unpacked(r[1], NULL);
+	}
+	uint32_t hits;
+	int32_t rows[2];
+	assert_ok(kvp_client_lookup_lock(c, keys, 2, false, rows, NULL, NULL, &hits));
+	assert_int_equal(hits, 2);
+	assert_ok(kvp_client_unlock(c, keys, 2));
+	nng_close(s);
+	kvp_client_close(c);
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	snprintf(token_path, sizeof(token_path), "/tmp/kvpool-region-token-%d", (int)getpid());
+	FILE *f = fopen(token_path, "w");
+	if (f == NULL)
+		return -1;
+	fputs(TOKEN "\n", f);
+	fclose(f);
+	char ev[128], kv[256];
+	snprintf(ev, sizeof(ev), "ipc:///tmp/kvpool-regiontest-pub-%d.ipc", (int)getpid());
+	snprintf(kv, sizeof(kv), "name=kv,blocks=%d,block_size=16,executor=cpu,shards=2,"
+	         "token_file=%s", ROWS, token_path);
+	const char *args[] = {"--rpc", ipc_url, "--events", ev, "--admin", admin,
+	                      "--kv-layers", "2", "--kv-heads", "4", "--kv-head-size", "32",
+	                      "--region-dir", getenv("TMPDIR") && *getenv("TMPDIR")
+	                                          ? getenv("TMPDIR") : "/tmp",
+	                      "--lease-ms", "5000",
+	                      "--pool", kv, "--pool", "name=other,blocks=4,executor=cpu",
+	                      "--pool", "name=bare,blocks=8,executor=none", NULL};
+	daemon_pid = daemon_start(args);
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	unlink(token_path);
+	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+}
+
+int
+main(int argc, char **argv)
+{
+	if (argc == 5 && (strcmp(argv[1], "reader") == 0 || strcmp(argv[1], "crasher") == 0)) {
+		snprintf(ipc_url, sizeof(ipc_url), "%s", argv[2]);
+		uint32_t series = (uint32_t)atoi(argv[3]), n = (uint32_t)atoi(argv[4]);
+		if (n > ROWS)
+			return 2;
+		return argv[1][0] == 'r' ? reader_main(series, n) : crasher_main(series, n);
+	}
+	/* The helpers are exec'd (nng is not fork-safe): the first test forks before any nng call. */
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_region_two_processes_share_rows),
+		cmocka_unit_test(test_region_crash_before_commit_leaves_nothing),
+		cmocka_unit_test(test_region_locked_row_survives_pressure),
+		cmocka_unit_test(test_region_abort_publishes_nothing),
+		cmocka_unit_test(test_region_needs_the_token_and_its_pool),
+		cmocka_unit_test(test_region_retried_call_applies_once),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
