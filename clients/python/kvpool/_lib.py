@@ -82,7 +82,13 @@ class Info(Structure):
                 ("max_model_len", c_uint32), ("max_ids_per_call", c_uint32),
                 ("max_hash_len", c_uint32), ("max_msg_bytes", c_uint32),
                 ("executor", Executor), ("server_version", c_char * 64),
-                ("hash_len", c_uint32)]
+                ("hash_len", c_uint32), ("region", c_bool)]
+
+
+class RegionInfo(Structure):
+    _fields_ = [("path", c_char * 4096), ("bytes", c_uint64), ("row_bytes", c_uint64),
+                ("row_stride", c_uint64), ("num_rows", c_uint32), ("shards", c_uint32),
+                ("shard_bytes", c_uint64)]
 
 
 class Stats(Structure):
@@ -180,6 +186,19 @@ kvp_client_read_blocks = _fn("kvp_client_read_blocks", c_int, CLIENT, I32P, c_si
                              c_size_t, U32P)
 kvp_client_write_blocks = _fn("kvp_client_write_blocks", c_int, CLIENT, I32P, c_size_t, c_void_p,
                               c_size_t)
+kvp_region_open = _fn("kvp_region_open", c_int, CLIENT, POINTER(c_void_p))
+kvp_region_close = _fn("kvp_region_close", None, c_void_p)
+kvp_region_info = _fn("kvp_region_info", POINTER(RegionInfo), c_void_p)
+kvp_region_row = _fn("kvp_region_row", c_void_p, c_void_p, c_int32)
+kvp_region_check = _fn("kvp_region_check", c_bool, c_void_p, c_int32, c_uint32)
+kvp_client_key_len = _fn("kvp_client_key_len", c_size_t, CLIENT)
+kvp_client_reserve = _fn("kvp_client_reserve", c_int, CLIENT, U8P, c_size_t, I32P, U8P,
+                         POINTER(c_size_t))
+kvp_client_commit = _fn("kvp_client_commit", c_int, CLIENT, U8P, c_size_t, U32P)
+kvp_client_abort = _fn("kvp_client_abort", c_int, CLIENT, U8P, c_size_t)
+kvp_client_lookup_lock = _fn("kvp_client_lookup_lock", c_int, CLIENT, U8P, c_size_t, c_bool, I32P,
+                             U32P, POINTER(c_size_t), POINTER(c_uint32))
+kvp_client_unlock = _fn("kvp_client_unlock", c_int, CLIENT, U8P, c_size_t)
 kvp_client_copy_blocks = _fn("kvp_client_copy_blocks", c_int, CLIENT, I32P, I32P, c_size_t)
 kvp_hasher_create = _fn("kvp_hasher_create", c_int, c_char_p, POINTER(c_void_p))
 kvp_hasher_create_algo = _fn("kvp_hasher_create_algo", c_int, c_char_p, c_int, POINTER(c_void_p))

@@ -14,6 +14,7 @@ from ._types import Buffer, Hashes, Ids, MMFeatures
 if TYPE_CHECKING:
     from .batch import Batch
 from .errors import BY_STATUS, KvpoolError, NotSupported
+from .region import RegionCalls
 
 
 def _raise(rv, detail=""):
@@ -122,7 +123,7 @@ class SlotsResult:
     external_blocks_by_group: Optional[list[int]] = None
 
 
-class Client:
+class Client(RegionCalls):
     """A session with one pool of a kvpoold. A context manager: leaving the
     `with` block ends the session (the daemon releases what it holds).
 
@@ -164,6 +165,7 @@ class Client:
             "max_ids_per_call": i.max_ids_per_call, "max_msg_bytes": i.max_msg_bytes,
             "server_version": i.server_version.decode(),
             "prefix_caching": bool(i.prefix_caching),
+            "region": bool(i.region),
             "groups": [_group(i.groups[g]) for g in range(min(i.num_groups, L.MAX_GROUPS))],
             "executor": None if not ex.backend else {
                 "backend": ex.backend.decode(), "num_layers": ex.num_layers,

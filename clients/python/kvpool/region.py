@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The shared region: a cpu pool's KV rows, mapped into this process and
+written and read in place by key (clients/c/kvpool.h has the contract).
+
+    with kvpool.Client(url, pool="kv", token=t) as c, c.region() as reg:
+        key = kvpool.offload_key(block_hash, group=0)
+        rows, _ = c.reserve([key])
+        reg.row(rows[0])[:] = kv_bytes          # write in place
+        c.commit([key])
+        rows, crcs = c.lookup_and_lock([key])     # elsewhere: lease the row
+        data = reg.row(rows[0])                   # a memoryview, no copy
+        c.unlock([key])
+
+A key is vLLM's offload key: the block hash, then the group as 4 big-endian
+bytes. Rows are memoryviews into the mapping (numpy.frombuffer and
+torch.frombuffer wrap them without a copy). Every process that maps the
+region can write every row: check what you load (Region.check) against the
+CRC32C recorded at commit when that matters.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from ctypes import byref, c_int32, c_size_t, c_uint8, c_uint32, c_void_p
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from . import _lib as L
+
+Keys = Union[bytes, bytearray, memoryview, Iterable[bytes]]
+
+
+def offload_key(block_hash: bytes, group: int = 0) -> bytes:
+    """vLLM's offload key: the block hash followed by the group, 4 bytes big-endian."""
+    if not 0 <= group < 1 << 32:
+        raise ValueError(f"kvpool: group {group} is not a 32-bit unsigned number")
+    return bytes(block_hash) + group.to_bytes(4, "big")
+
+
+def _keys(keys: Keys, key_len: int):
+    """(a uint8 array of the packed keys, how many)."""
+    if isinstance(keys, (bytes, bytearray, memoryview)):
+        raw = bytes(keys)
+    else:
+        keys = list(keys)
+        if any(len(k) != key_len for k in keys):
+            raise ValueError(f"kvpool: keys must be {key_len} bytes each (the pool's hash and "
+                             "a 4-byte group)")
+        raw = b"".join(keys)
+    if len(raw) % key_len:
+        raise ValueError(f"kvpool: {len(raw)} bytes of keys is not a multiple of {key_len}")
+    return (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0"), len(raw) // key_len
+
+
+class Region:
+    """The pool's region mapped into this process. Close it (or use `with`)
+    after the memoryviews it handed out are released: the mapping refuses
+    to close while any is alive (BufferError), so none can dangle."""
+
+    def __init__(self, handle: int):
+        self._h: Optional[int] = handle
+        i = L.kvp_region_info(handle).contents
+        self.path = i.path.decode()
+        self.bytes, self.row_bytes, self.row_stride = i.bytes, i.row_bytes, i.row_stride
+        self.num_rows, self.shards, self.shard_bytes = i.num_rows, i.shards, i.shard_bytes
+        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            self._mm = mmap.mmap(fd, self.bytes, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._mm)
+
+    def row(self, row: int) -> memoryview:
+        """Row `row`'s row_bytes bytes, writable, in place."""
+        if not 0 < row < self.num_rows:
+            raise IndexError(f"kvpool: row {row} is outside 1..{self.num_rows - 1}")
+        off = row * self.row_stride
+        return self._view[off:off + self.row_bytes]
+
+    def shard(self, row: int, shard: int) -> memoryview:
+        """Shard `shard` of a row: one tensor-parallel worker's slice."""
+        if not 0 <= shard < self.shards:
+            raise IndexError(f"kvpool: shard {shard} is outside 0..{self.shards - 1}")
+        r = self.row(row)
+        return r[shard * self.shard_bytes:(shard + 1) * self.shard_bytes]
+
+    def check(self, row: int, crc: int) -> bool:
+        """Whether the row's bytes have the CRC32C `crc` (from lookup_and_lock)."""
+        return bool(self._h) and bool(L.kvp_region_check(self._h, row, crc))
+
+    def close(self) -> None:
+        if self._h:
+            self._view.release()
+            self._mm.close()  # BufferError while a row's memoryview is alive
+            L.kvp_region_close(self._h)
+            self._h = None
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except BufferError:
+            pass
+
+
+class RegionCalls:
+    """Client's calls on the shared region (mixed into kvpool.Client)."""
+
+    def _live(self) -> Any:  # Client's: its C handle, or raises when closed
+        raise NotImplementedError
+
+    def _check(self, rv: int) -> None:  # Client's: raises the status's exception
+        raise NotImplementedError
+
+    @property
+    def key_len(self) -> int:
+        """Bytes per key: the pool's hash_len + 4."""
+        return int(L.kvp_client_key_len(self._live()))
+
+    def region(self) -> Region:
+        """Maps the pool's region (NotSupported if it has none, NotFound if its
+        file is not on this host or not readable by this user)."""
+        h = c_void_p()
+        self._check(L.kvp_region_open(self._live(), byref(h)))
+        if not h.value:
+            raise RuntimeError("kvpool: kvp_region_open gave no region")
+        try:
+            return Region(h.value)
+        except BaseException:
+            L.kvp_region_close(h.value)
+            raise
+
+    def reserve(self, keys: Keys) -> tuple[list[int], list[bytes]]:
+        """A row to write per key, or -1 where the key is already stored (or
+        being stored); and the keys evicted to make room. All or nothing:
+        NoSpace when too few rows can be had."""
+        kl = self.key_len
+        arr, n = _keys(keys, kl)
+        rows = (c_int32 * max(n, 1))()
+        ev = (c_uint8 * max(n * kl, 1))()
+        ne = c_size_t(0)
+        self._check(L.kvp_client_reserve(self._live(), arr, n, rows, ev, byref(ne)))
+        raw = bytes(ev)[:ne.value * kl]
+        return list(rows[:n]), [raw[i * kl:(i + 1) * kl] for i in range(ne.value)]
+
+    def commit(self, keys: Keys, crcs: Optional[Sequence[int]] = None) -> None:
+        """Makes reserved keys visible; crcs (one per key) or the daemon reads each row."""
+        arr, n = _keys(keys, self.key_len)
+        c = None
+        if crcs is not None:
+            if len(crcs) != n:
+                raise ValueError(f"kvpool: {len(crcs)} checksums for {n} keys")
+            c = (c_uint32 * max(n, 1))(*crcs)
+        self._check(L.kvp_client_commit(self._live(), arr, n, c))
+
+    def abort(self, keys: Keys) -> None:
+        """Gives reserved rows back unseen."""
+        arr, n = _keys(keys, self.key_len)
+        self._check(L.kvp_client_abort(self._live(), arr, n))
+
+    def lookup_and_lock(self, keys: Keys, prefix: bool = False) -> tuple[list[int], list[int]]:
+        """(rows, crcs) per key: the row, locked until unlock(), or -1 for a
+        miss (not locked); the CRC32C recorded at commit. With prefix, keys
+        after the first miss are not looked up (-1)."""
+        arr, n = _keys(keys, self.key_len)
+        rows = (c_int32 * max(n, 1))()
+        crcs = (c_uint32 * max(n, 1))()
+        self._check(L.kvp_client_lookup_lock(self._live(), arr, n, prefix, rows, crcs, None,
+                                             None))
+        return list(rows[:n]), list(crcs[:n])
+
+    def unlock(self, keys: Keys) -> None:
+        """Releases this session's lock on each key's row."""
+        arr, n = _keys(keys, self.key_len)
+        self._check(L.kvp_client_unlock(self._live(), arr, n))
