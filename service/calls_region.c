@@ -169,9 +169,10 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 	for (size_t i = 0; i < n; i++) {
 		kvpd_session_remove(c->sess, ids[i]);
 		/* Read from the mapping after the writer is done: what a reader can check. */
-		c->p->row_crc[ids[i]] = m->n_crc32c
-			? m->crc32c[i]
-			: kvp_crc32c(0, row(c, ids[i]), kvp_exec_block_bytes(c->p->exec));
+		c->p->row_crc[ids[i]] = m->n_crc32c ? m->crc32c[i]
+		                        : m->no_checksum
+		                        ? 0
+		                        : kvp_crc32c(0, row(c, ids[i]), kvp_exec_block_bytes(c->p->exec));
 	}
 	r->num_committed = (uint32_t)n;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_COMMIT;

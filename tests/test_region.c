@@ -176,7 +176,7 @@ test_region_two_processes_share_rows(void **state)
 	uint8_t keys[8 * KL];
 	int32_t rows[8];
 
-	assert_true(kvp_client_info(c)->executor.region);
+	assert_true(kvp_client_info(c)->region);
 	assert_ok(kvp_region_open(c, &r));
 	const struct kvp_region_info *ri = kvp_region_info(r);
 	assert_int_equal(ri->num_rows, ROWS);
@@ -192,7 +192,7 @@ test_region_two_processes_share_rows(void **state)
 	}
 	/* the other process sees nothing before the commit */
 	assert_int_equal(wait_exit(helper("reader", 1, 8, NULL)), 11);
-	assert_ok(kvp_client_commit(c, keys, 8, NULL));
+	assert_ok(kvp_client_commit(c, keys, 8, NULL, true));
 	assert_int_equal(wait_exit(helper("reader", 1, 8, NULL)), 0);
 	/* storing again: already stored, no row */
 	assert_ok(kvp_client_reserve(c, keys, 8, rows, NULL, NULL));
@@ -254,7 +254,7 @@ test_region_crash_before_commit_leaves_nothing(void **state)
 	for (int i = 0; i < 4; i++)
 		assert_true(rows[i] > 0);
 	assert_ok(kvp_client_abort(c, keys, 4));
-	assert_status(kvp_client_commit(c, keys, 4, NULL), KVP_ENOTFOUND);
+	assert_status(kvp_client_commit(c, keys, 4, NULL, true), KVP_ENOTFOUND);
 	kvp_client_close(c);
 }
 
@@ -271,7 +271,7 @@ test_region_locked_row_survives_pressure(void **state)
 
 	make_key(a, 3, 0, 0);
 	assert_ok(kvp_client_reserve(w, a, 1, &row, NULL, NULL));
-	assert_ok(kvp_client_commit(w, a, 1, NULL));
+	assert_ok(kvp_client_commit(w, a, 1, NULL, true));
 	assert_ok(kvp_client_lookup_lock(rd, a, 1, true, &arow, NULL, NULL, &hits));
 	assert_int_equal(hits, 1);
 	assert_int_equal(arow, row);
@@ -283,7 +283,7 @@ test_region_locked_row_survives_pressure(void **state)
 		assert_ok(kvp_client_reserve(w, keys, n, rows, NULL, NULL));
 		for (uint32_t i = 0; i < n; i++)
 			assert_true(rows[i] > 0 && rows[i] != arow);
-		assert_ok(kvp_client_commit(w, keys, n, NULL));
+		assert_ok(kvp_client_commit(w, keys, n, NULL, true));
 	}
 	make_keys(keys, 20, n + 1);
 	assert_status(kvp_client_reserve(w, keys, n + 1, rows, NULL, NULL), KVP_ENOSPACE);
@@ -325,7 +325,7 @@ test_region_abort_publishes_nothing(void **state)
 	assert_ok(kvp_client_abort(c, keys, 2));
 	assert_true(events_emitted() == e0);
 	assert_ok(kvp_client_reserve(c, keys, 2, rows, NULL, NULL));
-	assert_ok(kvp_client_commit(c, keys, 2, NULL));
+	assert_ok(kvp_client_commit(c, keys, 2, NULL, true));
 	assert_true(events_emitted() > e0);
 	/* wrong shapes and states: clear statuses, nothing changes */
 	assert_status(kvp_client_abort(c, keys, 2), KVP_ENOTFOUND);

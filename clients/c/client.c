@@ -205,6 +205,7 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 	c->plan.prompt_u32 = p->prompt_u32; /* Batch prompts as 32-bit ids (request_pack.h) */
 	i->max_msg_bytes = p->max_msg_bytes;
 	memset(&i->executor, 0, sizeof(i->executor));
+	i->region = false;
 	if (p->executor != NULL) {
 		const Kvpool__V1__ExecutorInfo *x = p->executor;
 		struct kvp_client_executor *e = &i->executor;
@@ -217,7 +218,7 @@ copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
 		e->block_size = x->block_size;
 		e->block_bytes = x->block_bytes;
 		e->memory_bytes = x->memory_bytes;
-		e->region = x->region;
+		i->region = x->region;
 	}
 }
 

@@ -63,7 +63,6 @@ struct kvp_client_executor {
 	char layout[8];             /* "nhd", "hnd" */
 	uint64_t block_bytes;       /* one block's payload */
 	uint64_t memory_bytes;
-	bool region;                /* a shared region: kvp_region_open, reserve, lookup_lock */
 };
 
 struct kvp_client_info {
@@ -85,6 +84,7 @@ struct kvp_client_info {
 	struct kvp_client_executor executor;
 	char server_version[64];    /* kvpoold's version (Hello); "" for a resumed session */
 	uint32_t hash_len;          /* bytes per fine hash: 32 (SHA-256) or 16 (xxhash) */
+	bool region;                /* the executor's memory is a shared region (kvp_region_open) */
 };
 
 struct kvp_client_stats {
@@ -325,16 +325,20 @@ int kvp_client_reserve(struct kvp_client *c, const uint8_t *keys, size_t n, int3
                        uint8_t *evicted, size_t *num_evicted);
 /*
  * Makes reserved keys visible (cached, BlockStored) with the CRC32C of each
- * row: crcs[i] if crcs is not NULL, else the daemon reads the row. Each key
+ * row: crcs[i] if crcs is not NULL; else, with checksum, the daemon reads
+ * the row (under the pool's lock: about a third of a store's time for 2 MiB
+ * rows, BENCHMARKS.md); else none is recorded (readers see 0). Each key
  * must be reserved by this session: KVP_ENOTFOUND, KVP_ENOTOWNER otherwise.
  */
-int kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs);
+int kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs,
+                      bool checksum);
 /* Gives reserved rows back unseen (no event). As commit. */
 int kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n);
 /*
  * Looks keys up and locks each hit's row against eviction and reuse until
  * kvp_client_unlock or the session's end. rows[i] (n entries) is the row or
- * -1 (a miss, not locked); crcs (may be NULL) the CRC32C recorded at commit.
+ * -1 (a miss, not locked); crcs (may be NULL) the CRC32C recorded at commit
+ * (0: none recorded).
  * With prefix, the lookup stops at the first miss: *num_looked (may be NULL)
  * is how many keys were looked up, *num_hits (may be NULL) how many hit.
  * Keys must be distinct (KVP_EINVAL).

@@ -27,7 +27,7 @@ kvp_client_key_len(const struct kvp_client *c)
 static int
 no_region(struct kvp_client *c)
 {
-	if (!c->info.executor.region)
+	if (!c->info.region)
 		return kvp_client_fail_(c, KVP_ENOTSUP, "pool %s has no shared region", c->info.pool);
 	return KVP_OK;
 }
@@ -170,7 +170,8 @@ kvp_client_reserve(struct kvp_client *c, const uint8_t *keys, size_t n, int32_t 
 }
 
 int
-kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs)
+kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs,
+                  bool checksum)
 {
 	Kvpool__V1__CommitRequest m = KVPOOL__V1__COMMIT_REQUEST__INIT;
 	Kvpool__V1__Reply *r = NULL;
@@ -182,6 +183,7 @@ kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uin
 		m.crc32c = (uint32_t *)crcs;
 		m.n_crc32c = n;
 	}
+	m.no_checksum = crcs == NULL && !checksum;
 	KVP_CLIENT_CALL(c, commit, COMMIT, &m, r);
 	if (rv != KVP_OK)
 		return rv;

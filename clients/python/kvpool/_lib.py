@@ -194,7 +194,7 @@ kvp_region_check = _fn("kvp_region_check", c_bool, c_void_p, c_int32, c_uint32)
 kvp_client_key_len = _fn("kvp_client_key_len", c_size_t, CLIENT)
 kvp_client_reserve = _fn("kvp_client_reserve", c_int, CLIENT, U8P, c_size_t, I32P, U8P,
                          POINTER(c_size_t))
-kvp_client_commit = _fn("kvp_client_commit", c_int, CLIENT, U8P, c_size_t, U32P)
+kvp_client_commit = _fn("kvp_client_commit", c_int, CLIENT, U8P, c_size_t, U32P, c_bool)
 kvp_client_abort = _fn("kvp_client_abort", c_int, CLIENT, U8P, c_size_t)
 kvp_client_lookup_lock = _fn("kvp_client_lookup_lock", c_int, CLIENT, U8P, c_size_t, c_bool, I32P,
                              U32P, POINTER(c_size_t), POINTER(c_uint32))

@@ -147,15 +147,17 @@ class RegionCalls:
         raw = bytes(ev)[:ne.value * kl]
         return list(rows[:n]), [raw[i * kl:(i + 1) * kl] for i in range(ne.value)]
 
-    def commit(self, keys: Keys, crcs: Optional[Sequence[int]] = None) -> None:
-        """Makes reserved keys visible; crcs (one per key) or the daemon reads each row."""
+    def commit(self, keys: Keys, crcs: Optional[Sequence[int]] = None,
+               checksum: bool = True) -> None:
+        """Makes reserved keys visible, with each row's CRC32C: crcs (one per
+        key), else (checksum) the daemon reads each row, else none (0)."""
         arr, n = _keys(keys, self.key_len)
         c = None
         if crcs is not None:
             if len(crcs) != n:
                 raise ValueError(f"kvpool: {len(crcs)} checksums for {n} keys")
             c = (c_uint32 * max(n, 1))(*crcs)
-        self._check(L.kvp_client_commit(self._live(), arr, n, c))
+        self._check(L.kvp_client_commit(self._live(), arr, n, c, checksum))
 
     def abort(self, keys: Keys) -> None:
         """Gives reserved rows back unseen."""
