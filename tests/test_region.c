@@ -373,6 +373,47 @@ test_region_needs_the_token_and_its_pool(void **state)
 	kvp_client_close(kv);
 }
 
+/* kvpoolctl region [ROW]: the region's shape, and a row's checksum as the reader sees it. */
+static void
+test_region_kvpoolctl_shows_region_and_row(void **state)
+{
+	(void)state;
+	struct kvp_client *c = open_client("kv", TOKEN, 0);
+	struct kvp_region *r = NULL;
+	uint8_t k[KL];
+	int32_t row;
+	uint32_t crc, hits;
+	char cmd[1024], out[8192] = "", want[64];
+	FILE *f;
+
+	assert_ok(kvp_region_open(c, &r));
+	make_key(k, 30, 0, 0);
+	assert_ok(kvp_client_reserve(c, k, 1, &row, NULL, NULL));
+	fill_row(kvp_region_row(r, row), (size_t)kvp_region_info(r)->row_bytes, 30, 0);
+	assert_ok(kvp_client_commit(c, k, 1, NULL, true));
+	assert_ok(kvp_client_lookup_lock(c, k, 1, false, &row, &crc, NULL, &hits));
+	snprintf(cmd, sizeof(cmd), "%s --url %s --pool kv --token-file %s --json region %d",
+	         KVPOOLCTL_PATH, ipc_url, token_path, row);
+	assert_non_null(f = popen(cmd, "r"));
+	size_t n = fread(out, 1, sizeof(out) - 1, f);
+	assert_int_equal(pclose(f), 0);
+	out[n] = '\0';
+	assert_non_null(strstr(out, kvp_region_info(r)->path));
+	snprintf(want, sizeof(want), "\"crc32c\":%u", crc);
+	if (strstr(out, want) == NULL)
+		fail_msg("no %s in %s", want, out);
+	/* a row outside the region: refused with exit 1; a bad word: usage, exit 2 */
+	snprintf(cmd, sizeof(cmd), "%s --url %s --pool kv --token-file %s region 99999 2>/dev/null",
+	         KVPOOLCTL_PATH, ipc_url, token_path);
+	assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+	snprintf(cmd, sizeof(cmd), "%s --url %s --pool kv region x 2>/dev/null", KVPOOLCTL_PATH,
+	         ipc_url);
+	assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+	assert_ok(kvp_client_unlock(c, k, 1));
+	kvp_region_close(r);
+	kvp_client_close(c);
+}
+
 /* A Reserve and a Commit sent twice with one call id take effect once. */
 static void
 test_region_retried_call_applies_once(void **state)
@@ -508,6 +549,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_region_abort_publishes_nothing),
 		cmocka_unit_test(test_region_needs_the_token_and_its_pool),
 		cmocka_unit_test(test_region_retried_call_applies_once),
+		cmocka_unit_test(test_region_kvpoolctl_shows_region_and_row),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "clients/c/kvpoolctl.h"
+#include "common/crc32c.h"
 
 int32_t *
 ctl_to_ids(const int64_t *v, size_t n)
@@ -393,4 +394,58 @@ out:
 	free(buf);
 	free(crcs);
 	return rv;
+}
+
+/* region [ROW]: the shared region's shape; a row's checksum and first bytes (this host only). */
+int
+run_region(struct ctl *x)
+{
+	struct kvp_region *r = NULL;
+	cJSON *j = x->j;
+	int rv = kvp_region_open(x->c, &r);
+	if (rv != KVP_OK)
+		return rv;
+	const struct kvp_region_info *i = kvp_region_info(r);
+	cJSON_AddStringToObject(j, "path", i->path);
+	cJSON_AddNumberToObject(j, "bytes", (double)i->bytes);
+	cJSON_AddNumberToObject(j, "row_bytes", (double)i->row_bytes);
+	cJSON_AddNumberToObject(j, "row_stride", (double)i->row_stride);
+	cJSON_AddNumberToObject(j, "num_rows", i->num_rows);
+	cJSON_AddNumberToObject(j, "shards", i->shards);
+	cJSON_AddNumberToObject(j, "shard_bytes", (double)i->shard_bytes);
+	if (!x->json)
+		printf("region %s: %u rows of %" PRIu64 " bytes (every %" PRIu64 "), %" PRIu64
+		       " bytes in all; %u shard(s) of %" PRIu64 " bytes\n",
+		       i->path, i->num_rows, i->row_bytes, i->row_stride, i->bytes, i->shards,
+		       i->shard_bytes);
+	if (x->row != 0) {
+		const unsigned char *p = kvp_region_row(r, x->row);
+		char hex[2 * 32 + 1];
+		if (p == NULL) {
+			kvp_region_close(r);
+			return fail(x, EXIT_REFUSED, KVP_ERANGE, "row %d is outside 1..%u", x->row,
+			            i->num_rows - 1), LOCAL_FAILURE;
+		}
+		size_t head = i->row_bytes < 32 ? (size_t)i->row_bytes : 32;
+		uint32_t crc = kvp_crc32c(0, p, (size_t)i->row_bytes);
+		ctl_hex_into(hex, p, head);
+		cJSON_AddNumberToObject(j, "row", x->row);
+		cJSON_AddNumberToObject(j, "crc32c", crc);
+		cJSON_AddStringToObject(j, "head", hex);
+		if (!x->json)
+			printf("row %d: crc32c %08x, first bytes %s\n", x->row, crc, hex);
+		if (x->out != NULL) {
+			FILE *f = fopen(x->out, "wb");
+			bool ok = f != NULL && fwrite(p, 1, (size_t)i->row_bytes, f) == i->row_bytes;
+			if (f != NULL && fclose(f) != 0)
+				ok = false;
+			if (!ok) {
+				kvp_region_close(r);
+				return fail(x, EXIT_LOCAL, KVP_EINVAL, "cannot write %s: %s", x->out,
+				            strerror(errno)), LOCAL_FAILURE;
+			}
+		}
+	}
+	kvp_region_close(r);
+	return KVP_OK;
 }

@@ -193,7 +193,7 @@ static const struct opt {
 	{"--salt", "SALT", NULL, NULL, O_STR, F(salt), C_CACHE | C_LOOKUP, 0, 0},
 	{"--to", "IDS", NULL, NULL, O_STR, F(to), C_COPY, 0, 0},
 	{"--in", "FILE", NULL, NULL, O_STR, F(in), C_WRITE, 0, 0},
-	{"--out", "FILE", NULL, NULL, O_STR, F(out), C_READ, 0, 0},
+	{"--out", "FILE", NULL, NULL, O_STR, F(out), C_READ | C_REGION, 0, 0},
 	{"--events-url", "URL", "KVPOOL_EVENTS_URL", NULL, O_STR, F(events_url), C_EVENTS, 0, 0},
 	{"--follow", NULL, NULL, NULL, O_FLAG, F(follow), C_EVENTS | C_VLLM, 0, 0},
 	{"--count", "N", NULL, NULL, O_U32, F(count), C_EVENTS | C_VLLM, 1, UINT32_MAX},
@@ -230,6 +230,10 @@ static const struct command commands[] = {
 	 "load FILE (blocks x block_bytes) into blocks this session holds (use --session)",
 	 C_WRITE, run_data},
 	{"copy", "--blocks SRC --to DST", "copy block contents (copy-on-write)", C_COPY, run_data},
+	{"region", "[ROW]",
+	 "the pool's shared region (its file, row size and count); with ROW, that row's CRC32C and "
+	 "first bytes, read through this host's mapping (--out FILE saves it)", C_REGION,
+	 run_region},
 	{"events", "[--follow] [--events-url URL] [--count N]",
 	 "print events as one JSON object per line (with pool, epoch, seq); --follow keeps going "
 	 "(Ctrl-C stops). Default URL ipc:///tmp/kvpool-events.ipc", C_EVENTS, NULL},
@@ -459,6 +463,15 @@ check_args(struct ctl *x)
 		rv = parse_ids(x, "block ids", joined, &x->ids, &x->nids, true);
 		free(joined);
 		return rv;
+	}
+	if (b & C_REGION) {
+		uint64_t n;
+		if (x->npos > 1)
+			return usage_error(x, "region takes at most one row number");
+		if (x->npos == 1 && parse_num(x->pos[0], 1, INT32_MAX, &n) != 0)
+			return usage_error(x, "region: '%s' is not a row number (1..)", x->pos[0]);
+		x->row = x->npos == 1 ? (int32_t)n : 0;
+		return 0;
 	}
 	if (x->npos > 0)
 		return usage_error(x, "%s takes no argument '%s'", x->cmd->name, x->pos[0]);

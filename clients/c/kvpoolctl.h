@@ -23,7 +23,7 @@ enum {
 	C_ALLOC = 1u << 4, C_FREE = 1u << 5, C_TOUCH = 1u << 6, C_EVICT = 1u << 7,
 	C_RESET = 1u << 8, C_CACHE = 1u << 9, C_LOOKUP = 1u << 10, C_SNAPSHOT = 1u << 11,
 	C_READ = 1u << 12, C_WRITE = 1u << 13, C_COPY = 1u << 14, C_EVENTS = 1u << 15,
-	C_VLLM = 1u << 16, C_HELP = 1u << 17,
+	C_VLLM = 1u << 16, C_HELP = 1u << 17, C_REGION = 1u << 18,
 };
 
 /* A row of the command table. */
@@ -54,6 +54,7 @@ struct ctl {
 	int64_t *ids, *toks, *dst;
 	size_t nids, ntoks, ndst;
 	uint32_t alloc_n;
+	int32_t row;            /* region ROW; 0: none */
 	struct kvp_request_keys keys;
 	/* after dialing */
 	struct kvp_client *c;
@@ -84,6 +85,7 @@ int run_cache(struct ctl *x);
 int run_lookup(struct ctl *x);
 int run_snapshot(struct ctl *x);
 int run_data(struct ctl *x);
+int run_region(struct ctl *x);
 
 /* events and vllm-events dial on their own: they return an exit code. */
 int ctl_follow_events(struct ctl *x);
