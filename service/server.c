@@ -138,12 +138,16 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 	}
 	snprintf(p->exec_note, sizeof(p->exec_note),
 	         "executor %s%s%s, %u blocks x %llu B = %llu MiB (layers %u, heads %u, head size %u, "
-	         "%s, %s)%s%.200s",
+	         "%s, %s)",
 	         kvp_exec_backend_name(p->exec), why[0] ? ": " : "", why, pc->num_blocks,
 	         (unsigned long long)kvp_exec_block_bytes(p->exec),
 	         (unsigned long long)(kvp_exec_memory_bytes(p->exec) >> 20), x->layers, x->heads,
-	         x->head_size, x->dtype, x->layout, p->row_crc ? ", shared region " : "",
-	         p->row_crc ? reg.path : "");
+	         x->head_size, x->dtype, x->layout);
+	if (p->row_crc != NULL) {
+		size_t used = strlen(p->exec_note);
+		(void)snprintf(p->exec_note + used, sizeof(p->exec_note) - used, ", shared region %s",
+		               reg.path);
+	}
 	return KVP_OK;
 }
 

@@ -82,27 +82,33 @@ reader_main(uint32_t series, uint32_t n)
 	uint8_t keys[ROWS * KL];
 	int32_t rows[ROWS];
 	uint32_t crcs[ROWS], hits = 0;
-	unsigned char want[1 << 16];
+	static unsigned char want[1 << 16];
+	int code = 0;
 
-	if (kvp_client_open(&o, &c) != KVP_OK || kvp_region_open(c, &r) != KVP_OK)
-		return 10;
+	if (kvp_client_open(&o, &c) != KVP_OK || kvp_region_open(c, &r) != KVP_OK) {
+		code = 10;
+		goto out;
+	}
 	make_keys(keys, series, n);
 	if (kvp_client_lookup_lock(c, keys, n, false, rows, crcs, NULL, &hits) != KVP_OK ||
-	    hits != n)
-		return 11;
+	    hits != n) {
+		code = 11;
+		goto out;
+	}
 	size_t rb = (size_t)kvp_region_info(r)->row_bytes;
-	for (uint32_t i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n && code == 0; i++) {
 		fill_row(want, rb, series, i);
 		if (memcmp(kvp_region_row(r, rows[i]), want, rb) != 0)
-			return 12;
-		if (!kvp_region_check(r, rows[i], crcs[i]))
-			return 13;
+			code = 12;
+		else if (!kvp_region_check(r, rows[i], crcs[i]))
+			code = 13;
 	}
-	if (kvp_client_unlock(c, keys, n) != KVP_OK)
-		return 14;
+	if (code == 0 && kvp_client_unlock(c, keys, n) != KVP_OK)
+		code = 14;
+out:
 	kvp_region_close(r);
 	kvp_client_close(c);
-	return 0;
+	return code;
 }
 
 /* Reserves series keys with a short lease, writes half, says so on stdout, and waits to die. */
