@@ -1,0 +1,491 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool as vLLM's offloading tier: an out-of-tree OffloadingSpec that
+vLLM's OffloadingConnector loads from configuration alone.
+
+    vllm serve MODEL --kv-transfer-config '{
+      "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {
+        "spec_name": "KVPoolOffloadingSpec",
+        "spec_module_path": "kvpool.vllm_offload",
+        "kvpool_url": "ipc:///run/kvpool/kvpool.ipc",
+        "kvpool_pool": "tier", "kvpool_token_file": "/etc/kvpool/token"}}'
+
+Every engine (and data-parallel replica) on a host that names the same pool
+shares one tier: kvpoold's shared region (a cpu pool's memory, mapped by each
+worker) holds the KV, kvpoold's pool decides what is cached, evicted and
+leased, and kvpoold publishes the tier's BlockStored/BlockRemoved (medium
+CPU) on its event streams.
+
+Scheduler side (KVPoolOffloadingManager), per engine step, in at most four
+round trips at the step's end (on_schedule_end):
+  - lookup(key) answers from what the last round trip locked; a key not yet
+    asked about answers RETRY (vLLM's "ask again next step") and is looked up,
+    and its hit locked, at the step's end. A HIT is therefore always a row
+    this engine holds a lock on, so prepare_load can never find it gone;
+  - prepare_store(keys) answers at once with every key not known to be
+    stored; the rows are reserved at the step's end (Reserve), before vLLM
+    sends the step's jobs to the workers, and a key someone else stored
+    meanwhile gets no row (the worker skips it);
+  - complete_store commits (or aborts) the reserved keys, complete_load
+    unlocks; locks no load used by the end of the next step are released.
+A store that fails, or an engine that dies before committing, leaves nothing
+visible (uncommitted reservations go with the session). take_events yields
+nothing: the tier's events are kvpoold's, one stream for every engine.
+
+Worker side (KVPoolOffloadingWorker): each worker maps the region and copies
+its own shard of each row (the pool's shards = vLLM's world size) to and
+from vLLM's KV cache tensors: one page per layer tensor of the block's
+group, back to back.
+
+Differences from vLLM's CPU spec: one offloaded block per GPU block
+(blocks_per_chunk 1, the OffloadingConnector's default); the direct layout
+only (not canonical_layout or replicated_layout); reset_cache does not clear
+the shared tier (other engines use it); a new request's first lookups take
+one extra step (RETRY) while they are answered.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
+    LookupResult,
+    OffloadingManager,
+    OffloadingSpec,
+    OffloadingWorker,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    RequestOffloadingContext,
+    TransferResult,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+import kvpool
+
+__all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
+           "KVPoolRowsSpec"]
+
+
+class KVPoolRowsSpec(LoadStoreSpec):
+    """Rows of kvpoold's shared region, one per offloaded block, in the order
+    of the job's GPU blocks; -1 (stores only): the key needs no write (it
+    was stored by someone else meanwhile, or the pool had no room)."""
+
+    def __init__(self, keys: list[OffloadKey], rows: Optional[list[int]] = None):
+        self.keys = list(keys)
+        self.rows = np.full(len(self.keys), -1, dtype=np.int32) if rows is None else \
+            np.asarray(rows, dtype=np.int32)
+
+    def __repr__(self) -> str:
+        return f"KVPoolRowsSpec({self.rows.tolist()})"
+
+
+def _connect(extra: dict[str, Any], name: str) -> kvpool.Client:
+    url = extra.get("kvpool_url")
+    if not url:
+        raise ValueError("kvpool: kv_connector_extra_config needs kvpool_url "
+                         "(kvpoold's ipc:// URL on this host)")
+    token = extra.get("kvpool_token")
+    tf = extra.get("kvpool_token_file")
+    if token is None and tf:
+        with open(tf, encoding="utf-8") as f:
+            token = f.read().strip()
+    return kvpool.Client(url, pool=extra.get("kvpool_pool", "default"), token=token,
+                         client_name=name, timeout_ms=int(extra.get("kvpool_timeout_ms", 5000)))
+
+
+def _check_tier(c: kvpool.Client, config: OffloadingConfig, blocks_per_chunk: int,
+                need: Optional[int] = None) -> None:
+    """The pool must be a region whose shard can hold one worker's block
+    (need bytes: the worker's own count, else the config's, 0 if unknown)."""
+    info = c.info
+    if not info.get("region"):
+        raise ValueError(f"kvpool: pool {info['pool']} has no shared region (a cpu pool "
+                         "with prefix caching, and kvpoold's --region-dir)")
+    if blocks_per_chunk != 1:
+        raise ValueError("kvpool: one offloaded block per GPU block only (leave the "
+                         "OffloadingConnector's block_size at the GPU block size)")
+    if config.canonical_layout or config.replicated_layout:
+        raise ValueError("kvpool: the direct layout only (no canonical_layout or "
+                         "replicated_layout)")
+    ex = info["executor"] or {}
+    world = max(1, config.parallel.world_size)
+    if need is None:
+        need = config.worker_kv_bytes_per_block
+    with c.region() as reg:
+        shards, shard_bytes = reg.shards, reg.shard_bytes
+    if shards != world or (need and shard_bytes < need):
+        raise ValueError(
+            f"kvpool: pool {info['pool']} has {shards} shard(s) of {shard_bytes} bytes a row; "
+            f"this engine has {world} worker(s) of {need} KV bytes a block: give the pool "
+            f"shards={world} and a KV shape of at least {need * world} bytes a block "
+            f"(layers x 2 x block_size x KV heads x head_size x dtype size; now "
+            f"{ex.get('block_bytes')})")
+
+
+class KVPoolOffloadingManager(OffloadingManager):
+    """vLLM's OffloadingManager over one kvpoold pool (see the module's doc).
+
+    State, per key: a lookup answer (hit or miss, kept while lookups keep
+    asking, dropped two steps after the last), locks this session holds that
+    no load has taken yet (`held`, released with the answer), locks given to
+    loads in flight (`loading`, released by complete_load), and stores
+    between prepare_store and complete_store (`storing`)."""
+
+    def __init__(self, extra: dict[str, Any], config: OffloadingConfig, blocks_per_chunk: int):
+        self._extra = dict(extra)
+        self._name = f"vllm-scheduler {config.engine_id}"
+        self._client: Optional[kvpool.Client] = _connect(self._extra, self._name)
+        _check_tier(self._client, config, blocks_per_chunk)
+        self._key_len = self._client.key_len
+        self._answers: dict[OffloadKey, bool] = {}
+        self._asked: dict[OffloadKey, int] = {}       # key -> the last step a lookup asked
+        self._rows: dict[OffloadKey, int] = {}        # rows of keys this session has locked
+        self._held: Counter[OffloadKey] = Counter()
+        self._loading: Counter[OffloadKey] = Counter()
+        self._pending_lookup: dict[OffloadKey, None] = {}
+        self._pending_store: list[KVPoolRowsSpec] = []
+        self._storing: set[OffloadKey] = set()
+        self._reserved: set[OffloadKey] = set()
+        self._to_commit: list[OffloadKey] = []
+        self._to_abort: list[OffloadKey] = []
+        self._to_unlock: Counter[OffloadKey] = Counter()
+        self._step = 0
+        self.round_trips = 0
+
+    # ---- the pool, with one reconnect when the session was lost (idle past its lease) ----
+    def _call(self, fn, *args):
+        if self._client is None:
+            raise RuntimeError("kvpool: the offloading manager was shut down")
+        try:
+            self.round_trips += 1
+            return fn(self._client, *args)
+        except kvpool.Unauthenticated:
+            # The lease ran out while the engine was idle: reservations and locks went with it.
+            self._client.close()
+            self._client = _connect(self._extra, self._name)
+            for state in (self._rows, self._held, self._loading, self._answers, self._asked):
+                state.clear()
+            self._reserved.clear()
+            return fn(self._client, *args)
+
+    def _check_key(self, key: OffloadKey) -> None:
+        if len(key) != self._key_len:
+            raise ValueError(f"kvpool: an offload key of {len(key)} bytes; the pool's are "
+                             f"{self._key_len} (its hash_algo must be vLLM's "
+                             "--prefix-caching-hash-algo)")
+
+    # ---- OffloadingManager ----
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        ans = self._answers.get(key)
+        if ans is not None or self._loading[key] > 0:
+            self._asked[key] = self._step  # still wanted: its answer and lock stay
+        if self._held[key] > 0 or self._loading[key] > 0:
+            return LookupResult.HIT
+        if ans is False:
+            return LookupResult.MISS
+        if key in self._storing:
+            return LookupResult.HIT_PENDING  # this engine is writing it
+        self._check_key(key)
+        self._pending_lookup[key] = None
+        return LookupResult.RETRY
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource.HOST
+
+    def prepare_load(self, keys, req_context: ReqContext) -> LoadStoreSpec:
+        keys = list(keys)
+        need = Counter(keys)
+        extra = [k for k in need if self._held[k] < need[k]]
+        if extra:
+            # Another request took this step's lock on these keys; this session still holds a
+            # lock on each (a HIT was answered), so their rows cannot have gone: lock again.
+            for _ in range(max(need[k] - self._held[k] for k in extra)):
+                todo = [k for k in extra if self._held[k] < need[k]]
+                rows, _ = self._call(kvpool.Client.lookup_and_lock, todo)
+                for k, r in zip(todo, rows):
+                    if r <= 0:
+                        raise RuntimeError("kvpool: a key this engine holds locked was not found")
+                    self._held[k] += 1
+                    self._rows[k] = r
+        for k in keys:
+            self._held[k] -= 1
+            if self._held[k] == 0:
+                del self._held[k]
+            self._loading[k] += 1
+        return KVPoolRowsSpec(keys, [self._rows[k] for k in keys])
+
+    def touch(self, keys, req_context: ReqContext) -> None:
+        return  # the pool's LRU is kvpoold's: a lock and its release are the touch
+
+    def complete_load(self, keys, req_context: ReqContext) -> None:
+        for k in keys:
+            if self._loading[k] > 0:
+                self._loading[k] -= 1
+                if self._loading[k] == 0:
+                    del self._loading[k]
+                self._to_unlock[k] += 1
+
+    def prepare_store(self, keys, req_context: ReqContext) -> Optional[PrepareStoreOutput]:
+        todo = []
+        for k in keys:
+            if k in self._storing or self._answers.get(k) or self._held[k] or self._loading[k]:
+                continue  # stored, or being stored by this engine: one writer per key
+            self._check_key(k)
+            self._storing.add(k)
+            todo.append(k)
+        spec = KVPoolRowsSpec(todo)
+        if todo:
+            self._pending_store.append(spec)
+        return PrepareStoreOutput(keys_to_store=todo, store_spec=spec, evicted_keys=[])
+
+    def complete_store(self, keys, req_context: ReqContext, success: bool = True) -> None:
+        for k in keys:
+            self._storing.discard(k)
+            if k in self._reserved:
+                self._reserved.discard(k)
+                (self._to_commit if success else self._to_abort).append(k)
+
+    def take_events(self) -> Iterable[Any]:
+        return ()  # kvpoold publishes the tier's events, once for every engine
+
+    def has_pending_work(self) -> bool:
+        return bool(self._pending_lookup or self._pending_store or self._to_commit or
+                    self._to_abort or self._to_unlock or self._held)
+
+    def on_schedule_end(self, context: Any = None) -> None:
+        """The step's round trips: commits, aborts and unlocks; the step's
+        reservations (filling the rows of the specs vLLM is about to send to
+        the workers); the step's lookups, each hit locked."""
+        self._step += 1
+        self._expire()
+        self._flush_releases()
+        self._flush_stores()
+        self._flush_lookups()
+
+    def _expire(self) -> None:
+        """Answers and unused locks of keys no lookup asked for in two steps go."""
+        for k in [k for k, st in self._asked.items() if st < self._step - 2]:
+            del self._asked[k]
+            self._answers.pop(k, None)
+            n = self._held.pop(k, 0)
+            if n:
+                self._to_unlock[k] += n
+
+    def _flush_releases(self) -> None:
+        if self._to_commit:
+            keys, self._to_commit = self._to_commit, []
+            try:
+                self._call(kvpool.Client.commit, keys, None, False)
+            except kvpool.NotFound:
+                pass  # the session was renewed: those reservations went with the old one
+        if self._to_abort:
+            keys, self._to_abort = self._to_abort, []
+            try:
+                self._call(kvpool.Client.abort, keys)
+            except kvpool.NotFound:
+                pass
+        while self._to_unlock:
+            keys = list(self._to_unlock)  # one lock per key per call
+            try:
+                self._call(kvpool.Client.unlock, keys)
+            except kvpool.NotOwner:
+                pass  # the session was renewed: those locks went with the old one
+            for k in keys:
+                self._to_unlock[k] -= 1
+                if self._to_unlock[k] <= 0:
+                    del self._to_unlock[k]
+        for k in [k for k in self._rows if not self._held[k] and not self._loading[k]]:
+            del self._rows[k]
+
+    def _flush_stores(self) -> None:
+        if not self._pending_store:
+            return
+        specs, self._pending_store = self._pending_store, []
+        keys = [k for s in specs for k in s.keys]  # distinct: prepare_store saw to that
+        try:
+            rows, _ = self._call(kvpool.Client.reserve, keys)
+        except kvpool.NoSpace:
+            rows = [-1] * len(keys)  # every row locked or reserved: nothing stored this step
+        row_of = dict(zip(keys, rows))
+        for k, r in row_of.items():
+            if r > 0:
+                self._reserved.add(k)
+            else:
+                self._storing.discard(k)  # stored by someone already, or no room
+        for s in specs:
+            s.rows[:] = [row_of[k] for k in s.keys]
+
+    def _flush_lookups(self) -> None:
+        if not self._pending_lookup:
+            return
+        keys, self._pending_lookup = list(self._pending_lookup), {}
+        rows, _ = self._call(kvpool.Client.lookup_and_lock, keys)
+        for k, r in zip(keys, rows):
+            self._answers[k] = r > 0
+            self._asked[k] = self._step
+            if r > 0:
+                self._rows[k] = r
+                self._held[k] += 1
+
+    def reset_cache(self) -> None:
+        self._answers.clear()  # the shared tier is not this engine's to clear
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()  # Goodbye: every reservation and lock goes
+            self._client = None
+
+
+class KVPoolOffloadingWorker(OffloadingWorker):
+    """Copies between vLLM's KV cache tensors and this worker's shard of
+    kvpoold's region rows. CPU tensors are copied when submitted; CUDA
+    tensors on a side stream into the pinned region, completed by event."""
+
+    def __init__(self, extra: dict[str, Any], config: OffloadingConfig,
+                 kv_caches: CanonicalKVCaches):
+        import torch
+        self._torch = torch
+        self._client = _connect(extra, f"vllm-worker {config.engine_id}/{config.parallel.rank}")
+        need = max((sum(r.page_size_bytes for r in refs) for refs in kv_caches.group_data_refs),
+                   default=0)
+        _check_tier(self._client, config, 1, need)
+        self._region = self._client.region()
+        self._stride = self._region.row_stride
+        self._shard = config.parallel.rank * self._region.shard_bytes
+        self._rows: Any = torch.frombuffer(self._region._mm, dtype=torch.int8)
+        self._tensors = [t.tensor for t in kv_caches.tensors]
+        # per group: (tensor index, page bytes, offset in the shard)
+        self._layout = []
+        for refs in kv_caches.group_data_refs:
+            off, lay = 0, []
+            for ref in refs:
+                lay.append((ref.tensor_idx, ref.page_size_bytes, off))
+                off += ref.page_size_bytes
+            self._layout.append(lay)
+        self._cuda = any(t.is_cuda for t in self._tensors)
+        self._stream = None
+        if self._cuda:
+            cudart = torch.cuda.cudart()
+            ptr = self._rows.data_ptr()
+            rv = cudart.cudaHostRegister(ptr, self._rows.numel(), 0)
+            if int(rv) != 0:
+                raise RuntimeError(f"kvpool: cudaHostRegister of the region failed ({rv})")
+            self._stream = torch.cuda.Stream()
+        self._inflight: list[tuple[int, Any, int, float]] = []
+        self._done: list[TransferResult] = []
+        self._lock = threading.Lock()
+
+    def _pairs(self, gpu: GPULoadStoreSpec, rows: np.ndarray):
+        """(group, gpu block, row) for each block of the job."""
+        i = 0
+        for g, n in enumerate(gpu.group_sizes):
+            for _ in range(n):
+                yield g, int(gpu.block_ids[i]), int(rows[i])
+                i += 1
+
+    def _run(self, job_id: int, gpu: GPULoadStoreSpec, spec: KVPoolRowsSpec, store: bool) -> bool:
+        t0 = time.perf_counter()
+        nbytes = 0
+        stream_ctx: Any = self._torch.cuda.stream(self._stream) if self._cuda else _nullctx()
+        with stream_ctx:
+            for g, block, row in self._pairs(gpu, spec.rows):
+                if row <= 0:
+                    if not store:
+                        raise RuntimeError(f"kvpool: load job {job_id} has no row for a block")
+                    continue
+                base = row * self._stride + self._shard
+                for t, page, off in self._layout[g]:
+                    dst = self._rows[base + off:base + off + page]
+                    src = self._tensors[t][block, :page]
+                    if store:
+                        dst.copy_(src, non_blocking=self._cuda)
+                    else:
+                        src.copy_(dst, non_blocking=self._cuda)
+                    nbytes += page
+        event = None
+        if self._cuda:
+            event = self._torch.cuda.Event()
+            event.record(self._stream)
+        with self._lock:
+            self._inflight.append((job_id, event, nbytes, t0))
+        return True
+
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        return self._run(job_id, src_spec, dst_spec, True)
+
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
+                    expedited: bool = False) -> bool:
+        return self._run(job_id, dst_spec, src_spec, False)
+
+    def get_finished(self) -> list[TransferResult]:
+        out = []
+        with self._lock:
+            keep = []
+            for job_id, event, nbytes, t0 in self._inflight:
+                if event is None or event.query():
+                    out.append(TransferResult(job_id=job_id, success=True, transfer_size=nbytes,
+                                              transfer_time=time.perf_counter() - t0))
+                else:
+                    keep.append((job_id, event, nbytes, t0))
+            self._inflight = keep
+        return out
+
+    def wait(self, job_ids: set[int]) -> None:
+        with self._lock:
+            events = [e for j, e, _, _ in self._inflight if j in job_ids and e is not None]
+        for e in events:
+            e.synchronize()
+
+    def shutdown(self) -> None:
+        if self._cuda:
+            self._torch.cuda.cudart().cudaHostUnregister(self._rows.data_ptr())
+        self._rows = None
+        self._region.close()
+        self._client.close()
+
+
+class _nullctx:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class KVPoolOffloadingSpec(OffloadingSpec):
+    """The spec vLLM's OffloadingConnector loads (spec_name KVPoolOffloadingSpec,
+    spec_module_path kvpool.vllm_offload). kv_connector_extra_config keys:
+    kvpool_url (required), kvpool_pool (default "default"), kvpool_token or
+    kvpool_token_file, kvpool_timeout_ms."""
+
+    def __init__(self, config: OffloadingConfig):
+        super().__init__(config)
+        self._manager: Optional[KVPoolOffloadingManager] = None
+        self._worker: Optional[KVPoolOffloadingWorker] = None
+        if not self.extra_config.get("kvpool_url"):
+            raise ValueError("kvpool: kv_connector_extra_config needs kvpool_url")
+
+    def get_manager(self) -> OffloadingManager:
+        if self._manager is None:
+            self._manager = KVPoolOffloadingManager(self.extra_config, self.config,
+                                                    self.blocks_per_chunk)
+        return self._manager
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if self._worker is None:
+            self._worker = KVPoolOffloadingWorker(self.extra_config, self.config, kv_caches)
+        return self._worker

@@ -1,0 +1,293 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool as vLLM 0.33's offloading tier, with vLLM's own classes: its
+Scheduler, its OffloadingConnector (scheduler and worker sides) and kvpool's
+spec loaded by name from kv_connector_extra_config, over a real kvpoold.
+Worker transfers run on CPU tensors shaped like vLLM's KV cache.
+
+Engine A serves a prompt and stores its blocks; engine B, a second Scheduler
+on the same pool, gets the same prompt: its lookups hit, it loads, and its
+request skips the loaded tokens, with the bytes A's worker wrote. A killed
+before it commits leaves nothing; a restarted engine hits what it stored."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if not vllm.__version__.startswith("0.33."):
+    pytest.skip(f"these tests pin vLLM 0.33, not {vllm.__version__}", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
+SHARED = os.environ.get("KVP_VLLM_TESTS", os.path.join(os.path.dirname(ROOT), "shared",
+                                                       "vllm-tests"))
+if not os.path.isdir(os.path.join(SHARED, "tests", "v1", "kv_connector")):
+    pytest.skip(f"no vLLM tests at {SHARED} (their helpers build the config)",
+                allow_module_level=True)
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, SHARED)
+
+import torch  # noqa: E402
+from tests.v1.kv_connector.unit.utils import (  # noqa: E402
+    create_model_runner_output, create_vllm_config)
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
+    OffloadingWorkerMetadata)
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (  # noqa: E402
+    OffloadingConnector)
+from vllm.forward_context import ForwardContext  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import (  # noqa: E402
+    get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor)
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.vllm_offload import KVPoolOffloadingSpec  # noqa: E402
+
+from conftest import start, stop  # noqa: E402
+
+BS = 16          # tokens per block
+LAYERS, HEADS, HEAD = 2, 1, 8  # fp32: one layer's page is 2 x 16 x 1 x 8 x 4 = 1 KiB
+GPU_BLOCKS = 40
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    shutil.copy(os.path.join(ROOT, "tests", "vllm", "hf", "facebook--opt-125m", "config.json"),
+                d / "config.json")
+    return str(d)
+
+
+@pytest.fixture
+def tier(tmp_path):
+    """A kvpoold with a region pool shaped for the engines' blocks (2 KiB)."""
+    procs = []
+
+    def run(blocks=64):
+        d = tmp_path / f"d{len(procs)}"
+        d.mkdir()
+        proc, url, _ = start(d, "--region-dir", str(tmp_path), "--pool",
+                             f"name=tier,blocks={blocks},block_size={BS},executor=cpu,"
+                             f"layers={LAYERS},heads={HEADS},head_size={HEAD},dtype=fp32",
+                             pool="tier")
+        procs.append(proc)
+        return url
+    yield run
+    for p in procs:
+        if p.poll() is None:
+            stop(p)
+
+
+def pattern(block_hash: bytes, page: int) -> torch.Tensor:
+    """The KV a real model would compute for a block: a function of its prefix (its hash)."""
+    g = torch.Generator().manual_seed(int.from_bytes(block_hash[:8], "little") & (2**63 - 1))
+    return torch.randint(-128, 127, (page,), dtype=torch.int8, generator=g)
+
+
+class Engine:
+    """One vLLM engine: its Scheduler with the OffloadingConnector and kvpool's
+    spec, and one worker's connector over CPU KV tensors."""
+
+    def __init__(self, model_dir: str, url: str, engine_id: str):
+        cfg = create_vllm_config(model=model_dir, block_size=BS, max_num_batched_tokens=1000)
+        cfg.kv_transfer_config = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
+            kv_connector_extra_config={
+                "spec_name": "KVPoolOffloadingSpec", "spec_module_path": "kvpool.vllm_offload",
+                "kvpool_url": url, "kvpool_pool": "tier", "offload_prompt_only": False})
+        group = KVCacheGroupSpec([f"layer{i}" for i in range(LAYERS)], FullAttentionSpec(
+            block_size=BS, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float32))
+        page = group.kv_cache_spec.page_size_bytes
+        # vLLM 0.33's tensor placement: each layer its own allocation, layer-outermost
+        kvc = KVCacheConfig(num_blocks=GPU_BLOCKS, kv_cache_groups=[group], kv_cache_tensors=[
+            KVCacheTensor(size=page * GPU_BLOCKS, layers=[n], layer_stride=page * GPU_BLOCKS,
+                          block_stride=page) for n in group.layer_names])
+        cfg.cache_config.num_gpu_blocks = GPU_BLOCKS
+        sbs, hbs = resolve_kv_cache_block_sizes(kvc, cfg)
+        self.cfg = cfg
+        self.scheduler = Scheduler(vllm_config=cfg, kv_cache_config=kvc, log_stats=True,
+                                   structured_output_manager=StructuredOutputManager(cfg),
+                                   block_size=sbs, hash_block_size=hbs)
+        self.worker = OffloadingConnector(cfg, KVConnectorRole.WORKER, kvc)
+        self.kv = {n: torch.zeros(GPU_BLOCKS, 2, BS, HEADS, HEAD, dtype=torch.float32)
+                   for n in group.layer_names}
+        with set_current_vllm_config(cfg):
+            self.worker.register_kv_caches(self.kv)
+        self.page = page
+        self.conn = self.scheduler.connector.connector_scheduler
+        self.manager = self.conn.manager
+        init_none_hash(sha256)
+        self.hasher = get_request_block_hasher(BS, sha256)
+        self.ctx = ForwardContext(no_compile_layers={}, attn_metadata={}, slot_mapping={})
+        self.n = 0
+
+    def add(self, tokens, max_tokens=2):
+        self.n += 1
+        sp = SamplingParams(max_tokens=max_tokens)
+        sp.update_from_generation_config({}, 50256)
+        req = Request(request_id=f"r{self.n}", prompt_token_ids=list(tokens),
+                      sampling_params=sp, pooling_params=None, block_hasher=self.hasher)
+        self.scheduler.add_request(req)
+        return req
+
+    def _compute(self, out):
+        """The model: a block this step completes holds pattern(its hash), as
+        real KV depends on the block's prefix; blocks computed before (or
+        loaded) are left alone."""
+        for req_id, n in out.num_scheduled_tokens.items():
+            req = self.scheduler.requests[req_id]
+            # schedule() has already advanced num_computed_tokens past this step's tokens
+            start, done = req.num_computed_tokens - n, req.num_computed_tokens
+            ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
+            for i, h in enumerate(req.block_hashes):
+                if start < (i + 1) * BS <= done:
+                    for t in self.kv.values():
+                        t[ids[i]].view(torch.int8).view(-1)[:] = pattern(bytes(h), self.page)
+
+    def step(self):
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        self.worker.handle_preemptions(meta)
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(self.ctx)
+        self._compute(out)
+        self.worker.wait_for_save()
+        sending, recving = self.worker.get_finished(out.finished_req_ids)
+        wmeta = self.worker.build_connector_worker_meta() or OffloadingWorkerMetadata()
+        self.worker.clear_connector_metadata()
+        mro = create_model_runner_output(reqs=self.scheduler.running, finished_sending=sending,
+                                         finished_recving=recving, token_id=0,
+                                         kv_connector_worker_meta=wmeta)
+        self.scheduler.update_from_output(out, mro)
+        return out
+
+    def run(self, steps=40):
+        outs = []
+        for _ in range(steps):
+            outs.append(self.step())
+            if not self.scheduler.requests and not self.conn._jobs and \
+                    not self.scheduler.finished_req_ids and not self.manager.has_pending_work():
+                break
+        return outs
+
+    def block_bytes(self, block_id):
+        return [t[block_id].view(torch.int8).reshape(-1) for t in self.kv.values()]
+
+    def close(self):
+        self.manager.shutdown()
+        self.worker.shutdown()
+
+
+PROMPT = list(range(1000, 1000 + 4 * BS + 5))  # four full blocks and a partial one
+
+
+def test_spec_loads_from_configuration_alone():
+    cls = OffloadingSpecFactory.get_spec_cls(
+        {"spec_name": "KVPoolOffloadingSpec", "spec_module_path": "kvpool.vllm_offload"})
+    assert cls is KVPoolOffloadingSpec
+
+
+def test_two_engines_share_one_tier(model_dir, tier):
+    url = tier()
+    a = Engine(model_dir, url, "engine-a")
+    ra = a.add(PROMPT)
+    a.run()
+    assert ra.is_finished()
+    hashes = [bytes(h) for h in ra.block_hashes[:4]]
+    # A's blocks are in the pool, committed: another client sees them by key
+    with kvpool.Client(url, pool="tier") as c:
+        keys = [kvpool.offload_key(h, 0) for h in hashes]
+        rows, _ = c.lookup_and_lock(keys)
+        assert all(r > 0 for r in rows), rows
+        c.unlock(keys)
+
+    b = Engine(model_dir, url, "engine-b")
+    rb = b.add(PROMPT)
+    first = None
+    for _ in range(40):
+        out = b.step()
+        if rb.request_id in out.num_scheduled_tokens and first is None:
+            first = (out.num_scheduled_tokens[rb.request_id],)
+            ids = b.scheduler.kv_cache_manager.get_block_ids(rb.request_id)[0]
+            loaded = [b.block_bytes(ids[i]) for i in range(4)]
+        if rb.is_finished() and not b.conn._jobs:
+            break
+    assert first is not None
+    # B computed only what the tier did not have: the tail past the four loaded blocks
+    assert first[0] == len(PROMPT) - 4 * BS, first
+    for i, h in enumerate(hashes):
+        for got in loaded[i]:
+            assert torch.equal(got, pattern(h, b.page)), f"block {i} differs from A's"
+    assert b.manager.round_trips > 0
+    b.close()
+    a.close()
+
+
+def test_killed_engine_leaves_nothing_and_restart_hits(model_dir, tier, tmp_path):
+    url = tier()
+    # An engine that reserves rows and dies before committing: a child process, killed.
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {os.path.join(ROOT, "clients", "python")!r})
+import kvpool
+c = kvpool.Client({url!r}, pool="tier", lease_ms=300)
+keys = [kvpool.offload_key(bytes([7]) * 32, 0), kvpool.offload_key(bytes([8]) * 32, 0)]
+rows, _ = c.reserve(keys)
+assert all(r > 0 for r in rows)
+print("reserved", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "reserved"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with kvpool.Client(url, pool="tier") as c:
+        keys = [kvpool.offload_key(bytes([7]) * 32, 0), kvpool.offload_key(bytes([8]) * 32, 0)]
+        assert c.lookup_and_lock(keys)[0] == [-1, -1]  # never visible
+        for _ in range(100):
+            if c.stats()["num_free"] == c.info["num_blocks"] - 1:
+                break
+            time.sleep(0.05)
+        assert c.stats()["num_free"] == c.info["num_blocks"] - 1  # its rows came back
+
+    # A restarted engine (a new Scheduler, same engine id) hits what it stored before.
+    a = Engine(model_dir, url, "engine-a")
+    a.add(PROMPT)
+    a.run()
+    a.close()
+    a2 = Engine(model_dir, url, "engine-a")
+    r = a2.add(PROMPT)
+    first = None
+    for _ in range(40):
+        out = a2.step()
+        if r.request_id in out.num_scheduled_tokens and first is None:
+            first = out.num_scheduled_tokens[r.request_id]
+        if r.is_finished() and not a2.conn._jobs:
+            break
+    assert first == len(PROMPT) - 4 * BS
+    a2.close()
+
+
+def test_tier_refuses_a_pool_that_cannot_hold_the_blocks(model_dir, tmp_path):
+    d = tmp_path / "small"
+    d.mkdir()
+    proc, url, _ = start(d, "--region-dir", str(tmp_path), "--pool",
+                         f"name=tier,blocks=8,block_size={BS},executor=cpu,layers=1,heads=1,"
+                         f"head_size={HEAD},dtype=fp32", pool="tier")
+    try:
+        with pytest.raises(ValueError, match="a KV shape of at least 2048 bytes"):
+            Engine(model_dir, url, "too-small")
+    finally:
+        stop(proc)
