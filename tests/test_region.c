@@ -420,6 +420,36 @@ test_region_kvpoolctl_shows_region_and_row(void **state)
 	kvp_client_close(c);
 }
 
+/* kvp_copy_many: every piece lands, on one thread or several, and NULLs are refused. */
+static void
+test_region_copy_many_copies_every_piece(void **state)
+{
+	(void)state;
+	enum { N = 96, PIECE = 65536 + 7 }; /* over 4 MiB in all: the threaded path */
+	unsigned char *a = malloc((size_t)N * PIECE), *b = malloc((size_t)N * PIECE);
+	void *dst[N];
+	const void *src[N];
+	uint64_t len[N];
+	assert_non_null(a);
+	assert_non_null(b);
+	for (unsigned threads = 1; threads <= 4; threads += 3) {
+		fill_row(a, (size_t)N * PIECE, 40, threads);
+		memset(b, 0, (size_t)N * PIECE);
+		for (int i = 0; i < N; i++) { /* scattered: piece i to slot N-1-i */
+			src[i] = a + (size_t)i * PIECE;
+			dst[i] = b + (size_t)(N - 1 - i) * PIECE;
+			len[i] = PIECE - (uint64_t)(i % 3);
+		}
+		assert_ok(kvp_copy_many(dst, src, len, N, threads));
+		for (int i = 0; i < N; i++)
+			assert_memory_equal(dst[i], src[i], (size_t)len[i]);
+	}
+	assert_status(kvp_copy_many(NULL, src, len, 1, 1), KVP_EINVAL);
+	assert_ok(kvp_copy_many(NULL, NULL, NULL, 0, 4));
+	free(a);
+	free(b);
+}
+
 /* A Reserve and a Commit sent twice with one call id take effect once. */
 static void
 test_region_retried_call_applies_once(void **state)
@@ -556,6 +586,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_region_needs_the_token_and_its_pool),
 		cmocka_unit_test(test_region_retried_call_applies_once),
 		cmocka_unit_test(test_region_kvpoolctl_shows_region_and_row),
+		cmocka_unit_test(test_region_copy_many_copies_every_piece),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

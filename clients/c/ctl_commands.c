@@ -422,9 +422,10 @@ run_region(struct ctl *x)
 		const unsigned char *p = kvp_region_row(r, x->row);
 		char hex[2 * 32 + 1];
 		if (p == NULL) {
+			uint32_t last = i->num_rows - 1; /* i lives in r */
 			kvp_region_close(r);
-			return fail(x, EXIT_REFUSED, KVP_ERANGE, "row %d is outside 1..%u", x->row,
-			            i->num_rows - 1), LOCAL_FAILURE;
+			return fail(x, EXIT_REFUSED, KVP_ERANGE, "row %d is outside 1..%u", x->row, last),
+			       LOCAL_FAILURE;
 		}
 		size_t head = i->row_bytes < 32 ? (size_t)i->row_bytes : 32;
 		uint32_t crc = kvp_crc32c(0, p, (size_t)i->row_bytes);
@@ -440,9 +441,10 @@ run_region(struct ctl *x)
 			if (f != NULL && fclose(f) != 0)
 				ok = false;
 			if (!ok) {
+				int e = errno;
 				kvp_region_close(r);
 				return fail(x, EXIT_LOCAL, KVP_EINVAL, "cannot write %s: %s", x->out,
-				            strerror(errno)), LOCAL_FAILURE;
+				            strerror(e)), LOCAL_FAILURE;
 			}
 		}
 	}

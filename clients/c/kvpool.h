@@ -313,6 +313,15 @@ const struct kvp_region_info *kvp_region_info(const struct kvp_region *r);
 void *kvp_region_row(const struct kvp_region *r, int32_t row);
 /* Whether row's payload has checksum crc (a CRC32C of row_bytes bytes). */
 bool kvp_region_check(const struct kvp_region *r, int32_t row, uint32_t crc);
+/*
+ * Copies n pieces, src[i] to dst[i], len[i] bytes each (a job's pages to or
+ * from their rows), split over up to threads threads (0 or 1: this one) by
+ * bytes. For bindings that would otherwise loop in their own language. The
+ * pieces must not overlap (a thread that cannot be started leaves its part
+ * to this one). KVP_OK, or KVP_EINVAL for NULL arrays with n > 0.
+ */
+int kvp_copy_many(void *const *dst, const void *const *src, const uint64_t *len, size_t n,
+                  unsigned threads);
 
 /*
  * Reserves a row for each key: rows[i] is the row to write, or -1 if the key

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,5 +254,65 @@ kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n)
 	if (rv != KVP_OK)
 		return rv;
 	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+struct copy_part {
+	void *const *dst;
+	const void *const *src;
+	const uint64_t *len;
+	size_t from, to;
+};
+
+static void *
+copy_part(void *arg)
+{
+	struct copy_part *p = arg;
+	for (size_t i = p->from; i < p->to; i++)
+		memcpy(p->dst[i], p->src[i], (size_t)p->len[i]);
+	return NULL;
+}
+
+#define KVP_COPY_MAX_THREADS 16
+
+int
+kvp_copy_many(void *const *dst, const void *const *src, const uint64_t *len, size_t n,
+              unsigned threads)
+{
+	struct copy_part parts[KVP_COPY_MAX_THREADS];
+	pthread_t tid[KVP_COPY_MAX_THREADS];
+	uint64_t total = 0, acc = 0;
+	size_t np = 0, i = 0;
+
+	if (n > 0 && (dst == NULL || src == NULL || len == NULL))
+		return KVP_EINVAL;
+	for (size_t k = 0; k < n; k++)
+		total += len[k];
+	if (threads > KVP_COPY_MAX_THREADS)
+		threads = KVP_COPY_MAX_THREADS;
+	/* Below a few MiB a thread costs more than it copies. */
+	if (threads <= 1 || total < (4u << 20) || n < 2) {
+		struct copy_part one = {dst, src, len, 0, n};
+		copy_part(&one);
+		return KVP_OK;
+	}
+	/* Equal bytes per part, whole pieces each. */
+	for (unsigned t = 0; t < threads && i < n; t++) {
+		size_t from = i;
+		uint64_t goal = total * (t + 1) / threads;
+		while (i < n && (acc < goal || i == from))
+			acc += len[i++];
+		parts[np++] = (struct copy_part){dst, src, len, from, i};
+	}
+	bool running[KVP_COPY_MAX_THREADS] = {false};
+	for (size_t t = 1; t < np; t++)
+		running[t] = pthread_create(&tid[t], NULL, copy_part, &parts[t]) == 0;
+	copy_part(&parts[0]);
+	for (size_t t = 1; t < np; t++) {
+		if (running[t])
+			pthread_join(tid[t], NULL);
+		else
+			copy_part(&parts[t]); /* no thread to be had: this one copies it */
+	}
 	return KVP_OK;
 }

@@ -71,6 +71,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvpool
+from kvpool import _lib as L
 
 __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
            "KVPoolRowsSpec"]
@@ -136,11 +137,13 @@ def _check_tier(c: kvpool.Client, config: OffloadingConfig, blocks_per_chunk: in
 class KVPoolOffloadingManager(OffloadingManager):
     """vLLM's OffloadingManager over one kvpoold pool (see the module's doc).
 
-    State, per key: a lookup answer (hit or miss, kept while lookups keep
-    asking, dropped two steps after the last), locks this session holds that
-    no load has taken yet (`held`, released with the answer), locks given to
-    loads in flight (`loading`, released by complete_load), and stores
-    between prepare_store and complete_store (`storing`)."""
+    State, per key: one pool lock at most (`rows`: the locked keys and their
+    rows), shared by every load of this engine that uses the key (`loading`
+    counts them) and kept while lookups or loads keep using it, released two
+    steps after the last; misses (valid for the one step after the round
+    trip that found them: a miss goes stale as soon as anyone may have
+    stored the key); keys found stored by someone else when reserving; and
+    stores between prepare_store and complete_store (`storing`)."""
 
     def __init__(self, extra: dict[str, Any], config: OffloadingConfig, blocks_per_chunk: int):
         self._extra = dict(extra)
@@ -148,18 +151,17 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._client: Optional[kvpool.Client] = _connect(self._extra, self._name)
         _check_tier(self._client, config, blocks_per_chunk)
         self._key_len = self._client.key_len
-        self._answers: dict[OffloadKey, bool] = {}
-        self._asked: dict[OffloadKey, int] = {}       # key -> the last step a lookup asked
-        self._rows: dict[OffloadKey, int] = {}        # rows of keys this session has locked
-        self._held: Counter[OffloadKey] = Counter()
-        self._loading: Counter[OffloadKey] = Counter()
+        self._rows: dict[OffloadKey, int] = {}        # keys this session holds locked
+        self._used: dict[OffloadKey, int] = {}        # locked key -> the last step it was used
+        self._loading: Counter[OffloadKey] = Counter()  # loads in flight per locked key
+        self._missed: dict[OffloadKey, int] = {}      # key -> the step its miss is valid in
+        self._stored_elsewhere: dict[OffloadKey, int] = {}  # key -> the step it was seen
         self._pending_lookup: dict[OffloadKey, None] = {}
         self._pending_store: list[KVPoolRowsSpec] = []
         self._storing: set[OffloadKey] = set()
         self._reserved: set[OffloadKey] = set()
         self._to_commit: list[OffloadKey] = []
         self._to_abort: list[OffloadKey] = []
-        self._to_unlock: Counter[OffloadKey] = Counter()
         self._step = 0
         self.round_trips = 0
 
@@ -174,7 +176,8 @@ class KVPoolOffloadingManager(OffloadingManager):
             # The lease ran out while the engine was idle: reservations and locks went with it.
             self._client.close()
             self._client = _connect(self._extra, self._name)
-            for state in (self._rows, self._held, self._loading, self._answers, self._asked):
+            for state in (self._rows, self._used, self._loading, self._missed,
+                          self._stored_elsewhere):
                 state.clear()
             self._reserved.clear()
             return fn(self._client, *args)
@@ -190,12 +193,10 @@ class KVPoolOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        ans = self._answers.get(key)
-        if ans is not None or self._loading[key] > 0:
-            self._asked[key] = self._step  # still wanted: its answer and lock stay
-        if self._held[key] > 0 or self._loading[key] > 0:
+        if key in self._rows:
+            self._used[key] = self._step  # still wanted: its lock stays
             return LookupResult.HIT
-        if ans is False:
+        if self._missed.get(key) == self._step:
             return LookupResult.MISS
         if key in self._storing:
             return LookupResult.HIT_PENDING  # this engine is writing it
@@ -208,24 +209,19 @@ class KVPoolOffloadingManager(OffloadingManager):
 
     def prepare_load(self, keys, req_context: ReqContext) -> LoadStoreSpec:
         keys = list(keys)
-        need = Counter(keys)
-        extra = [k for k in need if self._held[k] < need[k]]
-        if extra:
-            # Another request took this step's lock on these keys; this session still holds a
-            # lock on each (a HIT was answered), so their rows cannot have gone: lock again.
-            for _ in range(max(need[k] - self._held[k] for k in extra)):
-                todo = [k for k in extra if self._held[k] < need[k]]
-                rows, _ = self._call(kvpool.Client.lookup_and_lock, todo)
-                for k, r in zip(todo, rows):
-                    if r <= 0:
-                        raise RuntimeError("kvpool: a key this engine holds locked was not found")
-                    self._held[k] += 1
-                    self._rows[k] = r
+        missing = list(dict.fromkeys(k for k in keys if k not in self._rows))
+        if missing:
+            # Not answered HIT by lookup() this step (vLLM never does this): lock them now.
+            rows, _ = self._call(kvpool.Client.lookup_and_lock, missing)
+            if any(r <= 0 for r in rows):
+                got = [k for k, r in zip(missing, rows) if r > 0]
+                if got:
+                    self._call(kvpool.Client.unlock, got)
+                raise RuntimeError("kvpool: prepare_load of a key the tier does not hold")
+            self._rows.update(zip(missing, rows))
         for k in keys:
-            self._held[k] -= 1
-            if self._held[k] == 0:
-                del self._held[k]
             self._loading[k] += 1
+            self._used[k] = self._step
         return KVPoolRowsSpec(keys, [self._rows[k] for k in keys])
 
     def touch(self, keys, req_context: ReqContext) -> None:
@@ -237,13 +233,14 @@ class KVPoolOffloadingManager(OffloadingManager):
                 self._loading[k] -= 1
                 if self._loading[k] == 0:
                     del self._loading[k]
-                self._to_unlock[k] += 1
+                self._used[k] = self._step
 
     def prepare_store(self, keys, req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         todo = []
         for k in keys:
-            if k in self._storing or self._answers.get(k) or self._held[k] or self._loading[k]:
-                continue  # stored, or being stored by this engine: one writer per key
+            if (k in self._storing or k in self._rows or
+                    self._stored_elsewhere.get(k, -9) >= self._step - 1):
+                continue  # stored, or being stored: one writer per key
             self._check_key(k)
             self._storing.add(k)
             todo.append(k)
@@ -264,7 +261,7 @@ class KVPoolOffloadingManager(OffloadingManager):
 
     def has_pending_work(self) -> bool:
         return bool(self._pending_lookup or self._pending_store or self._to_commit or
-                    self._to_abort or self._to_unlock or self._held)
+                    self._to_abort or self._rows)
 
     def on_schedule_end(self, context: Any = None) -> None:
         """The step's round trips: commits, aborts and unlocks; the step's
@@ -277,13 +274,10 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._flush_lookups()
 
     def _expire(self) -> None:
-        """Answers and unused locks of keys no lookup asked for in two steps go."""
-        for k in [k for k, st in self._asked.items() if st < self._step - 2]:
-            del self._asked[k]
-            self._answers.pop(k, None)
-            n = self._held.pop(k, 0)
-            if n:
-                self._to_unlock[k] += n
+        """Misses go stale; so do keys seen stored elsewhere, after a step."""
+        self._missed.clear()
+        for k in [k for k, st in self._stored_elsewhere.items() if st < self._step - 1]:
+            del self._stored_elsewhere[k]
 
     def _flush_releases(self) -> None:
         if self._to_commit:
@@ -298,18 +292,17 @@ class KVPoolOffloadingManager(OffloadingManager):
                 self._call(kvpool.Client.abort, keys)
             except kvpool.NotFound:
                 pass
-        while self._to_unlock:
-            keys = list(self._to_unlock)  # one lock per key per call
+        # A lock no load holds and no lookup or load used in two steps goes.
+        idle = [k for k, st in self._used.items()
+                if st < self._step - 2 and not self._loading[k]]
+        if idle:
+            for k in idle:
+                del self._used[k]
+                del self._rows[k]
             try:
-                self._call(kvpool.Client.unlock, keys)
+                self._call(kvpool.Client.unlock, idle)
             except kvpool.NotOwner:
                 pass  # the session was renewed: those locks went with the old one
-            for k in keys:
-                self._to_unlock[k] -= 1
-                if self._to_unlock[k] <= 0:
-                    del self._to_unlock[k]
-        for k in [k for k in self._rows if not self._held[k] and not self._loading[k]]:
-            del self._rows[k]
 
     def _flush_stores(self) -> None:
         if not self._pending_store:
@@ -326,23 +319,27 @@ class KVPoolOffloadingManager(OffloadingManager):
                 self._reserved.add(k)
             else:
                 self._storing.discard(k)  # stored by someone already, or no room
+                self._stored_elsewhere[k] = self._step
         for s in specs:
             s.rows[:] = [row_of[k] for k in s.keys]
 
     def _flush_lookups(self) -> None:
         if not self._pending_lookup:
             return
-        keys, self._pending_lookup = list(self._pending_lookup), {}
+        keys = [k for k in self._pending_lookup if k not in self._rows]  # one lock per key
+        self._pending_lookup = {}
+        if not keys:
+            return
         rows, _ = self._call(kvpool.Client.lookup_and_lock, keys)
         for k, r in zip(keys, rows):
-            self._answers[k] = r > 0
-            self._asked[k] = self._step
             if r > 0:
                 self._rows[k] = r
-                self._held[k] += 1
+                self._used[k] = self._step
+            else:
+                self._missed[k] = self._step
 
     def reset_cache(self) -> None:
-        self._answers.clear()  # the shared tier is not this engine's to clear
+        self._missed.clear()  # the shared tier is not this engine's to clear
 
     def shutdown(self) -> None:
         if self._client is not None:
@@ -367,6 +364,9 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         self._stride = self._region.row_stride
         self._shard = config.parallel.rank * self._region.shard_bytes
         self._rows: Any = torch.frombuffer(self._region._mm, dtype=torch.int8)
+        # row i at i x row_stride: the region as a (rows, row_stride) table
+        self._base = self._rows.data_ptr()
+        self._threads = min(8, os.cpu_count() or 1)
         self._tensors = [t.tensor for t in kv_caches.tensors]
         # per group: (tensor index, page bytes, offset in the shard)
         self._layout = []
@@ -398,31 +398,65 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 i += 1
 
     def _run(self, job_id: int, gpu: GPULoadStoreSpec, spec: KVPoolRowsSpec, store: bool) -> bool:
+        """One job: per group, per layer tensor, one batched copy between the
+        job's blocks and this worker's slice of their rows (rows -1, stores
+        only: nothing to write)."""
+        torch = self._torch
         t0 = time.perf_counter()
         nbytes = 0
-        stream_ctx: Any = self._torch.cuda.stream(self._stream) if self._cuda else _nullctx()
+        rows = np.asarray(spec.rows, dtype=np.int64)
+        blocks = np.asarray(gpu.block_ids, dtype=np.int64)
+        if not store and (rows <= 0).any():
+            raise RuntimeError(f"kvpool: load job {job_id} has a block with no row")
+        stream_ctx: Any = torch.cuda.stream(self._stream) if self._cuda else _nullctx()
         with stream_ctx:
-            for g, block, row in self._pairs(gpu, spec.rows):
-                if row <= 0:
-                    if not store:
-                        raise RuntimeError(f"kvpool: load job {job_id} has no row for a block")
+            start = 0
+            for g, n in enumerate(gpu.group_sizes):
+                r, b = rows[start:start + n], blocks[start:start + n]
+                start += n
+                keep = r > 0
+                if not keep.all():
+                    r, b = r[keep], b[keep]
+                if len(r) == 0:
                     continue
-                base = row * self._stride + self._shard
+                if self._cuda:
+                    nbytes += self._copy_pages(g, b, r, store)
+                    continue
+                dst, src, lens = [], [], []
                 for t, page, off in self._layout[g]:
-                    dst = self._rows[base + off:base + off + page]
-                    src = self._tensors[t][block, :page]
-                    if store:
-                        dst.copy_(src, non_blocking=self._cuda)
-                    else:
-                        src.copy_(dst, non_blocking=self._cuda)
-                    nbytes += page
+                    ten = self._tensors[t]
+                    rowp = self._base + r * self._stride + self._shard + off
+                    blkp = ten.data_ptr() + b * ten.stride(0) * ten.element_size()
+                    dst.append(rowp if store else blkp)
+                    src.append(blkp if store else rowp)
+                    lens.append(np.full(len(r), page, dtype=np.uint64))
+                    nbytes += page * len(r)
+                d = np.concatenate(dst).astype(np.uint64)
+                s_ = np.concatenate(src).astype(np.uint64)
+                ln = np.concatenate(lens)
+                # one C call: every page of the group's layers, memcpy'd over this host's cores
+                L.kvp_copy_many(d.ctypes.data, s_.ctypes.data, ln.ctypes.data, len(d),
+                                self._threads)
         event = None
         if self._cuda:
-            event = self._torch.cuda.Event()
+            event = torch.cuda.Event()
             event.record(self._stream)
         with self._lock:
             self._inflight.append((job_id, event, nbytes, t0))
         return True
+
+    def _copy_pages(self, g: int, blocks: np.ndarray, rows: np.ndarray, store: bool) -> int:
+        """CUDA: each page between device memory and its pinned row, on the side
+        stream (DMA; a batched kernel would launch less). Not run here: no GPU."""
+        nbytes = 0
+        for block, row in zip(blocks.tolist(), rows.tolist()):
+            base = row * self._stride + self._shard
+            for t, page, off in self._layout[g]:
+                host = self._rows[base + off:base + off + page]
+                dev = self._tensors[t][block, :page]
+                (host if store else dev).copy_(dev if store else host, non_blocking=True)
+                nbytes += page
+        return nbytes
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         return self._run(job_id, src_spec, dst_spec, True)
