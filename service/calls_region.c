@@ -124,12 +124,22 @@ kvpd_h_reserve(struct call *c, const Kvpool__V1__ReserveRequest *m, Kvpool__V1__
 	return KVP_OK;
 }
 
-/* Each key's reserved row, which this session must hold: KVP_OK with ids[0..n), or the failure. */
+/*
+ * Commit's and Abort's keys: each one's reserved row, which this session must
+ * hold. KVP_OK with *n keys and their rows in *ids (scratch), or the failure.
+ */
 static int
-reserved_rows(struct call *c, ProtobufCBinaryData keys, size_t n, int32_t *ids)
+reserved_rows(struct call *c, ProtobufCBinaryData keys, size_t *n, int32_t **ids_out)
 {
 	size_t kl = key_len(c);
-	for (size_t i = 0; i < n; i++) {
+	int32_t *ids;
+	int rv;
+
+	if ((rv = check_keys(c, keys, n)))
+		return rv;
+	if ((ids = *ids_out = kvpd_scratch(c, (*n + 1) * sizeof(*ids))) == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	for (size_t i = 0; i < *n; i++) {
 		ids[i] = kvp_pool_pending_block(c->p->pool, keys.data + i * kl, kl);
 		if (ids[i] < 0)
 			return kvpd_fail(c, KVP_ENOTFOUND, "key %zu is not reserved (committed, aborted, "
@@ -149,16 +159,12 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 	int32_t *ids;
 	int rv;
 
-	if ((rv = check_keys(c, m->keys, &n)))
+	if ((rv = reserved_rows(c, m->keys, &n, &ids)))
 		return rv;
 	if (m->n_crc32c != 0 && m->n_crc32c != n)
 		return kvpd_fail(c, KVP_EINVAL, "%zu checksums for %zu keys", m->n_crc32c, n);
-	r = NEW(c, Kvpool__V1__CommitReply, kvpool__v1__commit_reply__descriptor);
-	ids = kvpd_scratch(c, (n + 1) * sizeof(*ids));
-	if (r == NULL || ids == NULL)
+	if ((r = NEW(c, Kvpool__V1__CommitReply, kvpool__v1__commit_reply__descriptor)) == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if ((rv = reserved_rows(c, m->keys, n, ids)))
-		return rv;
 	for (uint32_t g = 0; g < c->p->cfg.num_groups; g++)
 		bs[g] = c->p->cfg.groups[g].block_size;
 	/* The engine refuses a key named twice before it changes anything. */
@@ -188,14 +194,10 @@ kvpd_h_abort(struct call *c, const Kvpool__V1__AbortRequest *m, Kvpool__V1__Repl
 	int32_t *ids;
 	int rv;
 
-	if ((rv = check_keys(c, m->keys, &n)))
+	if ((rv = reserved_rows(c, m->keys, &n, &ids)))
 		return rv;
-	r = NEW(c, Kvpool__V1__AbortReply, kvpool__v1__abort_reply__descriptor);
-	ids = kvpd_scratch(c, (n + 1) * sizeof(*ids));
-	if (r == NULL || ids == NULL)
+	if ((r = NEW(c, Kvpool__V1__AbortReply, kvpool__v1__abort_reply__descriptor)) == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if ((rv = reserved_rows(c, m->keys, n, ids)))
-		return rv;
 	if ((rv = kvp_pool_abort(c->p->pool, ids, n)) != KVP_OK)
 		return kvpd_fail(c, rv, rv == KVP_EINVAL ? "a key named twice" : "abort: %s",
 		                 kvp_strerror(rv));

@@ -192,20 +192,34 @@ kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uin
 	return KVP_OK;
 }
 
-int
-kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n)
+/* Abort and Unlock: a key list and nothing back. */
+static int
+keys_call(struct kvp_client *c, int which, const uint8_t *keys, size_t n)
 {
-	Kvpool__V1__AbortRequest m = KVPOOL__V1__ABORT_REQUEST__INIT;
+	Kvpool__V1__AbortRequest a = KVPOOL__V1__ABORT_REQUEST__INIT;
+	Kvpool__V1__UnlockRequest u = KVPOOL__V1__UNLOCK_REQUEST__INIT;
+	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
 	Kvpool__V1__Reply *r = NULL;
-	int e;
+	int rv;
 
-	if ((e = key_list(c, keys, n, &m.keys)) != KVP_OK)
-		return e;
-	KVP_CLIENT_CALL(c, abort, ABORT, &m, r);
-	if (rv != KVP_OK)
+	if ((rv = key_list(c, keys, n, &a.keys)) != KVP_OK)
+		return rv;
+	u.keys = a.keys;
+	rq.call_case = (Kvpool__V1__Request__CallCase)which;
+	if (which == KVPOOL__V1__REQUEST__CALL_ABORT)
+		rq.abort = &a;
+	else
+		rq.unlock = &u;
+	if ((rv = kvp_client_call_(c, &rq, &r)) != KVP_OK)
 		return rv;
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
+}
+
+int
+kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n)
+{
+	return keys_call(c, KVPOOL__V1__REQUEST__CALL_ABORT, keys, n);
 }
 
 int
@@ -244,17 +258,7 @@ kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool
 int
 kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n)
 {
-	Kvpool__V1__UnlockRequest m = KVPOOL__V1__UNLOCK_REQUEST__INIT;
-	Kvpool__V1__Reply *r = NULL;
-	int e;
-
-	if ((e = key_list(c, keys, n, &m.keys)) != KVP_OK)
-		return e;
-	KVP_CLIENT_CALL(c, unlock, UNLOCK, &m, r);
-	if (rv != KVP_OK)
-		return rv;
-	kvpool__v1__reply__free_unpacked(r, NULL);
-	return KVP_OK;
+	return keys_call(c, KVPOOL__V1__REQUEST__CALL_UNLOCK, keys, n);
 }
 
 struct copy_part {

@@ -183,6 +183,20 @@ class Engine:
                 break
         return outs
 
+    def serve(self, req, steps=40):
+        """Steps until req finishes; returns the tokens its first computing
+        step scheduled and the bytes of its first four blocks then."""
+        first = loaded = None
+        for _ in range(steps):
+            out = self.step()
+            if req.request_id in out.num_scheduled_tokens and first is None:
+                first = out.num_scheduled_tokens[req.request_id]
+                ids = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)[0]
+                loaded = [self.block_bytes(ids[i]) for i in range(4)]
+            if req.is_finished() and not self.conn._jobs:
+                break
+        return first, loaded
+
     def block_bytes(self, block_id):
         return [t[block_id].view(torch.int8).reshape(-1) for t in self.kv.values()]
 
@@ -215,19 +229,9 @@ def test_two_engines_share_one_tier(model_dir, tier):
         c.unlock(keys)
 
     b = Engine(model_dir, url, "engine-b")
-    rb = b.add(PROMPT)
-    first = None
-    for _ in range(40):
-        out = b.step()
-        if rb.request_id in out.num_scheduled_tokens and first is None:
-            first = (out.num_scheduled_tokens[rb.request_id],)
-            ids = b.scheduler.kv_cache_manager.get_block_ids(rb.request_id)[0]
-            loaded = [b.block_bytes(ids[i]) for i in range(4)]
-        if rb.is_finished() and not b.conn._jobs:
-            break
-    assert first is not None
+    first, loaded = b.serve(b.add(PROMPT))
     # B computed only what the tier did not have: the tail past the four loaded blocks
-    assert first[0] == len(PROMPT) - 4 * BS, first
+    assert first == len(PROMPT) - 4 * BS, first
     for i, h in enumerate(hashes):
         for got in loaded[i]:
             assert torch.equal(got, pattern(h, b.page)), f"block {i} differs from A's"
@@ -268,14 +272,7 @@ time.sleep(60)
     a.run()
     a.close()
     a2 = Engine(model_dir, url, "engine-a")
-    r = a2.add(PROMPT)
-    first = None
-    for _ in range(40):
-        out = a2.step()
-        if r.request_id in out.num_scheduled_tokens and first is None:
-            first = out.num_scheduled_tokens[r.request_id]
-        if r.is_finished() and not a2.conn._jobs:
-            break
+    first, _ = a2.serve(a2.add(PROMPT))
     assert first == len(PROMPT) - 4 * BS
     a2.close()
 
