@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "common/big_alloc.h"
@@ -65,6 +66,13 @@ region_open(struct kvp_exec *e)
 		err = errno;
 		goto fail;
 	}
+	/* hugetlbfs sizes files in whole huge pages: round the region up to one. */
+	struct statfs sf;
+	if (fstatfs(fd, &sf) == 0 && sf.f_type == 0x958458f6 /* HUGETLBFS_MAGIC */ &&
+	    sf.f_bsize > 0) {
+		uint64_t hp = (uint64_t)sf.f_bsize;
+		e->mem_bytes = (e->mem_bytes + hp - 1) / hp * hp;
+	}
 	if ((err = posix_fallocate(fd, 0, (off_t)e->mem_bytes)) != 0)
 		goto fail;
 	e->impl = mmap(NULL, (size_t)e->mem_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -74,6 +82,10 @@ region_open(struct kvp_exec *e)
 		goto fail;
 	}
 	close(fd);
+#ifdef MADV_HUGEPAGE
+	/* tmpfs gives huge pages where shmem_enabled says advise: a hint, fine if refused. */
+	(void)madvise(e->impl, (size_t)e->mem_bytes, MADV_HUGEPAGE);
+#endif
 	return KVP_OK;
 fail:
 	snprintf(e->err, sizeof(e->err), "cannot allocate %llu bytes for region %.160s: %s",
