@@ -120,8 +120,10 @@ static const struct setting {
 	                      "there (mode ipc-mode) that same-host clients map to write and read "
 	                      "rows in place (Reserve/Commit, LookupAndLock). A tmpfs such as "
 	                      "/dev/shm, or a hugetlbfs mount for huge pages; every byte is "
-	                      "allocated at start. 'none': private memory, no region. Default "
-	                      "/dev/shm"},
+	                      "allocated at start, and a directory without room fails the start. "
+	                      "'auto': /dev/shm when it has room for the pool, else private memory "
+	                      "(the log says which); 'none': private memory, no region. Default "
+	                      "auto"},
 	{"kv-memory", "SIZE", "memory budget that sizes pools given without blocks: bytes (K, M, G, "
 	                      "T suffixes) or a fraction of free device (cuda) or physical (cpu) "
 	                      "memory such as 0.9"},
@@ -510,7 +512,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->send_timeout_ms = 5000;
 	c->idle_timeout_ms = 300000;
 	c->ipc_mode = 0600;
-	snprintf(c->region_dir, sizeof(c->region_dir), "/dev/shm");
+	snprintf(c->region_dir, sizeof(c->region_dir), "auto");
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");
 	c->log_level = KVPD_INFO;
 	c->log_format = KVPD_LOG_TEXT;

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -117,6 +118,27 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 		}
 	}
 	ec.shape.num_blocks = pc->num_blocks;
+	/*
+	 * --region-dir auto: /dev/shm when it has room for the region, else
+	 * private memory (a container's /dev/shm is often 64 MiB), said in the log.
+	 */
+	char region_why[192] = "";
+	if (ec.region_dir != NULL && strcmp(cfg->region_dir, "auto") == 0) {
+		struct kvp_kv_shape rs = ec.shape;
+		struct statvfs sv;
+		rs.rows = 1;
+		uint64_t need = kvp_kv_block_stride(&rs) * pc->num_blocks;
+		uint64_t room = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
+		ec.region_dir = "/dev/shm";
+		if (room < need) {
+			ec.region_dir = NULL;
+			ec.shape.rows = 0;
+			snprintf(region_why, sizeof(region_why),
+			         ", no shared region: /dev/shm has %llu MiB free, the pool needs %llu MiB "
+			         "(--region-dir names a place)",
+			         (unsigned long long)(room >> 20), (unsigned long long)(need >> 20));
+		}
+	}
 	if ((rv = kvp_exec_open(&ec, &p->exec, why, sizeof(why))) != KVP_OK) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, why);
 		return rv;
@@ -143,11 +165,12 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 	         (unsigned long long)kvp_exec_block_bytes(p->exec),
 	         (unsigned long long)(kvp_exec_memory_bytes(p->exec) >> 20), x->layers, x->heads,
 	         x->head_size, x->dtype, x->layout);
-	if (p->row_crc != NULL) {
-		size_t used = strlen(p->exec_note);
+	size_t used = strlen(p->exec_note);
+	if (p->row_crc != NULL)
 		(void)snprintf(p->exec_note + used, sizeof(p->exec_note) - used, ", shared region %s",
 		               reg.path);
-	}
+	else
+		(void)snprintf(p->exec_note + used, sizeof(p->exec_note) - used, "%s", region_why);
 	return KVP_OK;
 }
 
