@@ -92,7 +92,7 @@ for (const file of files) {
   const objs = parseAllDocuments(readFileSync(file, "utf8")).map((d) => d.toJS()).filter(Boolean);
   const byKind = (k) => objs.filter((o) => o.kind === k);
   const where = file.replace(root + "/", "");
-  for (const sts of byKind("StatefulSet")) {
+  for (const sts of [...byKind("StatefulSet"), ...byKind("DaemonSet")]) {
     const pod = sts.spec.template.spec;
     const c = pod.containers.find((x) => x.name === "kvpoold");
     check(c, `${where}: a kvpoold container`);
@@ -221,7 +221,9 @@ let metricsChecked = false;
 for (const [text, { where, env }] of confs) {
   const dir = mkdtempSync(join(tmpdir(), "kvpool-deploy-"));
   const confFile = join(dir, "kvpoold.conf"), tokenFile = join(dir, "token");
-  writeFileSync(confFile, text);
+  // A node-local configuration's socket and regions live in host directories: here, in dir.
+  writeFileSync(confFile, text.replace(/^rpc = ipc:\/\/.*$/m, `rpc = ipc://${dir}/kvpool.ipc`)
+    .replace(/^region-dir = .*$/m, `region-dir = ${dir}`));
   writeFileSync(tokenFile, "deploy-check-token\n");
   const conf = parseConf(text);
   const val = (k) => conf.find(([n]) => n === k)?.[1];
@@ -271,6 +273,13 @@ for (const [text, { where, env }] of confs) {
                                               "--timeout-ms", "2000", ...args], { encoding: "utf8" });
   const info = ctl(["--token-file", tokenFile, "info"]);
   check(info.status === 0 && info.stdout.includes(`pool ${pool}`), `${where}: RPC answers with the Secret's token`);
+  if (val("region-dir")) {
+    // Node-local: the vLLM pods' way in, the ipc socket, and the pool's region in the region dir.
+    const reg = spawnSync(kvpoolctl, ["--url", `ipc://${dir}/kvpool.ipc`, "--pool", pool, "--timeout-ms",
+                                      "2000", "--token-file", tokenFile, "region"], { encoding: "utf8" });
+    check(reg.status === 0 && reg.stdout.includes(`region ${dir}/kvpool-${pool}-`),
+          `${where}: the pool's region is in the region dir, reached over the ipc socket`);
+  }
   const noTok = ctl(["info"]);
   check(noTok.status !== 0 && /UNAUTH/.test(noTok.stderr), `${where}: RPC refuses a client without the token`);
   const evOpen = await new Promise((r) => {

@@ -42,10 +42,14 @@ $helm template kvpool ../helm/kvpool -n inference \
 	--set 'pools[3].name=pickled,pools[3].blocks=1024,pools[3].hashAlgo=sha256,pools[3].seed=0' \
 	--set 'pools[4].name=xx,pools[4].blocks=1024,pools[4].hashAlgo=xxhash_cbor,pools[4].seed=0' \
 	> out/helm-hybrid.yaml
+$helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
+	--set 'pools[0].name=tier,pools[0].blocks=4096,pools[0].shards=2' > out/helm-nodelocal.yaml
+cp ../helm/kvpool/examples/vllm-node-local.yaml out/example-vllm-node-local.yaml
 # What the chart must refuse.
 for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name \
 	'pools[0].groups=full:16\,blocks=9' 'pools[0].groups=sliding window:16:8' \
-	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5; do
+	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5 pools[0].shards=0 \
+	nodeLocal.socketDir=relative; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1

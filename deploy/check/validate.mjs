@@ -12,7 +12,9 @@ const models = {
   "v1/Secret": "kubernetes-models/v1/Secret",
   "v1/Service": "kubernetes-models/v1/Service",
   "v1/ServiceAccount": "kubernetes-models/v1/ServiceAccount",
+  "v1/Pod": "kubernetes-models/v1/Pod",
   "apps/v1/StatefulSet": "kubernetes-models/apps/v1/StatefulSet",
+  "apps/v1/DaemonSet": "kubernetes-models/apps/v1/DaemonSet",
   "policy/v1/PodDisruptionBudget": "kubernetes-models/policy/v1/PodDisruptionBudget",
   "networking.k8s.io/v1/NetworkPolicy": "kubernetes-models/networking.k8s.io/v1/NetworkPolicy",
   "monitoring.coreos.com/v1/ServiceMonitor":

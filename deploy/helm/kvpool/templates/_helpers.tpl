@@ -38,6 +38,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "kvpool.config" -}}
 # kvpoold's settings (kvpoold --help). Rendered by the kvpool chart.
 rpc = {{ include "kvpool.scheme" . }}://0.0.0.0:{{ int64 .Values.ports.rpc }}
+{{- if .Values.nodeLocal.enabled }}
+rpc = ipc://{{ .Values.nodeLocal.socketDir }}/kvpool.ipc
+ipc-mode = 0660
+region-dir = {{ .Values.nodeLocal.regionDir }}
+{{- end }}
 events = {{ include "kvpool.scheme" . }}://0.0.0.0:{{ int64 .Values.ports.events }}
 admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- $memory := include "kvpool.memory" . }}
@@ -48,7 +53,7 @@ admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- if and .groups (not (regexMatch "^[a-z_]+:[0-9]+(:[0-9a-z]+)?(\\+[a-z_]+:[0-9]+(:[0-9a-z]+)?)*$" .groups)) }}
 {{- fail (printf "pool %s: groups %q is not KIND:BLOCK_SIZE[:PARAM] joined by '+' (kvpoold --help)" .name .groups) }}
 {{- end }}
-pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }}{{ if .groups }},groups={{ .groups }}{{ if .blockSize }},block_size={{ int64 .blockSize }}{{ end }}{{ else }},block_size={{ int64 (.blockSize | default 16) }}{{ end }}{{ if .hashBlockSize }},hash_block_size={{ int64 .hashBlockSize }}{{ end }}{{ if hasKey . "caching" }},caching={{ ternary "on" "off" .caching }}{{ end }}{{ if .hashAlgo }},hash_algo={{ .hashAlgo }}{{ end }}{{ if hasKey . "seed" }},seed={{ if kindIs "string" .seed }}{{ .seed }}{{ else }}{{ int64 .seed }}{{ end }}{{ end }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}
+pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }}{{ if .groups }},groups={{ .groups }}{{ if .blockSize }},block_size={{ int64 .blockSize }}{{ end }}{{ else }},block_size={{ int64 (.blockSize | default 16) }}{{ end }}{{ if .hashBlockSize }},hash_block_size={{ int64 .hashBlockSize }}{{ end }}{{ if hasKey . "caching" }},caching={{ ternary "on" "off" .caching }}{{ end }}{{ if .hashAlgo }},hash_algo={{ .hashAlgo }}{{ end }}{{ if hasKey . "seed" }},seed={{ if kindIs "string" .seed }}{{ .seed }}{{ else }}{{ int64 .seed }}{{ end }}{{ end }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}{{ if .shards }},shards={{ int64 .shards }}{{ end }}
 {{- end }}
 {{- with .Values.vllmEvents }}
 {{- if .enabled }}
