@@ -124,6 +124,42 @@ pool_info(struct call *c)
 	return info;
 }
 
+/*
+ * The pod slot a session naming pod takes: its existing slot, or a new one;
+ * -1 if pod is not a pod name ([A-Za-z0-9._:-], 1..63) or every slot is
+ * taken (the failure is set).
+ */
+static int
+pod_slot(struct call *c, const char *pod)
+{
+	struct kvpd_pool_pods *ps = &c->p->pods;
+	size_t len = strlen(pod);
+	if (len == 0 || len >= sizeof(ps->pod[0].name) ||
+	    strspn(pod, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-") != len)
+		return kvpd_fail(c, KVP_EINVAL, "vllm_pod: 1 to 63 of [A-Za-z0-9._:-] (a pod name "
+		                 "or address, as the vLLM wire's {pod})"), -1;
+	for (size_t i = 0; i < ps->n; i++)
+		if (strcmp(ps->pod[i].name, pod) == 0)
+			return (int)i;
+	if (ps->n == KVPD_MAX_POOL_PODS)
+		return kvpd_fail(c, KVP_EBUSY, "pool %s already credits %d engine pods, the limit",
+		                 c->p->cfg.name, KVPD_MAX_POOL_PODS), -1;
+	return (int)ps->n;
+}
+
+/* A session that named a pod ends: the pod's count goes down, and the pod with it at 0. */
+static void
+pod_release(struct kvpd_pool *p, const char *pod)
+{
+	struct kvpd_pool_pods *ps = &p->pods;
+	for (size_t i = 0; pod[0] != '\0' && i < ps->n; i++)
+		if (strcmp(ps->pod[i].name, pod) == 0) {
+			if (--ps->pod[i].sessions == 0)
+				ps->pod[i] = ps->pod[--ps->n];
+			return;
+		}
+}
+
 int
 kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Reply *out)
 {
@@ -164,6 +200,10 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	if (lease < 100)
 		lease = 100;
 	/* Everything that can fail before the session exists: a refusal leaves none. */
+	const char *pod = m->vllm_pod ? m->vllm_pod : "";
+	int slot = -1;
+	if (pod[0] != '\0' && (slot = pod_slot(c, pod)) < 0)
+		return c->status;
 	if ((info = pool_info(c)) == NULL)
 		return c->status;
 	struct kvpd_session *s = kvpd_session_create(new_session_id(p), lease, m->client_name, now_ms);
@@ -175,6 +215,12 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 	}
 	p->sessions[p->num_sessions++] = s;
 	p->counters.sessions_opened++;
+	if (slot >= 0) {
+		snprintf(s->vllm_pod, sizeof(s->vllm_pod), "%s", pod);
+		if ((size_t)slot == p->pods.n)
+			snprintf(p->pods.pod[p->pods.n++].name, sizeof(p->pods.pod[0].name), "%s", pod);
+		p->pods.pod[slot].sessions++;
+	}
 	r->session_id = s->id;
 	r->lease_ms = lease;
 	r->server_version = KVP_VERSION " (commit " KVP_GIT_COMMIT ")";
@@ -257,6 +303,7 @@ drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why, uint64_t
 	                                .lease_ms = s->lease_ms, .requests = (uint32_t)s->reqs.n,
 	                                .why = (uint8_t)why};
 	memcpy(g->client, s->client, sizeof(g->client));
+	pod_release(p, s->vllm_pod);
 	(void)kvpd_u64map_del(&p->session_index, s->id);
 	p->sessions[index] = p->sessions[--p->num_sessions];
 	if (index < p->num_sessions) /* the last session moved into the hole: a replace, no growth */

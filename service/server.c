@@ -573,6 +573,12 @@ kvpd_server_set_event_sink(struct kvpd_server *s, size_t i, kvpd_events_fn fn, v
 	return &s->pools[i].stream.vllm;
 }
 
+const struct kvpd_pool_pods *
+kvpd_server_pool_pods(const struct kvpd_server *s, size_t i)
+{
+	return i < s->num_pools ? &s->pools[i].pods : NULL;
+}
+
 size_t
 kvpd_server_num_pools(const struct kvpd_server *s)
 {

@@ -129,6 +129,22 @@ size_t kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms);
  */
 void kvpd_server_set_publisher(struct kvpd_server *s, kvpd_publish_fn fn, void *ctx);
 
+/* Engine pods the pool's sessions serve (HelloRequest.vllm_pod), with how many sessions each. */
+#define KVPD_MAX_POOL_PODS 64
+struct kvpd_pool_pods {
+	struct {
+		char name[64];
+		uint32_t sessions;
+	} pod[KVPD_MAX_POOL_PODS];
+	size_t n;
+};
+
+/*
+ * Pool i's engine pods (read under the pool's lock: from the event sink's
+ * callback, which runs under it), or NULL if i is out of range.
+ */
+const struct kvpd_pool_pods *kvpd_server_pool_pods(const struct kvpd_server *s, size_t i);
+
 /*
  * Attaches a second consumer of pool i's batches (the vLLM-wire publisher)
  * and returns the counters it should keep, or NULL if i is out of range.

@@ -32,6 +32,7 @@ struct kvpd_session {
 	uint64_t last_seen_ms;
 	uint32_t lease_ms;
 	char client[64];
+	char vllm_pod[64];    /* the engine pod it serves (HelloRequest.vllm_pod); "" none */
 	/*
 	 * Held references: open addressing (linear probing) id -> count, an id
 	 * and its count side by side so a probe touches one line. An id leaves

@@ -39,6 +39,9 @@ struct pub {
 	struct kvp_vllm_buf buf;         /* encoding scratch; under the pool's lock */
 	struct kvpd_vllm_counters *ctr;
 	bool off;                        /* a pool with a token, not published (vllm-token-pools off) */
+	/* Engine pods the pool's sessions serve: each batch also goes out under their topics. */
+	const struct kvpd_pool_pods *pods;
+	char tmpl[KVPD_PATH_MAX], model[KVPD_NAME_MAX], name[KVPD_NAME_MAX];
 };
 
 struct kvpd_vllm {
@@ -55,6 +58,15 @@ static void
 count(_Atomic uint64_t *c, uint64_t n)
 {
 	atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+}
+
+/* One message [topic, seq, batch] on the PUB socket (p->buf holds the batch). */
+static bool
+send_batch(struct pub *p, const char *topic, size_t topic_len, const uint8_t seqb[8])
+{
+	return zmq_send(p->pub, topic, topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+	       zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
+	       zmq_send(p->pub, p->buf.data, p->buf.len, ZMQ_DONTWAIT) >= 0;
 }
 
 /* Under the pool's lock: encode, number, keep for replay, send. Never blocks. */
@@ -79,9 +91,14 @@ emit(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns)
 		return;
 	}
 	kvp_vllm_seq_put(seqb, seq);
-	bool ok = zmq_send(p->pub, p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-	          zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-	          zmq_send(p->pub, p->buf.data, p->buf.len, ZMQ_DONTWAIT) >= 0;
+	bool ok = send_batch(p, p->topic, p->topic_len, seqb);
+	/* The same batch, number and all, credited to each engine pod the pool serves. */
+	for (size_t i = 0; p->pods != NULL && i < p->pods->n; i++) {
+		char t[KVPD_PATH_MAX];
+		if (kvp_vllm_topic(p->tmpl, p->pods->pod[i].name, p->model, p->name, p->rank, t,
+		                   sizeof(t)) == KVP_OK && strcmp(t, p->topic) != 0)
+			ok &= send_batch(p, t, strlen(t), seqb);
+	}
 	pthread_mutex_unlock(&p->mu);
 	if (ok) {
 		count(&p->ctr->batches, 1);
@@ -241,6 +258,9 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 		return KVP_EINVAL;
 	}
 	p->topic_len = strlen(p->topic);
+	snprintf(p->tmpl, sizeof(p->tmpl), "%s", w->topic);
+	snprintf(p->model, sizeof(p->model), "%s", pc->model);
+	snprintf(p->name, sizeof(p->name), "%s", pc->name);
 	p->pub = open_socket(v->ctx, ZMQ_PUB, w->hwm, ep, kvp_vllm_binds(ep), err, len);
 	if (p->pub == NULL)
 		return KVP_EINVAL;
@@ -322,8 +342,10 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 		return rv;
 	}
 	for (size_t i = 0; i < v->n; i++)
-		if (!v->pubs[i].off)
+		if (!v->pubs[i].off) {
+			v->pubs[i].pods = kvpd_server_pool_pods(srv, i);
 			v->pubs[i].ctr = kvpd_server_set_event_sink(srv, i, emit, &v->pubs[i]);
+		}
 	*out = v;
 	return KVP_OK;
 }

@@ -321,6 +321,7 @@ hello(struct kvp_client *c, const struct kvp_client_options *o)
 	h.protocol_version = KVP_PROTOCOL_VERSION;
 	h.auth_token = (char *)(o->token ? o->token : "");
 	h.client_name = (char *)(o->client_name ? o->client_name : "libkvpool");
+	h.vllm_pod = (char *)(o->vllm_pod ? o->vllm_pod : "");
 	h.lease_ms = o->lease_ms;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
 	rq.hello = &h;

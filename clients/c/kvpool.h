@@ -52,6 +52,9 @@ struct kvp_client_options {
 	                             * only); otherwise tls_ca_file or the system's
 	                             * CA bundle verifies it, and an IP address URL
 	                             * needs tls_server_name */
+	const char *vllm_pod;       /* the engine pod this session serves: the pool's
+	                             * vLLM-wire events also go out under its topic
+	                             * while the session lives; NULL: none */
 };
 
 /* What Hello said about the pool and the session. */

@@ -51,7 +51,7 @@ class Options(Structure):
                 ("retries", c_uint32), ("tls_ca_file", c_char_p), ("tls_cert_file", c_char_p),
                 ("tls_key_file", c_char_p), ("tls_server_name", c_char_p),
                 ("session_id", c_uint64), ("connect_timeout_ms", c_uint32),
-                ("tls_insecure", c_bool)]
+                ("tls_insecure", c_bool), ("vllm_pod", c_char_p)]
 
 
 class Executor(Structure):

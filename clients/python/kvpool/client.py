@@ -133,7 +133,8 @@ class Client(RegionCalls):
     def __init__(self, url: str, pool: Optional[str] = None, token: Optional[str] = None, *,
                  timeout_ms: int = 5000, retries: int = 2, lease_ms: int = 0,
                  client_name: str = "kvpool-python", tls: Optional[dict[str, Any]] = None,
-                 session_id: int = 0, connect_timeout_ms: int = 0) -> None:
+                 session_id: int = 0, connect_timeout_ms: int = 0,
+                 vllm_pod: Optional[str] = None) -> None:
         self.url = url
         tls = tls or {}
         unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name", "insecure"}
@@ -142,10 +143,10 @@ class Client(RegionCalls):
         enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
         self._strings = [enc(url), enc(pool), enc(token), enc(client_name),
                          enc(tls.get("ca_file")), enc(tls.get("cert_file")),
-                         enc(tls.get("key_file")), enc(tls.get("server_name"))]
+                         enc(tls.get("key_file")), enc(tls.get("server_name")), enc(vllm_pod)]
         s = self._strings
         o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
-                      s[7], session_id, connect_timeout_ms, bool(tls.get("insecure")))
+                      s[7], session_id, connect_timeout_ms, bool(tls.get("insecure")), s[8])
         self._scratch = None  # _lookup1's reused structures
         self._c: Any = L.CLIENT()
         rv = L.kvp_client_open(byref(o), byref(self._c))

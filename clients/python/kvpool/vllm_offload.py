@@ -91,7 +91,7 @@ class KVPoolRowsSpec(LoadStoreSpec):
         return f"KVPoolRowsSpec({self.rows.tolist()})"
 
 
-def _connect(extra: dict[str, Any], name: str) -> kvpool.Client:
+def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None) -> kvpool.Client:
     url = extra.get("kvpool_url")
     if not url:
         raise ValueError("kvpool: kv_connector_extra_config needs kvpool_url "
@@ -102,7 +102,14 @@ def _connect(extra: dict[str, Any], name: str) -> kvpool.Client:
         with open(tf, encoding="utf-8") as f:
             token = f.read().strip()
     return kvpool.Client(url, pool=extra.get("kvpool_pool", "default"), token=token,
-                         client_name=name, timeout_ms=int(extra.get("kvpool_timeout_ms", 5000)))
+                         client_name=name, timeout_ms=int(extra.get("kvpool_timeout_ms", 5000)),
+                         vllm_pod=vllm_pod)
+
+
+def _engine_pod(extra: dict[str, Any]) -> Optional[str]:
+    """The pod the tier's events are credited to: kvpool_vllm_pod, else $POD_IP
+    (llm-d's {pod}, from the downward API), else none."""
+    return extra.get("kvpool_vllm_pod") or os.environ.get("POD_IP") or None
 
 
 def _check_tier(c: kvpool.Client, config: OffloadingConfig, blocks_per_chunk: int,
@@ -148,7 +155,8 @@ class KVPoolOffloadingManager(OffloadingManager):
     def __init__(self, extra: dict[str, Any], config: OffloadingConfig, blocks_per_chunk: int):
         self._extra = dict(extra)
         self._name = f"vllm-scheduler {config.engine_id}"
-        self._client: Optional[kvpool.Client] = _connect(self._extra, self._name)
+        self._pod = _engine_pod(self._extra)
+        self._client: Optional[kvpool.Client] = _connect(self._extra, self._name, self._pod)
         _check_tier(self._client, config, blocks_per_chunk)
         self._key_len = self._client.key_len
         self._rows: dict[OffloadKey, int] = {}        # keys this session holds locked
@@ -175,7 +183,7 @@ class KVPoolOffloadingManager(OffloadingManager):
         except kvpool.Unauthenticated:
             # The lease ran out while the engine was idle: reservations and locks went with it.
             self._client.close()
-            self._client = _connect(self._extra, self._name)
+            self._client = _connect(self._extra, self._name, self._pod)
             for state in (self._rows, self._used, self._loading, self._missed,
                           self._stored_elsewhere):
                 state.clear()
@@ -504,7 +512,7 @@ class KVPoolOffloadingSpec(OffloadingSpec):
     """The spec vLLM's OffloadingConnector loads (spec_name KVPoolOffloadingSpec,
     spec_module_path kvpool.vllm_offload). kv_connector_extra_config keys:
     kvpool_url (required), kvpool_pool (default "default"), kvpool_token or
-    kvpool_token_file, kvpool_timeout_ms."""
+    kvpool_token_file, kvpool_timeout_ms, kvpool_vllm_pod (default $POD_IP)."""
 
     def __init__(self, config: OffloadingConfig):
         super().__init__(config)

@@ -7,6 +7,7 @@ import struct
 import time
 
 import msgpack
+import pytest
 import zmq
 
 import kvpool
@@ -110,4 +111,53 @@ def test_one_daemon_replays_for_llmd_and_dynamo(tmp_path):
         assert msgpack.unpackb(plain[0][1])[1], "the replayed batch has its events"
     finally:
         stop(proc)
+        ctx.term()
+
+
+def _topics(sock, timeout_s=3):
+    """(topic, seq) of every message that arrives within timeout_s of the last."""
+    out, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sock.poll(100):
+            topic, seq, _payload = sock.recv_multipart()
+            out.append((topic.decode(), struct.unpack(">q", seq)[0]))
+            deadline = time.monotonic() + 0.5
+    return out
+
+
+def test_a_tier_credits_its_engine_pods(tmp_path):
+    """A session that serves an engine pod (vLLM's offload tier) has the pool's
+    batches also published under that pod's topic, same seq, while it lives."""
+    wire = f"ipc://{tmp_path}/vllm.ipc"
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(wire)
+    proc, url, _ = start(tmp_path, "--vllm-events", wire, "--vllm-pod", "kvpool-node",
+                         "--region-dir", str(tmp_path),
+                         "--pool", "name=tier,blocks=16,block_size=16,executor=cpu", pool="tier")
+    try:
+        time.sleep(0.3)
+        key = lambda i: kvpool.offload_key(bytes([i]) * 32, 0)  # noqa: E731
+        with kvpool.Client(url, pool="tier", vllm_pod="10.1.2.3") as a, \
+                kvpool.Client(url, pool="tier", vllm_pod="10.1.2.4") as b:
+            a.reserve([key(1)])
+            a.commit([key(1)])
+            got = _topics(sock)
+            assert sorted(got) == [("kv@10.1.2.3@tier", 0), ("kv@10.1.2.4@tier", 0),
+                                   ("kv@kvpool-node@tier", 0)], got
+            b.close()
+            a.reserve([key(2)])
+            a.commit([key(2)])
+            assert sorted(_topics(sock)) == [("kv@10.1.2.3@tier", 1), ("kv@kvpool-node@tier", 1)]
+            with pytest.raises(kvpool.InvalidArgument):
+                kvpool.Client(url, pool="tier", vllm_pod="bad@pod")
+        # every pod's session gone: the pool's own topic only
+        with kvpool.Client(url, pool="tier") as c:
+            c.reserve([key(3)])
+            c.commit([key(3)])
+        assert _topics(sock) == [("kv@kvpool-node@tier", 2)]
+    finally:
+        stop(proc)
+        sock.close(0)
         ctx.term()
