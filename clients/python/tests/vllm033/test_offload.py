@@ -47,7 +47,7 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
     get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor)
+    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, SlidingWindowSpec)
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -101,20 +101,27 @@ class Engine:
     """One vLLM engine: its Scheduler with the OffloadingConnector and kvpool's
     spec, and one worker's connector over CPU KV tensors."""
 
-    def __init__(self, model_dir: str, url: str, engine_id: str):
+    def __init__(self, model_dir: str, url: str, engine_id: str, hybrid: bool = False):
         cfg = create_vllm_config(model=model_dir, block_size=BS, max_num_batched_tokens=1000)
         cfg.kv_transfer_config = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
             kv_connector_extra_config={
                 "spec_name": "KVPoolOffloadingSpec", "spec_module_path": "kvpool.vllm_offload",
                 "kvpool_url": url, "kvpool_pool": "tier", "offload_prompt_only": False})
-        group = KVCacheGroupSpec([f"layer{i}" for i in range(LAYERS)], FullAttentionSpec(
-            block_size=BS, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float32))
-        page = group.kv_cache_spec.page_size_bytes
+        full = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD,
+                                 dtype=torch.float32)
+        groups = [KVCacheGroupSpec([f"layer{i}" for i in range(LAYERS)], full)]
+        if hybrid:  # gpt-oss-like: a sliding-window group of as many layers beside it
+            groups.append(KVCacheGroupSpec(
+                [f"swa{i}" for i in range(LAYERS)],
+                SlidingWindowSpec(block_size=BS, num_kv_heads=HEADS, head_size=HEAD,
+                                  dtype=torch.float32, sliding_window=2 * BS)))
+        page = full.page_size_bytes
+        names = [n for g in groups for n in g.layer_names]
         # vLLM 0.33's tensor placement: each layer its own allocation, layer-outermost
-        kvc = KVCacheConfig(num_blocks=GPU_BLOCKS, kv_cache_groups=[group], kv_cache_tensors=[
+        kvc = KVCacheConfig(num_blocks=GPU_BLOCKS, kv_cache_groups=groups, kv_cache_tensors=[
             KVCacheTensor(size=page * GPU_BLOCKS, layers=[n], layer_stride=page * GPU_BLOCKS,
-                          block_stride=page) for n in group.layer_names])
+                          block_stride=page) for n in names])
         cfg.cache_config.num_gpu_blocks = GPU_BLOCKS
         sbs, hbs = resolve_kv_cache_block_sizes(kvc, cfg)
         self.cfg = cfg
@@ -123,7 +130,8 @@ class Engine:
                                    block_size=sbs, hash_block_size=hbs)
         self.worker = OffloadingConnector(cfg, KVConnectorRole.WORKER, kvc)
         self.kv = {n: torch.zeros(GPU_BLOCKS, 2, BS, HEADS, HEAD, dtype=torch.float32)
-                   for n in group.layer_names}
+                   for n in names}
+        self.groups = groups
         with set_current_vllm_config(cfg):
             self.worker.register_kv_caches(self.kv)
         self.page = page
@@ -151,11 +159,13 @@ class Engine:
             req = self.scheduler.requests[req_id]
             # schedule() has already advanced num_computed_tokens past this step's tokens
             start, done = req.num_computed_tokens - n, req.num_computed_tokens
-            ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[0]
-            for i, h in enumerate(req.block_hashes):
-                if start < (i + 1) * BS <= done:
-                    for t in self.kv.values():
-                        t[ids[i]].view(torch.int8).view(-1)[:] = pattern(bytes(h), self.page)
+            for g, group in enumerate(self.groups):
+                ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)[g]
+                for i, h in enumerate(req.block_hashes):
+                    if start < (i + 1) * BS <= done and ids[i] != 0:
+                        for n in group.layer_names:
+                            self.kv[n][ids[i]].view(torch.int8).view(-1)[:] = \
+                                pattern(bytes(h) + bytes([g]), self.page)
 
     def step(self):
         out = self.scheduler.schedule()
@@ -183,22 +193,25 @@ class Engine:
                 break
         return outs
 
-    def serve(self, req, steps=40):
+    def serve(self, req, steps=40, group=0):
         """Steps until req finishes; returns the tokens its first computing
-        step scheduled and the bytes of its first four blocks then."""
+        step scheduled and the bytes of the group's first four blocks then
+        (None for a block the group does not hold: the null block)."""
         first = loaded = None
         for _ in range(steps):
             out = self.step()
             if req.request_id in out.num_scheduled_tokens and first is None:
                 first = out.num_scheduled_tokens[req.request_id]
-                ids = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)[0]
-                loaded = [self.block_bytes(ids[i]) for i in range(4)]
+                ids = self.scheduler.kv_cache_manager.get_block_ids(req.request_id)[group]
+                loaded = [self.block_bytes(ids[i], group) if ids[i] else None
+                          for i in range(4)]
             if req.is_finished() and not self.conn._jobs:
                 break
         return first, loaded
 
-    def block_bytes(self, block_id):
-        return [t[block_id].view(torch.int8).reshape(-1) for t in self.kv.values()]
+    def block_bytes(self, block_id, group=0):
+        return [self.kv[n][block_id].view(torch.int8).reshape(-1)
+                for n in self.groups[group].layer_names]
 
     def close(self):
         self.manager.shutdown()
@@ -234,9 +247,42 @@ def test_two_engines_share_one_tier(model_dir, tier):
     assert first == len(PROMPT) - 4 * BS, first
     for i, h in enumerate(hashes):
         for got in loaded[i]:
-            assert torch.equal(got, pattern(h, b.page)), f"block {i} differs from A's"
+            assert torch.equal(got, pattern(h + b"\0", b.page)), f"block {i} differs from A's"
     assert b.manager.round_trips > 0
     b.close()
+    a.close()
+
+
+def test_hybrid_engines_share_both_groups(model_dir, tier):
+    """A full-attention and a sliding-window group (gpt-oss-like): each group's
+    blocks are stored under its own keys, and a second engine loads what its
+    groups need, as vLLM's own CPU tier serves them."""
+    url = tier(blocks=128)
+    a = Engine(model_dir, url, "hybrid-a", hybrid=True)
+    ra = a.add(PROMPT)
+    a.run()
+    assert ra.is_finished()
+    with kvpool.Client(url, pool="tier") as c:
+        for g in (0, 1):
+            keys = [kvpool.offload_key(bytes(h), g) for h in ra.block_hashes[:4]]
+            rows, _ = c.lookup_and_lock(keys)
+            hit = [r > 0 for r in rows]
+            c.unlock([k for k, r in zip(keys, rows) if r > 0])
+            assert any(hit), f"group {g}: nothing stored"
+    for group in (0, 1):
+        b = Engine(model_dir, url, f"hybrid-b{group}", hybrid=True)
+        rb = b.add(PROMPT)
+        first, loaded = b.serve(rb, group=group)
+        # B computed only the tail: every full block came from the tier
+        assert first == len(PROMPT) - 4 * BS, first
+        held = [i for i, blk in enumerate(loaded) if blk is not None]
+        # the full group holds all four; the 32-token window only the last two
+        assert held == ([0, 1, 2, 3] if group == 0 else [2, 3]), held
+        for i in held:
+            for got in loaded[i]:
+                assert torch.equal(got, pattern(bytes(rb.block_hashes[i]) + bytes([group]),
+                                                b.page)), f"group {group} block {i}"
+        b.close()
     a.close()
 
 
