@@ -334,3 +334,71 @@ def test_tier_refuses_a_pool_that_cannot_hold_the_blocks(model_dir, tmp_path):
             Engine(model_dir, url, "too-small")
     finally:
         stop(proc)
+
+
+def test_tensor_parallel_workers_write_their_own_shard(tmp_path):
+    """With tensor parallelism each worker holds part of a block; on a pool of
+    shards=2 each writes and reads only its own half of the row."""
+    from vllm.v1.kv_offload.base import (CanonicalKVCacheRef, CanonicalKVCaches,
+                                         CanonicalKVCacheTensor, GPULoadStoreSpec)
+    from vllm.v1.kv_offload.config import (OffloadingCacheConfig, OffloadingConfig,
+                                           OffloadingGroupConfig, OffloadingModelConfig,
+                                           OffloadingParallelConfig)
+    from kvpool.vllm_offload import KVPoolOffloadingWorker, KVPoolRowsSpec
+    d = tmp_path / "tp"
+    d.mkdir()
+    # 2 layers x 2 x 16 tokens x 2 heads x 8 x fp32 = 4 KiB a block: 2 KiB a worker
+    proc, url, _ = start(d, "--region-dir", str(tmp_path), "--pool",
+                         f"name=tier,blocks=16,block_size={BS},executor=cpu,layers={LAYERS},"
+                         f"heads=2,head_size={HEAD},dtype=fp32,shards=2", pool="tier")
+    page = 1024  # one worker's page of one layer: 2 x 16 x 1 head x 8 x 4
+
+    def worker(rank, tensors):
+        cfg = OffloadingConfig(
+            groups=(OffloadingGroupConfig(tokens_per_block=BS, layer_names=("l0", "l1"),
+                                          group_id=0),),
+            worker_kv_bytes_per_block=LAYERS * page, enable_kv_cache_events=False,
+            extra_config={}, engine_id="tp", model=OffloadingModelConfig("m", "float32"),
+            cache=OffloadingCacheConfig(tokens_per_hash=BS, blocks_per_chunk=1),
+            parallel=OffloadingParallelConfig(
+                rank=rank, world_size=2, tp_size=2, pp_size=1, pcp_size=1, dcp_size=1,
+                data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
+                is_parallelism_agnostic=True))
+        kvc = CanonicalKVCaches(
+            tensors=[CanonicalKVCacheTensor(tensor=t, page_size_bytes=page) for t in tensors],
+            group_data_refs=[[CanonicalKVCacheRef(tensor_idx=i, page_size_bytes=page)
+                              for i in range(len(tensors))]])
+        return KVPoolOffloadingWorker({"kvpool_url": url, "kvpool_pool": "tier"}, cfg, kvc)
+
+    try:
+        gpu = [[torch.randint(-128, 127, (4, page), dtype=torch.int8) for _ in range(LAYERS)]
+               for _ in range(2)]
+        ws = [worker(r, gpu[r]) for r in range(2)]
+        with kvpool.Client(url, pool="tier") as c, c.region() as reg:
+            keys = [kvpool.offload_key(bytes([9, i]) * 16, 0) for i in range(2)]
+            rows, _ = c.reserve(keys)
+            spec = KVPoolRowsSpec(keys, rows)
+            blocks = GPULoadStoreSpec([1, 3], group_sizes=[2], block_indices=[0])
+            for job, w in enumerate(ws):
+                assert w.submit_store(job, blocks, spec)
+                assert [r.job_id for r in w.get_finished()] == [job]
+            c.commit(keys)
+            half = reg.shard_bytes
+            for i, (row, blk) in enumerate(zip(rows, (1, 3))):
+                for rank in range(2):
+                    shard = bytes(reg.shard(row, rank))
+                    want = b"".join(bytes(gpu[rank][lay][blk].numpy()) for lay in range(LAYERS))
+                    assert shard[:len(want)] == want, f"row {i} shard {rank}"
+                    assert len(want) <= half
+            # each worker loads its own half back into empty tensors
+            for rank, w in enumerate(ws):
+                for t in gpu[rank]:
+                    t.zero_()
+                assert w.submit_load(10 + rank, spec, blocks)
+                w.get_finished()
+                shard = bytes(reg.shard(rows[0], rank))
+                assert bytes(gpu[rank][0][1].numpy()) == shard[:page]
+            for w in ws:
+                w.shutdown()
+    finally:
+        stop(proc)
