@@ -94,7 +94,7 @@ int
 kvpd_h_reserve(struct call *c, const Kvpool__V1__ReserveRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__ReserveReply *r;
-	size_t n, kl = key_len(c), ne = 0;
+	size_t n = 0, kl = key_len(c), ne = 0;
 	int32_t *ids;
 	uint8_t *ev;
 	int rv;
@@ -155,7 +155,7 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 {
 	Kvpool__V1__CommitReply *r;
 	uint32_t bs[KVP_MAX_GROUPS];
-	size_t n;
+	size_t n = 0;
 	int32_t *ids;
 	int rv;
 
@@ -190,7 +190,7 @@ int
 kvpd_h_abort(struct call *c, const Kvpool__V1__AbortRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__AbortReply *r;
-	size_t n;
+	size_t n = 0;
 	int32_t *ids;
 	int rv;
 
@@ -249,7 +249,7 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
                        Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__LookupAndLockReply *r;
-	size_t n, looked = 0, hits = 0;
+	size_t n = 0, looked = 0, hits = 0;
 	int32_t *ids, *hit;
 	uint32_t *crc;
 	int rv;
@@ -293,7 +293,7 @@ int
 kvpd_h_unlock(struct call *c, const Kvpool__V1__UnlockRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__UnlockReply *r;
-	size_t n, k;
+	size_t n = 0, k;
 	int32_t *ids;
 	int rv;
 

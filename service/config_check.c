@@ -32,6 +32,21 @@ check_readable(const char *what, const char *path, FILE *err)
 	return 0;
 }
 
+/* A port: all digits, 0..65535, as its number; -1 otherwise. */
+static long
+port_of(const char *p)
+{
+	long v = 0;
+	if (p == NULL || p[0] == '\0' || strlen(p) > 5)
+		return -1;
+	for (const char *q = p; *q; q++) {
+		if (*q < '0' || *q > '9')
+			return -1;
+		v = v * 10 + (*q - '0');
+	}
+	return v <= 65535 ? v : -1;
+}
+
 /* An nng endpoint kvpoold listens on: parses, a known scheme, an ipc path's directory exists. */
 static unsigned
 check_endpoint(const char *what, const char *url, bool http, FILE *err)
@@ -71,9 +86,70 @@ check_endpoint(const char *what, const char *url, bool http, FILE *err)
 	} else if (strcmp(s, "inproc") != 0 && (u->u_port == NULL || u->u_port[0] == '\0')) {
 		fprintf(err, "kvpoold: %s %s: no port\n", what, url);
 		bad = 1;
+	} else if (strcmp(s, "inproc") != 0 && port_of(u->u_port) < 0) {
+		fprintf(err, "kvpoold: %s %s: port %s is not a number in 0..65535\n", what, url,
+		        u->u_port);
+		bad = 1;
 	}
 	nng_url_free(u);
 	return bad;
+}
+
+/* A TCP endpoint's port (the daemon listens on it): its number, or -1 (none or not TCP). */
+static long
+endpoint_port(const char *url)
+{
+	nng_url *u = NULL;
+	long port = -1;
+	if (url[0] == '\0' || nng_url_parse(&u, url) != 0)
+		return -1;
+	if (strcmp(u->u_scheme, "ipc") != 0 && strcmp(u->u_scheme, "inproc") != 0 &&
+	    u->u_port != NULL)
+		port = port_of(u->u_port);
+	nng_url_free(u);
+	return port == 0 ? -1 : port; /* 0: the system picks one, never the same twice */
+}
+
+/* The endpoints kvpoold binds on TCP must use distinct ports (one would fail to bind). */
+static unsigned
+check_ports(const struct kvpd_config *c, FILE *err)
+{
+	struct ep {
+		const char *what, *url;
+	} eps[KVPD_MAX_URLS + 2];
+	size_t n = 0;
+	unsigned bad = 0;
+
+	for (size_t i = 0; i < c->num_rpc; i++)
+		eps[n++] = (struct ep){"rpc", c->rpc[i]};
+	eps[n++] = (struct ep){"events", c->events};
+	eps[n++] = (struct ep){"admin", c->admin};
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = i + 1; j < n; j++) {
+			long a = endpoint_port(eps[i].url), b = endpoint_port(eps[j].url);
+			if (a > 0 && a == b) {
+				fprintf(err, "kvpoold: %s %s and %s %s: one port for two endpoints\n",
+				        eps[i].what, eps[i].url, eps[j].what, eps[j].url);
+				bad++;
+			}
+		}
+	return bad;
+}
+
+/* A named --region-dir must be a directory kvpoold can create files in. */
+static unsigned
+check_region_dir(const struct kvpd_config *c, FILE *err)
+{
+	struct stat sb;
+	if (strcmp(c->region_dir, "auto") == 0 || strcmp(c->region_dir, "none") == 0)
+		return 0;
+	if (stat(c->region_dir, &sb) != 0 || !S_ISDIR(sb.st_mode) ||
+	    access(c->region_dir, W_OK | X_OK) != 0) {
+		fprintf(err, "kvpoold: region-dir %s: not a directory kvpoold can create files in\n",
+		        c->region_dir);
+		return 1;
+	}
+	return 0;
 }
 
 /* Each pool's KV memory, and host memory in all against this machine's. */
@@ -139,6 +215,8 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 		bad += check_endpoint("rpc", c->rpc[i], false, err);
 	bad += check_endpoint("events", c->events, false, err);
 	bad += check_endpoint("admin", c->admin, true, err);
+	bad += check_ports(c, err);
+	bad += check_region_dir(c, err);
 	bad += check_memory(c, err);
 	return bad;
 }

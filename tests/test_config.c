@@ -394,6 +394,18 @@ test_config_check_reports_every_problem(void **state)
 	/* Without --check-config the first problem stops it: one message. */
 	assert_int_equal(load_err(&c, argv + 1, envp, msg, sizeof(msg)), -1);
 	assert_null(strstr(msg, "problem(s)"));
+	/* What the daemon refuses when it binds, the check refuses first. */
+	char *binds[] = {"kvpoold", "--check-config", "--pool", "name=g,blocks=64",
+	                 "--rpc", "tcp://127.0.0.1:99999", "--rpc", "tcp://127.0.0.1:7470",
+	                 "--events", "tcp://0.0.0.0:7470", "--admin", "http://127.0.0.1:abc",
+	                 "--region-dir", "/nonexistent/regions", NULL};
+	assert_int_equal(load_err(&c, binds, NULL, msg, sizeof(msg)), -1);
+	const char *bind_want[] = {"port 99999 is not a number in 0..65535",
+	                           "port abc is not a number", "one port for two endpoints",
+	                           "region-dir /nonexistent/regions"};
+	for (size_t i = 0; i < sizeof(bind_want) / sizeof(bind_want[0]); i++)
+		if (strstr(msg, bind_want[i]) == NULL)
+			fail_msg("--check-config did not report '%s'; it said:\n%s", bind_want[i], msg);
 	/* A good configuration passes the check and says so by returning 0. */
 	char *good[] = {"kvpoold", "--check-config", "--pool", "name=g,blocks=64", "--rpc",
 	                "ipc:///tmp/kvpool-check.ipc", "--admin", "http://127.0.0.1:9471", NULL};

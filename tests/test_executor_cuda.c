@@ -180,6 +180,17 @@ main(void)
 	uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
 	rng = seed;
 	fprintf(stderr, "test_executor_cuda: seed %llu\n", (unsigned long long)seed);
+	/* No device (or no CUDA built in): every case would skip; CTest reports the program skipped. */
+	struct kvp_exec_config probe = {.backend = KVP_EXEC_CUDA,
+	                                .shape = {2, 16, 1, 1, 8, KVP_DTYPE_FP16, KVP_LAYOUT_NHD}};
+	struct kvp_exec *g = NULL;
+	char why[256];
+	int rv = kvp_exec_open(&probe, &g, why, sizeof(why));
+	if (rv == KVP_ENODEVICE || rv == KVP_ENOTSUP) {
+		fprintf(stderr, "test_executor_cuda: skipped: %s (%s)\n", kvp_status_name(rv), why);
+		return 77;
+	}
+	kvp_exec_close(g);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(parity),
 		cmocka_unit_test(refusals_and_memory),

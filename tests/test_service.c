@@ -592,9 +592,10 @@ test_service_refused_first_allocate_slots_leaves_no_request(void **state)
 static int
 run_tool(const char *program, const char *args, char *out, size_t cap)
 {
-	char cmd[512];
+	char cmd[2048];
 	size_t n = 0;
-	snprintf(cmd, sizeof(cmd), "%s %s 2>/dev/null", program, args);
+	if ((size_t)snprintf(cmd, sizeof(cmd), "%s %s 2>/dev/null", program, args) >= sizeof(cmd))
+		return -1; /* a command we would cut short is not the one asked for */
 	FILE *f = popen(cmd, "r");
 	if (f == NULL)
 		return -1;
@@ -647,6 +648,10 @@ test_service_kvpoolctl_exit_codes_and_json_errors(void **state)
 		{"free 1,-2", 2, "not a list of non-negative integers"},
 		{"--timeout-ms -1 stats", 2, "--timeout-ms: '-1' is not a whole number"},
 		{"frobnicate", 2, "unknown command 'frobnicate'"},
+		/* a URL no transport dials is a usage error; a host that does not resolve says so */
+		{"--url http://x stats", 2, "\"error\":\"usage\",\"exit_code\":2"},
+		{"--url tcp://no-such-host.invalid:7470 --connect-timeout-ms 200 stats", 3,
+		 "its host name does not resolve"},
 		{"--url %s --pool locked stats", 1,
 		 "\"status\":\"KVP_EUNAUTH\",\"error\":\"refused\",\"exit_code\":1"},
 		{"--url %s --pool nosuch stats", 1, "\"status\":\"KVP_EUNKNOWNPOOL\""},

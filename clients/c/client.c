@@ -268,7 +268,14 @@ wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
 		return KVP_EUNAVAILABLE;
 	}
 	/* Something may listen and yet complete no connection: one plain connect tells. */
-	if (kvpc_listen_probe(url, 1000) == 1) {
+	int probe = kvpc_listen_probe(url, 1000);
+	if (probe == 2) {
+		snprintf(c->detail, sizeof(c->detail),
+		         "cannot connect to %s: its host name does not resolve (check the name, and "
+		         "DNS)", url);
+		return KVP_EUNAVAILABLE;
+	}
+	if (probe == 1) {
 		snprintf(c->detail, sizeof(c->detail),
 		         "cannot connect to %s within %u ms: something listens there but completed "
 		         "no connection (a kvpoold at its open-files limit or too busy to accept: see "

@@ -508,9 +508,10 @@ run(struct ctl *x)
 		return ctl_follow_events(x);
 	if (x->cmd->bit == C_VLLM)
 		return ctl_vllm_events(x);
+	/* Opening refuses bad options (a URL nng cannot dial, say) with EINVAL: usage errors. */
 	if ((rv = kvp_client_open(&x->o, &x->c)) != KVP_OK)
-		return fail(x, exit_of(rv), rv, "%s: pool %s at %s: %s", kvp_status_name(rv),
-		            x->o.pool, x->o.url, kvp_client_open_detail());
+		return fail(x, rv == KVP_EINVAL ? EXIT_USAGE : exit_of(rv), rv, "%s: pool %s at %s: %s",
+		            kvp_status_name(rv), x->o.pool, x->o.url, kvp_client_open_detail());
 	x->j = cJSON_CreateObject();
 	cJSON_AddStringToObject(x->j, "command", x->cmd->name);
 	rv = x->cmd->run(x);

@@ -63,7 +63,7 @@ probe_tcp(const char *hostport, int timeout_ms)
 	host[hl] = '\0';
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
 	if (getaddrinfo(host, port + 1, &hints, &res) != 0)
-		return 0; /* no such host */
+		return 2; /* no such host */
 	int rv = -1;
 	for (struct addrinfo *ai = res; ai != NULL && rv != 1; ai = ai->ai_next) {
 		int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);

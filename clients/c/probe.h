@@ -11,8 +11,8 @@
 
 /*
  * For ipc://PATH and [tls+]tcp[4|6]://HOST:PORT: 1 if a connect succeeds
- * within timeout_ms, 0 if it is refused or the path or host is not there,
- * -1 for any other URL or failure to tell.
+ * within timeout_ms, 0 if it is refused or the path is not there, 2 if the
+ * host does not resolve, -1 for any other URL or failure to tell.
  */
 int kvpc_listen_probe(const char *url, int timeout_ms);
 

