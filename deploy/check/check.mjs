@@ -99,6 +99,9 @@ for (const file of files) {
     if (!c) continue;
     // The configuration: --config PATH, from a mounted ConfigMap.
     check(c.args?.[0] === "--config", `${where}: kvpoold gets --config`);
+    for (const a of (c.args ?? []).slice(2))
+      if (a.startsWith("--"))
+        check(settings.has(a.slice(2).split("=")[0]), `${where}: extra argument ${a} is a setting kvpoold --help documents`);
     const confPath = c.args?.[1] ?? "";
     const mount = mountOf(c, confPath);
     const vol = pod.volumes.find((v) => v.name === mount?.name);
@@ -147,8 +150,11 @@ for (const file of files) {
             `${where}: ${probe} GETs ${path} on the admin port`);
     }
     const drain = Number(get("drain-ms")[0] ?? 5000);
-    check(pod.terminationGracePeriodSeconds * 1000 > drain,
-          `${where}: grace period ${pod.terminationGracePeriodSeconds} s covers drain-ms ${drain}`);
+    const pre = c.lifecycle?.preStop?.exec?.command;
+    const preMs = pre?.[0] === "sleep" ? Number(pre[1]) * 1000 : 0;
+    check(pod.terminationGracePeriodSeconds * 1000 > drain + preMs,
+          `${where}: grace period ${pod.terminationGracePeriodSeconds} s covers drain-ms ${drain}` +
+          ` and the preStop sleep (${preMs} ms)`);
     check(pod.securityContext?.runAsNonRoot && c.securityContext?.readOnlyRootFilesystem &&
           c.securityContext?.capabilities?.drop?.includes("ALL") &&
           c.securityContext?.allowPrivilegeEscalation === false,

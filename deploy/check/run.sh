@@ -28,7 +28,13 @@ for o in base overlays/cpu overlays/gpu overlays/vllm-events; do
 done
 $helm lint --strict ../helm/kvpool
 $helm lint --strict ../helm/kvpool -f ../helm/kvpool/values-gpu.yaml
-$helm template kvpool ../helm/kvpool -n inference > out/helm-default.yaml
+# The Prometheus Operator's CRD present (the ServiceMonitor renders), then absent (it must not).
+$helm template kvpool ../helm/kvpool -n inference \
+	--api-versions monitoring.coreos.com/v1/ServiceMonitor > out/helm-default.yaml
+if $helm template kvpool ../helm/kvpool -n inference | grep -q '^kind: ServiceMonitor'; then
+	echo "FAIL: the chart renders a ServiceMonitor on a cluster without the Prometheus Operator"
+	exit 1
+fi
 $helm template kvpool ../helm/kvpool -n inference -f ../helm/kvpool/values-gpu.yaml > out/helm-gpu.yaml
 $helm template kvpool ../helm/kvpool -n inference \
 	--set tls.enabled=true,tls.existingSecret=kvpool-tls,tls.requireClientCert=true > out/helm-tls.yaml
@@ -45,11 +51,16 @@ $helm template kvpool ../helm/kvpool -n inference \
 $helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
 	--set 'pools[0].name=tier,pools[0].blocks=4096,pools[0].shards=2' > out/helm-nodelocal.yaml
 cp ../helm/kvpool/examples/vllm-node-local.yaml out/example-vllm-node-local.yaml
+$helm template kvpool ../helm/kvpool -n inference --set podLabels.team=inference \
+	--set priorityClassName=high --set 'extraArgs[0]=--log-level=debug' \
+	--set 'extraEnv[0].name=KVPOOL_LEASE_MS' --set-string 'extraEnv[0].value=20000' \
+	--set 'topologySpreadConstraints[0].maxSkew=1,topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname,topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway' \
+	--set updateStrategy.type=OnDelete > out/helm-extras.yaml
 # What the chart must refuse.
 for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name \
 	'pools[0].groups=full:16\,blocks=9' 'pools[0].groups=sliding window:16:8' \
 	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5 pools[0].shards=0 \
-	nodeLocal.socketDir=relative; do
+	nodeLocal.socketDir=relative preStopSleepSeconds=20 'extraEnv[0].name=X,extraEnv[0].value=1'; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1

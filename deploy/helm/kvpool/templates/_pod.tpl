@@ -4,6 +4,9 @@ metadata:
   labels:
     {{- include "kvpool.labels" . | nindent 4 }}
     app.kubernetes.io/component: pool
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   annotations:
     checksum/config: {{ include "kvpool.config" . | sha256sum }}
     {{- with .Values.podAnnotations }}
@@ -12,6 +15,13 @@ metadata:
 spec:
   serviceAccountName: {{ include "kvpool.fullname" . }}
   automountServiceAccountToken: false
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   terminationGracePeriodSeconds: {{ .Values.terminationGracePeriodSeconds }}
   {{- with .Values.imagePullSecrets }}
   imagePullSecrets:
@@ -49,8 +59,20 @@ spec:
     - name: kvpoold
       image: "{{ .Values.image.repository }}:{{ ternary .Values.gpu.image.tag .Values.image.tag .Values.gpu.enabled }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
-      args: ["--config", "/etc/kvpool/kvpoold.conf"]
-      {{- if or .Values.auth.enabled .Values.vllmEvents.enabled }}
+      args:
+        - --config
+        - /etc/kvpool/kvpoold.conf
+        {{- range .Values.extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
+      {{- if .Values.preStopSleepSeconds }}
+      # Services stop routing to a terminating pod a moment after it is marked: wait that out.
+      lifecycle:
+        preStop:
+          exec:
+            command: ["sleep", "{{ int64 .Values.preStopSleepSeconds }}"]
+      {{- end }}
+      {{- if or .Values.auth.enabled .Values.vllmEvents.enabled .Values.extraEnv }}
       env:
         {{- if .Values.auth.enabled }}
         - name: KVPOOL_TOKEN_FILE
@@ -61,6 +83,9 @@ spec:
           valueFrom:
             fieldRef:
               fieldPath: status.podIP
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
         {{- end }}
       {{- end }}
       ports:
