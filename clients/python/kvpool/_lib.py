@@ -207,6 +207,7 @@ kvp_hash_algo_parse = _fn("kvp_hash_algo_parse", c_int, c_char_p, POINTER(c_int)
 kvp_hasher_destroy = _fn("kvp_hasher_destroy", None, c_void_p)
 kvp_hasher_none_hash = _fn("kvp_hasher_none_hash", U8P, c_void_p)
 kvp_hasher_none_len = _fn("kvp_hasher_none_len", c_size_t, c_void_p)
+kvp_hash_raw = _fn("kvp_hash_raw", c_int, c_void_p, c_void_p, c_size_t, U8P)
 kvp_hasher_len = _fn("kvp_hasher_len", c_size_t, c_void_p)
 kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys), I64P, c_size_t,
                        c_uint32, U8P, c_size_t, U8P, c_size_t, POINTER(c_size_t))

@@ -13,7 +13,7 @@ from ._types import Buffer, Hashes, Ids, MMFeatures
 
 if TYPE_CHECKING:
     from .batch import Batch
-from .errors import BY_STATUS, KvpoolError, NotSupported
+from .errors import BY_STATUS, Internal, KvpoolError, NotSupported
 from .region import RegionCalls
 
 
@@ -162,6 +162,8 @@ class Client(RegionCalls):
             "hash_block_size": i.hash_block_size, "hash_algorithm": i.hash_algorithm.decode(),
             "hash_len": i.hash_len, "max_hash_len": i.max_hash_len,
             "medium": i.medium.decode(), "event_epoch": i.event_epoch,
+            # the first 8 bytes of the digest of the pool's NONE_HASH: equal iff hashes agree
+            "none_hash_fingerprint": bytes(i.none_hash_fingerprint),
             "event_seq": i.event_seq, "max_model_len": i.max_model_len,
             "max_ids_per_call": i.max_ids_per_call, "max_msg_bytes": i.max_msg_bytes,
             "server_version": i.server_version.decode(),
@@ -201,6 +203,23 @@ class Client(RegionCalls):
         if not self._c:
             raise KvpoolError(-1, "CLOSED", "the client is closed")
         return self._c
+
+    def check_hasher(self, hasher: "Hasher") -> bool:
+        """Whether hasher computes the pool's hashes (its NONE_HASH and algorithm).
+        A mismatch gives zero prefix hits with no error anywhere, so it warns
+        (once per client) and returns False."""
+        same = (hasher.fingerprint == self.info["none_hash_fingerprint"] and
+                hasher.algorithm == self.info["hash_algorithm"])
+        if not same and not getattr(self, "_warned_hasher", False):
+            import warnings
+            self._warned_hasher = True
+            warnings.warn(f"kvpool: this hasher ({hasher.algorithm}, NONE_HASH fingerprint "
+                          f"{hasher.fingerprint.hex()}) does not hash as pool "
+                          f"{self.info['pool']} ({self.info['hash_algorithm']}, "
+                          f"{self.info['none_hash_fingerprint'].hex()}): no prefix will hit. "
+                          "Use the pool's seed (PYTHONHASHSEED's role) and algorithm.",
+                          RuntimeWarning, stacklevel=2)
+        return same
 
     # ---- blocks ----
     def allocate(self, n: int) -> list[int]:
@@ -501,6 +520,17 @@ class Hasher:
     @property
     def none_hash(self) -> bytes:
         return bytes(L.kvp_hasher_none_hash(self._h)[:L.kvp_hasher_none_len(self._h)])
+
+    @property
+    def fingerprint(self) -> bytes:
+        """The first 8 bytes of the digest of NONE_HASH, as a pool's
+        info["none_hash_fingerprint"]: equal iff this hasher and the pool hash alike."""
+        nh = self.none_hash
+        out = (c_uint8 * 32)()
+        src = (c_uint8 * len(nh)).from_buffer_copy(nh)
+        if L.kvp_hash_raw(self._h, src, len(nh), out) != 0:
+            _raise(Internal.status, "kvp_hash_raw")
+        return bytes(out)[:8]
 
     def hash_request(self, tokens: Ids, block_size: int, *, lora_name: Optional[str] = None,
                      cache_salt: Optional[str] = None, mm: MMFeatures = None) -> list[bytes]:

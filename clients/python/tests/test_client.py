@@ -207,3 +207,21 @@ def test_the_readme_example_runs(daemon):
     assert "req-1: prefix hit 64 tokens" in out.stdout  # the shared system prompt
     assert "admitted 4 in one step: prefix hits [64, 64, 64, 64] tokens" in out.stdout
     assert "byte for byte" in out.stdout and "freed every request" in out.stdout
+
+
+def test_check_hasher_warns_once_on_a_different_seed(daemon):
+    """A pool's NONE_HASH fingerprint is in info, and a hasher that differs
+    (zero hits, no error anywhere else) is caught, with one warning."""
+    import warnings
+    with kvpool.Client(daemon, pool="dflt") as c:
+        assert len(c.info["none_hash_fingerprint"]) == 8
+        good = kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED)
+        assert good.fingerprint == c.info["none_hash_fingerprint"]
+        assert c.check_hasher(good)
+        bad = kvpool.Hasher("some-other-seed")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            assert not c.check_hasher(bad)
+            assert not c.check_hasher(bad)
+        assert len(w) == 1 and "no prefix will hit" in str(w[0].message)
+        assert not c.check_hasher(kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED, "sha256_cbor"))
