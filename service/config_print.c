@@ -21,7 +21,7 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		fprintf(out, "pool = name=%s,blocks=%s,groups=%s,hash_block_size=%u,caching=%s,"
 		             "block_size=%u,max_model_len=%u,medium=%s,vllm=%s,seed=%s,hash_algo=%s,"
 		             "dp_rank=%d,model=%s,token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
-		             "layout=%s,memory=%s\n",
+		             "layout=%s,memory=%s,shards=%u\n",
 		        p->name, p->num_blocks ? blocks : "(from memory)", groups, p->hash_block_size,
 		        p->caching ? "on" : "off", p->block_size,
 		        p->max_model_len, p->medium[0] ? p->medium : "(the executor's, or GPU)",
@@ -30,7 +30,8 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        kvp_hash_algo_name(p->hash_algo),
 		        p->dp_rank < 0 ? (int)i : p->dp_rank, p->model[0] ? p->model : p->name,
 		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,
-		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)");
+		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)",
+		        p->shards ? p->shards : 1);
 	}
 	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");
 	fprintf(out, "events = %s\nreplay-batches = %u\nreplay-mib = %u\n",
@@ -53,7 +54,7 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 	        c->send_timeout_ms, c->idle_timeout_ms);
 	fprintf(out, "max-refs = %u\nmax-session-requests = %u\nreply-cache-mib = %u\n",
 	        c->max_refs, c->max_session_requests, c->reply_cache_mib);
-	fprintf(out, "ipc-mode = %04o\n", (unsigned)c->ipc_mode);
+	fprintf(out, "ipc-mode = %04o\nregion-dir = %s\n", (unsigned)c->ipc_mode, c->region_dir);
 	fprintf(out, "executor = %s\ndevice = %d\nkv-layers = %u\nkv-heads = %u\nkv-head-size = %u\n"
 	             "kv-dtype = %s\nkv-layout = %s\nkv-memory = %s\n",
 	        c->exec.backend, c->exec.device, c->exec.layers, c->exec.heads, c->exec.head_size,

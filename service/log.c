@@ -147,6 +147,21 @@ put_text_msg(struct out *o, const char *s)
 	}
 }
 
+/*
+ * Whether a field's value goes into JSON bare: true, false, or a decimal
+ * integer of at most 15 digits (exact in every JSON reader, whose numbers
+ * are doubles: a 64-bit session id stays a string), optionally negative.
+ */
+static bool
+json_bare(const char *v)
+{
+	if (strcmp(v, "true") == 0 || strcmp(v, "false") == 0)
+		return true;
+	const char *d = v[0] == '-' ? v + 1 : v;
+	size_t n = strspn(d, "0123456789");
+	return n > 0 && n <= 15 && d[n] == '\0' && (d[0] != '0' || n == 1);
+}
+
 size_t
 kvpd_log_format_line(char *buf, size_t cap, enum kvpd_log_format fmt, uint64_t wall_ms,
                      enum kvpd_log_level l, const char *component, const char *msg,
@@ -175,6 +190,11 @@ kvpd_log_format_line(char *buf, size_t cap, enum kvpd_log_format fmt, uint64_t w
 		for (size_t i = 0; i < n_fields; i++) {
 			puts_(&o, ",\"");
 			put_json(&o, fields[i].key);
+			if (json_bare(fields[i].value)) { /* a number or a boolean, as its JSON type */
+				puts_(&o, "\":");
+				puts_(&o, fields[i].value);
+				continue;
+			}
 			puts_(&o, "\":\"");
 			put_json(&o, fields[i].value);
 			put(&o, "\"", 1);
@@ -239,7 +259,7 @@ void
 kvpd_log_fields(enum kvpd_log_level l, const char *component, const char *msg,
                 const struct kvpd_log_field *fields, size_t n_fields)
 {
-	char line[4096];
+	char line[16384]; /* the effective configuration, one record, fits */
 	if (!kvpd_log_enabled(l))
 		return;
 	size_t n = kvpd_log_format_line(line, sizeof(line), log_fmt, wall_now_ms(), l, component,

@@ -7,11 +7,14 @@
  *
  *   text: 2026-11-22T10:00:00.123Z info  server: ready pools=1 rpc=ipc:///x
  *   json: {"ts":"2026-11-22T10:00:00.123Z","level":"info","component":"server",
- *          "msg":"ready","pools":"1","rpc":"ipc:///x"}
+ *          "msg":"ready","pools":1,"rpc":"ipc:///x"}
  *
  * One line per record, written with one fwrite, so records from several
- * threads never interleave. Field values are strings (JSON-escaped in json;
- * quoted in text when they hold a space, '"' or '='). Nothing here ever
+ * threads never interleave. Field values are given as strings; json writes
+ * true, false and integers of up to 15 digits as JSON booleans and numbers
+ * (longer ones, such as 64-bit ids, stay strings: JSON readers hold numbers
+ * as doubles), everything else JSON-escaped; text quotes a value that holds
+ * a space, '"' or '='. Nothing here ever
  * logs a token: callers pass no secrets.
  *
  * Thread-safe once kvpd_log_setup() has run (before any thread starts).

@@ -67,25 +67,40 @@ log_gone(struct reaper *r)
 	}
 }
 
-/* The effective configuration, one record per setting. */
+/*
+ * The effective configuration as one record, a field per setting (a
+ * repeated setting, such as pool, is one field per value, numbered).
+ */
 static void
 log_config(const struct kvpd_config *cfg)
 {
 	char *text = NULL, *save = NULL;
-	size_t len = 0;
+	size_t len = 0, n = 0;
 	FILE *mem = open_memstream(&text, &len);
 	if (mem == NULL)
 		return;
 	kvpd_config_print(cfg, mem);
 	fclose(mem);
-	for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+	struct kvpd_log_field f[128];
+	char names[128][64];
+	for (char *line = strtok_r(text, "\n", &save); line && n < 128;
+	     line = strtok_r(NULL, "\n", &save)) {
 		char *eq = strstr(line, " = ");
 		if (eq == NULL)
 			continue;
 		*eq = '\0';
-		struct kvpd_log_field f[] = {{"name", line}, {"value", eq + 3}};
-		kvpd_log_fields(KVPD_INFO, "config", "effective setting", f, 2);
+		size_t seen = 0;
+		for (size_t i = 0; i < n; i++)
+			seen += strncmp(names[i], line, strlen(line)) == 0 &&
+			        (names[i][strlen(line)] == '\0' || names[i][strlen(line)] == '.');
+		if (seen == 0)
+			snprintf(names[n], sizeof(names[n]), "%.40s", line);
+		else
+			snprintf(names[n], sizeof(names[n]), "%.40s.%u", line, (unsigned)(seen % 1000));
+		f[n] = (struct kvpd_log_field){names[n], eq + 3};
+		n++;
 	}
+	kvpd_log_fields(KVPD_INFO, "config", "effective configuration", f, n);
 	free(text);
 }
 

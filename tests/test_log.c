@@ -39,10 +39,12 @@ test_log_json_line_is_one_valid_object(void **state)
 {
 	char buf[1024];
 	/* Quotes, backslashes, control bytes and a byte that is not UTF-8. */
-	struct kvpd_log_field f[] = {{"peer", "127.0.0.1:5"}, {"client", "a\"b\\c\x01\xff\xc3\xa9"}};
+	struct kvpd_log_field f[] = {{"peer", "127.0.0.1:5"}, {"client", "a\"b\\c\x01\xff\xc3\xa9"},
+	                             {"pid", "32555"}, {"tls", "false"},
+	                             {"session", "16232549680349265509"}, {"port", "007"}};
 	(void)state;
 	kvpd_log_format_line(buf, sizeof(buf), KVPD_LOG_JSON, WALL, KVPD_INFO, "session",
-	                     "lease \"expired\"", f, 2);
+	                     "lease \"expired\"", f, 6);
 	assert_int_equal(strchr(buf, '\n') - buf, (long)strlen(buf) - 1); /* one line */
 	cJSON *o = cJSON_Parse(buf);
 	assert_non_null(o);
@@ -52,6 +54,12 @@ test_log_json_line_is_one_valid_object(void **state)
 	assert_string_equal(cJSON_GetObjectItem(o, "msg")->valuestring, "lease \"expired\"");
 	assert_string_equal(cJSON_GetObjectItem(o, "peer")->valuestring, "127.0.0.1:5");
 	assert_string_equal(cJSON_GetObjectItem(o, "client")->valuestring, "a\"b\\c\x01?\xc3\xa9");
+	/* numbers and booleans as their JSON types; a 64-bit id and "007" stay strings */
+	assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, "pid")));
+	assert_int_equal(cJSON_GetObjectItem(o, "pid")->valueint, 32555);
+	assert_true(cJSON_IsFalse(cJSON_GetObjectItem(o, "tls")));
+	assert_string_equal(cJSON_GetObjectItem(o, "session")->valuestring, "16232549680349265509");
+	assert_string_equal(cJSON_GetObjectItem(o, "port")->valuestring, "007");
 	cJSON_Delete(o);
 }
 

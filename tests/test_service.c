@@ -226,12 +226,12 @@ test_service_refusals_say_why(void **state)
 	/* The log: the expiry with what it released, refusals with a peer, no token. */
 	for (int i = 0; i < 40; i++) {
 		read_log(log, sizeof(log));
-		if (strstr(log, "\"references_released\":\"2\"") != NULL)
+		if (strstr(log, "\"references_released\":2") != NULL)
 			break;
 		sleep_ms(50);
 	}
 	assert_non_null(strstr(log, "\"msg\":\"lease expired; session ended and its blocks released\""));
-	assert_non_null(strstr(log, "\"references_released\":\"2\""));
+	assert_non_null(strstr(log, "\"references_released\":2"));
 	assert_non_null(strstr(log, "\"msg\":\"refused authentication\""));
 	assert_non_null(strstr(log, "\"peer\":\""));
 	assert_null(strstr(log, "s3cret"));
