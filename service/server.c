@@ -140,7 +140,8 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 		}
 	}
 	if ((rv = kvp_exec_open(&ec, &p->exec, why, sizeof(why))) != KVP_OK) {
-		snprintf(err, err_len, "pool %s: %s", pc->name, why);
+		/* The status by its documented name (NO_DEVICE, ...), then the backend's reason. */
+		snprintf(err, err_len, "pool %s: %s: %s", pc->name, kvp_status_wire_name(rv), why);
 		return rv;
 	}
 	if (pc->medium[0] == '\0')

@@ -257,7 +257,7 @@ for (const [text, { where, env }] of confs) {
   }
   if (val("executor") === "cuda" && status !== 200) {
     const code = await Promise.race([exited, sleep(10000).then(() => "running")]);
-    check(code !== 0 && code !== "running" && /cuda/.test(out),
+    check(code !== 0 && code !== "running" && /(NO_DEVICE|NOT_SUPPORTED): cuda/.test(out),
           `${where}: the cuda configuration without a GPU stops with a reason`);
     console.log(`${where}: kvpoold with this configuration: ${out.trim().split("\n").pop()}`);
     if (code === "running") child.kill("SIGKILL");
