@@ -368,6 +368,18 @@ kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *h,
 }
 
 int
+kvp_sub_fd(struct kvp_sub *s, int *fd)
+{
+	int v;
+	if (s == NULL || fd == NULL)
+		return KVP_EINVAL;
+	if (nng_socket_get_int(s->sock, NNG_OPT_RECVFD, &v) != 0)
+		return KVP_EINTERNAL;
+	*fd = v;
+	return KVP_OK;
+}
+
+int
 kvp_sub_get_stats(const struct kvp_sub *s, const char *pool, struct kvp_sub_stats *out)
 {
 	if (s == NULL || out == NULL)

@@ -80,6 +80,14 @@ int kvp_sub_open(const struct kvp_sub_options *o, const struct kvp_sub_handler *
  */
 int kvp_sub_poll(struct kvp_sub *s, uint32_t timeout_ms);
 
+/*
+ * A file descriptor that polls readable while stream messages wait (for an
+ * event loop: wait on it, then kvp_sub_poll(s, 0)). Owned by the subscriber,
+ * valid until kvp_sub_close; never read or close it. KVP_OK, KVP_EINVAL, or
+ * KVP_EINTERNAL if the transport gives none.
+ */
+int kvp_sub_fd(struct kvp_sub *s, int *fd);
+
 /* A pool's counters (pool NULL: the first pool). KVP_ENOTFOUND if not followed. */
 int kvp_sub_get_stats(const struct kvp_sub *s, const char *pool, struct kvp_sub_stats *out);
 const char *kvp_sub_last_detail(const struct kvp_sub *s);

@@ -308,6 +308,7 @@ kvp_snapshot_free = _fn("kvp_snapshot_free", None, POINTER(Snapshot))
 kvp_sub_open = _fn("kvp_sub_open", c_int, POINTER(SubOptions), POINTER(SubHandler),
                    POINTER(c_void_p))
 kvp_sub_poll = _fn("kvp_sub_poll", c_int, c_void_p, c_uint32)
+kvp_sub_fd = _fn("kvp_sub_fd", c_int, c_void_p, POINTER(c_int))
 kvp_sub_get_stats = _fn("kvp_sub_get_stats", c_int, c_void_p, c_char_p, POINTER(SubStats))
 kvp_sub_last_detail = _fn("kvp_sub_last_detail", c_char_p, c_void_p)
 kvp_sub_close = _fn("kvp_sub_close", None, c_void_p)

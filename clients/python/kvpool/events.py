@@ -229,6 +229,17 @@ class Subscriber:
             _raise(rv, f"pool {pool} is not followed")
         return {name: getattr(st, name) for name, _ in L.SubStats._fields_}
 
+    def fileno(self) -> int:
+        """A descriptor that polls readable while stream messages wait, for
+        select/selectors or an asyncio loop (loop.add_reader(sub.fileno(),
+        ...), then poll(0)). The subscriber owns it: never read or close it."""
+        if not self._s:
+            raise ValueError("kvpool: the subscriber is closed")
+        fd = ctypes.c_int(-1)
+        if L.kvp_sub_fd(self._s, ctypes.byref(fd)) != 0:
+            raise OSError("kvpool: the subscriber's transport gives no descriptor")
+        return fd.value
+
     def close(self) -> None:
         if getattr(self, "_s", None):
             L.kvp_sub_close(self._s)

@@ -220,3 +220,33 @@ def test_subscriber_follows_a_restarted_daemon(tmp_path):
     finally:
         sub.close()
         stop(proc)
+
+
+def test_subscriber_fileno_wakes_an_event_loop(served):
+    """select() on fileno() wakes when a batch arrives (and not before); an
+    asyncio reader on it delivers the batch through poll(0)."""
+    import asyncio
+    import select
+    url, ev = served
+    with kvpool.Client(url, pool="kv") as c, kvpool.Subscriber(ev, url, pools=["kv"]) as sub:
+        sub.poll(0)  # the snapshot's Reset
+        fd = sub.fileno()
+        assert select.select([fd], [], [], 0.2)[0] == []  # nothing waits
+        ids = c.allocate(1)
+        c.cache(ids, range(900, 904), 1)
+        assert select.select([fd], [], [], 5)[0] == [fd]
+        got = sub.poll(0)
+        assert got and isinstance(got[-1].events[0], kvpool.BlockStored)
+
+        async def wait_one():
+            loop, ready = asyncio.get_running_loop(), asyncio.Event()
+            loop.add_reader(fd, ready.set)
+            try:
+                c.free(ids)
+                c.evict(ids)
+                await asyncio.wait_for(ready.wait(), 5)
+            finally:
+                loop.remove_reader(fd)
+            return sub.poll(0)
+        batches = asyncio.run(wait_one())
+        assert any(isinstance(e, kvpool.BlockRemoved) for b in batches for e in b.events)
