@@ -182,7 +182,8 @@ class Batch:
     def _transmit(self):
         """Sends; the batch's status (a transport failure raises)."""
         run = c_size_t()
-        rv = L.kvp_client_batch(self._client._live(), self._b, byref(run))
+        with self._client._lock:  # the client's calls are one at a time
+            rv = L.kvp_client_batch(self._client._live(), self._b, byref(run))
         if rv != 0 and run.value == 0:
             self._client._check(rv)
         return rv

@@ -123,18 +123,44 @@ class SlotsResult:
     external_blocks_by_group: Optional[list[int]] = None
 
 
+def _serialized(cls):
+    """Wraps every public method of cls (and of its mixins) in the client's
+    lock: libkvpool's client makes one call at a time (one REQ socket), so
+    threads sharing a Client take turns instead of corrupting its state."""
+    import functools
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def locked(self, *args, **kwargs):
+            with self._lock:
+                return fn(self, *args, **kwargs)
+        return locked
+    for klass in reversed(cls.__mro__[:-1]):
+        for name, fn in list(vars(klass).items()):
+            if not name.startswith("_") and callable(fn) and name not in ("batch",):
+                setattr(cls, name, wrap(getattr(cls, name)))
+    return cls
+
+
+@_serialized
 class Client(RegionCalls):
     """A session with one pool of a kvpoold. A context manager: leaving the
     `with` block ends the session (the daemon releases what it holds).
 
     Refused calls raise the KvpoolError subclass of their status
-    (kvpool.NoSpace, kvpool.NotOwner, ...) with the daemon's detail."""
+    (kvpool.NoSpace, kvpool.NotOwner, ...) with the daemon's detail.
+
+    Thread-safe: threads may share one Client; its calls take turns (the
+    session has one connection and one call in flight), so threads that
+    want calls in parallel open a Client each."""
 
     def __init__(self, url: str, pool: Optional[str] = None, token: Optional[str] = None, *,
                  timeout_ms: int = 5000, retries: int = 2, lease_ms: int = 0,
                  client_name: str = "kvpool-python", tls: Optional[dict[str, Any]] = None,
                  session_id: int = 0, connect_timeout_ms: int = 0,
                  vllm_pod: Optional[str] = None) -> None:
+        import threading
+        self._lock = threading.RLock()  # see _serialized: threads take turns
         self.url = url
         tls = tls or {}
         unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name", "insecure"}

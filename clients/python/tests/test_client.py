@@ -225,3 +225,29 @@ def test_check_hasher_warns_once_on_a_different_seed(daemon):
             assert not c.check_hasher(bad)
         assert len(w) == 1 and "no prefix will hit" in str(w[0].message)
         assert not c.check_hasher(kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED, "sha256_cbor"))
+
+
+def test_one_client_shared_by_threads(daemon):
+    """Four threads on one Client: every call answered, nothing corrupted."""
+    import threading
+    errors = []
+    with kvpool.Client(daemon, pool="kv") as c:
+        free0 = c.stats()["num_free"]
+
+        def work():
+            try:
+                for _ in range(100):
+                    ids = c.allocate(2)
+                    c.touch(ids)
+                    c.free(ids)
+                    c.free(ids)
+                    c.stats()
+            except Exception as e:  # noqa: BLE001 - the test reports any failure
+                errors.append(e)
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert c.stats()["num_free"] == free0
