@@ -15,7 +15,12 @@ trap '[ -z "$DPID" ] || kill $DPID 2>/dev/null; rm -rf "$T"' EXIT
 cd "$T"
 KVPOOL_LIB=$LIB "$T/venv/bin/python" - "$T" <<'PY'
 import os, sys, time
+import importlib.metadata as md
 import kvpool, kvpool.vllm
+# The wheel says what it needs from the system and which extra the examples use.
+meta = md.metadata("kvpool")
+assert "libkvpool.so.0.2" in (meta.get_all("Requires-External") or []), meta
+assert "numpy" in (meta.get_all("Provides-Extra") or []), meta
 assert kvpool.__file__.startswith(sys.argv[1] + "/venv/"), kvpool.__file__
 # PEP 561: type checkers use the installed package's hints.
 assert os.path.exists(os.path.join(os.path.dirname(kvpool.__file__), "py.typed"))

@@ -24,7 +24,11 @@ def _version():
 def _metadata(version):
     return (f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {version}\n"
             "Summary: Python client of kvpoold, the remote vLLM KV-cache block pool\n"
-            "License: Apache-2.0\nRequires-Python: >=3.9\n")
+            "License: Apache-2.0\nRequires-Python: >=3.9\n"
+            # what the package loads from the system: the C client (kvpool's .deb, or KVPOOL_LIB)
+            "Requires-External: libkvpool.so.0.2\n"
+            # the examples' extra: pip install 'kvpool[numpy]'
+            "Provides-Extra: numpy\nRequires-Dist: numpy; extra == \"numpy\"\n")
 
 
 def _wheel(directory, files, version, tag="py3-none-any"):
