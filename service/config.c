@@ -76,7 +76,8 @@ static const struct setting {
 	{"vllm-buffer-steps", "N", "vLLM-wire batches each pool keeps for replay. Default 10000"},
 	{"vllm-buffer-mib", "N", "MiB of vLLM-wire batches each pool keeps for replay at most "
 	                         "(as replay-mib). Default 64"},
-	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages. Default 100000"},
+	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages, 1 or more (0, libzmq's "
+	                  "unlimited, is refused). Default 100000"},
 	{"vllm-token-pools", "BOOL", "1: also publish pools that have a token on the vLLM wire, "
 	                             "which has no authentication (anyone who reaches its port "
 	                             "reads their events). Default 0: such pools stay off it"},

@@ -61,8 +61,9 @@ kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 24, &w->buffer_steps);
 	if (strcmp(name, "buffer-mib") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 20, &w->buffer_mib);
+	/* 0 is libzmq's "no limit": a subscriber that never reads could take all memory. */
 	if (strcmp(name, "hwm") == 0)
-		return kvpd_cfg_parse_u32(v, 0, 1u << 30, &w->hwm);
+		return kvpd_cfg_parse_u32(v, 1, 1u << 30, &w->hwm);
 	if (strcmp(name, "token-pools") == 0)
 		return kvpd_cfg_parse_bool(v, &w->token_pools);
 	return -2;

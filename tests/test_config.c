@@ -276,6 +276,9 @@ test_config_vllm_wire(void **state)
 	assert_int_equal(c.vllm.buffer_mib, 5);
 	char *zero[] = {"kvpoold", "--replay-mib", "0", NULL};
 	assert_int_not_equal(load(&c, zero, NULL), 0);
+	/* libzmq's 0 means no limit: one subscriber that does not read could take every byte */
+	char *hwm0[] = {"kvpoold", "--vllm-hwm", "0", NULL};
+	assert_int_not_equal(load(&c, hwm0, NULL), 0);
 
 	char *two[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay", "tcp://*:5558",
 	               "--pool", "a:10", "--pool", "name=b,blocks=10,model=llama,dp_rank=4",
