@@ -2,11 +2,16 @@
 /*
  * Data-plane calls: block contents in the pool's executor.
  *
- * Rules (kvpool.proto says the same): writes go only to blocks this session
- * holds, by a block-level call or through one of its requests (AllocateSlots); WriteBlocks and a copy's destinations also refuse cached blocks,
- * whose content other requests share (copy first, then write the copy);
- * reads and a copy's sources take any block that is held or cached. The
- * executor then checks lengths, repeats and ranges before it writes.
+ * Rules (kvpool.proto says the same): every block a call names must be held
+ * by this session, by a block-level call (Allocate, Touch, a region lock) or
+ * through one of its requests (AllocateSlots), so a session reads only what
+ * it holds and the block cannot change hands under it (a decode peer
+ * Touches a looked-up prefix, then reads). WriteBlocks and a copy's
+ * destinations also refuse cached blocks and blocks another holder shares;
+ * WriteTokens skips the slots of cached blocks (a cached block's content is
+ * immutable to everyone; vLLM's rewrite of a hit's recomputed last token
+ * would put back what is there). The executor then checks lengths, repeats
+ * and ranges before it writes.
  */
 #include <stdio.h>
 #include <string.h>
@@ -106,14 +111,28 @@ writable(struct req_map *m, const int32_t *ids, size_t n, bool exclusive)
 	return KVP_OK;
 }
 
-/* Every block held by some session or cached: its content means something. */
+/*
+ * Every block held by this session or its requests: what it reads cannot be
+ * reused by another session mid-read, and another session's private blocks
+ * are not its to read.
+ */
 static int
 readable(struct call *c, const int32_t *ids, size_t n)
 {
-	for (size_t i = 0; i < n; i++)
-		if (kvp_pool_ref_cnt(c->p->pool, ids[i]) <= 0 && !cached(c, ids[i]))
-			return kvpd_fail(c, KVP_ESTATE, "block %d is free and not cached: nothing to read",
+	struct req_map m = {.c = c};
+	for (size_t i = 0; i < n; i++) {
+		bool by_request = false;
+		int rv;
+		if (kvpd_session_held(c->sess, ids[i]) > 0)
+			continue;
+		if ((rv = request_holds(&m, ids[i], &by_request)) != KVP_OK)
+			return rv;
+		if (!by_request)
+			return kvpd_fail(c, KVP_ENOTOWNER,
+			                 "block %d is not held by this session or its requests: take a "
+			                 "reference first (Touch a looked-up block, or LookupAndLock)",
 			                 ids[i]);
+	}
 	return KVP_OK;
 }
 
@@ -260,9 +279,14 @@ kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
 		                 m->n_slot_mapping, c->p->limits.max_ids);
 	if (m->key.len != m->value.len)
 		return kvpd_fail(c, KVP_EINVAL, "K has %zu bytes, V %zu", m->key.len, m->value.len);
-	/* The slot's block must be held by this session or its requests (cached or not: vLLM
-	 * rewrites the recomputed last token of a full prefix hit into its cached block). */
+	/*
+	 * The slot's block must be held by this session or its requests. A slot
+	 * in a cached block is skipped (-1): cached content is immutable to
+	 * everyone, and vLLM's rewrite of a full hit's recomputed last token
+	 * would put back the KV that is there.
+	 */
 	struct req_map held = {.c = c};
+	int64_t *slots = NULL;
 	for (size_t i = 0; i < m->n_slot_mapping; i++) {
 		int64_t s = m->slot_mapping[i];
 		if (s < 0)
@@ -273,12 +297,21 @@ kvpd_h_write_tokens(struct call *c, const Kvpool__V1__WriteTokensRequest *m,
 		int32_t b = (int32_t)(s / bs);
 		if ((rv = writable(&held, &b, 1, false)))
 			return rv;
+		if (cached(c, b)) {
+			if (slots == NULL) {
+				if ((slots = kvpd_scratch(c, m->n_slot_mapping * sizeof(*slots))) == NULL)
+					return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+				memcpy(slots, m->slot_mapping, m->n_slot_mapping * sizeof(*slots));
+			}
+			slots[i] = KVP_PAD_SLOT;
+		}
 	}
 	if ((r = NEW(c, Kvpool__V1__WriteTokensReply, kvpool__v1__write_tokens_reply__descriptor)) ==
 	    NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	rv = kvp_exec_write_tokens(c->p->exec, m->all_layers, m->layer, m->slot_mapping,
-	                           m->n_slot_mapping, m->key.data, m->value.data, m->key.len);
+	rv = kvp_exec_write_tokens(c->p->exec, m->all_layers, m->layer,
+	                           slots ? slots : m->slot_mapping, m->n_slot_mapping, m->key.data,
+	                           m->value.data, m->key.len);
 	if (rv != KVP_OK)
 		return exec_fail(c, rv, "write tokens");
 	c->p->counters.bytes_written += 2 * m->key.len;

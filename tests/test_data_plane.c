@@ -175,9 +175,13 @@ prefill_then_decode(void **state)
 	assert_memory_equal(back, kv, NB * BLOCK_BYTES);
 	for (int i = 0; i < NB; i++)
 		assert_int_equal(crcs[i], kvp_crc32c(0, kv + (size_t)i * BLOCK_BYTES, BLOCK_BYTES));
-	/* Reading a cached block needs no reference: the prefill client can read it too. */
+	/* Reading needs a reference: the prefill client, which freed its blocks, may not read
+	 * them (they could be reused under it) until it takes one again. */
+	assert_status(kvp_client_read_blocks(pre, hit, 1, back, BLOCK_BYTES, NULL), KVP_ENOTOWNER);
+	assert_ok(kvp_client_touch(pre, hit, 1));
 	assert_ok(kvp_client_read_blocks(pre, hit, 1, back, BLOCK_BYTES, NULL));
 	assert_memory_equal(back, kv, BLOCK_BYTES);
+	assert_ok(kvp_client_free(pre, hit, 1));
 	assert_ok(kvp_client_free(dec, hit, nhit));
 
 	/* The metrics count the bytes. */
@@ -317,12 +321,17 @@ refusals(void **state)
 	assert_ok(kvp_client_allocate(other, 1, &theirs));
 	fill(buf, 5 * BLOCK_BYTES);
 
-	/* Writing a block another session holds; reading a free, uncached block. */
+	/* Writing or reading a block another session holds: its private content is not ours. */
 	assert_status(kvp_client_write_blocks(c, &theirs, 1, buf, BLOCK_BYTES), KVP_ENOTOWNER);
+	assert_status(kvp_client_read_blocks(c, &theirs, 1, buf, BLOCK_BYTES, NULL), KVP_ENOTOWNER);
 	assert_ok(kvp_client_free(other, &theirs, 1));
-	assert_status(kvp_client_read_blocks(c, &theirs, 1, buf, BLOCK_BYTES, NULL), KVP_ESTATE);
-	/* A held block another session holds can be read. */
-	assert_ok(kvp_client_read_blocks(other, ids, 1, buf, BLOCK_BYTES, NULL));
+	assert_status(kvp_client_read_blocks(c, &theirs, 1, buf, BLOCK_BYTES, NULL), KVP_ENOTOWNER);
+	assert_status(kvp_client_read_blocks(other, ids, 1, buf, BLOCK_BYTES, NULL), KVP_ENOTOWNER);
+	/* Nor through a copy: a copy's sources follow the reading rule. */
+	int32_t mine;
+	assert_ok(kvp_client_allocate(other, 1, &mine));
+	assert_status(kvp_client_copy_blocks(other, ids, &mine, 1), KVP_ENOTOWNER);
+	assert_ok(kvp_client_free(other, &mine, 1));
 	/* The null block, and ids outside the pool. */
 	int32_t null_id = 0, far = 64;
 	assert_status(kvp_client_write_blocks(c, &null_id, 1, buf, BLOCK_BYTES), KVP_ENOTOWNER);
@@ -379,7 +388,7 @@ refusals(void **state)
 	int32_t seven[7] = {ids[0], ids[1], ids[0], theirs, ids[0], ids[1], ids[0]};
 	assert_status(kvp_client_read_blocks(c, seven, 7, buf, 5 * BLOCK_BYTES, NULL), KVP_EINVAL);
 	unsigned char *big = malloc(7 * BLOCK_BYTES);
-	assert_status(kvp_client_read_blocks(c, seven, 7, big, 7 * BLOCK_BYTES, NULL), KVP_ESTATE);
+	assert_status(kvp_client_read_blocks(c, seven, 7, big, 7 * BLOCK_BYTES, NULL), KVP_ENOTOWNER);
 	assert_non_null(strstr(kvp_client_last_detail(c), "part [3, 6) of 7"));
 	free(big);
 	/* The client still works after it. */
@@ -502,12 +511,24 @@ request_blocks_are_writable(void **state)
 	assert_ok(kvp_client_write_blocks(c, &ids[1], 1, buf, BLOCK_BYTES));
 	assert_ok(kvp_client_read_blocks(c, &ids[1], 1, got, BLOCK_BYTES, NULL));
 	assert_memory_equal(got, buf, BLOCK_BYTES);
-	/* The cached block: shared content, so WriteBlocks refuses; WriteTokens may rewrite
-	 * a token of it (vLLM's recomputed last token of a hit). */
+	/* The cached block: shared content, so WriteBlocks refuses, and WriteTokens (vLLM's
+	 * recomputed last token of a hit) is taken but leaves it as it is, for everyone. */
 	assert_status(kvp_client_write_blocks(c, &ids[0], 1, buf, BLOCK_BYTES), KVP_ESTATE);
 	int64_t slot = (int64_t)ids[0] * BS + 3;
+	unsigned char *before = malloc(BLOCK_BYTES), *after = malloc(BLOCK_BYTES);
+	assert_ok(kvp_client_read_blocks(c, &ids[0], 1, before, BLOCK_BYTES, NULL));
 	fill(kv, 2 * tok);
 	assert_ok(kvp_client_write_tokens(c, false, 0, &slot, 1, kv, kv + tok, tok));
+	assert_ok(kvp_client_read_blocks(c, &ids[0], 1, after, BLOCK_BYTES, NULL));
+	assert_memory_equal(before, after, BLOCK_BYTES);
+	/* ...also for another session that Touched it. */
+	assert_ok(kvp_client_touch(other, &ids[0], 1));
+	assert_ok(kvp_client_write_tokens(other, false, 0, &slot, 1, kv, kv + tok, tok));
+	assert_ok(kvp_client_read_blocks(other, &ids[0], 1, after, BLOCK_BYTES, NULL));
+	assert_memory_equal(before, after, BLOCK_BYTES);
+	assert_ok(kvp_client_free(other, &ids[0], 1));
+	free(before);
+	free(after);
 	/* Another session, and this one after the request is freed. */
 	assert_status(kvp_client_write_blocks(other, &ids[1], 1, buf, BLOCK_BYTES), KVP_ENOTOWNER);
 	assert_status(kvp_client_write_tokens(other, false, 0, &slot, 1, kv, kv + tok, tok),

@@ -259,7 +259,8 @@ int kvp_client_get_computed_blocks(struct kvp_client *c, uint64_t request_id, in
  */
 
 /*
- * Reads blocks ids[0..n) (held by any session, or cached) into buf, which
+ * Reads blocks ids[0..n) (held by this session or its requests: Touch a
+ * looked-up block first; KVP_ENOTOWNER otherwise) into buf, which
  * must be exactly n x block_bytes. Every block's CRC32C is checked on
  * arrival (a mismatch is KVP_EINTERNAL); crcs, if not NULL, receives them.
  */

@@ -85,8 +85,10 @@ def main(url, pool="default"):
             c.cache(ids, prompt, 2)
             with kvpool.Client(url, pool=pool) as decode:
                 found, hit = decode.lookup(prompt)
+                decode.touch(found)  # a reference first: what it reads cannot be reused meanwhile
                 out = np.empty_like(kv)
                 decode.read_blocks(found, out)
+                decode.free(found)
             assert found == ids and np.array_equal(out, kv)
             print(f"handed off blocks {ids} ({kv.nbytes} bytes) byte for byte")
             c.free(ids)
