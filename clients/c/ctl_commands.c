@@ -351,9 +351,26 @@ run_data(struct ctl *x)
 			printf("copied %zu block(s)\n", n);
 	} else if (x->cmd->bit == C_READ) {
 		FILE *f;
-		if ((buf = malloc(n * bb)) == NULL || (crcs = malloc(n * sizeof(*crcs))) == NULL)
+		size_t nd = 0;
+		if ((buf = malloc(n * bb)) == NULL || (crcs = malloc(n * sizeof(*crcs))) == NULL ||
+		    (dst = malloc(n * sizeof(*dst))) == NULL)
 			goto out;
-		if ((rv = kvp_client_read_blocks(x->c, ids, n, buf, n * bb, crcs)) != KVP_OK)
+		/* The daemon reads only blocks the session holds: a reference of our own on each
+		 * block named (once), for the read, so it cannot be reused under us. */
+		for (size_t i = 0; i < n; i++) {
+			bool seen = false;
+			for (size_t k = 0; k < nd && !seen; k++)
+				seen = dst[k] == ids[i];
+			if (!seen)
+				dst[nd++] = ids[i];
+		}
+		if ((rv = kvp_client_touch(x->c, dst, nd)) != KVP_OK)
+			goto out;
+		rv = kvp_client_read_blocks(x->c, ids, n, buf, n * bb, crcs);
+		int fr = kvp_client_free(x->c, dst, nd);
+		if (rv == KVP_OK)
+			rv = fr;
+		if (rv != KVP_OK)
 			goto out;
 		if ((f = fopen(x->out, "wb")) == NULL || fwrite(buf, 1, n * bb, f) != n * bb ||
 		    fclose(f) != 0) {

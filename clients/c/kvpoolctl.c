@@ -224,8 +224,8 @@ static const struct command commands[] = {
 	 "the longest cached prefix of TOKENS", C_LOOKUP, run_lookup},
 	{"snapshot", "", "every cached (hash, group) and its block count", C_SNAPSHOT, run_snapshot},
 	{"read", "--blocks IDS --out FILE",
-	 "save the blocks' contents (held or cached) to FILE, checksums verified; `info` shows "
-	 "the payload format", C_READ, run_data},
+	 "save the blocks' contents to FILE (under a reference taken for the read), checksums "
+	 "verified; `info` shows the payload format", C_READ, run_data},
 	{"write", "--blocks IDS --in FILE",
 	 "load FILE (blocks x block_bytes) into blocks this session holds (use --session)",
 	 C_WRITE, run_data},
