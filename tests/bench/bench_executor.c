@@ -269,8 +269,10 @@ run_remote(const char *url, uint32_t nblocks, int32_t *ids, size_t bb, bool writ
 	int32_t own[64];
 	double t0, dt = 1e-9;
 	long n = 0;
+	/* A reader holds what it reads (the daemon serves only held blocks): a Touch, untimed. */
 	if (kvp_client_open(&o, &c) != KVP_OK || nblocks > 64 ||
-	    (write && kvp_client_allocate(c, nblocks, own) != KVP_OK)) {
+	    (write && kvp_client_allocate(c, nblocks, own) != KVP_OK) ||
+	    (!write && kvp_client_touch(c, ids, nblocks) != KVP_OK)) {
 		*failed = 1;
 		free(buf);
 		return 0;
@@ -289,8 +291,7 @@ run_remote(const char *url, uint32_t nblocks, int32_t *ids, size_t bb, bool writ
 		n++;
 		dt = now() - t0;
 	} while (dt < seconds);
-	if (write)
-		(void)kvp_client_free(c, own, nblocks);
+	(void)kvp_client_free(c, write ? own : ids, nblocks);
 	kvp_client_close(c);
 	free(buf);
 	return (double)nblocks * bb * (double)n / dt;
