@@ -56,11 +56,14 @@ $helm template kvpool ../helm/kvpool -n inference --set podLabels.team=inference
 	--set 'extraEnv[0].name=KVPOOL_LEASE_MS' --set-string 'extraEnv[0].value=20000' \
 	--set 'topologySpreadConstraints[0].maxSkew=1,topologySpreadConstraints[0].topologyKey=kubernetes.io/hostname,topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway' \
 	--set updateStrategy.type=OnDelete > out/helm-extras.yaml
+$helm template kvpool ../helm/kvpool -n inference --set prometheusRule.enabled=true \
+	--api-versions monitoring.coreos.com/v1/PrometheusRule > out/helm-rules.yaml
+grep -q '^kind: PrometheusRule' out/helm-rules.yaml || { echo "FAIL: no PrometheusRule rendered"; exit 1; }
 # What the chart must refuse.
 for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name \
 	'pools[0].groups=full:16\,blocks=9' 'pools[0].groups=sliding window:16:8' \
 	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5 pools[0].shards=0 \
-	nodeLocal.socketDir=relative preStopSleepSeconds=20 vllmEvents.hwm=0 'extraEnv[0].name=X,extraEnv[0].value=1'; do
+	nodeLocal.socketDir=relative preStopSleepSeconds=20 vllmEvents.hwm=0 prometheusRule.poolFullRatio=2 'extraEnv[0].name=X,extraEnv[0].value=1'; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1

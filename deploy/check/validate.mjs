@@ -17,6 +17,8 @@ const models = {
   "apps/v1/DaemonSet": "kubernetes-models/apps/v1/DaemonSet",
   "policy/v1/PodDisruptionBudget": "kubernetes-models/policy/v1/PodDisruptionBudget",
   "networking.k8s.io/v1/NetworkPolicy": "kubernetes-models/networking.k8s.io/v1/NetworkPolicy",
+  "monitoring.coreos.com/v1/PrometheusRule":
+    "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule",
   "monitoring.coreos.com/v1/ServiceMonitor":
     "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor",
 };
