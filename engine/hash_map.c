@@ -168,3 +168,47 @@ kvp_map_clear(struct kvp_map *m)
 		m->ent[i].len = 0;
 	m->num_keys = 0;
 }
+
+int
+kvp_map_grow(struct kvp_map *m, uint32_t num_ids)
+{
+	uint64_t nb = (uint64_t)m->mask + 1;
+
+	if (num_ids <= m->num_ids || num_ids > INT32_MAX - 2)
+		return KVP_EINVAL;
+	while (nb < 4ull * num_ids && nb < (1ull << 32))
+		nb <<= 1;
+	if (nb < 2ull * num_ids)
+		return KVP_EINVAL;
+	uint64_t *nbk = kvp_big_alloc(nb * sizeof(*nbk));
+	struct kvp_map_entry *nent = kvp_big_alloc((size_t)num_ids * sizeof(*nent));
+	uint8_t *nkeys = kvp_big_alloc((size_t)num_ids * m->max_key_len);
+	if (!nbk || !nent || !nkeys) {
+		kvp_big_free(nbk, nb * sizeof(*nbk));
+		kvp_big_free(nent, (size_t)num_ids * sizeof(*nent));
+		kvp_big_free(nkeys, (size_t)num_ids * m->max_key_len);
+		return KVP_ENOMEM;
+	}
+	memcpy(nent, m->ent, (size_t)m->num_ids * sizeof(*nent));
+	memcpy(nkeys, m->keys, (size_t)m->num_ids * m->max_key_len);
+	/* The chains live in the entries; a bucket only moves to its new home. */
+	uint32_t nmask = (uint32_t)(nb - 1);
+	for (uint64_t i = 0; i <= m->mask; i++) {
+		uint64_t b = m->buckets[i];
+		if (b == 0)
+			continue;
+		uint32_t j = kvp_map__bhash(b) & nmask;
+		while (nbk[j] != 0)
+			j = (j + 1) & nmask;
+		nbk[j] = b;
+	}
+	kvp_big_free(m->buckets, bucket_bytes(m));
+	kvp_big_free(m->ent, (size_t)m->num_ids * sizeof(*m->ent));
+	kvp_big_free(m->keys, (size_t)m->num_ids * m->max_key_len);
+	m->buckets = nbk;
+	m->ent = nent;
+	m->keys = nkeys;
+	m->mask = nmask;
+	m->num_ids = num_ids;
+	return KVP_OK;
+}

@@ -56,6 +56,12 @@ struct kvp_map {
 int kvp_map_init(struct kvp_map *m, uint32_t num_ids, uint32_t max_key_len);
 /* Frees the map's memory. Safe on a zeroed or already finalised map. */
 void kvp_map_fini(struct kvp_map *m);
+/*
+ * Makes room for ids up to num_ids-1 (more than today's), keeping every key,
+ * chain and hash: O(ids + buckets), once. KVP_EINVAL, KVP_ENOMEM (the map
+ * unchanged).
+ */
+int kvp_map_grow(struct kvp_map *m, uint32_t num_ids);
 
 
 /*

@@ -51,7 +51,8 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 	kvp_event_batch_init(&p->events);
 	p->blocks = kvp_big_alloc(((size_t)p->n + 2) * sizeof(*p->blocks));
 	p->scratch = malloc((size_t)p->n * sizeof(*p->scratch));
-	if (p->blocks == NULL || p->scratch == NULL) {
+	p->htok = kvp_big_alloc((size_t)p->n * sizeof(*p->htok));
+	if (p->blocks == NULL || p->scratch == NULL || p->htok == NULL) {
 		kvp_pool_destroy(p);
 		return KVP_ENOMEM;
 	}
@@ -88,6 +89,10 @@ kvp_pool_destroy(struct kvp_pool *p)
 	kvp_big_free(p->blocks, ((size_t)p->n + 2) * sizeof(*p->blocks));
 	free(p->scratch);
 	free(p->extra_buf);
+	kvp_big_free(p->htok, (size_t)p->n * sizeof(*p->htok));
+	free(p->xowner);
+	free(p->xnext);
+	free(p->xhead);
 	free(p);
 }
 
@@ -121,6 +126,8 @@ maybe_evict(struct kvp_pool *p, int32_t id)
 	kvp_map__remove_id(&p->map, id);
 	p->num_hashed--;
 	p->stats.blocks_evicted++;
+	if (__builtin_expect(p->num_extra != 0, 0))
+		kvp_pool__drop_extras(p, id);
 }
 
 /*
@@ -176,7 +183,8 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 	}
 	/* Reserve for the worst case (every popped block cached) up front. */
 	if (p->caching && p->num_hashed > 0 &&
-	    (rv = reserve_removed(p, n < p->num_hashed ? n : p->num_hashed)) != KVP_OK)
+	    (rv = reserve_removed(p, (n < p->num_hashed ? n : p->num_hashed) + p->num_extra)) !=
+	            KVP_OK)
 		return rv;
 	if (n == 0)
 		return KVP_OK;
@@ -209,10 +217,10 @@ get_cached_slow(const struct kvp_pool *p, const uint8_t *hash, size_t hash_len,
 		if (id < 0)
 			return KVP_ENOTFOUND;
 		if (ngroups == 1)
-			ids[0] = id;
+			ids[0] = kvp_pool__owner(p, id);
 	}
 	for (size_t g = 0; ngroups > 1 && g < ngroups; g++)
-		ids[g] = lookup_group(p, key, hash_len, groups[g]);
+		ids[g] = kvp_pool__owner(p, lookup_group(p, key, hash_len, groups[g]));
 	return KVP_OK;
 }
 
@@ -233,7 +241,7 @@ kvp_pool_get_cached_block(const struct kvp_pool *p, const uint8_t *hash, size_t 
 	int32_t id = kvp_map__lookup_hg(&p->map, hash, gbe);
 	if (id < 0)
 		return KVP_ENOTFOUND;
-	ids[0] = id;
+	ids[0] = kvp_pool__owner(p, id);
 	return KVP_OK;
 }
 
@@ -342,12 +350,31 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	return KVP_OK;
 }
 
+/* Writes block id's key (hash h, group gbe) into its slot of the map's key slab, and its hash. */
+static inline __attribute__((always_inline)) void
+stage_key(struct kvp_pool *p, int32_t id, const uint8_t *h, size_t hlen, const uint8_t *gbe)
+{
+	uint8_t *key = kvp_map__slot_mut(&p->map, id);
+	uint32_t kh;
+	if (hlen == KVP_HASH_LEN) {
+		memcpy(key, h, KVP_HASH_LEN); /* a constant size: moves */
+		memcpy(key + KVP_HASH_LEN, gbe, GROUP_LEN);
+		kh = kvp_map__hash_hg(&p->map, h, gbe);
+	} else {
+		memcpy(key, h, hlen);
+		memcpy(key + hlen, gbe, GROUP_LEN);
+		kh = kvp_map_hash(&p->map, key, hlen + GROUP_LEN);
+	}
+	p->map.ent[id].hash = kh;
+	kvp_map_prefetch_hash(&p->map, kh);
+}
+
 int
 kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num_blocks,
                            const struct kvp_cache_args *a)
 {
 	uint32_t k, nc, nf, mark;
-	size_t hlen, olen, stored = 0; /* olen: kvp_pool_coarse_hash's, always hlen */
+	size_t hlen, olen, stored = 0, promoted = 0; /* olen: kvp_pool_coarse_hash's, always hlen */
 	int rv;
 
 	if (p == NULL || a == NULL || (blocks == NULL && num_blocks > 0))
@@ -388,31 +415,27 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			continue;
 		if (b[id].mark == mark)
 			return KVP_EINVAL;
-		if (kvp_map_has_id(&p->map, id) || b[id].ref_cnt == 0 ||
-		    (p->num_pending != 0 && kvp_map_has_id(&p->pending, id)))
+		if (b[id].ref_cnt == 0 || (p->num_pending != 0 && kvp_map_has_id(&p->pending, id)))
 			return KVP_ESTATE;
 		b[id].mark = mark;
 		stored++;
-		uint8_t *key = kvp_map__slot_mut(&p->map, id);
-		const uint8_t *h = kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen);
-		uint32_t kh;
-		if (hlen == KVP_HASH_LEN) {
-			memcpy(key, h, KVP_HASH_LEN); /* a constant size: moves */
-			memcpy(key + KVP_HASH_LEN, gbe, GROUP_LEN);
-			kh = kvp_map__hash_hg(&p->map, h, gbe);
-		} else {
-			memcpy(key, h, hlen);
-			memcpy(key + hlen, gbe, GROUP_LEN);
-			kh = kvp_map_hash(&p->map, key, klen);
+		if (__builtin_expect(kvp_map_has_id(&p->map, id), 0)) {
+			/* Only a partial primary's promotion to its whole block (vLLM 0.33;
+			 * vLLM would re-key any block covering fewer tokens): the old keys
+			 * go first, so its key is staged after them. */
+			if (!(p->htok[id] & HTOK_PARTIAL) ||
+			    (p->htok[id] & ~HTOK_PARTIAL) >= (uint64_t)(i + 1) * a->block_size)
+				return KVP_ESTATE;
+			promoted += 1 + kvp_pool__num_extras(p, id);
+			continue;
 		}
-		p->map.ent[id].hash = kh;
-		kvp_map_prefetch_hash(&p->map, kh);
+		stage_key(p, id, kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen), hlen, gbe);
 	}
+	/* all_token_ids[nc*bs : nf*bs], Python slice clamping, over a window of
+	 * the request's tokens that starts at first_token. */
+	size_t t0 = (size_t)nc * a->block_size, t1 = (size_t)nf * a->block_size;
 	if (p->events_on) {
 		size_t per = kvp_extra_keys_max_len(a->keys);
-		/* all_token_ids[nc*bs : nf*bs], Python slice clamping, over a window of
-		 * the request's tokens that starts at first_token. */
-		size_t t0 = (size_t)nc * a->block_size, t1 = (size_t)nf * a->block_size;
 		t0 = t0 > a->first_token ? t0 - a->first_token : 0;
 		t1 = t1 > a->first_token ? t1 - a->first_token : 0;
 		t0 = t0 < a->num_tokens ? t0 : a->num_tokens;
@@ -425,12 +448,22 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			p->extra_cap = per;
 		}
 		rv = kvp_event_batch_reserve(
-			&p->events, 1,
+			&p->events, 1 + promoted,
 			kvp_event_stored_bytes(stored, hlen, nc > 0, t1 - t0,
 		                               a->keys ? a->keys->lora_name : NULL, p->medium,
-		                               stored * per));
+		                               stored * per) +
+			        promoted * kvp_event_removed_bytes(p->max_hash_len, p->medium));
 		if (rv != KVP_OK)
 			return rv;
+	}
+	for (uint32_t i = nc; promoted > 0 && i < nf; i++) {
+		int32_t id = blocks[i];
+		if (id == KVP_NULL_BLOCK || (mask && !mask[i - nc]) || !kvp_map_has_id(&p->map, id))
+			continue;
+		kvp_pool__drop_all(p, id); /* its BlockRemoveds precede the BlockStored, as vLLM's */
+		stage_key(p, id, kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen), hlen, gbe);
+	}
+	if (p->events_on) {
 		struct kvp_stored_desc d = {
 			.hash_len = hlen,
 			.parent = nc > 0 ? kvp_pool_coarse_hash(p, a->block_hashes, k, nc - 1, &olen) : NULL,
@@ -452,6 +485,8 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		if (id == KVP_NULL_BLOCK || (mask && !mask[i - nc]))
 			continue;
 		kvp_map__insert_slot(&p->map, id, klen, p->map.ent[id].hash);
+		uint64_t ntok = (uint64_t)(i + 1) * a->block_size;
+		p->htok[id] = ntok < HTOK_PARTIAL ? (uint32_t)ntok : HTOK_PARTIAL - 1;
 		if (events) {
 			size_t elen = 0;
 			int64_t start = (int64_t)i * a->block_size;
@@ -540,7 +575,7 @@ kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 		p->blocks[id].mark = mark;
 		p->scratch[m++] = id;
 		if (kvp_map_has_id(&p->map, id))
-			hashed++;
+			hashed += 1 + kvp_pool__num_extras(p, id);
 	}
 	if ((rv = reserve_removed(p, hashed)) != KVP_OK)
 		return rv;
@@ -562,6 +597,7 @@ kvp_pool_reset_prefix_cache(struct kvp_pool *p)
 	if (p->events_on && (rv = kvp_event_batch_reserve(&p->events, 1, 0)) != KVP_OK)
 		return rv;
 	kvp_map_clear(&p->map);
+	kvp_pool__clear_extras(p);
 	p->num_hashed = 0;
 	if (p->metrics)
 		kvp_metrics_reset(p->metrics);

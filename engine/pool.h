@@ -187,9 +187,63 @@ int kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t
                                const struct kvp_cache_args *a);
 
 /*
+ * ---- Partial entries (vLLM 0.33's cache_partial_block) ----
+ * A block may be reachable from more than one key: its primary (the first
+ * it got; vLLM's block_hash, with the tokens it covers, block_hash_num_tokens)
+ * and extras, each a prefix boundary inside the block. Lookups find a block
+ * by any of its keys, in the order the keys' entries were added; eviction,
+ * promotion and replacement drop all of a block's keys, one BlockRemoved
+ * each (the primary first, then the extras in the order added: vLLM
+ * iterates a set there, in no order a caller may rely on). At most
+ * num_blocks extras exist at once (KVP_ENOSPACE past that; vLLM has no
+ * bound); their room (about 60 bytes per block) is made on the first.
+ * cache_full_blocks promotes a block whose primary is a partial entry
+ * covering fewer tokens than the block's position ((i+1)·block_size): its
+ * keys go (BlockRemoved each, before the BlockStored), the full key comes
+ * in. (vLLM 0.33 re-keys any hashed block covering fewer tokens; kvpool
+ * refuses a full block's re-keying with KVP_ESTATE, as before: a block's
+ * full key never changes under its other holders.) Not in 9aaf83ef5 pools
+ * (KVP_ENOTSUP).
+ */
+
+/*
+ * cache_partial_block: makes block id reachable from the prefix boundary at
+ * num_tokens (a positive multiple of hash_block_size, at most the hashes
+ * given): the key a->block_hashes[num_tokens/hash_block_size - 1] ||
+ * a->group_id. a gives the request's fine hashes, tokens, keys and lora;
+ * its block_size (the group's) must be a multiple of hash_block_size; its
+ * range and mask are not read. replace drops the block's keys first (its
+ * contents changed). Otherwise, a block whose primary covers fewer tokens
+ * loses its keys first; a block already under the key is left alone; a
+ * block with no primary takes the key as its primary; else the key is an
+ * extra. A new entry queues one BlockStored (the key's hash, parent the
+ * previous fine hash, the tokens of its last hash block, block_size
+ * hash_block_size). *stored (may be NULL): whether an entry was added.
+ * The null block: KVP_OK, nothing. KVP_ERANGE, KVP_EINVAL, KVP_ESTATE (ref
+ * count 0, reserved), KVP_ENOTSUP (caching off, or a 9aaf83ef5 pool),
+ * KVP_ENOSPACE (num_blocks extras exist), KVP_ENOMEM. Nothing changes on error.
+ */
+int kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens, bool replace,
+                                 const struct kvp_cache_args *a, bool *stored);
+/*
+ * move_block_hashes: every key of src now names dst instead, each at its
+ * key's tail (vLLM's pop + insert), with no event; dst takes src's
+ * block_hash_num_tokens. src with no key: KVP_OK, nothing. KVP_ERANGE,
+ * KVP_EINVAL (dst is the null block or src), KVP_ESTATE (dst has a key, a
+ * ref count 0, or is reserved).
+ */
+int kvp_pool_move_block_hashes(struct kvp_pool *p, int32_t src, int32_t dst);
+/* Tokens block id's primary key covers (vLLM's block_hash_num_tokens), 0 if unhashed or unknown. */
+uint32_t kvp_pool_block_hash_tokens(const struct kvp_pool *p, int32_t id);
+/* Block id's key i (0: its primary; then its extras in the order added), or NULL past the last. */
+const uint8_t *kvp_pool_block_key_at(const struct kvp_pool *p, int32_t id, size_t i, size_t *len);
+/* Extra keys in the map (vLLM's cached_block_hashes_by_block entries). */
+uint32_t kvp_pool_num_partial_keys(const struct kvp_pool *p);
+
+/*
  * evict_blocks: drops the hash of each listed block (in ascending id order,
  * duplicates once, as vLLM iterates its set), queuing a BlockRemoved for
- * each block that had one. Ref counts and the queue are unchanged; the null
+ * each key it had. Ref counts and the queue are unchanged; the null
  * block and uncached ids are no-ops. KVP_ERANGE (nothing evicted),
  * KVP_EINVAL, KVP_ENOMEM.
  */

@@ -25,6 +25,7 @@ kvp_pool_metadata_bytes(const struct kvp_pool *p, size_t *map_bytes)
 		*map_bytes = ((size_t)m->mask + 1) * sizeof(*m->buckets) +
 		             (size_t)m->num_ids * m->max_key_len;
 	return ((size_t)p->n + 2) * sizeof(*p->blocks) + (size_t)p->n * sizeof(*p->scratch) +
+	       (size_t)p->n * sizeof(*p->htok) + (p->xowner ? (size_t)p->n * 3 * sizeof(int32_t) : 0) +
 	       (size_t)m->num_ids * sizeof(*m->ent);
 }
 
@@ -66,7 +67,7 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 		FAIL("null block has a hash");
 	for (uint32_t i = 1; i < p->n; i++) {
 		int32_t id = (int32_t)i;
-		size_t len;
+		size_t len = 0;
 		const uint8_t *key;
 		if (b[i].ref_cnt < 0)
 			FAIL("block %u ref_cnt %d", i, b[i].ref_cnt);
@@ -91,6 +92,34 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 				FAIL("block %u is not under its own key", i);
 		}
 	}
+	/* Extra keys: each slot in use belongs to a hashed block's list and is under its key. */
+	uint32_t extras = 0;
+	for (uint32_t s = 0; p->xowner != NULL && s < p->n; s++) {
+		int32_t own = p->xowner[s], mid = (int32_t)(p->n + s);
+		size_t len = 0;
+		const uint8_t *key = kvp_map_key(&p->map, mid, &len);
+		if (own < 0) {
+			if (key != NULL)
+				FAIL("free extra slot %u is in the map", s);
+			continue;
+		}
+		extras++;
+		if ((uint32_t)own >= p->n || own == KVP_NULL_BLOCK || !kvp_map_has_id(&p->map, own))
+			FAIL("extra slot %u belongs to block %d, which has no primary key", s, own);
+		if (key == NULL)
+			FAIL("extra slot %u of block %d is not in the map", s, own);
+		int on_list = 0, under = 0;
+		for (int32_t t = p->xhead[own]; t >= 0 && !on_list; t = p->xnext[t])
+			on_list = t == (int32_t)s;
+		for (int32_t j = kvp_map_lookup(&p->map, key, len); j >= 0;
+		     j = kvp_map_next_same_key(&p->map, j))
+			under |= j == mid;
+		if (!on_list || !under)
+			FAIL("extra slot %u of block %d is %s", s, own,
+			     on_list ? "not under its key" : "not on its block's list");
+	}
+	if (extras != p->num_extra)
+		FAIL("%u extra keys, count says %u", extras, p->num_extra);
 	if (hashed != p->num_hashed)
 		FAIL("%u hashed blocks, count says %u", hashed, p->num_hashed);
 	/* Each key's chain head is a distinct key: count heads. */
@@ -105,7 +134,7 @@ kvp_pool_check(const struct kvp_pool *p, char *detail, size_t detail_len)
 	/* A reserved block is held, not cached, and found under its pending key. */
 	uint32_t pending = 0;
 	for (uint32_t i = 0; p->pending_on && i < p->n; i++) {
-		size_t len;
+		size_t len = 0;
 		const uint8_t *key = kvp_map_key(&p->pending, (int32_t)i, &len);
 		if (key == NULL)
 			continue;

@@ -45,7 +45,37 @@ struct kvp_pool {
 	struct kvp_map pending;   /* reserved keys -> their blocks (pool_keyed.c) */
 	bool pending_on;          /* pending is made on the first reserve */
 	uint32_t num_pending;
+	uint32_t *htok;           /* per block: tokens its primary key covers (vLLM's
+	                           * block_hash_num_tokens), | HTOK_PARTIAL when that key
+	                           * came from cache_partial_block; 0: not known (a keyed commit) */
+	/* Partial entries (vLLM 0.33's cache_partial_block, pool_partial.c): a
+	 * block's keys past its primary are map ids n..2n-1, made on first use. */
+	int32_t *xowner;          /* per extra slot: its block, or -1 when free */
+	int32_t *xnext;           /* per extra slot: the block's next slot, or the next free one */
+	int32_t *xhead;           /* per block: its first extra slot, or -1 */
+	int32_t xfree;            /* first free extra slot, or -1 */
+	uint32_t num_extra;       /* extra entries in the map */
 };
+
+#define HTOK_PARTIAL 0x80000000u
+
+/* The block a map id stands for (an extra slot's owner), or -1 for -1. */
+static inline int32_t
+kvp_pool__owner(const struct kvp_pool *p, int32_t mid)
+{
+	return mid < (int32_t)p->n ? mid : p->xowner[mid - (int32_t)p->n];
+}
+
+/* Extra keys of block id (0 when none). */
+uint32_t kvp_pool__num_extras(const struct kvp_pool *p, int32_t id);
+/* Drops block id's extra keys, queuing a BlockRemoved for each (the caller
+ * reserved them), in the order they were added (pool_partial.c). */
+void kvp_pool__drop_extras(struct kvp_pool *p, int32_t id);
+/* _remove_cached_block_hashes: block id's primary key, then its extras, one
+ * BlockRemoved each (the caller reserved them). */
+void kvp_pool__drop_all(struct kvp_pool *p, int32_t id);
+/* Forgets every extra key (reset_prefix_cache). */
+void kvp_pool__clear_extras(struct kvp_pool *p);
 
 /* Forgets the pending key of block id, whose last reference went (pool_keyed.c). */
 void kvp_pool__drop_pending(struct kvp_pool *p, int32_t id);

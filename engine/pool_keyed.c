@@ -230,6 +230,7 @@ kvp_pool_commit(struct kvp_pool *p, const int32_t *ids, size_t n, const uint32_t
 		memcpy(key, p->pending.keys + (size_t)ids[i] * p->pending.max_key_len, len);
 		kvp_map_remove_id(&p->pending, ids[i]);
 		kvp_map_insert(&p->map, key, len, ids[i]);
+		p->htok[ids[i]] = 0; /* an offload key: no token count */
 	}
 	p->num_pending -= (uint32_t)n;
 	p->num_hashed += (uint32_t)n;

@@ -66,6 +66,15 @@ struct call_keys {
 int kvpd_check_ids(struct call *c, const int32_t *ids, size_t n);
 
 int kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_keys *out);
+/* A group the pool has: KVP_OK, or INVALID_ARGUMENT naming how many it has. */
+int kvpd_check_group(struct call *c, uint32_t g);
+/*
+ * The fine hashes of a call: given (a multiple of the pool's hash_len) or
+ * computed from the request's tokens (from position 0) and keys.
+ */
+int kvpd_fine_hashes(struct call *c, ProtobufCBinaryData given, const int64_t *tokens, size_t ntok,
+                     const struct kvp_request_keys *keys, const uint8_t **out, size_t *n,
+                     bool *computed);
 
 /* Sessions (calls_session.c) and Batch (dispatch.c). */
 int kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Reply *out);
@@ -114,6 +123,12 @@ int kvpd_h_abort(struct call *c, const Kvpool__V1__AbortRequest *m, Kvpool__V1__
 int kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m,
                            Kvpool__V1__Reply *out);
 int kvpd_h_unlock(struct call *c, const Kvpool__V1__UnlockRequest *m, Kvpool__V1__Reply *out);
+
+/* vLLM 0.33's partial prefix-cache entries (calls_partial.c). */
+int kvpd_h_cache_partial(struct call *c, const Kvpool__V1__CachePartialRequest *m,
+                         Kvpool__V1__Reply *out);
+int kvpd_h_move_hashes(struct call *c, const Kvpool__V1__MoveHashesRequest *m,
+                       Kvpool__V1__Reply *out);
 /* Whether the session may take n more block references (--max-refs); fails the call if not. */
 int kvpd_room_for_refs(struct call *c, size_t n);
 

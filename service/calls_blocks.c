@@ -142,9 +142,8 @@ kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_ke
 	return KVP_OK;
 }
 
-/* A group the pool has: KVP_OK, or INVALID_ARGUMENT naming how many it has. */
-static int
-check_group(struct call *c, uint32_t g)
+int
+kvpd_check_group(struct call *c, uint32_t g)
 {
 	uint32_t n = kvp_mgr_num_groups(c->p->mgr);
 	if (g < n)
@@ -152,12 +151,8 @@ check_group(struct call *c, uint32_t g)
 	return kvpd_fail(c, KVP_EINVAL, "group_id %u: pool %s has %u group(s)", g, c->p->cfg.name, n);
 }
 
-/*
- * The fine hashes of a call: given (a multiple of the pool's hash_len) or computed
- * from the request's tokens (from position 0) and keys.
- */
-static int
-fine_hashes(struct call *c, ProtobufCBinaryData given, const int64_t *tokens, size_t ntok,
+int
+kvpd_fine_hashes(struct call *c, ProtobufCBinaryData given, const int64_t *tokens, size_t ntok,
             const struct kvp_request_keys *keys, const uint8_t **out, size_t *n, bool *computed)
 {
 	uint32_t hbs = kvp_pool_hash_block_size(c->p->pool), hl = kvp_pool_hash_len(c->p->pool);
@@ -251,11 +246,11 @@ kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Repl
 		hashes = all;
 		nh = nf;
 		first_token = (size_t)nc * hbs;
-	} else if ((rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr,
+	} else if ((rv = kvpd_fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr,
 	                             &hashes, &nh, &computed))) {
 		return rv;
 	}
-	if ((rv = check_group(c, m->group_id)))
+	if ((rv = kvpd_check_group(c, m->group_id)))
 		return rv;
 	struct kvp_cache_args a = {
 		.block_hashes = hashes, .num_block_hashes = nh,
@@ -305,10 +300,10 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	     (size_t)(bs / hbs) * hl > kvp_pool_max_hash_len(c->p->pool)))
 		return kvpd_fail(c, KVP_EINVAL, "block_size %u is not a supported multiple of %u", bs, hbs);
 	for (size_t i = 0; i < ng; i++)
-		if ((rv = check_group(c, groups[i])))
+		if ((rv = kvpd_check_group(c, groups[i])))
 			return rv;
 	if ((rv = kvpd_parse_keys(c, m->keys, &ck)) ||
-	    (rv = fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
+	    (rv = kvpd_fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
 	                      &nh, &computed)))
 		return rv;
 	uint32_t k = bs / hbs;

@@ -124,14 +124,16 @@ smallest_keys(struct kvp_pool *pool, const struct kvpd_key *after, size_t cap,
 
 	for (uint32_t id = 1; id < nb; id++) {
 		struct kvpd_key k;
-		if ((k.k = kvp_pool_block_key(pool, (int32_t)id, &k.len)) == NULL ||
-		    (after->len > 0 && key_cmp(&k, after) <= 0))
-			continue;
-		if (n < cap + 1) {
-			heap_push(keys, &n, k);
-		} else if (key_cmp(&k, &keys[0]) < 0) {
-			keys[0] = k;
-			heap_sift_down(keys, n, 0);
+		/* Every key of the block: its primary, then any partial entries (vLLM 0.33). */
+		for (size_t i = 0; (k.k = kvp_pool_block_key_at(pool, (int32_t)id, i, &k.len)); i++) {
+			if (after->len > 0 && key_cmp(&k, after) <= 0)
+				continue;
+			if (n < cap + 1) {
+				heap_push(keys, &n, k);
+			} else if (key_cmp(&k, &keys[0]) < 0) {
+				keys[0] = k;
+				heap_sift_down(keys, n, 0);
+			}
 		}
 	}
 	return n;
@@ -146,11 +148,11 @@ count_key(struct kvp_pool *pool, const struct kvpd_key *x, bool *above)
 	*above = false;
 	for (uint32_t id = 1; id < nb; id++) {
 		struct kvpd_key k;
-		if ((k.k = kvp_pool_block_key(pool, (int32_t)id, &k.len)) == NULL)
-			continue;
-		int d = key_cmp(&k, x);
-		n += d == 0;
-		*above |= d > 0;
+		for (size_t i = 0; (k.k = kvp_pool_block_key_at(pool, (int32_t)id, i, &k.len)); i++) {
+			int d = key_cmp(&k, x);
+			n += d == 0;
+			*above |= d > 0;
+		}
 	}
 	return n;
 }

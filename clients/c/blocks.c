@@ -106,6 +106,59 @@ kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_
 }
 
 int
+kvp_client_cache_partial(struct kvp_client *c, const struct kvp_client_cache *a,
+                         uint32_t num_tokens, bool replace_existing, bool *stored)
+{
+	Kvpool__V1__CacheRequest full;
+	Kvpool__V1__CachePartialRequest m = KVPOOL__V1__CACHE_PARTIAL_REQUEST__INIT;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	/* The same arguments as a Cache, checked the same way; one block, no range. */
+	if (c == NULL || a == NULL || a->num_block_ids != 1 || a->parent_hash != NULL ||
+	    a->block_mask != NULL || kvp_build_cache_(&full, a, c->info.hash_len) != KVP_OK)
+		return KVP_EINVAL;
+	m.block_id = a->block_ids[0];
+	m.num_tokens = num_tokens;
+	m.group_id = a->group_id;
+	m.block_size = a->block_size;
+	m.block_hashes = full.block_hashes;
+	m.token_ids = full.token_ids;
+	m.n_token_ids = full.n_token_ids;
+	m.replace_existing = replace_existing;
+	if (a->keys || a->has_lora_id) {
+		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	KVP_CLIENT_CALL(c, cache_partial, CACHE_PARTIAL, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (stored)
+		*stored = r->result_case == KVPOOL__V1__REPLY__RESULT_CACHE_PARTIAL &&
+		          r->cache_partial->stored;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
+kvp_client_move_hashes(struct kvp_client *c, int32_t src_block, int32_t dst_block)
+{
+	Kvpool__V1__MoveHashesRequest m = KVPOOL__V1__MOVE_HASHES_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || src_block < 0 || dst_block < 0)
+		return KVP_EINVAL;
+	m.src_block = src_block;
+	m.dst_block = dst_block;
+	KVP_CLIENT_CALL(c, move_hashes, MOVE_HASHES, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
 kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
                   size_t cap, uint32_t *num_hit_blocks, uint32_t *hit_tokens)
 {

@@ -161,6 +161,23 @@ struct kvp_client_cache {
 	uint32_t hash_len;          /* bytes per hash and of parent_hash: 32, 16, or 0 (above) */
 };
 int kvp_client_cache(struct kvp_client *c, const struct kvp_client_cache *a, uint32_t *num_stored);
+/*
+ * cache_partial_block (vLLM 0.33): makes a->block_ids[0] (num_block_ids 1),
+ * which this session holds, reachable from the prefix boundary at num_tokens
+ * (a multiple of the pool's hash block size) of the request a describes
+ * (hashes or tokens, keys, lora, group, the group's block_size; no range,
+ * mask or parent_hash). replace_existing drops the block's keys first.
+ * *stored (may be NULL): whether a new entry (and its BlockStored) was made.
+ * NOT_OWNER, INVALID_ARGUMENT, WRONG_STATE, NOT_SUPPORTED (caching off, or a
+ * pool reproducing 9aaf83ef5), NO_SPACE (as many partial keys as blocks).
+ */
+int kvp_client_cache_partial(struct kvp_client *c, const struct kvp_client_cache *a,
+                             uint32_t num_tokens, bool replace_existing, bool *stored);
+/*
+ * move_block_hashes (vLLM 0.33): every key of src_block now names dst_block,
+ * which has none; the session holds both. No events. WRONG_STATE (dst has a key).
+ */
+int kvp_client_move_hashes(struct kvp_client *c, int32_t src_block, int32_t dst_block);
 
 /*
  * The longest cached prefix (all groups per position). Writes up to cap ids

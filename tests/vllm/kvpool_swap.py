@@ -13,8 +13,10 @@ kept beside as the mirror vLLM's tests read, and every daemon answer is
 checked against them: a pool id, lookup hit or refusal that differs from
 vLLM's raises KVPoolDiverged and fails the test.
 
-Calls kvpool has no counterpart for (cache_partial_block,
-move_block_hashes, unpin_blocks) raise KVPoolUnsupported; a test that
+vLLM 0.33's partial entries (cache_partial_block, move_block_hashes, and
+the managers' direct _maybe_evict_cached_block) go to the daemon too. The
+one call kvpool has no counterpart for (unpin_blocks) raises
+KVPoolUnsupported; a test that
 writes vLLM's private structures directly (cached_block_hash_to_block
 .insert, blocks[i].ref_cnt = ...) desynchronises the mirror and fails on
 the next check. Both are counted by tests/vllm/run_own_tests.sh."""
@@ -50,6 +52,7 @@ class KVPoolBlockPool(VllmBlockPool):
             f"blocks={num_gpu_blocks},hash_block_size={hash_block_size},groups={groups},"
             f"caching={'on' if enable_caching else 'off'},executor=none,max_model_len=1048576")
         self._kv_proc = proc
+        self._kv_inner = 0  # inside one of vLLM's calls that evicts for itself
         self._kv_stop = weakref.finalize(self, swap_daemon.stop, proc, self._kv)
         _live.append(self._kv_stop)
 
@@ -61,11 +64,14 @@ class KVPoolBlockPool(VllmBlockPool):
         except NoSpace:
             ids = None
         try:
+            self._kv_inner += 1
             ret = super().get_new_blocks(num_blocks)
         except ValueError:
             if ids is not None:
                 raise KVPoolDiverged(f"kvpool allocated {num_blocks}, vLLM refused") from None
             raise
+        finally:
+            self._kv_inner -= 1
         if ids != [b.block_id for b in ret]:
             raise KVPoolDiverged(f"kvpool allocated {ids}, vLLM {[b.block_id for b in ret]}")
         return ret
@@ -114,7 +120,18 @@ class KVPoolBlockPool(VllmBlockPool):
         ids = sorted(block_ids)
         if ids and max(ids) < self.num_gpu_blocks and min(ids) >= 0:
             self._kv.evict(ids)
-        super().evict_blocks(block_ids)
+        self._kv_inner += 1
+        try:
+            super().evict_blocks(block_ids)
+        finally:
+            self._kv_inner -= 1
+
+    def _maybe_evict_cached_block(self, block):
+        # vLLM 0.33's Mamba manager calls this directly; inside get_new_blocks
+        # and evict_blocks the daemon has already evicted.
+        if self._kv_inner == 0 and not block.is_null:
+            self._kv.evict([block.block_id])
+        return super()._maybe_evict_cached_block(block)
 
     def reset_prefix_cache(self):
         try:
@@ -127,13 +144,38 @@ class KVPoolBlockPool(VllmBlockPool):
             raise KVPoolDiverged(f"kvpool's reset said {ours}, vLLM's {theirs}")
         return theirs
 
+    def cache_partial_block(self, request, block, num_tokens, kv_cache_group_id, block_size,
+                            replace_existing_hashes=False):
+        ours, err = None, None
+        if not block.is_null:
+            key = _bp.make_block_hash_with_group_id(
+                request.block_hashes[num_tokens // self.hash_block_size - 1], kv_cache_group_id) \
+                if 0 < num_tokens // self.hash_block_size <= len(request.block_hashes) else None
+            already = key is not None and not replace_existing_hashes and (
+                block.block_hash == key
+                or self.cached_block_hash_to_block.contain(key, block.block_id))
+            try:
+                nh = num_tokens // self.hash_block_size
+                ours = self._kv.cache_partial(
+                    block.block_id, num_tokens, list(request.block_hashes[:max(nh, 1)]),
+                    block_size=block_size, group_id=kv_cache_group_id,
+                    tokens=request.all_token_ids, replace_existing=replace_existing_hashes)
+            except Exception as e:  # compared with vLLM's outcome below
+                err = e
+        ret = super().cache_partial_block(request, block, num_tokens, kv_cache_group_id,
+                                          block_size, replace_existing_hashes)
+        if err is not None:
+            raise KVPoolDiverged(f"kvpool refused cache_partial_block ({err}), vLLM did not")
+        if not block.is_null and ours != (not already):
+            raise KVPoolDiverged(f"kvpool's cache_partial_block stored={ours}, vLLM's "
+                                 f"{not already}")
+        return ret
+
+    def move_block_hashes(self, src_block, dst_block):
+        self._kv.move_hashes(src_block.block_id, dst_block.block_id)
+        super().move_block_hashes(src_block, dst_block)
+
     # ---- calls kvpool has no counterpart for ----
-
-    def cache_partial_block(self, *a, **k):
-        raise KVPoolUnsupported("cache_partial_block: kvpool caches full blocks only")
-
-    def move_block_hashes(self, *a, **k):
-        raise KVPoolUnsupported("move_block_hashes: kvpool cannot re-point a cached key")
 
     def unpin_blocks(self, *a, **k):
         raise KVPoolUnsupported("unpin_blocks: kvpool has no reuse watchers")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import array
 import ctypes
-from ctypes import byref, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_bool, c_int32, c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
@@ -343,6 +343,39 @@ class Client(RegionCalls):
         self._check(L.kvp_client_cache(self._live(), byref(a), byref(out)))
         del keep
         return out.value
+
+    def cache_partial(self, block_id: int, num_tokens: int, block_hashes: Optional[Hashes] = None,
+                      *, block_size: int = 0, group_id: int = 0,
+                      tokens: Optional[Ids] = None, lora_name: Optional[str] = None,
+                      lora_id: Optional[int] = None, cache_salt: Optional[str] = None,
+                      mm: MMFeatures = None, replace_existing: bool = False) -> bool:
+        """vLLM 0.33's cache_partial_block: makes block_id (held by this
+        session) reachable from the prefix boundary at num_tokens, a multiple
+        of the pool's hash block size. block_hashes: the request's fine hashes
+        from position 0 (or None: the daemon hashes tokens); tokens also fill
+        the BlockStored event. Returns whether a new entry was made."""
+        if not isinstance(block_id, int) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise TypeError("kvpool: block_id and num_tokens must be non-negative ints")
+        ids, nids = _ids([block_id])
+        hs, nh = _hashes(block_hashes or [], self.info["hash_len"])
+        toks, ntok = _tokens(tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm)
+        a = L.Cache(ids, nids, 0, 0, group_id, block_size, hs if block_hashes else None, nh,
+                    toks if tokens is not None else None, ntok, None,
+                    ctypes.pointer(keys) if keys else None, lora_id is not None,
+                    lora_id or 0, None, self.info["hash_len"])
+        out = c_bool()
+        self._check(L.kvp_client_cache_partial(self._live(), byref(a), num_tokens,
+                                               bool(replace_existing), byref(out)))
+        del keep
+        return out.value
+
+    def move_hashes(self, src_block: int, dst_block: int) -> None:
+        """vLLM 0.33's move_block_hashes: every key of src_block now names
+        dst_block (which has none); this session holds both. No events."""
+        if not isinstance(src_block, int) or not isinstance(dst_block, int):
+            raise TypeError("kvpool: block ids must be ints")
+        self._check(L.kvp_client_move_hashes(self._live(), src_block, dst_block))
 
     def lookup_hashes(self, block_hashes: Hashes, *, group_ids: Sequence[int] = (0,),
                       block_size: int = 0) -> tuple[list[list[int]], list[list[int]]]:

@@ -317,6 +317,37 @@ class RemoteBlockPool(_Remote):
             b._block_hash = _group_key(_coarse_hash(fine, i, k, _concat_keys(self.client.info)),
                                        kv_cache_group_id)
 
+    def cache_partial_block(self, request: RequestLike, block: KVCacheBlock, num_tokens: int,
+                            kv_cache_group_id: int, block_size: int,
+                            replace_existing_hashes: bool = False) -> Optional[bytes]:
+        """vLLM 0.33's partial entry: makes block reachable from the prefix
+        boundary at num_tokens (a multiple of hash_block_size); the daemon
+        emits the BlockStored event. Returns the entry's key (hash || group),
+        or None for the null block. Differs from vLLM: the session must hold
+        the block, and a pool holds at most as many extra keys as blocks
+        (kvpool.NoSpace past that)."""
+        if block.is_null:
+            return None
+        nh = num_tokens // self.hash_block_size
+        if num_tokens <= 0 or num_tokens % self.hash_block_size or nh > len(request.block_hashes):
+            raise ValueError(f"kvpool: num_tokens {num_tokens} must be a positive multiple of "
+                             f"{self.hash_block_size} within the request's hashes")
+        fine = list(request.block_hashes[:nh])
+        self.client.cache_partial(block.block_id, num_tokens, fine, block_size=block_size,
+                                  group_id=kv_cache_group_id, tokens=request.all_token_ids,
+                                  replace_existing=replace_existing_hashes,
+                                  **_request_keys(request))
+        key = _group_key(fine[-1], kv_cache_group_id)
+        if block.block_hash is None or replace_existing_hashes:
+            block._block_hash = key
+        return key
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """vLLM 0.33's move_block_hashes: src_block's keys now name dst_block
+        (which has none), with no events; this session holds both."""
+        self.client.move_hashes(src_block.block_id, dst_block.block_id)
+        dst_block._block_hash, src_block._block_hash = src_block.block_hash, None
+
     def get_cached_block(self, block_hash: bytes,
                          kv_cache_group_ids: Sequence[int]) -> Optional[list[KVCacheBlock]]:
         """One cached block per group for this hash, or None if any group

@@ -589,3 +589,32 @@ def test_either_adapter_module_imports_first(first):
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60)
     assert got.returncode == 0, got.stderr
+
+
+def test_partial_entries_through_the_adapter(tmp_path):
+    """vLLM 0.33's cache_partial_block and move_block_hashes: the key is the
+    fine hash at the boundary, lookups find the block by it, a move re-points it."""
+    proc, url, ev = start(tmp_path, "--pool", "name=pt,blocks=6,block_size=4,seed=0,"
+                          "executor=none,medium=GPU", pool="pt", events=True)
+    try:
+        _partial_entries(RemoteBlockPool(kvpool.Client(url, pool="pt"), True, events_url=ev))
+    finally:
+        stop(proc)
+
+
+def _partial_entries(p):
+    hs = [bytes([i]) * 32 for i in range(1, 5)]
+    req = R(hs)
+    a, b = p.get_new_blocks(2)
+    key = p.cache_partial_block(req, a, 8, 0, 16)
+    assert key == hs[1] + b"\0\0\0\0" and a.block_hash == key
+    assert p.cache_partial_block(req, p.null_block, 8, 0, 16) is None
+    assert ids(p.get_cached_block(hs[1], [0])) == [a.block_id]
+    ev = p.take_events()
+    assert [type(e).__name__ for e in ev] == ["BlockStored"]
+    assert ev[0].block_size == 4 and ev[0].token_ids == [4, 5, 6, 7]
+    p.move_block_hashes(a, b)
+    assert ids(p.get_cached_block(hs[1], [0])) == [b.block_id] and a.block_hash is None
+    with pytest.raises(ValueError):
+        p.cache_partial_block(req, a, 6, 0, 16)
+    p.free_blocks([a, b])
