@@ -8,7 +8,8 @@
 # fewer tests than floors.txt records (the environment broke), or if a test
 # that passes with vLLM's classes fails with kvpool's and is not listed, with
 # its reason, in kvpool_exceptions.txt. The Scheduler tests run a third time
-# with RemoteKVCacheManager in the Scheduler, held to manager_floors.txt.
+# with RemoteKVCacheManager in the Scheduler, held to manager_floors.txt and
+# to the same rule.
 #   sh tests/vllm/run_own_tests.sh VENV_PYTHON [SHARED_VLLM_TESTS]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,12 +54,17 @@ while read -r suite floor; do
 	fi
 done < "$here/floors.txt"
 # vLLM's Scheduler tests again, with RemoteKVCacheManager in the Scheduler
-# (kvpool_swap_manager.py): not drop-in yet, so only counted and held to a floor.
+# (kvpool_swap_manager.py): held to a floor, and every test that passes with
+# vLLM's classes must pass here too (or be listed as manager:TEST).
 while read -r suite floor; do
 	case $suite in ''|'#'*) continue ;; esac
 	base="$work/$(echo "$suite" | tr / _)"
 	(cd "$work/vt" && "$py" -m pytest -q -rA -p no:cacheprovider -p kvpool_swap_manager \
 		--timeout 120 "tests/v1/core/$suite" > "$base.manager.log" 2>&1) || true
+	# A test that passes with vLLM's manager must pass with kvpool's too (or be listed).
+	grep -E '^PASSED ' "$base.manager.log" | sed 's/^PASSED //; s/ - .*//' | sort -u \
+		> "$base.manager.pass" || true
+	comm -23 "$base.vllm.pass" "$base.manager.pass" | sed 's/^/manager:/' >> "$work/lost"
 	line=$(grep -E '^kvpool_swap_manager: [0-9]+ tests ran' "$base.manager.log" || true)
 	nm=$(echo "$line" | sed -n 's/.*; \([0-9]*\) of them passed.*/\1/p')
 	nm=${nm:-0}
@@ -102,7 +108,7 @@ done < "$work/lost"
 echo "vLLM's own tests: $((listed + unlisted)) pass with vLLM's classes and fail with kvpool's;" \
 	"$listed listed in kvpool_exceptions.txt with the reason, $unlisted not"
 if [ "$unlisted" -gt 0 ]; then
-	for f in "$work"/*.kvpool.log; do
+	for f in "$work"/*.kvpool.log "$work"/*.manager.log; do
 		grep -E '^(FAILED|ERROR) ' "$f" >&2 || true
 	done
 	status=1

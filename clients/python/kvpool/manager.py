@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from .errors import NoSpace, NotSupported
 from ._types import RequestLike
-from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, _Remote, _Req,
-                   _coarse_hash, _concat_keys, _request_keys)
+from .coordinator import RemoteCoordinator
+from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, RemoteBlockPool,
+                   _Remote, _Req, _coarse_hash, _concat_keys, _request_keys)
 
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 
@@ -76,8 +77,51 @@ class RemoteKVCacheManager(_Remote):
         self._spare: Optional[Batch] = None  # a Batch, cleared, for the next Step or prefetch
         # request_id -> (fine hashes, ids, ref counts)
         self._prefetched: dict[Any, tuple[list[bytes], list[int], list[int]]] = {}
+        self._pool: Optional[RemoteBlockPool] = None  # block_pool, made on first use
+        self._coord: Optional[RemoteCoordinator] = None
 
     # ---- vLLM's entry points ----
+    @property
+    def block_pool(self) -> RemoteBlockPool:
+        """A RemoteBlockPool on this manager's session and blocks: what vLLM
+        0.33's Scheduler calls directly (free_blocks of blocks it popped with
+        pop_blocks_for_free, get_num_free_blocks). vLLM's private structures
+        (blocks, free_block_queue, the hash map) are not there."""
+        if self._pool is None:
+            pool = RemoteBlockPool(self.client)
+            pool._blocks, pool.null_block = self._blocks, self.null_block
+            self._pool = pool
+        return self._pool
+
+    @property
+    def coordinator(self) -> RemoteCoordinator:
+        """The part of vLLM's KVCacheCoordinator its Scheduler reads
+        (kvpool.coordinator): per-group block sizes and specs, req_to_blocks
+        from this adapter's mirror, get_num_blocks_to_allocate."""
+        if self._coord is None:
+            self._coord = RemoteCoordinator(self)
+        return self._coord
+
+    def pop_blocks_for_free(self, request: RequestLike) -> list[KVCacheBlock]:
+        """vLLM 0.33's deferred free: forgets the request and returns its
+        blocks, still held (by this session, one Touch), for the caller to
+        give back later with block_pool.free_blocks(reversed(blocks))."""
+        return self._pop_blocks(request.request_id)
+
+    def _pop_blocks(self, request_id: Any) -> list[KVCacheBlock]:
+        self._prefetched = {}
+        req = self._reqs.pop(request_id, None)
+        if req is None or not req.sent:
+            return []
+        blocks = [b for row in req.blocks for b in row if not b.is_null]
+        if blocks:
+            self.client.touch([b.block_id for b in blocks])
+            for b in blocks:
+                b.ref_cnt += 1
+        self.client.free_request(req.wire_id)
+        _released(req)
+        return blocks
+
     @property
     def usage(self) -> float:
         return self.client.stats()["usage"]
@@ -318,11 +362,18 @@ class RemoteKVCacheManager(_Remote):
         does not fit (nothing changed). vLLM 0.33's last three arguments:
         has_scheduled_reqs only switches vLLM's watermark, which is 0 by
         default and which a remote pool does not apply; nothing here zeroes
-        blocks, so skip_zeroing_group_ids changes nothing; reserved_blocks
-        above 0 (vLLM's gate for async connector loads) is NotSupported: a
-        remote pool cannot hold blocks back for another caller's sequences."""
-        _check_reserved(reserved_blocks)
+        blocks, so skip_zeroing_group_ids changes nothing. reserved_blocks
+        (vLLM's gate for async connector loads: the request must fit in the
+        free blocks less those) is checked here against the pool's free count
+        with one Stats call first; another session may take blocks between
+        that check and the allocation, which then fails as any other would."""
         self._prefetched = {}
+        if reserved_blocks and not self._fits_reserving(request, num_new_tokens,
+                                                        num_new_computed_tokens,
+                                                        new_computed_blocks, num_lookahead_tokens,
+                                                        num_external_computed_tokens,
+                                                        reserved_blocks):
+            return None
         kw, req = self._slots_call(request, num_new_tokens, num_new_computed_tokens,
                                    num_lookahead_tokens, num_external_computed_tokens,
                                    delay_cache_blocks, num_encoder_tokens, full_sequence_must_fit)
@@ -334,6 +385,17 @@ class RemoteKVCacheManager(_Remote):
             return None
         return self._slots_done(request, req, kw, res, num_new_computed_tokens,
                                 new_computed_blocks)
+
+    def _fits_reserving(self, request, num_new_tokens, num_new_computed_tokens,
+                        new_computed_blocks, num_lookahead_tokens,
+                        num_external_computed_tokens, reserved_blocks) -> bool:
+        computed = (getattr(request, "num_computed_tokens", 0) + num_new_computed_tokens
+                    + num_external_computed_tokens)
+        need_tokens = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        hits = (new_computed_blocks.blocks if new_computed_blocks is not None
+                else self.empty_kv_cache_blocks.blocks)
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, need_tokens, hits)
+        return need <= self.client.stats()["num_free"] - reserved_blocks
 
     def free(self, request: RequestLike) -> None:
         """Frees the request's blocks (tail first) and forgets it."""
@@ -532,8 +594,9 @@ class RemoteKVCacheManager(_Remote):
 def _check_reserved(reserved_blocks):
     if reserved_blocks:
         raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                           "allocate_slots(reserved_blocks > 0): a remote pool cannot keep "
-                           "blocks back for another caller's sequences")
+                           "Step.allocate_slots(reserved_blocks > 0): a step's calls go in "
+                           "one Batch, with no free count to check them against first; use "
+                           "RemoteKVCacheManager.allocate_slots")
 
 
 def _skipped_blocks(spec, num_computed):

@@ -375,12 +375,60 @@ class RemoteBlockPool(_Remote):
     def get_num_free_blocks(self) -> int:
         return self.client.stats()["num_free"]
 
+    metrics_collector = None  # vLLM's residency metrics: the daemon keeps its own (/metrics)
+
+    @property
+    def blocks(self) -> list[KVCacheBlock]:
+        """vLLM's block list, id order: this adapter's blocks (one object per
+        id, shared with the manager on its session), ref counts as this
+        session last saw them; another session's references are not there."""
+        return [self._block(i) for i in range(self.num_gpu_blocks)]
+
+    @property
+    def free_block_queue(self) -> _RemoteFreeQueue:
+        """vLLM's free queue as callers read it: num_free_blocks, the daemon's
+        count now. Its order and links stay in the daemon (kvpoolctl stats)."""
+        return _RemoteFreeQueue(self.client)
+
+    @property
+    def cached_block_hash_to_block(self) -> _RemoteHashMap:
+        """vLLM's prefix-cache map as callers read it: len() (the daemon's
+        key count) and get_one_block(key), a Lookup. Insert and pop are the
+        pool's calls (cache_full_blocks, evict_blocks), not the map's."""
+        return _RemoteHashMap(self)
+
     def get_usage(self) -> float:
         return self.client.stats()["usage"]
 
     def take_events(self) -> list[KVCacheEvent]:
         """The pool's events since the last call (see the class docstring)."""
         return self._take_events()
+
+
+class _RemoteFreeQueue:
+    __slots__ = ("_client",)
+
+    def __init__(self, client):
+        self._client = client
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._client.stats()["num_free"]
+
+
+class _RemoteHashMap:
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool):
+        self._pool = pool
+
+    def __len__(self) -> int:
+        return self._pool.client.stats()["num_cached_keys"]
+
+    def get_one_block(self, key: bytes) -> Optional[KVCacheBlock]:
+        """The first block cached under key (hash || 4-byte group), or None."""
+        got = self._pool.get_cached_block(key[:-4], [int.from_bytes(key[-4:], "big")])
+        return got[0] if got else None
 
 
 @dataclass

@@ -110,9 +110,13 @@ def test_prefix_cache_stats_as_vllm_0_33_records_them(spools):
     m.record_prefix_cache_stats(skip, 0)
     assert m.make_prefix_cache_stats() == PrefixCacheStats(requests=1, queries=9)
     m.new_step_starts()  # vLLM 0.33's Scheduler calls it each step: nothing to do
-    with pytest.raises(kvpool.NotSupported):
-        m.allocate_slots(r, 9, reserved_blocks=1)
-    assert m.allocate_slots(r, 9, has_scheduled_reqs=False,
+    # reserved_blocks: the request's 3 blocks must fit in the free ones less those
+    free = c.stats()["num_free"]
+    assert m.allocate_slots(r, 9, reserved_blocks=free - 2) is None
+    assert c.stats()["num_free"] == free and m.get_block_ids("q1") == ([],)
+    with m.step() as s, pytest.raises(kvpool.NotSupported):
+        s.allocate_slots(r, 9, reserved_blocks=1)
+    assert m.allocate_slots(r, 9, reserved_blocks=free - 3, has_scheduled_reqs=False,
                             skip_zeroing_group_ids=(0,)).get_block_ids() == ([1, 2, 3],)
     m.free(r)
     c.close()

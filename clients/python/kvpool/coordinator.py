@@ -1,0 +1,97 @@
+# SPDX-License-Identifier: Apache-2.0
+"""RemoteKVCacheManager.coordinator: the part of vLLM's KVCacheCoordinator
+that vLLM 0.33's Scheduler reads from outside the manager (its per-group
+managers' block sizes and specs, whether partial hash hits are on, and the
+blocks a request would need), answered from the adapter's mirror of the
+request's blocks. Read-only: the daemon decides every allocation."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+    from .manager import RemoteKVCacheManager
+    from .vllm import KVCacheBlock
+
+
+def _vllm_spec(group: dict) -> Optional[Any]:
+    """vLLM's KVCacheSpec class for a kvpool group, when vLLM is installed
+    (the Scheduler tests isinstance against them), else None."""
+    try:
+        from vllm.v1 import kv_cache_interface as kci
+    except ImportError:
+        return None
+    return {"full_attention": getattr(kci, "FullAttentionSpec", None),
+            "sliding_window": getattr(kci, "SlidingWindowSpec", None),
+            "chunked_local": getattr(kci, "ChunkedLocalAttentionSpec", None),
+            "mamba": getattr(kci, "MambaSpec", None)}.get(group["kind"])
+
+
+class _SpecKind:
+    """Stands for a group's vLLM spec: isinstance() against vLLM's spec
+    classes answers as the group's kind would, without vLLM's dtype and
+    shape fields, which a kvpool pool does not have."""
+
+    def __init__(self, group: dict):
+        self.block_size = group["block_size"]
+        self.sliding_window = group.get("window")
+        cls = _vllm_spec(group)
+        if cls is not None:
+            self.__class__ = type(f"Remote{cls.__name__}", (_SpecKind, cls), {})
+
+
+class GroupView:
+    """vLLM's SingleTypeKVCacheManager as the Scheduler reads it: block_size,
+    kv_cache_spec, and req_to_blocks / num_cached_block from the mirror."""
+
+    def __init__(self, mgr: RemoteKVCacheManager, g: int):
+        self._mgr, self.kv_cache_group_id = mgr, g
+        self.block_size = mgr.groups[g]["block_size"]
+        self.kv_cache_spec = _SpecKind(mgr.groups[g])
+
+    @property
+    def req_to_blocks(self) -> dict[Any, list[KVCacheBlock]]:
+        return {rid: list(r.blocks[self.kv_cache_group_id])
+                for rid, r in self._mgr._reqs.items() if r.blocks}
+
+    @property
+    def num_cached_block(self) -> dict[Any, int]:
+        return {rid: r.cached // self.block_size for rid, r in self._mgr._reqs.items()
+                if r.blocks}
+
+
+class RemoteCoordinator:
+    """vLLM 0.33's KVCacheCoordinator as its Scheduler reads it."""
+
+    enable_partial_hash_hits = False  # kvpool's request manager makes no partial entries
+
+    def __init__(self, mgr: RemoteKVCacheManager):
+        self._mgr = mgr
+        self.single_type_managers = [GroupView(mgr, g) for g in range(len(mgr.groups))]
+
+    def get_num_blocks_to_allocate(self, request_id: Any, num_tokens: int,
+                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                                   num_encoder_tokens: int = 0, total_computed_tokens: int = 0,
+                                   num_local_computed_tokens: int = 0,
+                                   num_tokens_main_model: int = 0,
+                                   apply_admission_cap: bool = False,
+                                   prefill_end: int = 0) -> int:
+        """The blocks the request needs for num_tokens, vLLM's full-attention
+        rule per group: its missing blocks, plus each evictable hit it would
+        take from the free queue. Sparse groups (sliding window,
+        chunked-local, Mamba) are counted as full attention: an upper
+        bound, where vLLM's skips the blocks outside the window."""
+        req = self._mgr._reqs.get(request_id)
+        total = 0
+        for g, view in enumerate(self.single_type_managers):
+            need = -(-num_tokens // view.block_size)
+            held = len(req.blocks[g]) if req is not None and req.blocks else 0
+            hits = list(new_computed_blocks[g]) if g < len(new_computed_blocks) else []
+            if held:
+                total += max(need - held, 0)
+                continue
+            total += max(need - len(hits), 0)
+            total += sum(1 for b in hits if b.ref_cnt == 0 and not b.is_null)
+        return total
+
+    def pop_blocks_for_free(self, request_id: Any) -> list[KVCacheBlock]:
+        return self._mgr._pop_blocks(request_id)
