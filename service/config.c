@@ -78,6 +78,12 @@ static const struct setting {
 	                         "(as replay-mib). Default 64"},
 	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages, 1 or more (0, libzmq's "
 	                  "unlimited, is refused). Default 100000"},
+	{"vllm-replay-peer-mib", "N", "MiB of replay batches one peer may have sent to it and "
+	                              "not yet taken: a replay pauses there until the peer reads "
+	                              "(one that does not for 30 s is cut off). Default 4"},
+	{"vllm-replay-total-mib", "N", "MiB of replay batches all peers together may have unsent "
+	                               "(at least vllm-replay-peer-mib; at most 64 replays run "
+	                               "at once). Default 64"},
 	{"vllm-token-pools", "BOOL", "1: also publish pools that have a token on the vLLM wire, "
 	                             "which has no authentication (anyone who reaches its port "
 	                             "reads their events). Default 0: such pools stay off it"},
@@ -502,6 +508,8 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->vllm.buffer_steps = 10000;
 	c->vllm.buffer_mib = 64;
 	c->vllm.hwm = 100000;
+	c->vllm.replay_peer_mib = 4;
+	c->vllm.replay_total_mib = 64;
 	c->lease_ms = 30000;
 	c->contexts = 8;
 	c->max_msg_bytes = KVP_WIRE_DEFAULT_MAX_MSG;

@@ -91,6 +91,8 @@ struct kvpd_vllm_config {
 	uint32_t buffer_steps;         /* batches kept for replay */
 	uint32_t buffer_mib;           /* and at most this many MiB of them */
 	uint32_t hwm;                  /* send high-water mark */
+	uint32_t replay_peer_mib;      /* replay bytes one peer may have unsent, in MiB */
+	uint32_t replay_total_mib;     /* and every peer together */
 	bool token_pools;              /* also publish pools that have a token (no auth there) */
 };
 

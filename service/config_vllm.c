@@ -64,6 +64,10 @@ kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
 	/* 0 is libzmq's "no limit": a subscriber that never reads could take all memory. */
 	if (strcmp(name, "hwm") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 30, &w->hwm);
+	if (strcmp(name, "replay-peer-mib") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 16, &w->replay_peer_mib);
+	if (strcmp(name, "replay-total-mib") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 16, &w->replay_total_mib);
 	if (strcmp(name, "token-pools") == 0)
 		return kvpd_cfg_parse_bool(v, &w->token_pools);
 	return -2;
@@ -89,6 +93,12 @@ kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err)
 				return -1;
 			}
 		return 0;
+	}
+	if (w->replay_peer_mib > w->replay_total_mib) {
+		fprintf(err, "kvpoold: vllm-replay-peer-mib %u is more than vllm-replay-total-mib "
+		             "%u: one peer could never get what every peer together may not\n",
+		        w->replay_peer_mib, w->replay_total_mib);
+		return -1;
 	}
 	if (w->pod[0] == '\0' && gethostname(w->pod, sizeof(w->pod) - 1) != 0)
 		snprintf(w->pod, sizeof(w->pod), "kvpoold");

@@ -208,6 +208,10 @@ render_vllm(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_p
 		COUNTER_WHERE("vllm_replay_requests_bad_total",
 		              "vLLM-wire replay requests not in vLLM's form (not answered).",
 		              c[i].vllm_on, c[i].vllm_bad_replay_requests);
+		COUNTER_WHERE("vllm_replays_cut_total",
+		              "vLLM-wire replays cut off: the peer took nothing for 30 s, went "
+		              "away, or 64 replays were in progress.",
+		              c[i].vllm_on, c[i].vllm_replays_cut);
 		COUNTER_WHERE("vllm_send_failures_total",
 		              "vLLM-wire batches not sent or not encoded (their seq is skipped).",
 		              c[i].vllm_on, c[i].vllm_send_failures);

@@ -615,6 +615,7 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	out->vllm_bad_replay_requests =
 		atomic_load_explicit(&v->bad_replay_requests, memory_order_relaxed);
 	out->vllm_send_failures = atomic_load_explicit(&v->send_failures, memory_order_relaxed);
+	out->vllm_replays_cut = atomic_load_explicit(&v->replays_cut, memory_order_relaxed);
 }
 
 void

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -52,6 +53,10 @@ struct kvpd_vllm {
 	bool has_thread;
 	pthread_t thr;
 	atomic_bool stop;
+	/* Replays in progress (the replay thread's), and their unsent bytes. */
+	struct replay *replays;
+	size_t nreplays, peer_max, total_max;
+	atomic_size_t total_out;
 };
 
 static void
@@ -108,30 +113,182 @@ emit(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns)
 	}
 }
 
-/* Sends the reply envelope: identity, the empty delimiter (REQ), the topic. */
+
+/*
+ * Replays are paced by what each peer takes. Every payload goes to libzmq
+ * as a message whose free callback returns its bytes to the peer's and the
+ * daemon's counts: libzmq calls it once the bytes are written to the
+ * connection, or dropped with it. A replay sends while its peer has less
+ * than replay_peer_mib unsent and every peer together less than
+ * replay_total_mib, and waits otherwise; one that gains nothing for
+ * STALL_S is cut off (no end marker), as is a request when REPLAYS_MAX
+ * replays are in progress. A peer's new request replaces its replay in
+ * progress, so repeating requests gains nothing.
+ */
+#define REPLAYS_MAX 64
+#define STALL_S 30
+#define ID_MAX 256 /* libzmq's routing ids are 5 bytes, a peer's own at most 255 */
+
+struct acct {               /* one replay's bytes in libzmq's hands */
+	atomic_size_t out;
+	atomic_int refs;        /* its replay's, and one per message in flight */
+	atomic_size_t *total;   /* the daemon's count */
+};
+
+struct replay {
+	struct pub *p;
+	int r;
+	struct acct *acct;
+	uint8_t id[ID_MAX];
+	size_t id_len;
+	bool delim;
+	uint64_t next, end;
+	time_t last;            /* last progress */
+};
+
 static void
-send_head(struct pub *p, int r, const zmq_msg_t *id, bool delim)
+acct_put(struct acct *a)
 {
-	zmq_send(p->router[r], zmq_msg_data((zmq_msg_t *)id), zmq_msg_size(id),
-	         ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	if (delim)
-		zmq_send(p->router[r], "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	if (p->router_topic[r])
-		zmq_send(p->router[r], p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	if (atomic_fetch_sub(&a->refs, 1) == 1)
+		free(a);
+}
+
+/* libzmq is done with a payload: its bytes leave the counts. */
+static void
+payload_free(void *data, void *hint)
+{
+	struct acct *a = hint;
+	size_t n = *((size_t *)data - 1);
+
+	atomic_fetch_sub(&a->out, n);
+	atomic_fetch_sub(a->total, n);
+	free((size_t *)data - 1);
+	acct_put(a);
+}
+
+static time_t
+now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec;
 }
 
 /*
- * One replay request: [id, "", seq8] (REQ) or [id, seq8] (DEALER). Every
- * batch the ring holds from seq on, then the end marker. The pool's lock is
- * never taken; the ring's lock only while one payload is copied.
+ * The reply envelope: identity, the empty delimiter (REQ), the topic.
+ * 0: sent; 1: the peer's queue is full (try later); -1: the peer is gone
+ * (the ROUTER is mandatory: libzmq says so rather than drop silently).
  */
+static int
+send_head(struct replay *x)
+{
+	struct pub *p = x->p;
+	if (zmq_send(p->router[x->r], x->id, x->id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+		return errno == EAGAIN ? 1 : -1;
+	if (x->delim)
+		zmq_send(p->router[x->r], "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	if (p->router_topic[x->r])
+		zmq_send(p->router[x->r], p->topic, p->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+	return 0;
+}
+
 static void
-serve_replay(struct pub *p, int r)
+replay_end(struct kvpd_vllm *v, size_t i, bool finished)
+{
+	struct replay *x = &v->replays[i];
+
+	if (finished) {
+		uint8_t endb[8];
+		kvp_vllm_seq_put(endb, KVP_VLLM_END_SEQ);
+		if (send_head(x) == 0) {
+			zmq_send(x->p->router[x->r], endb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+			zmq_send(x->p->router[x->r], "", 0, ZMQ_DONTWAIT);
+		}
+		count(&x->p->ctr->replays, 1);
+	} else {
+		count(&x->p->ctr->replays_cut, 1);
+	}
+	acct_put(x->acct);
+	v->replays[i] = v->replays[--v->nreplays];
+}
+
+/*
+ * Sends what replay i's budget allows. Returns 1 when it is over (ended or
+ * cut off; slot i now holds another), else 0.
+ */
+static int
+replay_pump(struct kvpd_vllm *v, size_t i)
+{
+	struct replay *x = &v->replays[i];
+	struct pub *p = x->p;
+	size_t peer_max = v->peer_max, total_max = v->total_max;
+	bool moved = false;
+
+	while (x->next < x->end) {
+		pthread_mutex_lock(&p->mu);
+		const struct kvpd_ring_slot *sl = kvpd_ring_get(&p->ring, x->next);
+		size_t len = sl ? sl->len : 0, out = atomic_load(&x->acct->out);
+		size_t total = atomic_load(&v->total_out);
+		/* Within budget, or the first bytes of an empty one (a batch larger than it). */
+		if (sl != NULL && ((out > 0 && out + len > peer_max) ||
+		                   (total > 0 && total + len > total_max))) {
+			pthread_mutex_unlock(&p->mu); /* wait for the peers to take some */
+			break;
+		}
+		size_t *buf = sl ? malloc(sizeof(size_t) + (len ? len : 1)) : NULL;
+		if (buf != NULL) {
+			buf[0] = len;
+			memcpy(buf + 1, sl->bytes, len);
+		}
+		pthread_mutex_unlock(&p->mu);
+		if (buf == NULL) { /* left the ring meanwhile (or no memory): a gap, as live */
+			x->next++;
+			moved = true;
+			continue;
+		}
+		int h = send_head(x);
+		if (h != 0) {
+			free(buf);
+			if (h > 0)
+				break; /* its queue is full: later */
+			replay_end(v, i, false); /* the peer went: what it had went with it */
+			return 1;
+		}
+		uint64_t s = x->next++;
+		moved = true;
+		zmq_msg_t payload;
+		atomic_fetch_add(&x->acct->out, len);
+		atomic_fetch_add(&v->total_out, len);
+		atomic_fetch_add(&x->acct->refs, 1);
+		zmq_msg_init_data(&payload, buf + 1, len, payload_free, x->acct);
+		uint8_t seqb[8];
+		kvp_vllm_seq_put(seqb, s);
+		zmq_send(p->router[x->r], seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		if (zmq_msg_send(&payload, p->router[x->r], ZMQ_DONTWAIT) < 0)
+			zmq_msg_close(&payload);
+	}
+	time_t t = now_s();
+	if (x->next >= x->end) {
+		replay_end(v, i, true);
+		return 1;
+	}
+	if (moved)
+		x->last = t;
+	else if (t - x->last >= STALL_S) {
+		replay_end(v, i, false);
+		return 1;
+	}
+	return 0;
+}
+
+/* One replay request: [id, "", seq8] (REQ) or [id, seq8] (DEALER), from seq on. */
+static void
+serve_replay(struct kvpd_vllm *v, struct pub *p, int r)
 {
 	zmq_msg_t f[4];
 	int nf = kvp_vllm_recv_frames(p->router[r], ZMQ_DONTWAIT, f, 4);
 	bool delim;
-	uint64_t start;
+	size_t i;
 
 	if (nf == 3 && zmq_msg_size(&f[1]) == 0 && zmq_msg_size(&f[2]) == 8)
 		delim = true;
@@ -139,43 +296,45 @@ serve_replay(struct pub *p, int r)
 		delim = false;
 	else
 		goto bad;
-	start = kvp_vllm_seq_get(zmq_msg_data(&f[nf - 1]));
-
-	pthread_mutex_lock(&p->mu);
-	uint64_t end = p->next_seq, oldest = kvpd_ring_oldest(&p->ring);
-	pthread_mutex_unlock(&p->mu);
-	for (uint64_t s = start > oldest ? start : oldest; s < end; s++) {
-		zmq_msg_t payload;
-		bool have = false;
-		pthread_mutex_lock(&p->mu);
-		const struct kvpd_ring_slot *sl = kvpd_ring_get(&p->ring, s);
-		if (sl != NULL && zmq_msg_init_size(&payload, sl->len) == 0) {
-			memcpy(zmq_msg_data(&payload), sl->bytes, sl->len);
-			have = true;
-		}
-		pthread_mutex_unlock(&p->mu);
-		if (!have)
-			continue;
-		uint8_t seqb[8];
-		kvp_vllm_seq_put(seqb, s);
-		send_head(p, r, &f[0], delim);
-		zmq_send(p->router[r], seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-		if (zmq_msg_send(&payload, p->router[r], ZMQ_DONTWAIT) < 0)
-			zmq_msg_close(&payload);
+	if (zmq_msg_size(&f[0]) == 0 || zmq_msg_size(&f[0]) > ID_MAX)
+		goto bad;
+	uint64_t start = kvp_vllm_seq_get(zmq_msg_data(&f[nf - 1]));
+	/* The peer's replay in progress on this endpoint, replaced; else a new one. */
+	for (i = 0; i < v->nreplays; i++) {
+		struct replay *x = &v->replays[i];
+		if (x->p == p && x->r == r && x->id_len == zmq_msg_size(&f[0]) &&
+		    memcmp(x->id, zmq_msg_data(&f[0]), x->id_len) == 0)
+			break;
 	}
-	uint8_t endb[8];
-	kvp_vllm_seq_put(endb, KVP_VLLM_END_SEQ);
-	send_head(p, r, &f[0], delim);
-	zmq_send(p->router[r], endb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	zmq_send(p->router[r], "", 0, ZMQ_DONTWAIT);
-	count(&p->ctr->replays, 1);
-	for (int i = 0; i < nf; i++)
-		zmq_msg_close(&f[i]);
+	if (i == v->nreplays) {
+		struct acct *a;
+		if (v->nreplays == REPLAYS_MAX || (a = calloc(1, sizeof(*a))) == NULL) {
+			count(&p->ctr->replays_cut, 1);
+			goto done;
+		}
+		atomic_init(&a->refs, 1);
+		a->total = &v->total_out;
+		v->replays[i] = (struct replay){.p = p, .r = r, .acct = a,
+		                                .id_len = zmq_msg_size(&f[0])};
+		memcpy(v->replays[i].id, zmq_msg_data(&f[0]), v->replays[i].id_len);
+		v->nreplays++;
+	}
+	struct replay *x = &v->replays[i];
+	pthread_mutex_lock(&p->mu);
+	uint64_t oldest = kvpd_ring_oldest(&p->ring);
+	x->end = p->next_seq;
+	pthread_mutex_unlock(&p->mu);
+	x->next = start > oldest ? start : oldest;
+	x->delim = delim;
+	x->last = now_s();
+	(void)replay_pump(v, i);
+done:
+	for (int k = 0; k < nf; k++)
+		zmq_msg_close(&f[k]);
 	return;
 bad:
 	count(&p->ctr->bad_replay_requests, 1);
-	for (int i = 0; i < nf; i++)
-		zmq_msg_close(&f[i]);
+	goto done;
 }
 
 static void *
@@ -196,15 +355,21 @@ replay_main(void *arg)
 				owner[k++] = &v->pubs[i];
 			}
 	while (!atomic_load(&v->stop)) {
-		if (zmq_poll(items, k, 100) < 0) {
+		/* Replays waiting on their peers are looked at every few milliseconds. */
+		if (zmq_poll(items, k, v->nreplays ? 5 : 100) < 0) {
 			if (errno == ETERM)
 				break;
 			continue;
 		}
 		for (int i = 0; i < k; i++)
 			if (items[i].revents & ZMQ_POLLIN)
-				serve_replay(owner[i], which[i]);
+				serve_replay(v, owner[i], which[i]);
+		for (size_t i = 0; i < v->nreplays;)
+			if (replay_pump(v, i) == 0)
+				i++;
 	}
+	while (v->nreplays > 0)
+		replay_end(v, 0, false);
 	return NULL;
 }
 
@@ -283,6 +448,12 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 			return KVP_EINVAL;
 		}
 		p->router[r] = open_socket(v->ctx, ZMQ_ROUTER, w->hwm, ep, true, err, len);
+		int one = 1; /* a peer that went is reported, so its replay ends at once */
+		if (p->router[r] != NULL &&
+		    zmq_setsockopt(p->router[r], ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0) {
+			snprintf(err, len, "vLLM wire: ROUTER_MANDATORY: %s", zmq_strerror(errno));
+			return KVP_EINTERNAL;
+		}
 		if (p->router[r] == NULL)
 			return KVP_EINVAL;
 		if (strncmp(ep, "ipc://", 6) == 0)
@@ -309,7 +480,12 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 		return KVP_ENOMEM;
 	}
 	v->srv = srv;
-	if ((v->ctx = zmq_ctx_new()) == NULL) {
+	v->peer_max = (size_t)cfg->vllm.replay_peer_mib << 20;
+	v->total_max = (size_t)cfg->vllm.replay_total_mib << 20;
+	atomic_init(&v->total_out, 0);
+	if ((v->replays = calloc(REPLAYS_MAX, sizeof(*v->replays))) == NULL ||
+	    (v->ctx = zmq_ctx_new()) == NULL) {
+		free(v->replays);
 		free(v->pubs);
 		free(v);
 		snprintf(err, len, "vLLM wire: cannot create a ZeroMQ context: %s", zmq_strerror(errno));
@@ -378,7 +554,8 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 		kvp_vllm_buf_fini(&p->buf);
 		pthread_mutex_destroy(&p->mu);
 	}
-	zmq_ctx_term(v->ctx);
+	zmq_ctx_term(v->ctx); /* frees what libzmq still held: the replays' counts go with it */
+	free(v->replays);
 	free(v->pubs);
 	free(v);
 }

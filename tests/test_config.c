@@ -279,6 +279,17 @@ test_config_vllm_wire(void **state)
 	/* libzmq's 0 means no limit: one subscriber that does not read could take every byte */
 	char *hwm0[] = {"kvpoold", "--vllm-hwm", "0", NULL};
 	assert_int_not_equal(load(&c, hwm0, NULL), 0);
+	/* replay budgets: at least 1 MiB, a peer's within the total */
+	char *rb[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay-peer-mib", "2",
+	              "--vllm-replay-total-mib", "8", NULL};
+	assert_int_equal(load(&c, rb, NULL), 0);
+	assert_int_equal(c.vllm.replay_peer_mib, 2);
+	assert_int_equal(c.vllm.replay_total_mib, 8);
+	char *rb0[] = {"kvpoold", "--vllm-replay-total-mib", "0", NULL};
+	assert_int_not_equal(load(&c, rb0, NULL), 0);
+	char *rbx[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay-peer-mib", "9",
+	               "--vllm-replay-total-mib", "8", NULL};
+	assert_int_not_equal(load(&c, rbx, NULL), 0);
 
 	char *two[] = {"kvpoold", "--vllm-events", "tcp://*:5557", "--vllm-replay", "tcp://*:5558",
 	               "--pool", "a:10", "--pool", "name=b,blocks=10,model=llama,dp_rank=4",

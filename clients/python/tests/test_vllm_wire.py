@@ -161,3 +161,62 @@ def test_a_tier_credits_its_engine_pods(tmp_path):
         stop(proc)
         sock.close(0)
         ctx.term()
+
+
+def _rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_replay_output_is_bounded_per_peer_and_in_total(tmp_path):
+    """A peer that asks for the whole replay forty times and reads nothing
+    makes the daemon hold at most vllm-replay-total-mib more, not forty
+    copies of the ring; an honest peer meanwhile gets every batch, paced by
+    its own reading, and the end marker."""
+    wire, rep = f"ipc://{tmp_path}/v.ipc", f"tcp://127.0.0.1:{_free_port()}"
+    proc, url, _ = start(tmp_path, "--vllm-events", wire, "--vllm-replay", rep,
+                         "--vllm-buffer-mib", "64", "--vllm-replay-peer-mib", "1",
+                         "--vllm-replay-total-mib", "4",
+                         "--pool", "name=w,blocks=1024,block_size=16,executor=none", pool="w")
+    ctx = zmq.Context()
+    greedy = []
+    try:
+        # About 24 MB of BlockStored batches: 1,000 blocks of 16 tokens each time.
+        n_batches = 0
+        with kvpool.Client(url, pool="w") as c:
+            for k in range(48):
+                ids = c.allocate(1000)
+                c.cache(ids, range(k * 16000, (k + 1) * 16000), 1000)
+                c.free(ids)
+                n_batches += 1
+        base = _rss_mib(proc.pid)
+        for _ in range(4):  # four peers, ten requests each, reading nothing
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.RCVHWM, 1)
+            s.setsockopt(zmq.RCVBUF, 4096)
+            s.connect(rep)
+            for _ in range(10):
+                s.send(struct.pack(">q", 0))
+            greedy.append(s)
+        time.sleep(3)
+        grown = _rss_mib(proc.pid) - base
+        assert grown < 48, f"daemon grew {grown:.0f} MiB for peers that read nothing"
+        # An honest peer gets everything, though the others hold the budget.
+        got = _replay(ctx, rep, timeout_s=60)
+        seqs = [struct.unpack(">q", f[-2])[0] for f in got]
+        assert seqs[-1] == -1 and len(seqs) - 1 >= n_batches - 1, seqs[-3:]
+    finally:
+        for s in greedy:
+            s.close(0)
+        stop(proc)
+        ctx.term()
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
