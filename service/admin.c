@@ -22,13 +22,16 @@
 
 /* After the reply, how long a connection may take to send what it has left and close. */
 #define LINGER_MS 1000
+/* With every slot taken, a newcomer takes the slot of the oldest connection still
+ * sending its request, if that one has had at least this long. */
+#define EVICT_AFTER_MS 100
 
 enum conn_state { FREE, READING, WRITING, LINGERING };
 
 struct conn {
 	enum conn_state state;
 	int fd;
-	uint64_t deadline_ms;
+	uint64_t start_ms, deadline_ms;
 	size_t in_len;
 	char in[KVPD_ADMIN_MAX_REQUEST];
 	char *out;                 /* the whole reply; malloc'd */
@@ -199,6 +202,23 @@ on_writable(struct conn *c)
 	}
 }
 
+static const char timeout_reply[] = "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n"
+                                    "Connection: close\r\n\r\n";
+
+/* The connection still reading its request that came first, if it came EVICT_AFTER_MS ago. */
+static struct conn *
+oldest_reader(struct kvpd_admin *a, uint64_t now)
+{
+	struct conn *old = NULL;
+	for (size_t i = 0; i < KVPD_ADMIN_MAX_CONNS; i++) {
+		struct conn *c = &a->conns[i];
+		if (c->state == READING && now - c->start_ms >= EVICT_AFTER_MS &&
+		    (old == NULL || c->start_ms < old->start_ms))
+			old = c;
+	}
+	return old;
+}
+
 static void
 on_accept(struct kvpd_admin *a)
 {
@@ -211,9 +231,17 @@ on_accept(struct kvpd_admin *a)
 			return;
 		}
 		struct conn *c = NULL;
+		uint64_t now = now_ms();
 		for (size_t i = 0; i < KVPD_ADMIN_MAX_CONNS && c == NULL; i++)
 			if (a->conns[i].state == FREE)
 				c = &a->conns[i];
+		if (c == NULL && (c = oldest_reader(a, now)) != NULL) {
+			/* Slow senders cannot hold every slot: the oldest gives its up. */
+			if (c->in_len > 0)
+				(void)!send(c->fd, timeout_reply, sizeof(timeout_reply) - 1,
+				            MSG_NOSIGNAL | MSG_DONTWAIT);
+			conn_close(c);
+		}
 		if (c == NULL) {
 			static const char busy[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
 			                           "Connection: close\r\n\r\n";
@@ -224,7 +252,9 @@ on_accept(struct kvpd_admin *a)
 		c->fd = fd;
 		c->state = READING;
 		c->in_len = 0;
-		c->deadline_ms = now_ms() + KVPD_ADMIN_DEADLINE_MS;
+		c->start_ms = now;
+		c->deadline_ms = now + KVPD_ADMIN_DEADLINE_MS;
+		on_readable(a, c); /* a probe's request is often here already */
 	}
 }
 
@@ -234,8 +264,6 @@ serve(void *arg)
 	struct kvpd_admin *a = arg;
 	struct pollfd pf[KVPD_ADMIN_MAX_CONNS + 2];
 	struct conn *of[KVPD_ADMIN_MAX_CONNS + 2];
-	static const char timeout[] = "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n"
-	                              "Connection: close\r\n\r\n";
 
 	for (;;) {
 		uint64_t now = now_ms(), next = now + 1000;
@@ -251,7 +279,7 @@ serve(void *arg)
 				continue;
 			if (now >= c->deadline_ms) {
 				if (c->state == READING && c->in_len > 0)
-					(void)!send(c->fd, timeout, sizeof(timeout) - 1,
+					(void)!send(c->fd, timeout_reply, sizeof(timeout_reply) - 1,
 					            MSG_NOSIGNAL | MSG_DONTWAIT);
 				conn_close(c);
 				continue;

@@ -9,8 +9,10 @@
  * no timeouts: a peer that sent half a request held its connection, and a
  * file descriptor, forever). One request per connection, answered with
  * "Connection: close". What no peer can exceed:
- *   - KVPD_ADMIN_MAX_CONNS connections at once (more are answered 503 and
- *     closed at once);
+ *   - KVPD_ADMIN_MAX_CONNS connections at once: a newcomer past that takes
+ *     the slot of the oldest connection still sending its request (after
+ *     100 ms; it gets 408), so slow senders cannot starve /healthz; only
+ *     when every slot is replying or younger is it answered 503 and closed;
  *   - KVPD_ADMIN_MAX_REQUEST bytes of request line and headers (431);
  *   - KVPD_ADMIN_DEADLINE_MS from accept to the last byte of the reply:
  *     a connection still open then is closed (408 if nothing was sent).
