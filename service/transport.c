@@ -28,7 +28,23 @@ struct worker {
 	nng_aio *aio;
 	int state;
 	nng_pipe pipe;         /* the connection the reply in flight goes to */
+	/* While a reply waits for its peer: when the send began (0: none) and the
+	 * pipe id, for the pressure watch (another thread) to read. */
+	atomic_uint_fast64_t send_at;
+	atomic_uint send_pipe;
 };
+
+/*
+ * Context pressure: when at least half the contexts hold replies their
+ * peers have not taken for SLOW_SEND_MS, the connection whose reply has
+ * waited longest is closed (its replies fail at once, freeing their
+ * contexts), so peers that pipeline and never read cannot keep the rest
+ * waiting up to --send-timeout-ms. Honest peers take a reply within
+ * milliseconds; a reply slower than this to a peer that is reading (a huge
+ * ReadBlocks over a slow link) is cut only while contexts are that scarce.
+ */
+#define SLOW_SEND_MS 250
+#define PRESSURE_TICK_MS 25
 
 /*
  * The open connections and when each last sent a request (or took a reply):
@@ -58,6 +74,7 @@ struct kvpd_transport {
 	nng_duration idle_timeout;      /* 0: idle connections stay */
 	struct conns conns;
 	nng_aio *reaper;                /* wakes to close idle connections */
+	nng_aio *pressure;              /* wakes to watch for contexts held by non-readers */
 	/* Refusals a peer can cause by the thousand: a few lines a second of each kind. */
 	struct kvpd_log_limit refusal_log[KVPD_NUM_REFUSALS];
 };
@@ -197,6 +214,45 @@ reaper_cb(void *arg)
 }
 
 static void
+pressure_cb(void *arg)
+{
+	struct kvpd_transport *t = arg;
+	size_t slow = 0;
+	uint64_t oldest = UINT64_MAX;
+	unsigned victim = 0;
+	nng_time now = nng_clock();
+
+	if (nng_aio_result(t->pressure) != 0 || atomic_load(&t->closing))
+		return;
+	for (size_t i = 0; i < t->num_workers; i++) {
+		uint64_t at = atomic_load(&t->workers[i].send_at);
+		if (at == 0 || now - (nng_time)at < SLOW_SEND_MS)
+			continue;
+		slow++;
+		if (at < oldest) {
+			oldest = at;
+			victim = atomic_load(&t->workers[i].send_pipe);
+		}
+	}
+	if (slow * 2 >= t->num_workers && slow > 0 && victim > 0) {
+		nng_pipe p = NNG_PIPE_INITIALIZER;
+		char peer[160] = "", conn[24], n[24];
+		p.id = victim;
+		peer_name(p, peer, sizeof(peer));
+		if (nng_pipe_close(p) == 0 && atomic_exchange(&t->last_cut, victim) != victim) {
+			kvpd_server_count_close(t->srv, KVPD_CLOSE_NO_READ);
+			snprintf(conn, sizeof(conn), "%u", victim);
+			snprintf(n, sizeof(n), "%zu", slow);
+			struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer},
+			                             {"contexts_waiting", n}};
+			kvpd_log_fields(KVPD_WARN, "transport", "closed a connection that took no "
+			                "reply while half the contexts waited on their peers", f, 3);
+		}
+	}
+	nng_sleep_aio(PRESSURE_TICK_MS, t->pressure);
+}
+
+static void
 worker_cb(void *arg)
 {
 	struct worker *w = arg;
@@ -242,9 +298,12 @@ worker_cb(void *arg)
 		 * its other pending replies fail at once and free their contexts.
 		 */
 		nng_aio_set_timeout(w->aio, t->send_timeout);
+		atomic_store(&w->send_pipe, (unsigned)nng_pipe_id(w->pipe));
+		atomic_store(&w->send_at, (uint64_t)nng_clock() | 1);
 		nng_ctx_send(w->ctx, w->aio);
 		return;
 	case SEND:
+		atomic_store(&w->send_at, 0);
 		if ((rv = nng_aio_result(w->aio)) != 0) {
 			nng_msg_free(nng_aio_get_msg(w->aio));
 			nng_aio_set_msg(w->aio, NULL);
@@ -323,8 +382,11 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		t->refusal_log[k] = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
 	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
 	t->idle_timeout = (nng_duration)cfg->idle_timeout_ms;
-	if (nng_mtx_alloc(&t->conns.mu) != 0 || nng_aio_alloc(&t->reaper, reaper_cb, t) != 0) {
+	if (nng_mtx_alloc(&t->conns.mu) != 0 || nng_aio_alloc(&t->reaper, reaper_cb, t) != 0 ||
+	    nng_aio_alloc(&t->pressure, pressure_cb, t) != 0) {
 		snprintf(err, len, "out of memory");
+		if (t->reaper)
+			nng_aio_free(t->reaper);
 		if (t->conns.mu)
 			nng_mtx_free(t->conns.mu);
 		free(t);
@@ -332,6 +394,7 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	}
 	if ((rv = nng_rep0_open(&t->sock)) != 0) {
 		snprintf(err, len, "cannot open a REP socket: %s", nng_strerror(rv));
+		nng_aio_free(t->pressure);
 		nng_aio_free(t->reaper);
 		nng_mtx_free(t->conns.mu);
 		free(t);
@@ -409,6 +472,7 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	}
 	if (t->idle_timeout > 0)
 		nng_sleep_aio(0, t->reaper);
+	nng_sleep_aio(PRESSURE_TICK_MS, t->pressure);
 	*out = t;
 	return KVP_OK;
 fail:
@@ -463,6 +527,7 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 			nng_msg_free(left);
 	}
 	nng_aio_stop(t->reaper);
+	nng_aio_stop(t->pressure);
 	if (t->has_pub)
 		kvpd_server_set_publisher(t->srv, NULL, NULL);
 	/* Its connections' REM_POST callbacks take conns.mu: t outlives a close that hangs. */
@@ -473,6 +538,7 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 	for (size_t i = 0; i < t->num_workers; i++)
 		nng_aio_free(t->workers[i].aio);
 	nng_aio_free(t->reaper);
+	nng_aio_free(t->pressure);
 	nng_mtx_free(t->conns.mu);
 	kvpd_u64map_fini(&t->conns.m);
 	free(t->workers);

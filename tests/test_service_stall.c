@@ -20,6 +20,7 @@
 #include "kvp_test.h"
 
 #include "clients/c/kvpool.h"
+#include "raw_peer.h"
 
 /* service/admin.h's KVPD_ADMIN_MAX_REQUEST (the test does not include the daemon's headers). */
 #define KVP_ADMIN_MAX_REQUEST_TEST 8192
@@ -56,81 +57,6 @@ closes(const char *reason)
 	return metric_value(series);
 }
 
-/* Connects to the daemon's tcp port as an SP REQ peer with a tiny receive buffer. */
-static int
-raw_req_connect(void)
-{
-	int port = atoi(strrchr(tcp_url, ':') + 1), fd = -1, small = 1024;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	uint8_t hello[8] = {0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00}, peer[8];
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	for (int i = 0; i < 100; i++) {
-		fd = socket(AF_INET, SOCK_STREAM, 0);
-		assert_true(fd >= 0);
-		(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
-		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
-			break;
-		close(fd);
-		fd = -1;
-		nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
-	}
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, hello, sizeof(hello)), (ssize_t)sizeof(hello));
-	assert_int_equal(read(fd, peer, sizeof(peer)), (ssize_t)sizeof(peer));
-	assert_int_equal(peer[5], 0x31); /* REP */
-	return fd;
-}
-
-/*
- * Pipelines undecodable requests (each earns an error reply) and never
- * reads, until the daemon closes the connection (*closed), or stops reading
- * it (*blocked: no byte accepted for 2 s, nng holding the pipe's one reply
- * in flight), or 20 s pass. However loaded the machine, the replies
- * eventually fill the socket and one of the two happens.
- */
-static size_t
-flood(int fd, bool *closed, bool *blocked)
-{
-	uint8_t frame[8 + 4 + 16];
-	size_t sent = 0, off = 0;
-	double until = now_s() + 20.0, last_progress = now_s();
-
-	assert_int_equal(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
-	memset(frame, 0, sizeof(frame));
-	frame[7] = 4 + 16; /* 64-bit big-endian length */
-	memset(frame + 12, 0xff, 16);
-	while (now_s() < until) {
-		if (off == 0) {
-			uint32_t id = 0x80000000u | (uint32_t)sent;
-			for (int i = 0; i < 4; i++)
-				frame[8 + i] = (uint8_t)(id >> (24 - 8 * i));
-		}
-		ssize_t w = send(fd, frame + off, sizeof(frame) - off, MSG_NOSIGNAL);
-		if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) {
-			*closed = true;
-			break;
-		}
-		if (w < 0) {
-			assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
-			if (now_s() - last_progress > 2.0) {
-				*blocked = true;
-				break;
-			}
-			struct pollfd p = {.fd = fd, .events = POLLOUT};
-			(void)poll(&p, 1, 20);
-			continue;
-		}
-		last_progress = now_s();
-		off += (size_t)w;
-		if (off == sizeof(frame)) {
-			off = 0;
-			sent++;
-		}
-	}
-	return sent;
-}
-
 static void
 test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 {
@@ -147,7 +73,7 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 			nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
 	}
 	assert_ok(rv);
-	int fd = raw_req_connect();
+	int fd = raw_req_connect(tcp_url);
 	bool closed = false, blocked = false;
 	size_t sent = flood(fd, &closed, &blocked);
 	print_message("non-reading peer pipelined %zu requests%s\n", sent,
@@ -225,7 +151,7 @@ test_service_stall_silent_peer_is_closed_live_client_redials(void **state)
 	(void)state;
 	assert_ok(kvp_client_open(&o, &c));
 	/* An SP peer that completes the handshake, then says nothing. */
-	int fd = raw_req_connect();
+	int fd = raw_req_connect(tcp_url);
 	double idle0 = closes("idle");
 	double closed_after = seconds_until_closed(fd, 7.0);
 	print_message("a silent peer was closed after %.2f s (idle timeout 3 s)\n", closed_after);
