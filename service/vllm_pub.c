@@ -55,7 +55,8 @@ struct kvpd_vllm {
 	atomic_bool stop;
 	/* Replays in progress (the replay thread's), and their unsent bytes. */
 	struct replay *replays;
-	size_t nreplays, peer_max, total_max;
+	struct ghost *ghosts;
+	size_t nreplays, nghosts, peer_max, total_max;
 	atomic_size_t total_out;
 };
 
@@ -126,6 +127,7 @@ emit(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns)
  * progress, so repeating requests gains nothing.
  */
 #define REPLAYS_MAX 64
+#define GHOSTS_MAX 256
 #define STALL_S 30
 #define ID_MAX 256 /* libzmq's routing ids are 5 bytes, a peer's own at most 255 */
 
@@ -144,6 +146,15 @@ struct replay {
 	bool delim;
 	uint64_t next, end;
 	time_t last;            /* last progress */
+};
+
+/* A peer whose replay ended with bytes still unsent: its next request starts from its count. */
+struct ghost {
+	struct pub *p;
+	int r;
+	struct acct *acct;
+	uint8_t id[ID_MAX];
+	size_t id_len;
 };
 
 static void
@@ -192,6 +203,34 @@ send_head(struct replay *x)
 	return 0;
 }
 
+/* Keeps a peer's count (still owed bytes) for its next request; the oldest goes first. */
+static void
+ghost_keep(struct kvpd_vllm *v, struct replay *x)
+{
+	if (v->nghosts == GHOSTS_MAX) {
+		acct_put(v->ghosts[0].acct);
+		memmove(&v->ghosts[0], &v->ghosts[1], (GHOSTS_MAX - 1) * sizeof(*v->ghosts));
+		v->nghosts--;
+	}
+	struct ghost *g = &v->ghosts[v->nghosts++];
+	*g = (struct ghost){.p = x->p, .r = x->r, .acct = x->acct, .id_len = x->id_len};
+	memcpy(g->id, x->id, x->id_len);
+}
+
+/* Forgets the ghosts whose bytes have all gone. */
+static void
+ghosts_sweep(struct kvpd_vllm *v)
+{
+	for (size_t i = 0; i < v->nghosts;) {
+		if (atomic_load(&v->ghosts[i].acct->out) == 0) {
+			acct_put(v->ghosts[i].acct);
+			v->ghosts[i] = v->ghosts[--v->nghosts];
+		} else {
+			i++;
+		}
+	}
+}
+
 static void
 replay_end(struct kvpd_vllm *v, size_t i, bool finished)
 {
@@ -208,7 +247,10 @@ replay_end(struct kvpd_vllm *v, size_t i, bool finished)
 	} else {
 		count(&x->p->ctr->replays_cut, 1);
 	}
-	acct_put(x->acct);
+	if (atomic_load(&x->acct->out) > 0 && !atomic_load(&v->stop))
+		ghost_keep(v, x);
+	else
+		acct_put(x->acct);
 	v->replays[i] = v->replays[--v->nreplays];
 }
 
@@ -229,9 +271,13 @@ replay_pump(struct kvpd_vllm *v, size_t i)
 		const struct kvpd_ring_slot *sl = kvpd_ring_get(&p->ring, x->next);
 		size_t len = sl ? sl->len : 0, out = atomic_load(&x->acct->out);
 		size_t total = atomic_load(&v->total_out);
-		/* Within budget, or the first bytes of an empty one (a batch larger than it). */
-		if (sl != NULL && ((out > 0 && out + len > peer_max) ||
-		                   (total > 0 && total + len > total_max))) {
+		/*
+		 * Within both budgets; or, for a peer that has taken everything sent
+		 * to it, one batch even past them: peers that never read cannot stop
+		 * one that does, while the total stays under twice its budget.
+		 */
+		if (sl != NULL && (out > 0 ? out + len > peer_max || total + len > total_max
+		                           : total > 0 && total + len > 2 * total_max)) {
 			pthread_mutex_unlock(&p->mu); /* wait for the peers to take some */
 			break;
 		}
@@ -307,13 +353,28 @@ serve_replay(struct kvpd_vllm *v, struct pub *p, int r)
 			break;
 	}
 	if (i == v->nreplays) {
-		struct acct *a;
-		if (v->nreplays == REPLAYS_MAX || (a = calloc(1, sizeof(*a))) == NULL) {
+		struct acct *a = NULL;
+		if (v->nreplays == REPLAYS_MAX) {
 			count(&p->ctr->replays_cut, 1);
 			goto done;
 		}
-		atomic_init(&a->refs, 1);
-		a->total = &v->total_out;
+		/* A peer whose earlier replay still has bytes unsent carries them on. */
+		for (size_t g = 0; g < v->nghosts && a == NULL; g++) {
+			struct ghost *gh = &v->ghosts[g];
+			if (gh->p == p && gh->r == r && gh->id_len == zmq_msg_size(&f[0]) &&
+			    memcmp(gh->id, zmq_msg_data(&f[0]), gh->id_len) == 0) {
+				a = gh->acct;
+				v->ghosts[g] = v->ghosts[--v->nghosts];
+			}
+		}
+		if (a == NULL) {
+			if ((a = calloc(1, sizeof(*a))) == NULL) {
+				count(&p->ctr->replays_cut, 1);
+				goto done;
+			}
+			atomic_init(&a->refs, 1);
+			a->total = &v->total_out;
+		}
 		v->replays[i] = (struct replay){.p = p, .r = r, .acct = a,
 		                                .id_len = zmq_msg_size(&f[0])};
 		memcpy(v->replays[i].id, zmq_msg_data(&f[0]), v->replays[i].id_len);
@@ -367,9 +428,12 @@ replay_main(void *arg)
 		for (size_t i = 0; i < v->nreplays;)
 			if (replay_pump(v, i) == 0)
 				i++;
+		ghosts_sweep(v);
 	}
 	while (v->nreplays > 0)
 		replay_end(v, 0, false);
+	while (v->nghosts > 0)
+		acct_put(v->ghosts[--v->nghosts].acct);
 	return NULL;
 }
 
@@ -484,7 +548,9 @@ kvpd_vllm_open(struct kvpd_server *srv, const struct kvpd_config *cfg, struct kv
 	v->total_max = (size_t)cfg->vllm.replay_total_mib << 20;
 	atomic_init(&v->total_out, 0);
 	if ((v->replays = calloc(REPLAYS_MAX, sizeof(*v->replays))) == NULL ||
+	    (v->ghosts = calloc(GHOSTS_MAX, sizeof(*v->ghosts))) == NULL ||
 	    (v->ctx = zmq_ctx_new()) == NULL) {
+		free(v->ghosts);
 		free(v->replays);
 		free(v->pubs);
 		free(v);
@@ -555,6 +621,7 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 		pthread_mutex_destroy(&p->mu);
 	}
 	zmq_ctx_term(v->ctx); /* frees what libzmq still held: the replays' counts go with it */
+	free(v->ghosts);
 	free(v->replays);
 	free(v->pubs);
 	free(v);

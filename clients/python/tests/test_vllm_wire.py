@@ -172,10 +172,10 @@ def _rss_mib(pid):
 
 
 def test_replay_output_is_bounded_per_peer_and_in_total(tmp_path):
-    """A peer that asks for the whole replay forty times and reads nothing
-    makes the daemon hold at most vllm-replay-total-mib more, not forty
-    copies of the ring; an honest peer meanwhile gets every batch, paced by
-    its own reading, and the end marker."""
+    """Eight peers that ask for the whole replay ten times each and read
+    nothing make the daemon hold about vllm-replay-total-mib more (at most
+    twice it), not eighty copies of the ring; an honest peer meanwhile gets
+    every batch, paced by its own reading, and the end marker."""
     wire, rep = f"ipc://{tmp_path}/v.ipc", f"tcp://127.0.0.1:{_free_port()}"
     proc, url, _ = start(tmp_path, "--vllm-events", wire, "--vllm-replay", rep,
                          "--vllm-buffer-mib", "64", "--vllm-replay-peer-mib", "1",
@@ -193,7 +193,7 @@ def test_replay_output_is_bounded_per_peer_and_in_total(tmp_path):
                 c.free(ids)
                 n_batches += 1
         base = _rss_mib(proc.pid)
-        for _ in range(4):  # four peers, ten requests each, reading nothing
+        for _ in range(8):  # eight peers, ten requests each, reading nothing
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.RCVHWM, 1)
             s.setsockopt(zmq.RCVBUF, 4096)
