@@ -6,6 +6,7 @@ its soname from the system (an installed kvpool)."""
 import ctypes
 import ctypes.util
 import os
+from typing import Any, Optional
 from ctypes import (POINTER, Structure, c_bool, c_char, c_char_p, c_double, c_int, c_int32,
                     c_int64, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p)
 
@@ -323,3 +324,27 @@ kvp_index_count = _fn("kvp_index_count", c_uint32, c_void_p, U8P, c_size_t, c_ui
 kvp_index_size = _fn("kvp_index_size", c_size_t, c_void_p)
 kvp_index_prefix = _fn("kvp_index_prefix", c_size_t, c_void_p, U8P, c_size_t, c_size_t, c_uint32)
 kvp_index_equals = _fn("kvp_index_equals", c_bool, c_void_p, POINTER(SnapshotEntry), c_size_t)
+
+
+def cstr(what: str, v: Any, optional: bool = True) -> Optional[bytes]:
+    """A str or bytes argument as the bytes a C string field takes (None
+    stays None where optional). Anything else is a TypeError: ctypes would
+    take an int as a pointer and the C code would read whatever is there."""
+    if v is None and optional:
+        return None
+    if isinstance(v, str):
+        v = v.encode()
+    if not isinstance(v, bytes):
+        raise TypeError(f"kvpool: {what} must be a str, not {type(v).__name__}")
+    if b"\0" in v:
+        raise ValueError(f"kvpool: {what} must not contain a NUL byte")
+    return v
+
+
+def cint(what: str, v: Any, lo: int = 0, hi: int = (1 << 63) - 1) -> int:
+    """An int argument within [lo, hi] (bool refused), else TypeError or ValueError."""
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"kvpool: {what} must be an int, not {type(v).__name__}")
+    if not lo <= v <= hi:
+        raise ValueError(f"kvpool: {what} must be in [{lo}, {hi}], not {v}")
+    return v

@@ -89,10 +89,15 @@ def _keys(lora_name=None, cache_salt=None, mm=None):
     """A kvp_request_keys (and what keeps its strings alive), or (None, None)."""
     if lora_name is None and cache_salt is None and not mm:
         return None, None
-    feats = [(i.encode() if isinstance(i, str) else i, o, n) for (i, o, n) in (mm or [])]
+    feats = []
+    for f in mm or []:
+        if not isinstance(f, (tuple, list)) or len(f) != 3:
+            raise TypeError("kvpool: mm must be (identifier, offset, length) triples")
+        feats.append((L.cstr("an mm identifier", f[0], optional=False),
+                      L.cint("an mm offset", f[1]), L.cint("an mm length", f[2])))
     arr = (L.MMFeature * max(len(feats), 1))(*[L.MMFeature(i, o, n) for (i, o, n) in feats])
-    k = L.RequestKeys(lora_name.encode() if lora_name else None, arr, len(feats),
-                      cache_salt.encode() if cache_salt else None)
+    k = L.RequestKeys(L.cstr("lora_name", lora_name) or None, arr, len(feats),
+                      L.cstr("cache_salt", cache_salt) or None)
     return k, (k, arr, feats)
 
 
@@ -126,14 +131,18 @@ class SlotsResult:
 def _serialized(cls):
     """Wraps every public method of cls (and of its mixins) in the client's
     lock: libkvpool's client makes one call at a time (one REQ socket), so
-    threads sharing a Client take turns instead of corrupting its state."""
+    threads sharing a Client take turns instead of corrupting its state. A
+    wrong argument type that only ctypes catches raises TypeError."""
     import functools
 
     def wrap(fn):
         @functools.wraps(fn)
         def locked(self, *args, **kwargs):
             with self._lock:
-                return fn(self, *args, **kwargs)
+                try:
+                    return fn(self, *args, **kwargs)
+                except ctypes.ArgumentError as e:  # a wrong type that reached ctypes
+                    raise TypeError(f"kvpool: {fn.__name__}: {e}") from None
         return locked
     for klass in reversed(cls.__mro__[:-1]):
         for name, fn in list(vars(klass).items()):
@@ -166,10 +175,16 @@ class Client(RegionCalls):
         unknown = set(tls) - {"ca_file", "cert_file", "key_file", "server_name", "insecure"}
         if unknown:
             raise ValueError(f"kvpool: unknown tls keys {sorted(unknown)}")
-        enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
-        self._strings = [enc(url), enc(pool), enc(token), enc(client_name),
-                         enc(tls.get("ca_file")), enc(tls.get("cert_file")),
-                         enc(tls.get("key_file")), enc(tls.get("server_name")), enc(vllm_pod)]
+        cs = L.cstr
+        self._strings = [cs("url", url, optional=False), cs("pool", pool), cs("token", token),
+                         cs("client_name", client_name), cs("tls ca_file", tls.get("ca_file")),
+                         cs("tls cert_file", tls.get("cert_file")),
+                         cs("tls key_file", tls.get("key_file")),
+                         cs("tls server_name", tls.get("server_name")), cs("vllm_pod", vllm_pod)]
+        for name, v in (("timeout_ms", timeout_ms), ("retries", retries), ("lease_ms", lease_ms),
+                        ("connect_timeout_ms", connect_timeout_ms)):
+            L.cint(name, v, 0, (1 << 31) - 1)
+        L.cint("session_id", session_id, 0, (1 << 64) - 1)
         s = self._strings
         o = L.Options(s[0], s[1], s[2], s[3], lease_ms, timeout_ms, retries, s[4], s[5], s[6],
                       s[7], session_id, connect_timeout_ms, bool(tls.get("insecure")), s[8])
@@ -564,12 +579,11 @@ class Hasher:
     def __init__(self, seed: Optional[str | bytes], algorithm: str = "sha256") -> None:
         self._h: Any = None
         algo = ctypes.c_int()
-        rv = L.kvp_hash_algo_parse(algorithm.encode(), byref(algo))
+        rv = L.kvp_hash_algo_parse(L.cstr("algorithm", algorithm, optional=False), byref(algo))
         if rv != 0:
             _raise(rv, "unknown hash algorithm %r" % (algorithm,))
         h = c_void_p()
-        rv = L.kvp_hasher_create_algo(seed.encode() if isinstance(seed, str) else seed,
-                                      algo.value, byref(h))
+        rv = L.kvp_hasher_create_algo(L.cstr("seed", seed), algo.value, byref(h))
         if rv != 0:
             _raise(rv, "cannot create a hasher")
         self._h = h

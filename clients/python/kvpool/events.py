@@ -150,12 +150,18 @@ class Subscriber:
                  token: Optional[str] = None, timeout_ms: int = 5000, index: bool = True,
                  int_hashes: bool = True, tls: Optional[dict[str, Any]] = None) -> None:
         tls = tls or {}
-        enc = lambda s: s.encode() if isinstance(s, str) else s  # noqa: E731
-        self._names = [enc(p) for p in pools]
-        names = (ctypes.c_char_p * len(self._names))(*self._names)
-        self._strings = [enc(events_url), enc(rpc_url), enc(token), enc(tls.get("ca_file")),
-                         enc(tls.get("cert_file")), enc(tls.get("key_file")),
-                         enc(tls.get("server_name")), names]
+        cs = L.cstr
+        if isinstance(pools, (str, bytes)):
+            raise TypeError("kvpool: pools is a sequence of pool names, not one name")
+        self._names = [cs("a pool name", p, optional=False) for p in pools]
+        names = (ctypes.c_char_p * max(len(self._names), 1))(*self._names)
+        L.cint("timeout_ms", timeout_ms, 0, (1 << 31) - 1)
+        self._strings = [cs("events_url", events_url, optional=False),
+                         cs("rpc_url", rpc_url, optional=False), cs("token", token),
+                         cs("tls ca_file", tls.get("ca_file")),
+                         cs("tls cert_file", tls.get("cert_file")),
+                         cs("tls key_file", tls.get("key_file")),
+                         cs("tls server_name", tls.get("server_name")), names]
         s = self._strings
         o = L.SubOptions(s[0], s[1], None, names, len(self._names), s[2], timeout_ms, 0, s[3],
                          s[4], s[5], s[6], 0, bool(tls.get("insecure")))
@@ -224,7 +230,7 @@ class Subscriber:
 
     def stats(self, pool: Optional[str] = None) -> dict[str, Any]:
         st = L.SubStats()
-        rv = L.kvp_sub_get_stats(self._s, pool.encode() if pool else None, byref(st))
+        rv = L.kvp_sub_get_stats(self._s, L.cstr("pool", pool) or None, byref(st))
         if rv != 0:
             _raise(rv, f"pool {pool} is not followed")
         return {name: getattr(st, name) for name, _ in L.SubStats._fields_}
