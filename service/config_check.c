@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <nng/nng.h>
+#include <nng/supplemental/tls/tls.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -108,6 +109,45 @@ endpoint_port(const char *url)
 		port = port_of(u->u_port);
 	nng_url_free(u);
 	return port == 0 ? -1 : port; /* 0: the system picks one, never the same twice */
+}
+
+/* One URL given twice (two --rpc, or --rpc and --events): the second bind would fail. */
+static unsigned
+check_same_url(const struct kvpd_config *c, FILE *err)
+{
+	const char *u[KVPD_MAX_URLS + 1];
+	size_t n = 0;
+	unsigned bad = 0;
+
+	for (size_t i = 0; i < c->num_rpc; i++)
+		u[n++] = c->rpc[i];
+	if (c->events[0] != '\0')
+		u[n++] = c->events;
+	for (size_t i = 0; i < n; i++)
+		for (size_t j = i + 1; j < n; j++)
+			if (strcmp(u[i], u[j]) == 0) {
+				fprintf(err, "kvpoold: %s is given twice (%s): one endpoint, one bind\n",
+				        u[i], j < c->num_rpc ? "rpc and rpc" : "rpc and events");
+				bad++;
+			}
+	return bad;
+}
+
+/* The TLS configuration the daemon would build from tls-cert, tls-key and tls-ca. */
+static unsigned
+check_tls(const struct kvpd_config *c, FILE *err)
+{
+	struct nng_tls_config *t = NULL;
+	char why[512];
+
+	if (c->tls_cert[0] == '\0' || c->tls_key[0] == '\0')
+		return 0;
+	if (kvpd_tls_server_config(c, &t, why, sizeof(why)) != 0) {
+		fprintf(err, "kvpoold: %s\n", why);
+		return 1;
+	}
+	nng_tls_config_free(t);
+	return 0;
 }
 
 /* The endpoints kvpoold binds on TCP must use distinct ports (one would fail to bind). */
@@ -216,6 +256,9 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 	bad += check_endpoint("events", c->events, false, err);
 	bad += check_endpoint("admin", c->admin, true, err);
 	bad += check_ports(c, err);
+	bad += check_same_url(c, err);
+	if (bad == 0) /* unreadable files are said above */
+		bad += check_tls(c, err);
 	bad += check_region_dir(c, err);
 	bad += check_memory(c, err);
 	return bad;

@@ -63,4 +63,14 @@ int kvpd_cfg_resolve_vllm(struct kvpd_config *c, FILE *err);
  */
 unsigned kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err);
 
+/*
+ * The daemon's TLS server configuration from tls-cert, tls-key and tls-ca
+ * (tls_config.c): 0 and *out (free with nng_tls_config_free), or -1 with
+ * why in err. The transport and --check-config both build it, so a
+ * certificate the daemon would refuse is refused by the check.
+ */
+struct nng_tls_config;
+int kvpd_tls_server_config(const struct kvpd_config *cfg, struct nng_tls_config **out, char *err,
+                           size_t len);
+
 #endif /* KVPD_CONFIG_IMPL_H */

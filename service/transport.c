@@ -16,6 +16,7 @@
 #include "common/kvp_status.h"
 #include "common/nng_close.h"
 #include "proto/wire.h"
+#include "service/config_impl.h"
 #include "service/ipc.h"
 #include "service/log.h"
 #include "service/u64map.h"
@@ -335,37 +336,6 @@ worker_cb(void *arg)
 	}
 }
 
-static int
-tls_setup(struct kvpd_transport *t, const struct kvpd_config *cfg, char *err, size_t len)
-{
-	char *cert = kvp_wire_read_file(cfg->tls_cert), *key = kvp_wire_read_file(cfg->tls_key);
-	int rv = -1;
-
-	if (cert == NULL || key == NULL) {
-		snprintf(err, len, "cannot read tls-cert %s or tls-key %s", cfg->tls_cert, cfg->tls_key);
-		goto out;
-	}
-	if ((rv = nng_tls_config_alloc(&t->tls, NNG_TLS_MODE_SERVER)) != 0 ||
-	    (rv = nng_tls_config_own_cert(t->tls, cert, key, NULL)) != 0) {
-		snprintf(err, len, "TLS certificate: %s", nng_strerror(rv));
-		goto out;
-	}
-	if (cfg->tls_ca[0] != '\0') {
-		if ((rv = nng_tls_config_ca_file(t->tls, cfg->tls_ca)) != 0 ||
-		    (rv = nng_tls_config_auth_mode(t->tls, NNG_TLS_AUTH_MODE_REQUIRED)) != 0) {
-			snprintf(err, len, "TLS client CA %s: %s", cfg->tls_ca, nng_strerror(rv));
-			goto out;
-		}
-	} else {
-		(void)nng_tls_config_auth_mode(t->tls, NNG_TLS_AUTH_MODE_NONE);
-	}
-	rv = 0;
-out:
-	free(cert);
-	free(key);
-	return rv;
-}
-
 int
 kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
                     struct kvpd_transport **out, char *err, size_t len)
@@ -409,7 +379,7 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	/* nng accepts any size by default; a network-facing socket must not. Slack
 	 * above max-msg-bytes lets a slightly oversized request get a clear reply. */
 	(void)nng_socket_set_size(t->sock, NNG_OPT_RECVMAXSZ, (size_t)cfg->max_msg_bytes + 65536);
-	if (cfg->tls_cert[0] != '\0' && tls_setup(t, cfg, err, len) != 0)
+	if (cfg->tls_cert[0] != '\0' && kvpd_tls_server_config(cfg, &t->tls, err, len) != 0)
 		goto fail;
 	t->workers = calloc(cfg->contexts, sizeof(*t->workers));
 	if (t->workers == NULL) {

@@ -420,6 +420,25 @@ test_config_check_reports_every_problem(void **state)
 	for (size_t i = 0; i < sizeof(bind_want) / sizeof(bind_want[0]); i++)
 		if (strstr(msg, bind_want[i]) == NULL)
 			fail_msg("--check-config did not report '%s'; it said:\n%s", bind_want[i], msg);
+	/* One URL twice; a certificate that is not one (the daemon's own loader says so). */
+	char bad_pem[] = "/tmp/kvpool-check-XXXXXX";
+	int pfd = mkstemp(bad_pem);
+	assert_true(pfd >= 0);
+	assert_int_equal(write(pfd, "not a certificate\n", 18), 18);
+	close(pfd);
+	char *twice[] = {"kvpoold", "--check-config", "--pool", "name=g,blocks=64",
+	                 "--rpc", "ipc:///tmp/kvpool-twice.ipc", "--rpc", "ipc:///tmp/kvpool-twice.ipc",
+	                 NULL};
+	assert_int_equal(load_err(&c, twice, NULL, msg, sizeof(msg)), -1);
+	if (strstr(msg, "is given twice") == NULL)
+		fail_msg("--check-config passed one --rpc given twice; it said:\n%s", msg);
+	char *tls[] = {"kvpoold", "--check-config", "--pool", "name=g,blocks=64",
+	               "--rpc", "tls+tcp://127.0.0.1:7471", "--tls-cert", bad_pem, "--tls-key",
+	               bad_pem, NULL};
+	assert_int_equal(load_err(&c, tls, NULL, msg, sizeof(msg)), -1);
+	if (strstr(msg, "TLS certificate") == NULL)
+		fail_msg("--check-config passed an unparsable certificate; it said:\n%s", msg);
+	unlink(bad_pem);
 	/* A good configuration passes the check and says so by returning 0. */
 	char *good[] = {"kvpoold", "--check-config", "--pool", "name=g,blocks=64", "--rpc",
 	                "ipc:///tmp/kvpool-check.ipc", "--admin", "http://127.0.0.1:9471", NULL};
