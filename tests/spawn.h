@@ -38,6 +38,28 @@ kvp_spawn(const char *const *argv, const char *log_path)
 }
 
 /*
+ * Waits up to timeout_ms for pid to exit by itself; then SIGKILLs it.
+ * Returns its exit status, or -1 (killed, or did not exit normally).
+ */
+static inline int
+kvp_wait_exit(pid_t pid, long timeout_ms)
+{
+	int status = 0;
+	if (pid <= 0)
+		return -1;
+	for (long waited = 0; waited < timeout_ms; waited += 10) {
+		if (waitpid(pid, &status, WNOHANG) == pid)
+			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+		struct timespec ts = {0, 10 * 1000 * 1000};
+		nanosleep(&ts, NULL);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &status, 0);
+	return -1;
+}
+
+
+/*
  * SIGTERM, then waits up to timeout_ms (then SIGKILL). Returns the child's
  * exit status, or -1 if it was killed by a signal or did not exit in time.
  */
