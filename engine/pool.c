@@ -47,6 +47,8 @@ kvp_pool_create(const struct kvp_pool_config *cfg, struct kvp_pool **out)
 	p->free_unhashed_first = cfg->semantics == KVP_VLLM_0_33;
 	p->coarse_concat = cfg->semantics == KVP_VLLM_9AAF83EF5;
 	p->metrics = cfg->metrics;
+	p->on_alloc = cfg->on_alloc;
+	p->on_alloc_ctx = cfg->on_alloc_ctx;
 	snprintf(p->medium, sizeof(p->medium), "%s", cfg->medium ? cfg->medium : "GPU");
 	kvp_event_batch_init(&p->events);
 	p->blocks = kvp_big_alloc(((size_t)p->n + 2) * sizeof(*p->blocks));
@@ -192,6 +194,8 @@ kvp_pool_get_new_blocks(struct kvp_pool *p, uint32_t n, int32_t *ids)
 	/* With no hash cached and no metrics, eviction has nothing to do. */
 	if (p->metrics != NULL || (p->caching && p->num_hashed > 0))
 		evict_popped(p, ids, n);
+	if (p->on_alloc != NULL)
+		p->on_alloc(p->on_alloc_ctx, ids, n);
 	p->stats.blocks_allocated += n;
 	return KVP_OK;
 }

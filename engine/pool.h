@@ -84,6 +84,15 @@ struct kvp_pool_config {
 	bool enable_events;
 	const char *medium;        /* events' medium; NULL: "GPU" (vLLM's) */
 	struct kvp_metrics *metrics; /* optional, not owned; sized >= num_blocks */
+	/*
+	 * Optional: called with every n blocks get_new_blocks hands out (and so
+	 * reserve and the manager's allocations), after they left the queue and
+	 * before the call returns: the service clears their bytes there for a
+	 * pool that must not show one tenant's KV to the next. Must not call
+	 * back into the pool.
+	 */
+	void (*on_alloc)(void *ctx, const int32_t *ids, uint32_t n);
+	void *on_alloc_ctx;
 };
 
 struct kvp_pool_stats {

@@ -261,5 +261,11 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 		bad += check_tls(c, err);
 	bad += check_region_dir(c, err);
 	bad += check_memory(c, err);
+	for (size_t i = 0; i < c->num_pools; i++)
+		if (c->pools[i].clear_on_alloc && strcmp(c->pools[i].exec.backend, "none") == 0) {
+			fprintf(err, "kvpoold: pool %s: clear=alloc needs an executor (this pool "
+			             "holds no KV bytes to clear)\n", c->pools[i].name);
+			bad++;
+		}
 	return bad;
 }

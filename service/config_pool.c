@@ -159,6 +159,13 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_copy_str(p->model, sizeof(p->model), v);
 	if (strcmp(k, "shards") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1024, &p->shards);
+	if (strcmp(k, "clear") == 0) {
+		bool alloc = strcmp(v, "alloc") == 0;
+		if (!alloc && strcmp(v, "none") != 0)
+			return -1;
+		p->clear_on_alloc = alloc;
+		return 0;
+	}
 	int rv = kvpd_cfg_exec_item(&p->exec, k, v);
 	return rv == -2 ? -1 : rv;
 }

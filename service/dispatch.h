@@ -73,6 +73,7 @@ struct kvpd_pool {
 	struct kvp_mgr *mgr;
 	struct kvp_exec *exec;          /* the KV memory; NULL with executor=none */
 	uint32_t *row_crc;              /* with a region: each row's CRC32C at its commit; else NULL */
+	uint8_t *zeros;                 /* clear=alloc: one block of zeros to write over each new one */
 	struct kvpd_pool_pods pods;     /* read by the vLLM wire's publisher, under the lock */
 	char exec_note[512];            /* how the executor was chosen and sized, for the log */
 	struct kvp_event_batch events;  /* drained after every call (published by #4) */

@@ -48,6 +48,7 @@ pool_fini(struct kvpd_pool *p)
 	kvp_pool_destroy(p->pool);
 	kvp_exec_close(p->exec);
 	free(p->row_crc);
+	free(p->zeros);
 	kvp_hasher_destroy(p->hasher);
 	kvp_event_batch_fini(&p->events);
 	kvpd_arena_fini(&p->arena);
@@ -175,6 +176,17 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 	return KVP_OK;
 }
 
+/* clear=alloc: each block the pool hands out is zeroed before any caller can read it. */
+static void
+clear_blocks(void *ctx, const int32_t *ids, uint32_t n)
+{
+	struct kvpd_pool *p = ctx;
+	size_t bb = kvp_exec_block_bytes(p->exec);
+
+	for (uint32_t i = 0; i < n; i++)
+		(void)kvp_exec_write_blocks(p->exec, &ids[i], 1, p->zeros, bb); /* ids are in range */
+}
+
 static int
 pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_pool_config *pc,
           char *err, size_t err_len)
@@ -212,6 +224,19 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	}
 	kc.hash_len = (uint32_t)kvp_hash_algo_len(pc->hash_algo);
 	kc.medium = p->cfg.medium;
+	if (pc->clear_on_alloc) {
+		if (p->exec == NULL) {
+			snprintf(err, err_len, "pool %s: clear=alloc needs an executor (this pool holds "
+			         "no KV bytes to clear)", pc->name);
+			return KVP_EINVAL;
+		}
+		if ((p->zeros = calloc(1, kvp_exec_block_bytes(p->exec))) == NULL) {
+			snprintf(err, err_len, "pool %s: out of memory", pc->name);
+			return KVP_ENOMEM;
+		}
+		kc.on_alloc = clear_blocks;
+		kc.on_alloc_ctx = p;
+	}
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
 	p->limits.max_sessions = cfg->max_sessions;

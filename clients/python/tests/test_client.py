@@ -251,3 +251,27 @@ def test_one_client_shared_by_threads(daemon):
             t.join()
         assert errors == []
         assert c.stats()["num_free"] == free0
+
+
+def test_clear_alloc_zeroes_what_the_last_tenant_left(tmp_path):
+    """By default a freed block keeps its bytes and the next allocator can read
+    them, as in vLLM; a pool with clear=alloc hands every block out zeroed."""
+    from conftest import start, stop
+    proc, url, _ = start(tmp_path, "--kv-layers", "1", "--kv-heads", "1", "--kv-head-size", "8",
+                         "--pool", "name=keep,blocks=4,block_size=4",
+                         "--pool", "name=clear,blocks=4,block_size=4,clear=alloc", pool="keep")
+    try:
+        for pool, leaks in (("keep", True), ("clear", False)):
+            with kvpool.Client(url, pool=pool) as a, kvpool.Client(url, pool=pool) as b:
+                ids = a.allocate(3)
+                secret = bytes(range(1, 256)) * 64
+                bb = a.info["executor"]["block_bytes"]
+                a.write_blocks(ids, (secret * (3 * bb // len(secret) + 1))[:3 * bb])
+                a.free(ids)  # uncached: reused first
+                got = b.allocate(3)
+                assert sorted(got) == sorted(ids)
+                seen = bytes(b.read_blocks(got))
+                assert (seen != bytes(len(seen))) == leaks, pool
+                b.free(got)
+    finally:
+        stop(proc)
