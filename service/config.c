@@ -81,6 +81,10 @@ static const struct setting {
 	                         "(as replay-mib). Default 64"},
 	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages, 1 or more (0, libzmq's "
 	                  "unlimited, is refused). Default 100000"},
+	{"vllm-queue-mib", "N", "MiB of published batches a pool's subscribers may hold unread "
+	                        "(libzmq keeps what a subscriber has not taken, up to vllm-hwm "
+	                        "messages each): past it the publisher is opened again, dropping "
+	                        "every queue; subscribers reconnect and replay the gap. Default 64"},
 	{"vllm-replay-peer-mib", "N", "MiB of replay batches one peer may have sent to it and "
 	                              "not yet taken: a replay pauses there until the peer reads "
 	                              "(one that does not for 30 s is cut off). Default 4"},
@@ -513,6 +517,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->vllm.hwm = 100000;
 	c->vllm.replay_peer_mib = 4;
 	c->vllm.replay_total_mib = 64;
+	c->vllm.queue_mib = 64;
 	c->lease_ms = 30000;
 	c->contexts = 8;
 	c->max_msg_bytes = KVP_WIRE_DEFAULT_MAX_MSG;

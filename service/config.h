@@ -94,6 +94,7 @@ struct kvpd_vllm_config {
 	uint32_t hwm;                  /* send high-water mark */
 	uint32_t replay_peer_mib;      /* replay bytes one peer may have unsent, in MiB */
 	uint32_t replay_total_mib;     /* and every peer together */
+	uint32_t queue_mib;            /* published batches subscribers may hold unread, per pool */
 	bool token_pools;              /* also publish pools that have a token (no auth there) */
 };
 

@@ -45,8 +45,9 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        w->array_form ? "array" : "map", w->hash_bytes ? "bytes" : "int",
 		        w->replay_topic, w->buffer_steps, w->buffer_mib, w->hwm, w->token_pools);
 		fprintf(out, "vllm-replay-plain = %s\n", w->replay_plain[0] ? w->replay_plain : "none");
-		fprintf(out, "vllm-replay-peer-mib = %u\nvllm-replay-total-mib = %u\n",
-		        w->replay_peer_mib, w->replay_total_mib);
+		fprintf(out, "vllm-replay-peer-mib = %u\nvllm-replay-total-mib = %u\n"
+		             "vllm-queue-mib = %u\n",
+		        w->replay_peer_mib, w->replay_total_mib, w->queue_mib);
 	} else {
 		fprintf(out, "vllm-events = none\n");
 	}

@@ -64,6 +64,8 @@ kvpd_cfg_apply_vllm(struct kvpd_vllm_config *w, const char *name, const char *v)
 	/* 0 is libzmq's "no limit": a subscriber that never reads could take all memory. */
 	if (strcmp(name, "hwm") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 30, &w->hwm);
+	if (strcmp(name, "queue-mib") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 16, &w->queue_mib);
 	if (strcmp(name, "replay-peer-mib") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 16, &w->replay_peer_mib);
 	if (strcmp(name, "replay-total-mib") == 0)

@@ -212,6 +212,10 @@ render_vllm(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_p
 		              "vLLM-wire replays cut off: the peer took nothing for 30 s, went "
 		              "away, or 64 replays were in progress.",
 		              c[i].vllm_on, c[i].vllm_replays_cut);
+		COUNTER_WHERE("vllm_publisher_resets_total",
+		              "vLLM-wire publisher opened again because subscribers held "
+		              "vllm-queue-mib of batches unread.",
+		              c[i].vllm_on, c[i].vllm_publisher_resets);
 		COUNTER_WHERE("vllm_send_failures_total",
 		              "vLLM-wire batches not sent or not encoded (their seq is skipped).",
 		              c[i].vllm_on, c[i].vllm_send_failures);

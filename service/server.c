@@ -641,6 +641,7 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 		atomic_load_explicit(&v->bad_replay_requests, memory_order_relaxed);
 	out->vllm_send_failures = atomic_load_explicit(&v->send_failures, memory_order_relaxed);
 	out->vllm_replays_cut = atomic_load_explicit(&v->replays_cut, memory_order_relaxed);
+	out->vllm_publisher_resets = atomic_load_explicit(&v->publisher_resets, memory_order_relaxed);
 }
 
 void

@@ -59,7 +59,7 @@ struct kvpd_pool_counters {
 	uint32_t sessions;                                 /* open now */
 	bool vllm_on;                                      /* a vLLM-wire publisher is attached */
 	uint64_t vllm_batches, vllm_bytes, vllm_replays, vllm_bad_replay_requests,
-		vllm_send_failures, vllm_replays_cut;
+		vllm_send_failures, vllm_replays_cut, vllm_publisher_resets;
 };
 
 /* A snapshot of a pool's engine gauges and counters, for /metrics. */

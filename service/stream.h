@@ -27,7 +27,8 @@ typedef void (*kvpd_events_fn)(void *ctx, const struct kvp_event_batch *b, uint6
 
 /* The vLLM-wire publisher's counters; written by its threads, read by /metrics. */
 struct kvpd_vllm_counters {
-	_Atomic uint64_t batches, bytes, replays, bad_replay_requests, send_failures, replays_cut;
+	_Atomic uint64_t batches, bytes, replays, bad_replay_requests, send_failures, replays_cut,
+		publisher_resets;
 };
 
 /* Sends one message: the pool's name, a 0 byte, then an encoded EventBatch. */

@@ -43,6 +43,13 @@ struct pub {
 	/* Engine pods the pool's sessions serve: each batch also goes out under their topics. */
 	const struct kvpd_pool_pods *pods;
 	char tmpl[KVPD_PATH_MAX], model[KVPD_NAME_MAX], name[KVPD_NAME_MAX];
+	/* The PUB's endpoint, to open it again, and the payload bytes libzmq still holds. */
+	void *ctx;
+	char ep[KVPD_PATH_MAX];
+	bool ep_bind;
+	uint32_t hwm;
+	struct queued *queued;           /* the current socket's count */
+	size_t queued_max;
 };
 
 struct kvpd_vllm {
@@ -66,13 +73,98 @@ count(_Atomic uint64_t *c, uint64_t n)
 	atomic_fetch_add_explicit(c, n, memory_order_relaxed);
 }
 
+/* Payload bytes libzmq holds for one PUB socket: the socket's reference and one per message. */
+struct queued {
+	atomic_size_t bytes;
+	atomic_int refs;
+};
+
+static void
+queued_put(struct queued *q)
+{
+	if (q != NULL && atomic_fetch_sub(&q->refs, 1) == 1)
+		free(q);
+}
+
+static struct queued *
+queued_new(void)
+{
+	struct queued *q = calloc(1, sizeof(*q));
+	if (q != NULL)
+		atomic_init(&q->refs, 1);
+	return q;
+}
+
+/* libzmq is done with a published payload (every subscriber's queue let it go). */
+static void
+queued_free(void *data, void *hint)
+{
+	struct queued *q = hint;
+	size_t *b = (size_t *)data - 1;
+	atomic_fetch_sub(&q->bytes, b[0]);
+	free(b);
+	queued_put(q);
+}
+
 /* One message [topic, seq, batch] on the PUB socket (p->buf holds the batch). */
 static bool
 send_batch(struct pub *p, const char *topic, size_t topic_len, const uint8_t seqb[8])
 {
-	return zmq_send(p->pub, topic, topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-	       zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) >= 0 &&
-	       zmq_send(p->pub, p->buf.data, p->buf.len, ZMQ_DONTWAIT) >= 0;
+	size_t n = p->buf.len;
+	size_t *b = malloc(sizeof(size_t) + (n ? n : 1));
+	zmq_msg_t m;
+
+	if (b == NULL || p->pub == NULL || p->queued == NULL) {
+		free(b);
+		return false;
+	}
+	b[0] = n;
+	memcpy(b + 1, p->buf.data, n);
+	atomic_fetch_add(&p->queued->bytes, n);
+	atomic_fetch_add(&p->queued->refs, 1);
+	zmq_msg_init_data(&m, b + 1, n, queued_free, p->queued);
+	if (zmq_send(p->pub, topic, topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_send(p->pub, seqb, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+	    zmq_msg_send(&m, p->pub, ZMQ_DONTWAIT) < 0) {
+		zmq_msg_close(&m);
+		return false;
+	}
+	return true;
+}
+
+static void *open_socket(void *ctx, int type, uint32_t hwm, const char *ep, bool bind, char *err,
+                         size_t len);
+
+/*
+ * Subscribers that do not read keep every batch libzmq queued for them (up
+ * to vllm-hwm messages each, whatever their size). Past vllm-queue-mib of
+ * them the PUB socket is closed and opened again: every subscriber's queue
+ * goes, and each reconnects by itself and sees the gap in seq (replay fills
+ * it). Under the pool's lock.
+ */
+static void
+reopen_pub(struct pub *p)
+{
+	char err[256];
+
+	if (p->pub != NULL)
+		zmq_close(p->pub); /* libzmq drops its queues on its own thread: their bytes leave the old count */
+	p->pub = NULL;
+	queued_put(p->queued);
+	if ((p->queued = queued_new()) == NULL)
+		return;
+	for (int i = 0; i < 20 && p->pub == NULL; i++) {
+		p->pub = open_socket(p->ctx, ZMQ_PUB, p->hwm, p->ep, p->ep_bind, err, sizeof(err));
+		if (p->pub == NULL)
+			nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL); /* libzmq frees the old listener later */
+	}
+	count(&p->ctr->publisher_resets, 1);
+	struct kvpd_log_field f[] = {{"pool", p->name}, {"endpoint", p->ep}};
+	kvpd_log_fields(p->pub ? KVPD_WARN : KVPD_ERROR, "vllm",
+	                p->pub ? "subscribers held vllm-queue-mib of batches unread: the publisher "
+	                         "was opened again (they reconnect and replay the gap)"
+	                       : "cannot open the publisher again; retried at the next batch",
+	                f, 2);
 }
 
 /* Under the pool's lock: encode, number, keep for replay, send. Never blocks. */
@@ -97,6 +189,8 @@ emit(void *ctx, const struct kvp_event_batch *b, uint64_t ts_unix_ns)
 		return;
 	}
 	kvp_vllm_seq_put(seqb, seq);
+	if (p->pub == NULL || p->queued == NULL || atomic_load(&p->queued->bytes) > p->queued_max)
+		reopen_pub(p);
 	bool ok = send_batch(p, p->topic, p->topic_len, seqb);
 	/* The same batch, number and all, credited to each engine pod the pool serves. */
 	for (size_t i = 0; p->pods != NULL && i < p->pods->n; i++) {
@@ -490,7 +584,16 @@ open_pub(struct kvpd_vllm *v, struct pub *p, const struct kvpd_config *cfg,
 	snprintf(p->tmpl, sizeof(p->tmpl), "%s", w->topic);
 	snprintf(p->model, sizeof(p->model), "%s", pc->model);
 	snprintf(p->name, sizeof(p->name), "%s", pc->name);
-	p->pub = open_socket(v->ctx, ZMQ_PUB, w->hwm, ep, kvp_vllm_binds(ep), err, len);
+	p->ctx = v->ctx;
+	snprintf(p->ep, sizeof(p->ep), "%s", ep);
+	p->ep_bind = kvp_vllm_binds(ep);
+	p->hwm = w->hwm;
+	p->queued_max = (size_t)w->queue_mib << 20;
+	if ((p->queued = queued_new()) == NULL) {
+		snprintf(err, len, "vLLM wire: out of memory");
+		return KVP_ENOMEM;
+	}
+	p->pub = open_socket(v->ctx, ZMQ_PUB, w->hwm, ep, p->ep_bind, err, len);
 	if (p->pub == NULL)
 		return KVP_EINVAL;
 	if (strncmp(ep, "ipc://", 6) == 0)
@@ -618,6 +721,7 @@ kvpd_vllm_close(struct kvpd_vllm *v)
 				(void)unlink(p->ipc_paths[k]);
 		kvpd_ring_fini(&p->ring);
 		kvp_vllm_buf_fini(&p->buf);
+		queued_put(p->queued); /* messages libzmq still holds keep their own references */
 		pthread_mutex_destroy(&p->mu);
 	}
 	zmq_ctx_term(v->ctx); /* frees what libzmq still held: the replays' counts go with it */

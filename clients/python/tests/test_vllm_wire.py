@@ -220,3 +220,55 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_subscribers_that_never_read_hold_at_most_the_queue_budget(tmp_path):
+    """Ten subscribers that never read: libzmq would keep every batch for
+    them (up to vllm-hwm messages each); past vllm-queue-mib the publisher
+    is opened again and their queues go, so the daemon holds about the
+    budget, not what was published. A subscriber that reads gets the later
+    batches after it reconnects."""
+    port = _free_port()
+    wire = f"tcp://127.0.0.1:{port}"  # vLLM's rule: the daemon binds tcp://*, connects otherwise
+    proc, url, _ = start(tmp_path, "--vllm-events", f"tcp://*:{port}", "--vllm-queue-mib", "4",
+                         "--replay-mib", "1",  # the native ring, not what this measures
+                         "--pool", "name=w,blocks=1024,block_size=16,executor=none", pool="w")
+    ctx = zmq.Context()
+    subs, honest = [], None
+    try:
+        for _ in range(10):
+            s = ctx.socket(zmq.SUB)
+            s.setsockopt(zmq.RCVHWM, 1)
+            s.setsockopt(zmq.RCVBUF, 4096)
+            s.setsockopt(zmq.SUBSCRIBE, b"")
+            s.connect(wire)
+            subs.append(s)
+        honest = ctx.socket(zmq.SUB)
+        honest.setsockopt(zmq.SUBSCRIBE, b"")
+        honest.connect(wire)
+        time.sleep(0.5)  # the subscriptions reach the publisher
+        base = _rss_mib(proc.pid)
+        with kvpool.Client(url, pool="w") as c:
+            for k in range(384):  # about 190 MB of batches
+                ids = c.allocate(1000)
+                c.cache(ids, range(k * 16000, (k + 1) * 16000), 1000)
+                c.free(ids)
+                while honest.poll(0):
+                    honest.recv_multipart()
+        grown = _rss_mib(proc.pid) - base
+        assert grown < 24, f"daemon grew {grown:.0f} MiB holding batches nobody read"
+        # The honest subscriber still hears new batches after the resets.
+        deadline, heard, k = time.monotonic() + 5, False, 0
+        with kvpool.Client(url, pool="w") as c:
+            while not heard and time.monotonic() < deadline:
+                ids = c.allocate(1)
+                c.cache(ids, range(10**7 + 16 * k, 10**7 + 16 * (k + 1)), 1)
+                c.free(ids)
+                k += 1
+                heard = honest.poll(200) != 0
+        assert heard, "a reading subscriber heard nothing after the publisher was reopened"
+    finally:
+        for s in subs + ([honest] if honest is not None else []):
+            s.close(0)
+        stop(proc)
+        ctx.term()
