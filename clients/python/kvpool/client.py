@@ -608,6 +608,7 @@ class Hasher:
     def hash_request(self, tokens: Ids, block_size: int, *, lora_name: Optional[str] = None,
                      cache_salt: Optional[str] = None, mm: MMFeatures = None) -> list[bytes]:
         """The hashes (hash_len bytes each) of every full block of the tokens."""
+        L.cint("block_size", block_size, 1, (1 << 31) - 1)
         toks, n = _tokens(tokens)
         cap = max(1, n // block_size)
         hl = self.hash_len
