@@ -639,10 +639,10 @@ test_service_kvpoolctl_exit_codes_and_json_errors(void **state)
 		const char *json; /* in --json's stdout */
 	} cases[] = {
 		{"--url ipc:///nonexistent/k.ipc --connect-timeout-ms 200 stats", 3,
-		 "\"status\":\"KVP_EUNAVAILABLE\",\"error\":\"unreachable\",\"exit_code\":3"},
+		 "\"status\":\"UNAVAILABLE\",\"error\":\"unreachable\",\"exit_code\":3"},
 		{"alloc -3", 2, "\"error\":\"usage\",\"exit_code\":2,\"detail\":\"alloc: '-3' is "
 		                "not a count"},
-		{"alloc abc", 2, "\"command\":\"alloc\",\"status\":\"KVP_EINVAL\""},
+		{"alloc abc", 2, "\"command\":\"alloc\",\"status\":\"INVALID_ARGUMENT\""},
 		{"-u x stats", 2, "unknown option -u"},
 		{"stats --tokens 1", 2, "stats does not take --tokens"},
 		{"free 1,-2", 2, "not a list of non-negative integers"},
@@ -653,8 +653,8 @@ test_service_kvpoolctl_exit_codes_and_json_errors(void **state)
 		{"--url tcp://no-such-host.invalid:7470 --connect-timeout-ms 200 stats", 3,
 		 "its host name does not resolve"},
 		{"--url %s --pool locked stats", 1,
-		 "\"status\":\"KVP_EUNAUTH\",\"error\":\"refused\",\"exit_code\":1"},
-		{"--url %s --pool nosuch stats", 1, "\"status\":\"KVP_EUNKNOWNPOOL\""},
+		 "\"status\":\"UNAUTHENTICATED\",\"error\":\"refused\",\"exit_code\":1"},
+		{"--url %s --pool nosuch stats", 1, "\"status\":\"UNKNOWN_POOL\""},
 		{"--url %s --pool default write --blocks 1 --in /nonexistent/in", 4,
 		 "\"error\":\"local\",\"exit_code\":4"},
 		{"--url %s --pool default stats", 0, "\"command\":\"stats\",\"num_blocks\":10"},

@@ -113,7 +113,7 @@ fail(struct ctl *x, int code, int status, const char *fmt, ...)
 	if (x->json) {
 		cJSON *o = cJSON_CreateObject();
 		cJSON_AddStringToObject(o, "command", x->cmd_name ? x->cmd_name : "");
-		cJSON_AddStringToObject(o, "status", kvp_status_name(status));
+		cJSON_AddStringToObject(o, "status", kvp_status_wire_name(status));
 		cJSON_AddStringToObject(o, "error", exit_kind[code]);
 		cJSON_AddNumberToObject(o, "exit_code", code);
 		cJSON_AddStringToObject(o, "detail", msg);
@@ -142,7 +142,7 @@ exit_of(int status)
 int
 refused(struct ctl *x, int status, const char *detail)
 {
-	return fail(x, exit_of(status), status, "%s: %s%s%s", kvp_status_name(status),
+	return fail(x, exit_of(status), status, "%s: %s%s%s", kvp_status_wire_name(status),
 	            kvp_strerror(status), detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
@@ -511,7 +511,7 @@ run(struct ctl *x)
 	/* Opening refuses bad options (a URL nng cannot dial, say) with EINVAL: usage errors. */
 	if ((rv = kvp_client_open(&x->o, &x->c)) != KVP_OK)
 		return fail(x, rv == KVP_EINVAL ? EXIT_USAGE : exit_of(rv), rv, "%s: pool %s at %s: %s",
-		            kvp_status_name(rv), x->o.pool, x->o.url, kvp_client_open_detail());
+		            kvp_status_wire_name(rv), x->o.pool, x->o.url, kvp_client_open_detail());
 	x->j = cJSON_CreateObject();
 	cJSON_AddStringToObject(x->j, "command", x->cmd->name);
 	rv = x->cmd->run(x);
@@ -521,7 +521,7 @@ run(struct ctl *x)
 	} else if (rv != KVP_OK) {
 		code = refused(x, rv, x->c ? kvp_client_last_detail(x->c) : "");
 	} else if (x->json) {
-		cJSON_AddStringToObject(x->j, "status", kvp_status_name(KVP_OK));
+		cJSON_AddStringToObject(x->j, "status", kvp_status_wire_name(KVP_OK));
 		char *s = cJSON_PrintUnformatted(x->j);
 		if (s)
 			printf("%s\n", s);

@@ -236,7 +236,7 @@ class Batch:
         L.kvp_batch_result(self._b, i, byref(r))
         out = CallResult(r.status)
         if r.status != 0:
-            name = L.kvp_status_name(r.status).decode()
+            name = L.kvp_status_wire_name(r.status).decode()
             out.error = BY_STATUS.get(r.status, KvpoolError)(
                 r.status, name, (r.detail or b"").decode(errors="replace"))
             return out

@@ -18,7 +18,7 @@ from .region import RegionCalls
 
 
 def _raise(rv, detail=""):
-    name = L.kvp_status_name(rv).decode()
+    name = L.kvp_status_wire_name(rv).decode()
     raise BY_STATUS.get(rv, KvpoolError)(rv, name, detail)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 class KvpoolError(Exception):
     """A refused call. status: the numeric kvp status; name: its name
-    (KVP_ENOSPACE); detail: the daemon's or the client's explanation."""
+    (NO_SPACE, as kvpoolctl and the log show it); detail: the daemon's or the client's explanation."""
     status = -1
 
     def __init__(self, status: int, name: str, detail: str = "") -> None:

@@ -275,3 +275,18 @@ def test_clear_alloc_zeroes_what_the_last_tenant_left(tmp_path):
                 b.free(got)
     finally:
         stop(proc)
+
+
+def test_every_status_has_one_name_and_derived_spellings():
+    """One canonical name per status (the wire's, as kvpoolctl, the log and
+    the metrics show it); Python's class is that name in CamelCase and the
+    exception carries the name itself."""
+    from kvpool import _lib as L, errors
+    from kvpool.client import _raise
+    for n in range(1, 17):
+        wire = L.kvp_status_wire_name(n).decode()
+        cls = errors.BY_STATUS[n]
+        assert cls.__name__ == "".join(w.capitalize() for w in wire.split("_")), (n, wire)
+        with pytest.raises(cls) as e:
+            _raise(n, "why")
+        assert e.value.name == wire and str(e.value) == f"{wire}: why"
