@@ -354,6 +354,29 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	return KVP_OK;
 }
 
+int
+kvp_pool__extra_room(struct kvp_pool *p, const struct kvp_request_keys *k)
+{
+	size_t per = kvp_extra_keys_max_len(k);
+	if (per <= p->extra_cap)
+		return KVP_OK;
+	uint8_t *nb = realloc(p->extra_buf, per);
+	if (nb == NULL)
+		return KVP_ENOMEM;
+	p->extra_buf = nb;
+	p->extra_cap = per;
+	return KVP_OK;
+}
+
+void
+kvp_pool__token_window(const struct kvp_cache_args *a, size_t *t0, size_t *t1)
+{
+	size_t w0 = *t0 > a->first_token ? *t0 - a->first_token : 0;
+	size_t w1 = *t1 > a->first_token ? *t1 - a->first_token : 0;
+	*t0 = w0 < a->num_tokens ? w0 : a->num_tokens;
+	*t1 = w1 < a->num_tokens ? w1 : a->num_tokens;
+}
+
 /* Writes block id's key (hash h, group gbe) into its slot of the map's key slab, and its hash. */
 static inline __attribute__((always_inline)) void
 stage_key(struct kvp_pool *p, int32_t id, const uint8_t *h, size_t hlen, const uint8_t *gbe)
@@ -440,17 +463,9 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	size_t t0 = (size_t)nc * a->block_size, t1 = (size_t)nf * a->block_size;
 	if (p->events_on) {
 		size_t per = kvp_extra_keys_max_len(a->keys);
-		t0 = t0 > a->first_token ? t0 - a->first_token : 0;
-		t1 = t1 > a->first_token ? t1 - a->first_token : 0;
-		t0 = t0 < a->num_tokens ? t0 : a->num_tokens;
-		t1 = t1 < a->num_tokens ? t1 : a->num_tokens;
-		if (per > p->extra_cap) {
-			uint8_t *nb = realloc(p->extra_buf, per);
-			if (nb == NULL)
-				return KVP_ENOMEM;
-			p->extra_buf = nb;
-			p->extra_cap = per;
-		}
+		kvp_pool__token_window(a, &t0, &t1);
+		if ((rv = kvp_pool__extra_room(p, a->keys)) != KVP_OK)
+			return rv;
 		rv = kvp_event_batch_reserve(
 			&p->events, 1 + promoted,
 			kvp_event_stored_bytes(stored, hlen, nc > 0, t1 - t0,

@@ -68,6 +68,11 @@ kvp_pool__owner(const struct kvp_pool *p, int32_t mid)
 	return mid < (int32_t)p->n ? mid : p->xowner[mid - (int32_t)p->n];
 }
 
+/* The event scratch holds one stored block's extra keys of k: KVP_OK or KVP_ENOMEM. */
+int kvp_pool__extra_room(struct kvp_pool *p, const struct kvp_request_keys *k);
+/* all_token_ids[*t0:*t1] as indexes into a's token window (first_token on), Python-clamped. */
+void kvp_pool__token_window(const struct kvp_cache_args *a, size_t *t0, size_t *t1);
+
 /* Extra keys of block id (0 when none). */
 uint32_t kvp_pool__num_extras(const struct kvp_pool *p, int32_t id);
 /* Drops block id's extra keys, queuing a BlockRemoved for each (the caller

@@ -201,18 +201,10 @@ kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens
 	}
 	size_t t0 = (nhb - 1) * hbs, t1 = num_tokens; /* all_token_ids[t0:t1], clamped */
 	if (p->events_on) {
-		size_t per = kvp_extra_keys_max_len(a->keys);
-		if (per > p->extra_cap) {
-			uint8_t *nb = realloc(p->extra_buf, per);
-			if (nb == NULL)
-				return KVP_ENOMEM;
-			p->extra_buf = nb;
-			p->extra_cap = per;
-		}
-		size_t w0 = t0 > a->first_token ? t0 - a->first_token : 0;
-		size_t w1 = t1 > a->first_token ? t1 - a->first_token : 0;
-		w0 = w0 < a->num_tokens ? w0 : a->num_tokens;
-		w1 = w1 < a->num_tokens ? w1 : a->num_tokens;
+		size_t per = kvp_extra_keys_max_len(a->keys), w0 = t0, w1 = t1;
+		if ((rv = kvp_pool__extra_room(p, a->keys)) != KVP_OK)
+			return rv;
+		kvp_pool__token_window(a, &w0, &w1);
 		size_t bytes = nrem * kvp_event_removed_bytes(p->max_hash_len, p->medium);
 		if (!already)
 			bytes += kvp_event_stored_bytes(1, hl, nhb > 1, w1 - w0,

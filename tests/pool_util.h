@@ -67,6 +67,15 @@ cache(struct kvp_pool *p, const struct req *r, const int32_t *blocks, size_t nbl
 	return kvp_pool_cache_full_blocks(p, blocks, nblocks, &a);
 }
 
+/* Fails the test with the pool's own account of a broken invariant. */
+static inline void
+check(struct kvp_pool *p)
+{
+	char why[256];
+	if (kvp_pool_check(p, why, sizeof(why)) != KVP_OK)
+		fail_msg("pool invariant: %s", why);
+}
+
 static inline void
 assert_queue_impl(struct kvp_pool *p, const int32_t *want, size_t n, const char *f, int l)
 {

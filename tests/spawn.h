@@ -66,19 +66,10 @@ kvp_wait_exit(pid_t pid, long timeout_ms)
 static inline int
 kvp_reap(pid_t pid, long timeout_ms)
 {
-	int status = 0;
 	if (pid <= 0)
 		return -1;
 	kill(pid, SIGTERM);
-	for (long waited = 0; waited < timeout_ms; waited += 10) {
-		if (waitpid(pid, &status, WNOHANG) == pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-		struct timespec ts = {0, 10 * 1000 * 1000};
-		nanosleep(&ts, NULL);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &status, 0);
-	return -1;
+	return kvp_wait_exit(pid, timeout_ms);
 }
 
 #endif /* KVP_SPAWN_H */

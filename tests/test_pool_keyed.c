@@ -32,15 +32,6 @@ cached_id(struct kvp_pool *p, char c, uint32_t g)
 	return kvp_pool_get_cached_block(p, synth(c), KVP_HASH_LEN, &g, 1, &id) == KVP_OK ? id : -1;
 }
 
-static void
-check(struct kvp_pool *p)
-{
-	char why[256];
-	int rv = kvp_pool_check(p, why, sizeof(why));
-	if (rv != KVP_OK)
-		fail_msg("pool invariant: %s", why);
-}
-
 /* A reserved key is invisible until commit; commit caches it, events it, frees it to the tail. */
 static void
 test_keyed_commit_makes_visible(void **state)

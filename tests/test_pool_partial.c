@@ -12,15 +12,6 @@
 #define HBS 4
 #define KL (KVP_HASH_LEN + 4)
 
-static void
-check(struct kvp_pool *p)
-{
-	char why[256];
-	int rv = kvp_pool_check(p, why, sizeof(why));
-	if (rv != KVP_OK)
-		fail_msg("pool invariant: %s", why);
-}
-
 /* The block cached under hash X, group g, or -1. */
 static int32_t
 hit(struct kvp_pool *p, char c, uint32_t g)
