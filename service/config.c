@@ -80,7 +80,7 @@ static const struct setting {
 	{"vllm-buffer-mib", "N", "MiB of vLLM-wire batches each pool keeps for replay at most "
 	                         "(as replay-mib). Default 64"},
 	{"vllm-hwm", "N", "vLLM-wire send high-water mark, in messages, 1 or more (0, libzmq's "
-	                  "unlimited, is refused). Default 100000"},
+	                  "unlimited, is refused). Default 10000"},
 	{"vllm-queue-mib", "N", "MiB of published batches a pool's subscribers may hold unread "
 	                        "(libzmq keeps what a subscriber has not taken, up to vllm-hwm "
 	                        "messages each): past it the publisher is opened again, dropping "
@@ -514,7 +514,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->vllm.replay_topic = true;
 	c->vllm.buffer_steps = 10000;
 	c->vllm.buffer_mib = 64;
-	c->vllm.hwm = 100000;
+	c->vllm.hwm = 10000;
 	c->vllm.replay_peer_mib = 4;
 	c->vllm.replay_total_mib = 64;
 	c->vllm.queue_mib = 64;

@@ -268,7 +268,7 @@ test_config_vllm_wire(void **state)
 	assert_int_equal(c.vllm.buffer_steps, 10000);
 	assert_int_equal(c.vllm.buffer_mib, 64);
 	assert_int_equal(c.replay_mib, 64);
-	assert_int_equal(c.vllm.hwm, 100000);
+	assert_int_equal(c.vllm.hwm, 10000);
 	assert_true(c.vllm.replay_topic);
 	char *mib[] = {"kvpoold", "--replay-mib", "3", "--vllm-buffer-mib", "5", NULL};
 	assert_int_equal(load(&c, mib, NULL), 0);
