@@ -46,6 +46,7 @@ static atomic_bool stop, attacked;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t samples[2][MAX_SAMPLES]; /* µs: [0] baseline half, [1] attacked half */
 static size_t nsamples[2];
+static uint64_t seen[2], pick = 88172645463325252ull; /* reservoir sampling over each half */
 static atomic_ulong calls, failures, over_1s, probes, probe_failures;
 static char why[4][192];
 
@@ -73,8 +74,12 @@ record(struct kvp_client *c, const char *call, double t0, int rv)
 			         c ? kvp_client_last_detail(c) : "");
 	}
 	pthread_mutex_lock(&mu);
+	/* Every call of the half equally likely to be kept, however many there are. */
+	uint64_t k = seen[half]++;
 	if (nsamples[half] < MAX_SAMPLES)
 		samples[half][nsamples[half]++] = (uint32_t)(dt * 1e6);
+	else if ((k = rnd(&pick) % (k + 1)) < MAX_SAMPLES)
+		samples[half][k] = (uint32_t)(dt * 1e6);
 	pthread_mutex_unlock(&mu);
 }
 
@@ -368,11 +373,12 @@ main(int argc, char **argv)
 	int exit_status = daemon_stop(daemon_pid);
 
 	double p0 = p99_ms(0), p1 = p99_ms(1);
-	printf("kvp-soak-hostile report: honest calls %lu (baseline half %zu, attacked half %zu), "
-	       "failed %lu, over 1 s %lu\n  honest p99: %.2f ms alone, %.2f ms beside the attackers "
+	printf("kvp-soak-hostile report: honest calls %lu (baseline half %llu, attacked half %llu; "
+	       "p99 over a uniform sample of at most %d each), failed %lu, over 1 s %lu\n  honest p99: %.2f ms alone, %.2f ms beside the attackers "
 	       "(%.2fx)\n  /healthz: %lu of %lu probes failed\n  kvpoold RSS: start %.1f MiB, peak "
 	       "%.1f, end %.1f\n  blocks free at the end: %u of %u; kvpoold exit %d\n",
-	       atomic_load(&calls), nsamples[0], nsamples[1], atomic_load(&failures),
+	       atomic_load(&calls), (unsigned long long)seen[0], (unsigned long long)seen[1],
+	       MAX_SAMPLES, atomic_load(&failures),
 	       atomic_load(&over_1s), p0, p1, p0 > 0 ? p1 / p0 : 0, atomic_load(&probe_failures),
 	       atomic_load(&probes), rss0, peak, rss_end, st.num_free, BLOCKS - 1, exit_status);
 	for (unsigned long i = 0; i < atomic_load(&failures) && i < 4; i++)
