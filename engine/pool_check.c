@@ -5,6 +5,86 @@
 #include "common/kvp_status.h"
 #include "engine/pool_impl.h"
 
+/* ---- observers ---- */
+
+uint32_t
+kvp_pool_num_blocks(const struct kvp_pool *p)
+{
+	return p->n;
+}
+
+uint32_t
+kvp_pool_num_free(const struct kvp_pool *p)
+{
+	return p->queue.num_free;
+}
+
+double
+kvp_pool_usage(const struct kvp_pool *p)
+{
+	if (p->n <= 1)
+		return 0.0;
+	return 1.0 - (double)p->queue.num_free / (double)(p->n - 1);
+}
+
+uint32_t
+kvp_pool_num_cached_keys(const struct kvp_pool *p)
+{
+	return p->map.num_keys;
+}
+
+uint32_t
+kvp_pool_num_cached_blocks(const struct kvp_pool *p)
+{
+	return p->num_hashed;
+}
+
+int32_t
+kvp_pool_ref_cnt(const struct kvp_pool *p, int32_t id)
+{
+	if (id < 0 || (uint32_t)id >= p->n)
+		return -1;
+	return p->blocks[id].ref_cnt;
+}
+
+const uint8_t *
+kvp_pool_block_key(const struct kvp_pool *p, int32_t id, size_t *len)
+{
+	if (id < 0 || (uint32_t)id >= p->n || len == NULL)
+		return NULL;
+	return kvp_map_key(&p->map, id, len);
+}
+
+uint32_t
+kvp_pool_hash_block_size(const struct kvp_pool *p)
+{
+	return p->hash_block_size;
+}
+
+uint32_t
+kvp_pool_hash_len(const struct kvp_pool *p)
+{
+	return p->hash_len;
+}
+
+uint32_t
+kvp_pool_max_hash_len(const struct kvp_pool *p)
+{
+	return p->max_hash_len;
+}
+
+bool
+kvp_pool_caching_enabled(const struct kvp_pool *p)
+{
+	return p->caching;
+}
+
+void
+kvp_pool_get_stats(const struct kvp_pool *p, struct kvp_pool_stats *out)
+{
+	*out = p->stats;
+}
+
 size_t
 kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap)
 {
