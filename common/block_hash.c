@@ -459,7 +459,8 @@ kvp_request_keys_validate(const struct kvp_request_keys *k)
 		return KVP_OK;
 	if (k->num_mm > 0 && k->mm == NULL)
 		return KVP_EINVAL;
-	if (key_too_long(k->lora_name) || key_too_long(k->cache_salt))
+	if (key_too_long(k->lora_name) || key_too_long(k->cache_salt) ||
+	    key_too_long(k->session_id))
 		return KVP_EINVAL;
 	for (size_t i = 0; i < k->num_mm; i++) {
 		const struct kvp_mm_feature *f = &k->mm[i];

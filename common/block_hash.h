@@ -42,12 +42,17 @@ struct kvp_mm_feature {
 	int64_t length;
 };
 
-/* The parts of a request that enter its blocks' extra keys. */
+/*
+ * The parts of a request that enter its blocks' extra keys, and session_id,
+ * which only annotates the BlockStored events the request causes (vLLM
+ * 0.33's request.session_id) and never enters a hash.
+ */
 struct kvp_request_keys {
 	const char *lora_name;             /* NULL: no LoRA */
 	const struct kvp_mm_feature *mm;   /* sorted by offset; may be NULL if num_mm == 0 */
 	size_t num_mm;
 	const char *cache_salt;            /* NULL or "": no salt */
+	const char *session_id;            /* NULL or "": None (events only) */
 };
 
 struct kvp_hasher;

@@ -14,7 +14,7 @@ struct kvp_event_rec {
 	bool has_lora_id, has_group, has_window;
 	uint32_t num_hashes, hash_len, num_tokens, block_size, group_idx;
 	int64_t lora_id, window;
-	size_t hashes, parent, tokens, lora_name, medium, extra, extra_offsets;
+	size_t hashes, parent, tokens, lora_name, session_id, medium, extra, extra_offsets;
 	const char *spec_kind;
 };
 
@@ -87,6 +87,13 @@ kvp_event_batch_reserve(struct kvp_event_batch *b, size_t events, size_t bytes)
 	return KVP_OK;
 }
 
+/* "" as None, for the fields vLLM writes as str | None. */
+static const char *
+opt_str(const char *s)
+{
+	return s && s[0] ? s : NULL;
+}
+
 static size_t
 str_bytes(const char *s)
 {
@@ -102,10 +109,11 @@ kvp_event_removed_bytes(size_t hash_len, const char *medium)
 size_t
 kvp_event_stored_bytes(size_t num_hashes, size_t hash_len, bool parent,
                        size_t num_tokens, const char *lora_name,
-                       const char *medium, size_t extra_bytes)
+                       const char *session_id, const char *medium, size_t extra_bytes)
 {
 	return align8(num_tokens * sizeof(int64_t)) + (parent ? align8(hash_len) : 0) +
-	       str_bytes(lora_name) + str_bytes(medium) + align8(num_hashes * hash_len) +
+	       str_bytes(lora_name) + str_bytes(opt_str(session_id)) + str_bytes(medium) +
+	       align8(num_hashes * hash_len) +
 	       align8((num_hashes + 1) * sizeof(uint32_t)) + align8(extra_bytes);
 }
 
@@ -134,7 +142,7 @@ new_rec(struct kvp_event_batch *b, enum kvp_event_type type)
 	struct kvp_event_rec *r = &b->recs[b->count++];
 	memset(r, 0, sizeof(*r));
 	r->type = (uint8_t)type;
-	r->hashes = r->parent = r->tokens = r->lora_name = r->medium = NONE;
+	r->hashes = r->parent = r->tokens = r->lora_name = r->session_id = r->medium = NONE;
 	r->extra = r->extra_offsets = NONE;
 	return r;
 }
@@ -172,6 +180,7 @@ kvp_event_stored_begin(struct kvp_event_batch *b, const struct kvp_stored_desc *
 	r->has_lora_id = d->has_lora_id;
 	r->lora_id = d->lora_id;
 	r->lora_name = put_str(b, d->lora_name);
+	r->session_id = put_str(b, opt_str(d->session_id));
 	r->medium = put_str(b, d->medium);
 	r->has_group = true;
 	r->group_idx = d->group_idx;
@@ -228,6 +237,7 @@ kvp_event_batch_get(const struct kvp_event_batch *b, size_t i, struct kvp_event 
 	ev->lora_id = r->lora_id;
 	ev->lora_name = PTR(r->lora_name);
 	ev->medium = PTR(r->medium);
+	ev->session_id = PTR(r->session_id);
 	ev->extra_keys = PTR(r->extra);
 	ev->extra_key_offsets = PTR(r->extra_offsets);
 	ev->has_group_idx = r->has_group;

@@ -47,6 +47,7 @@ struct kvp_event {
 	int64_t lora_id;
 	const char *lora_name;      /* NULL: None */
 	const char *medium;         /* NULL: None */
+	const char *session_id;     /* Stored: the request's session_id, NULL: None */
 	const uint8_t *extra_keys;  /* Stored: num_hashes CBOR items, back to back */
 	const uint32_t *extra_key_offsets; /* num_hashes + 1 offsets into extra_keys */
 	bool has_group_idx;
@@ -92,7 +93,8 @@ int kvp_event_batch_reserve(struct kvp_event_batch *b, size_t events, size_t byt
 size_t kvp_event_removed_bytes(size_t hash_len, const char *medium);
 size_t kvp_event_stored_bytes(size_t num_hashes, size_t hash_len, bool parent,
                               size_t num_tokens, const char *lora_name,
-                              const char *medium, size_t extra_bytes);
+                              const char *session_id, const char *medium,
+                              size_t extra_bytes);
 
 void kvp_event_append_removed(struct kvp_event_batch *b, const uint8_t *hash,
                               size_t hash_len, const char *medium, uint32_t group);
@@ -111,6 +113,7 @@ struct kvp_stored_desc {
 	bool has_lora_id;
 	int64_t lora_id;
 	const char *lora_name;
+	const char *session_id;         /* NULL or "": None */
 	const char *medium;
 	uint32_t group_idx;
 	size_t max_hashes;              /* upper bound on stored_add calls */

@@ -62,6 +62,7 @@ copy_keys(struct kvp_mreq *r, const struct kvp_request_keys *k)
 		return KVP_OK;
 	total += k->lora_name ? strlen(k->lora_name) + 1 : 0;
 	total += k->cache_salt ? strlen(k->cache_salt) + 1 : 0;
+	total += k->session_id ? strlen(k->session_id) + 1 : 0;
 	for (size_t i = 0; i < k->num_mm; i++)
 		total += strlen(k->mm[i].identifier) + 1;
 	if ((r->strings = s = malloc(total ? total : 1)) == NULL)
@@ -79,6 +80,8 @@ copy_keys(struct kvp_mreq *r, const struct kvp_request_keys *k)
 		DUP(r->keys.lora_name, k->lora_name);
 	if (k->cache_salt)
 		DUP(r->keys.cache_salt, k->cache_salt);
+	if (k->session_id)
+		DUP(r->keys.session_id, k->session_id);
 	for (size_t i = 0; i < k->num_mm; i++) {
 		r->mm[i] = k->mm[i];
 		DUP(r->mm[i].identifier, k->mm[i].identifier);

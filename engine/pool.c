@@ -469,7 +469,8 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		rv = kvp_event_batch_reserve(
 			&p->events, 1 + promoted,
 			kvp_event_stored_bytes(stored, hlen, nc > 0, t1 - t0,
-		                               a->keys ? a->keys->lora_name : NULL, p->medium,
+		                               a->keys ? a->keys->lora_name : NULL,
+		                               a->keys ? a->keys->session_id : NULL, p->medium,
 		                               stored * per) +
 			        promoted * kvp_event_removed_bytes(p->max_hash_len, p->medium));
 		if (rv != KVP_OK)
@@ -492,6 +493,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 			.has_lora_id = a->has_lora_id,
 			.lora_id = a->lora_id,
 			.lora_name = a->keys ? a->keys->lora_name : NULL,
+			.session_id = a->keys ? a->keys->session_id : NULL,
 			.medium = p->medium,
 			.group_idx = a->group_id,
 			.max_hashes = stored,

@@ -202,7 +202,7 @@ kvp_pool_commit(struct kvp_pool *p, const int32_t *ids, size_t n, const uint32_t
 			j = run_end(p, ids, n, i);
 			runs++;
 			bytes += kvp_event_stored_bytes(j - i, pkey_len(p, ids[i]) - GROUP_LEN, false, 0,
-			                                NULL, p->medium, j - i);
+			                                NULL, NULL, p->medium, j - i);
 		}
 		if ((rv = kvp_event_batch_reserve(&p->events, runs, bytes)) != KVP_OK)
 			return rv;

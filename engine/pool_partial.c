@@ -208,7 +208,8 @@ kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens
 		size_t bytes = nrem * kvp_event_removed_bytes(p->max_hash_len, p->medium);
 		if (!already)
 			bytes += kvp_event_stored_bytes(1, hl, nhb > 1, w1 - w0,
-			                                a->keys ? a->keys->lora_name : NULL, p->medium,
+			                                a->keys ? a->keys->lora_name : NULL,
+		                               a->keys ? a->keys->session_id : NULL, p->medium,
 			                                per);
 		if ((rv = kvp_event_batch_reserve(&p->events, nrem + !already, bytes)) != KVP_OK)
 			return rv;
@@ -231,6 +232,7 @@ kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens
 			.has_lora_id = a->has_lora_id,
 			.lora_id = a->lora_id,
 			.lora_name = a->keys ? a->keys->lora_name : NULL,
+			.session_id = a->keys ? a->keys->session_id : NULL,
 			.medium = p->medium,
 			.group_idx = a->group_id,
 			.max_hashes = 1,

@@ -68,7 +68,7 @@ extra_len(const struct kvp_event *ev, uint32_t h)
 	return ev->extra_key_offsets[h + 1] - ev->extra_key_offsets[h];
 }
 
-/* The event's message payload (EventStored's fields 1-17, EventRemoved's 1-5). */
+/* The event's message payload (EventStored's fields 1-18, EventRemoved's 1-5). */
 static size_t
 measure_event(const struct kvp_event *ev, struct ev_len *z)
 {
@@ -96,7 +96,8 @@ measure_event(const struct kvp_event *ev, struct ev_len *z)
 		len += kvp_pb_len_field(13, extra_len(ev, h));
 	return z->msg = len + kvp_pb_varint_field(14, ev->group_idx) +
 	                str_field(15, ev->spec_kind) + (ev->has_sliding_window ? 3 : 0) +
-	                kvp_pb_varint_field(17, (uint64_t)ev->sliding_window);
+	                kvp_pb_varint_field(17, (uint64_t)ev->sliding_window) +
+	                str_field(18, ev->session_id);
 }
 
 static uint8_t *
@@ -139,7 +140,8 @@ put_event(uint8_t *p, const struct kvp_event *ev, const struct ev_len *z)
 	p = kvp_pb_put_varint_field(p, 14, ev->group_idx);
 	p = put_str(p, 15, ev->spec_kind);
 	p = kvp_pb_put_varint_field(p, 16, ev->has_sliding_window);
-	return kvp_pb_put_varint_field(p, 17, (uint64_t)ev->sliding_window);
+	p = kvp_pb_put_varint_field(p, 17, (uint64_t)ev->sliding_window);
+	return put_str(p, 18, ev->session_id);
 }
 
 int
@@ -247,13 +249,13 @@ decode_event(const Kvpool__V1__Event *e, struct kvp_event_batch *out)
 	const char *lora = m->lora_name && m->lora_name[0] ? m->lora_name : NULL;
 	if (kvp_event_batch_reserve(out, 1,
 	                            kvp_event_stored_bytes(n, hl, m->has_parent, m->n_token_ids, lora,
-	                                                   medium, extra)) != KVP_OK)
+	                                                   m->session_id, medium, extra)) != KVP_OK)
 		return KVP_ENOMEM;
 	struct kvp_stored_desc d = {
 		.hash_len = hl, .parent = m->has_parent ? m->parent_hash.data : NULL,
 		.token_ids = m->token_ids, .num_tokens = m->n_token_ids, .block_size = m->block_size,
 		.has_lora_id = m->has_lora_id, .lora_id = m->lora_id, .lora_name = lora,
-		.medium = medium, .group_idx = m->group_idx, .max_hashes = n,
+		.session_id = m->session_id, .medium = medium, .group_idx = m->group_idx, .max_hashes = n,
 	};
 	kvp_event_stored_begin(out, &d);
 	for (size_t i = 0; i < n; i++) {

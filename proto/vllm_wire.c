@@ -200,15 +200,19 @@ put_stored(struct enc *e, const struct kvp_event *ev)
 {
 	bool map = e->o->form == KVP_VLLM_MAP;
 	bool has_extra = ev->num_hashes > 0 && ev->extra_keys != NULL;
+	bool has_session = ev->session_id != NULL;
 
 	if (map) {
 		/* type + 7 fields without a default, then those that are not None. */
 		uint32_t n = 8 + has_extra + ev->has_group_idx + (ev->spec_kind != NULL) +
-		             ev->has_sliding_window;
+		             ev->has_sliding_window + has_session;
 		e->err |= msgpack_pack_map(&e->pk, n);
 		put_key(e, "type");
 	} else {
-		e->err |= msgpack_pack_array(&e->pk, 12);
+		/* msgspec's array_like with omit_defaults: trailing Nones go, so
+		 * locality and ownership (None here) are written only before a
+		 * session_id (vLLM 0.33: ..., locality, ownership, session_id). */
+		e->err |= msgpack_pack_array(&e->pk, has_session ? 15 : 12);
 	}
 	put_str(e, "BlockStored");
 	if (map)
@@ -260,6 +264,15 @@ put_stored(struct enc *e, const struct kvp_event *ev)
 			e->err |= msgpack_pack_int64(&e->pk, ev->sliding_window);
 		else
 			e->err |= msgpack_pack_nil(&e->pk);
+	}
+	if (has_session) {
+		if (!map) {
+			e->err |= msgpack_pack_nil(&e->pk); /* locality */
+			e->err |= msgpack_pack_nil(&e->pk); /* ownership */
+		} else {
+			put_key(e, "session_id");
+		}
+		put_str(e, ev->session_id);
 	}
 	return 0;
 }

@@ -48,6 +48,7 @@ kvp_wire_keys_from_proto(const Kvpool__V1__RequestKeys *k, struct kvp_request_ke
 		return KVP_EINVAL;
 	out->lora_name = k->lora_name && k->lora_name[0] ? k->lora_name : NULL;
 	out->cache_salt = k->cache_salt && k->cache_salt[0] ? k->cache_salt : NULL;
+	out->session_id = k->session_id && k->session_id[0] ? k->session_id : NULL;
 	for (size_t i = 0; i < k->n_mm; i++) {
 		const Kvpool__V1__MmFeature *f = k->mm[i];
 		if (f == NULL || f->identifier == NULL)
@@ -77,6 +78,8 @@ kvp_wire_keys_to_proto(const struct kvp_request_keys *k, bool has_lora_id, int64
 		out->lora_name = (char *)k->lora_name;
 	if (k->cache_salt)
 		out->cache_salt = (char *)k->cache_salt;
+	if (k->session_id)
+		out->session_id = (char *)k->session_id;
 	for (size_t i = 0; i < k->num_mm; i++) {
 		kvpool__v1__mm_feature__init(&mm_msgs[i]);
 		mm_msgs[i].identifier = (char *)k->mm[i].identifier;

@@ -369,7 +369,7 @@ test_manager_bad_calls_are_rejected(void **state)
 	env_close(&e);
 }
 
-/* LoRA, salt and mm reach the hashes and the Stored event. */
+/* LoRA, salt and mm reach the hashes and the Stored event; session_id only the event. */
 static void
 test_manager_lora_salt_mm_reach_hash_and_event(void **state)
 {
@@ -380,7 +380,7 @@ test_manager_lora_salt_mm_reach_hash_and_event(void **state)
 	struct kvp_event ev;
 	const struct kvp_mm_feature mm[] = {{"img", 2, 3}};
 	const struct kvp_request_keys k = {.lora_name = "L", .mm = mm, .num_mm = 1,
-	                                   .cache_salt = "S"};
+	                                   .cache_salt = "S", .session_id = "chat-1"};
 	int64_t tok[8];
 	uint8_t want[32];
 
@@ -400,6 +400,7 @@ test_manager_lora_salt_mm_reach_hash_and_event(void **state)
 	assert_true(ev.has_lora_id);
 	assert_int_equal(ev.lora_id, 7);
 	assert_string_equal(ev.lora_name, "L");
+	assert_string_equal(ev.session_id, "chat-1");
 	uint8_t e0[64], e1[64];
 	size_t l0 = kvp_test_unhex("83614c8263696d67026153", e0, sizeof(e0));
 	size_t l1 = kvp_test_unhex("82614c8263696d6721", e1, sizeof(e1));

@@ -42,7 +42,7 @@ f5_batch(struct kvp_event_batch *b, const uint8_t *extra, size_t extra_len)
 	unhex(H2, h[1], &n);
 	kvp_event_batch_init(b);
 	assert_int_equal(kvp_event_batch_reserve(b, 3,
-	                                         kvp_event_stored_bytes(2, 32, false, 8, NULL, "GPU",
+	                                         kvp_event_stored_bytes(2, 32, false, 8, NULL, NULL, "GPU",
 	                                                                2 * extra_len) +
 	                                                 kvp_event_removed_bytes(32, "GPU")),
 	                 KVP_OK);

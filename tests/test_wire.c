@@ -77,7 +77,7 @@ fill_batch(struct kvp_event_batch *b)
 		.medium = "GPU", .group_idx = 1, .max_hashes = 2,
 	};
 	assert_ok(kvp_event_batch_reserve(b, 1, kvp_event_stored_bytes(2, 32, true, 8, "adapter",
-	                                                                "GPU", 4)));
+	                                                                NULL, "GPU", 4)));
 	kvp_event_stored_begin(b, &d);
 	kvp_event_stored_add(b, h[0], &none, 1);
 	kvp_event_stored_add(b, h[1], extra, sizeof(extra));
@@ -119,6 +119,7 @@ assert_same_event(const struct kvp_event *a, const struct kvp_event *b)
 	assert_int_equal(a->has_lora_id, b->has_lora_id);
 	assert_int_equal(a->lora_id, b->lora_id);
 	assert_same_name(a->lora_name, b->lora_name);
+	assert_same_name(a->session_id, b->session_id);
 	assert_int_equal(a->extra_key_offsets[a->num_hashes], b->extra_key_offsets[b->num_hashes]);
 	assert_memory_equal(a->extra_keys, b->extra_keys, a->extra_key_offsets[a->num_hashes]);
 	assert_same_name(a->spec_kind, b->spec_kind);
@@ -258,6 +259,7 @@ fill_random_batch(struct kvp_event_batch *b, uint64_t *rng)
 			.has_lora_id = kvp_test_rand(rng) % 2,
 			.lora_id = kvp_test_rand(rng) % 3 ? (int64_t)kvp_test_rand_wide(rng) : -7,
 			.lora_name = names[kvp_test_rand(rng) % 4],
+			.session_id = names[kvp_test_rand(rng) % 4],
 			.medium = names[kvp_test_rand(rng) % 3],
 			.group_idx = (uint32_t)kvp_test_rand_wide(rng), .max_hashes = nh,
 		};
@@ -267,7 +269,7 @@ fill_random_batch(struct kvp_event_batch *b, uint64_t *rng)
 			d.medium = NULL;
 		assert_ok(kvp_event_batch_reserve(b, 1, kvp_event_stored_bytes(
 		                                            nh, hl, d.parent != NULL, nt, d.lora_name,
-		                                            d.medium, xb)));
+		                                            d.session_id, d.medium, xb)));
 		kvp_event_stored_begin(b, &d);
 		for (size_t h = 0; h < nh; h++)
 			kvp_event_stored_add(b, hashes[h], extra[h], xl[h]);

@@ -241,6 +241,8 @@ own_keys(struct kvp_batch *b, const struct kvp_request_keys *k, bool has_lora_id
 		return NULL;
 	if (k && k->cache_salt && (pk->cache_salt = own_str(b, k->cache_salt)) == NULL)
 		return NULL;
+	if (k && k->session_id && (pk->session_id = own_str(b, k->session_id)) == NULL)
+		return NULL;
 	for (size_t i = 0; i < n; i++)
 		if ((mm[i].identifier = own_str(b, k->mm[i].identifier)) == NULL)
 			return NULL;

@@ -110,7 +110,7 @@ class MMFeature(Structure):
 
 class RequestKeys(Structure):
     _fields_ = [("lora_name", c_char_p), ("mm", POINTER(MMFeature)), ("num_mm", c_size_t),
-                ("cache_salt", c_char_p)]
+                ("cache_salt", c_char_p), ("session_id", c_char_p)]
 
 
 class Cache(Structure):
@@ -265,7 +265,8 @@ class Event(Structure):
     _fields_ = [("type", c_int), ("num_hashes", c_uint32), ("hash_len", c_uint32),
                 ("hashes", U8P), ("parent", U8P), ("token_ids", I64P), ("num_tokens", c_uint32),
                 ("block_size", c_uint32), ("has_lora_id", c_bool), ("lora_id", c_int64),
-                ("lora_name", c_char_p), ("medium", c_char_p), ("extra_keys", U8P),
+                ("lora_name", c_char_p), ("medium", c_char_p), ("session_id", c_char_p),
+                ("extra_keys", U8P),
                 ("extra_key_offsets", U32P), ("has_group_idx", c_bool), ("group_idx", c_uint32),
                 ("spec_kind", c_char_p), ("has_sliding_window", c_bool),
                 ("sliding_window", c_int64)]

@@ -113,11 +113,11 @@ class Batch:
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
               num_cached_blocks: int = 0, lora_name: Optional[str] = None,
               cache_salt: Optional[str] = None, mm: MMFeatures = None,
-              group_id: int = 0) -> int:
+              group_id: int = 0, session_id: Optional[str] = None) -> int:
         """Client.cache's call (tokens hashed by the daemon)."""
         ids, nids = _ids(block_ids)
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
                     ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
         return self._add("cache", L.kvp_batch_cache(self._b, byref(a)), ids, toks, keep, a)
@@ -146,11 +146,11 @@ class Batch:
                        lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
                        mm: MMFeatures = None, full_sequence_must_fit: bool = False,
                        num_external_computed_tokens: int = 0,
-                       no_new_tokens: bool = False) -> int:
+                       no_new_tokens: bool = False, session_id: Optional[str] = None) -> int:
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
         p, np_ = _tokens(prompt) if prompt is not None else (None, 0)
         t, nt = _tokens(new_tokens) if new_tokens is not None else (None, 0)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
         a = L.Slots(request_id, p if np_ else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if nt else None, nt, num_new_tokens, token_budget,
                     num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,

@@ -85,9 +85,11 @@ def _buffer(obj, writable):
     return ctypes.addressof(arr), mv.nbytes, (mv, arr)
 
 
-def _keys(lora_name=None, cache_salt=None, mm=None):
-    """A kvp_request_keys (and what keeps its strings alive), or (None, None)."""
-    if lora_name is None and cache_salt is None and not mm:
+def _keys(lora_name=None, cache_salt=None, mm=None, session_id=None):
+    """A kvp_request_keys (and what keeps its strings alive), or (None, None).
+    session_id (vLLM 0.33's request.session_id) only annotates the
+    BlockStored events the call causes; it never enters a hash."""
+    if lora_name is None and cache_salt is None and not mm and session_id is None:
         return None, None
     feats = []
     for f in mm or []:
@@ -97,7 +99,8 @@ def _keys(lora_name=None, cache_salt=None, mm=None):
                       L.cint("an mm offset", f[1]), L.cint("an mm length", f[2])))
     arr = (L.MMFeature * max(len(feats), 1))(*[L.MMFeature(i, o, n) for (i, o, n) in feats])
     k = L.RequestKeys(L.cstr("lora_name", lora_name) or None, arr, len(feats),
-                      L.cstr("cache_salt", cache_salt) or None)
+                      L.cstr("cache_salt", cache_salt) or None,
+                      L.cstr("session_id", session_id) or None)
     return k, (k, arr, feats)
 
 
@@ -300,13 +303,13 @@ class Client(RegionCalls):
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
               num_cached_blocks: int = 0, lora_name: Optional[str] = None,
               cache_salt: Optional[str] = None, mm: MMFeatures = None,
-              group_id: int = 0) -> int:
+              group_id: int = 0, session_id: Optional[str] = None) -> int:
         """cache_full_blocks: hashes the request's tokens (vLLM's chain, with
         these extra keys) and stores blocks num_cached_blocks..num_full_blocks-1.
         Returns how many were newly stored."""
         ids, nids = _ids(block_ids)
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
                     ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
         out = c_uint32()
@@ -333,7 +336,8 @@ class Client(RegionCalls):
                      tokens: Optional[Ids] = None, lora_name: Optional[str] = None,
                      lora_id: Optional[int] = None, cache_salt: Optional[str] = None,
                      mm: MMFeatures = None,
-                     block_mask: Optional[Sequence[bool]] = None) -> int:
+                     block_mask: Optional[Sequence[bool]] = None,
+                     session_id: Optional[str] = None) -> int:
         """vLLM's cache_full_blocks with the request's own fine hashes
         (info["hash_len"] bytes each, from position 0) and, for the BlockStored event, its
         tokens from position 0 and extra keys. block_mask: None, or one
@@ -342,7 +346,7 @@ class Client(RegionCalls):
         ids, nids = _ids(block_ids)
         hs, nh = _hashes(block_hashes, self.info["hash_len"])
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
         mask = None
         if block_mask is not None:
             bits = bytes(1 if b else 0 for b in block_mask)
@@ -363,7 +367,8 @@ class Client(RegionCalls):
                       *, block_size: int = 0, group_id: int = 0,
                       tokens: Optional[Ids] = None, lora_name: Optional[str] = None,
                       lora_id: Optional[int] = None, cache_salt: Optional[str] = None,
-                      mm: MMFeatures = None, replace_existing: bool = False) -> bool:
+                      mm: MMFeatures = None, replace_existing: bool = False,
+                      session_id: Optional[str] = None) -> bool:
         """vLLM 0.33's cache_partial_block: makes block_id (held by this
         session) reachable from the prefix boundary at num_tokens, a multiple
         of the pool's hash block size. block_hashes: the request's fine hashes
@@ -374,7 +379,7 @@ class Client(RegionCalls):
         ids, nids = _ids([block_id])
         hs, nh = _hashes(block_hashes or [], self.info["hash_len"])
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
         a = L.Cache(ids, nids, 0, 0, group_id, block_size, hs if block_hashes else None, nh,
                     toks if tokens is not None else None, ntok, None,
                     ctypes.pointer(keys) if keys else None, lora_id is not None,
@@ -480,11 +485,12 @@ class Client(RegionCalls):
                        lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
                        mm: MMFeatures = None, full_sequence_must_fit: bool = False,
                        num_external_computed_tokens: int = 0,
-                       no_new_tokens: bool = False) -> SlotsResult:
+                       no_new_tokens: bool = False,
+                       session_id: Optional[str] = None) -> SlotsResult:
         """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
         p, np_ = _tokens(prompt or [])
         t, nt = _tokens(new_tokens or [])
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
         a = L.Slots(request_id, p if prompt else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if new_tokens else None, nt, num_new_tokens, token_budget,
                     num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,

@@ -36,6 +36,7 @@ class BlockStored:
     group_idx: Optional[int] = None
     kv_cache_spec_kind: Optional[str] = None
     kv_cache_spec_sliding_window: Optional[int] = None
+    session_id: Optional[str] = None  # vLLM 0.33: the storing request's session_id
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def convert(ev: Any, int_hashes: bool = True,
     return BlockStored(hashes, parent, ev.token_ids[:ev.num_tokens], ev.block_size,
                        ev.lora_id if ev.has_lora_id else None, medium,
                        ev.lora_name.decode() if ev.lora_name else None, extra, group, kind,
-                       window)
+                       window, ev.session_id.decode() if ev.session_id else None)
 
 
 @dataclass

@@ -469,7 +469,8 @@ class RemoteKVCacheManager(_Remote):
             kw["prompt"] = tokens  # converted (copied) as the call is added
             if (getattr(request, "lora_request", None) is not None
                     or getattr(request, "cache_salt", None) is not None
-                    or getattr(request, "mm_features", None)):
+                    or getattr(request, "mm_features", None)
+                    or getattr(request, "session_id", None) is not None):
                 keys = _request_keys(request)
                 keys.pop("lora_id")
                 kw.update(keys)

@@ -116,7 +116,8 @@ def _coarse_hash(fine, i, k, concat):
 
 
 def _request_keys(request):
-    """LoRA name and id, cache salt and multimodal features of a vLLM Request."""
+    """LoRA name and id, cache salt, multimodal features and session id
+    (events only) of a vLLM Request."""
     lora = getattr(request, "lora_request", None)
     mm = []
     for f in getattr(request, "mm_features", None) or ():
@@ -125,7 +126,8 @@ def _request_keys(request):
     return {"lora_name": getattr(lora, "lora_name", None) if lora else None,
             "lora_id": (getattr(lora, "adapter_id", None) or getattr(lora, "lora_int_id", None))
             if lora else None,
-            "cache_salt": getattr(request, "cache_salt", None), "mm": mm or None}
+            "cache_salt": getattr(request, "cache_salt", None), "mm": mm or None,
+            "session_id": getattr(request, "session_id", None)}
 
 
 def _vllm_event_classes() -> Optional[dict[type, Any]]:

@@ -42,6 +42,7 @@ class Req:
         self.lora_request = None
         self.cache_salt = None
         self.mm_features = None
+        self.session_id = None
 
     @property
     def num_tokens(self):
@@ -314,6 +315,26 @@ def test_manager_events_are_annotated_as_vllms(pools):
     # "a" freed 3, 2, 1: the unhashed 3 went to the queue's head (vLLM 0.33).
     assert got[0].get_block_ids() == ([3],) and got[1] is None
     assert m.get_block_ids("b") == ([3],)
+
+
+@pytest.mark.parametrize("step", [False, True])
+def test_manager_events_carry_the_requests_session_id(pools, step):
+    """vLLM 0.33's request.session_id reaches the daemon with the request
+    and rides on the BlockStored events it causes, in both call shapes; it
+    never enters a hash (the blocks are hits for a request without one)."""
+    url, ev = pools
+    c = kvpool.Client(url, pool="ev")
+    m = RemoteKVCacheManager(c, True, events_url=ev)
+    h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
+    r = Req("s", range(300, 309), hasher=h)
+    r.session_id = "chat-%d" % step
+    slots(m, step)(r, 9)
+    got = m.take_events()
+    assert [(type(e).__name__, e.session_id) for e in got] == [("BlockStored", r.session_id)]
+    other = Req("t", range(300, 309), hasher=h)
+    assert m.get_computed_blocks(other)[1] == 8
+    m.free(r)
+    m.client.close()
 
 
 @pytest.mark.parametrize("pool,step", [("g1", False), ("g2", True)])

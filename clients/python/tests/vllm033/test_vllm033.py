@@ -86,11 +86,11 @@ def test_xxhash_pools_keep_a_random_seed_as_vllm(daemon):
         c.free(ids)
 
 
-def _request(hashes, ntok):
+def _request(hashes, ntok, session_id=None):
     """What BlockPool.cache_full_blocks reads of a vLLM Request."""
     return SimpleNamespace(block_hashes=hashes, all_token_ids=list(range(ntok)),
                            lora_request=None, mm_features=[], cache_salt=None,
-                           session_id=None, prompt_embeds=None)
+                           session_id=session_id, prompt_embeds=None)
 
 
 def _drain(pool):
@@ -180,7 +180,8 @@ def _free_port():
 def test_vllm_wire_decodes_with_vllms_own_classes(daemon):
     """kvpoold's vLLM wire (map form, vLLM 0.26 on) decoded by vLLM 0.33's
     KVEventBatch: a pool without an executor says medium GPU, as the engine
-    block pool it stands for."""
+    block pool it stands for; the request's session_id rides on its
+    BlockStored."""
     port = _free_port()
     wire = f"tcp://127.0.0.1:{port}"
     ctx = zmq.Context()
@@ -195,7 +196,7 @@ def test_vllm_wire_decodes_with_vllms_own_classes(daemon):
         want = _vllm_hashes(tokens, 4)
         with kvpool.Client(url, pool="w") as c:
             ids = c.allocate(2)
-            c.cache(ids, tokens, 2)
+            c.cache(ids, tokens, 2, session_id="chat-7")
             c.free(ids)
             c.evict(ids)
         dec = msgspec.msgpack.Decoder(type=vke.KVEventBatch)
@@ -209,7 +210,7 @@ def test_vllm_wire_decodes_with_vllms_own_classes(daemon):
         assert stored.block_hashes == [vku.maybe_convert_block_hash(h) for h in want]
         assert stored.parent_block_hash is None and stored.token_ids == tokens
         assert stored.block_size == 4 and stored.medium == vke.MEDIUM_GPU
-        assert stored.group_idx == 0
+        assert stored.group_idx == 0 and stored.session_id == "chat-7"
         assert all(isinstance(e, vke.BlockRemoved) and e.medium == "GPU" for e in removed)
         assert sorted(h for e in removed for h in e.block_hashes) == sorted(
             stored.block_hashes)
@@ -229,7 +230,8 @@ def _array_twin(cls):
 
 def test_vllm_wire_array_form_decodes_with_vllms_fields(daemon):
     """--vllm-format array (vLLM before 0.26): each event is [tag, fields...]
-    in vLLM's field order; decoded with twins of vLLM 0.33's own classes."""
+    in vLLM's field order, a session_id after locality and ownership (None);
+    decoded with twins of vLLM 0.33's own classes."""
     port = _free_port()
     stored_t, removed_t, cleared_t = (_array_twin(c) for c in
                                       (vke.BlockStored, vke.BlockRemoved, vke.AllBlocksCleared))
@@ -248,21 +250,25 @@ def test_vllm_wire_array_form_decodes_with_vllms_fields(daemon):
         tokens = list(range(40, 48))
         with kvpool.Client(url, pool="a") as c:
             ids = c.allocate(2)
-            c.cache(ids, tokens, 2)
+            c.cache(ids, tokens[:4], 1)
+            c.cache(ids, tokens, 2, num_cached_blocks=1, session_id="s-2")
             c.free(ids)
             c.evict(ids)
         dec = msgspec.msgpack.Decoder(type=batch_t)
         events, deadline = [], time.monotonic() + 10
-        while len(events) < 3 and time.monotonic() < deadline:
+        while len(events) < 4 and time.monotonic() < deadline:
             if sub.poll(100):
                 _topic, _seq, payload = sub.recv_multipart()
                 events += dec.decode(payload).events
-        stored = events[0]
-        assert isinstance(stored, stored_t)
-        assert stored.block_hashes == [vku.maybe_convert_block_hash(h)
-                                       for h in _vllm_hashes(tokens, 4)]
-        assert stored.token_ids == tokens and stored.block_size == 4 and stored.medium == "GPU"
-        assert all(isinstance(e, removed_t) for e in events[1:])
+        first, second = events[:2]
+        assert isinstance(first, stored_t) and isinstance(second, stored_t)
+        assert first.block_hashes + second.block_hashes == [
+            vku.maybe_convert_block_hash(h) for h in _vllm_hashes(tokens, 4)]
+        assert first.token_ids == tokens[:4] and second.token_ids == tokens[4:]
+        assert first.block_size == 4 and first.medium == "GPU"
+        assert first.session_id is None and second.session_id == "s-2"
+        assert second.locality is None and second.ownership is None
+        assert all(isinstance(e, removed_t) for e in events[2:])
     finally:
         sub.close(0)
         ctx.term()
@@ -283,13 +289,14 @@ def test_block_pool_events_are_vllms_own(tmp_path, monkeypatch):
             try:
                 for pool in (theirs, ours):
                     blocks = pool.get_new_blocks(2)
-                    pool.cache_full_blocks(_request(hashes, 8), blocks, 0, 2, 4, 0)
+                    pool.cache_full_blocks(_request(hashes, 8, "chat-9"), blocks, 0, 2, 4, 0)
                     pool.free_blocks(reversed(blocks))
                     pool.evict_blocks({blocks[1].block_id})
                 want, got = theirs.take_events(), ours.take_events()
             finally:
                 ours.close()
         assert [type(e) for e in got] == [vke.BlockStored, vke.BlockRemoved]
+        assert got[0].session_id == "chat-9"
         assert got == want
     finally:
         stop(proc)
