@@ -25,7 +25,8 @@ import zmq
 FULL_KINDS = {"full_attention", "mla_attention", "sink_full_attention"}
 STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
                  "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
-                 "kv_cache_spec_sliding_window", "locality"]
+                 "kv_cache_spec_sliding_window", "locality", "ownership", "session_id",
+                 "lookahead_token_ids"]
 REMOVED_FIELDS = ["block_hashes", "medium", "group_idx", "locality"]
 END_SEQ = b"\xff" * 8
 
