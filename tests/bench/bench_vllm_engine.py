@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvp-bench-engine's loops (a)-(d) on the installed vLLM 0.33's own
 BlockPool and hash functions, beside kvp-bench-engine run in the same
-invocation: the engine-against-vLLM ratios of BENCHMARKS.md.
+invocation: the engine-against-vLLM ratios of BENCHMARKS.md. Then the
+remote request cycle (loop (b) through a real kvpoold on ipc://, Batches
+of 64 cycles, kvp-bench-service --only-batch with 1 and 8 clients) against
+the same vLLM loop (b) in process.
 
     VENV=$(sh tests/vllm/env.sh)
     $VENV/bin/python tests/bench/bench_vllm_engine.py [--quick] [BUILD_DIR]
@@ -134,8 +137,24 @@ def ours():
             "d_pickle": num(r"\(d\) the same with hash_algo sha256 \(pickle\) \| ([\d.]+) ms")}
 
 
+def remote():
+    """kvp-bench-service's batched remote cycle: cycles/s with 1 and 8 clients."""
+    bench = os.path.join(BUILD, "tests", "bench", "kvp-bench-service")
+    daemon = os.path.join(BUILD, "service", "kvpoold")
+    got = {}
+    for clients in (1, 8):
+        out = subprocess.run([bench, f"--only-batch={clients}", daemon], capture_output=True,
+                             text=True, check=True).stdout
+        m = re.search(r"ipc, %d client\(s\), batches: (\d+) cycles/s" % clients, out)
+        if not m:
+            raise SystemExit(f"bench_vllm_engine: no batched row in kvp-bench-service's output:\n{out}")
+        got[clients] = float(m.group(1))
+    return got
+
+
 def main():
     k = ours()
+    r = remote()
     v = {"a": median(loop_a), "b": median(loop_b), "c": median(loop_c),
          "d_cbor": loop_d("sha256_cbor"), "d_pickle": loop_d("sha256")}
     print(f"kvp-bench-engine beside vLLM {vllm_version}'s own BlockPool and hashes, one run; "
@@ -152,6 +171,10 @@ def main():
         ratio = v[key] / k[key] if lower else k[key] / v[key]
         print(f"| {name} | {k[key] / scale:.3g} {unit} | {v[key] / scale:.3g} {unit} | "
               f"{ratio:.1f}x |")
+    for clients, rate_ in sorted(r.items()):
+        print(f"| (b) remote: kvpoold on ipc://, Batches of 64 cycles, {clients} client(s) | "
+              f"{rate_ / 1e3:.3g} k cycles/s | {v['b'] / 1e3:.3g} k cycles/s | "
+              f"{rate_ / v['b']:.1f}x |")
 
 
 if __name__ == "__main__":
