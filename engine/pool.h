@@ -250,6 +250,20 @@ const uint8_t *kvp_pool_block_key_at(const struct kvp_pool *p, int32_t id, size_
 uint32_t kvp_pool_num_partial_keys(const struct kvp_pool *p);
 
 /*
+ * report_cached (vLLM 0.33's emit_cached_block_events): one BlockStored
+ * for a request's prefix-cache hits, blocks [0, a->num_full_blocks) of
+ * a->block_hashes in group a->group_id (parent None, tokens
+ * [0, n·block_size), one extra-keys item per block, the request's LoRA and
+ * session id), changing nothing else. Only the leading blocks still cached
+ * are reported (vLLM trusts its caller; over a network a hit may go
+ * between its lookup and this call): *reported gets how many, 0 with no
+ * event when the pool records no events. a->num_cached_blocks must be 0;
+ * a's blocks, mask and first_token are not read. KVP_EINVAL (as
+ * cache_full_blocks), KVP_ENOTSUP (caching off), KVP_ENOMEM.
+ */
+int kvp_pool_report_cached(struct kvp_pool *p, const struct kvp_cache_args *a, uint32_t *reported);
+
+/*
  * evict_blocks: drops the hash of each listed block (in ascending id order,
  * duplicates once, as vLLM iterates its set), queuing a BlockRemoved for
  * each key it had. Ref counts and the queue are unchanged; the null

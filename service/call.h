@@ -124,11 +124,13 @@ int kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockReques
                            Kvpool__V1__Reply *out);
 int kvpd_h_unlock(struct call *c, const Kvpool__V1__UnlockRequest *m, Kvpool__V1__Reply *out);
 
-/* vLLM 0.33's partial prefix-cache entries (calls_partial.c). */
+/* vLLM 0.33's partial prefix-cache entries and reuse reports (calls_partial.c). */
 int kvpd_h_cache_partial(struct call *c, const Kvpool__V1__CachePartialRequest *m,
                          Kvpool__V1__Reply *out);
 int kvpd_h_move_hashes(struct call *c, const Kvpool__V1__MoveHashesRequest *m,
                        Kvpool__V1__Reply *out);
+int kvpd_h_report_cached(struct call *c, const Kvpool__V1__ReportCachedRequest *m,
+                         Kvpool__V1__Reply *out);
 /* Whether the session may take n more block references (--max-refs); fails the call if not. */
 int kvpd_room_for_refs(struct call *c, size_t n);
 

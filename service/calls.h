@@ -60,7 +60,8 @@
 	X(LOOKUP_AND_LOCK,     lookup_and_lock,     35, KVPD_M, N) \
 	X(UNLOCK,              unlock,              36, KVPD_M, N) \
 	X(CACHE_PARTIAL,       cache_partial,       37, KVPD_M, N) \
-	X(MOVE_HASHES,         move_hashes,         38, KVPD_M, N)
+	X(MOVE_HASHES,         move_hashes,         38, KVPD_M, N) \
+	X(REPORT_CACHED,       report_cached,       39, KVPD_M, N)
 
 /* KVPD_CALL_<UPPER>: a call's row in the table; KVPD_NUM_CALLS rows. */
 enum kvpd_call_index {

@@ -2,7 +2,8 @@
 /*
  * calls_partial.c: vLLM 0.33's partial prefix-cache entries over the wire:
  * CachePartial (BlockPool.cache_partial_block) and MoveHashes
- * (move_block_hashes). Both act only on blocks the session holds.
+ * (move_block_hashes), which act only on blocks the session holds; and
+ * ReportCached (emit_cached_block_events), which changes nothing.
  */
 #include <string.h>
 
@@ -97,5 +98,48 @@ kvpd_h_move_hashes(struct call *c, const Kvpool__V1__MoveHashesRequest *m, Kvpoo
 		return kvpd_fail(c, rv, "move_hashes: %s", kvp_strerror(rv));
 	out->result_case = KVPOOL__V1__REPLY__RESULT_MOVE_HASHES;
 	out->move_hashes = r;
+	return KVP_OK;
+}
+
+int
+kvpd_h_report_cached(struct call *c, const Kvpool__V1__ReportCachedRequest *m,
+                     Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__ReportCachedReply *r =
+	        NEW(c, Kvpool__V1__ReportCachedReply, kvpool__v1__report_cached_reply__descriptor);
+	struct call_keys ck;
+	const uint8_t *hashes = NULL;
+	size_t nh = 0;
+	bool computed;
+	uint32_t n = 0, hbs = kvp_pool_hash_block_size(c->p->pool);
+	int rv;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (m->n_token_ids > c->p->limits.max_ids || m->num_blocks > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "too many tokens or blocks in one call");
+	if ((rv = kvpd_parse_keys(c, m->keys, &ck)) || (rv = kvpd_check_group(c, m->group_id)) ||
+	    (rv = kvpd_fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
+	                           &nh, &computed)))
+		return rv;
+	struct kvp_cache_args a = {
+		.block_hashes = hashes, .num_block_hashes = nh,
+		.token_ids = m->token_ids, .num_tokens = m->n_token_ids,
+		.keys = ck.ptr, .has_lora_id = ck.has_lora_id, .lora_id = ck.lora_id,
+		.num_full_blocks = m->num_blocks,
+		.block_size = m->block_size ? m->block_size : hbs, .group_id = m->group_id,
+	};
+	rv = kvp_pool_report_cached(c->p->pool, &a, &n);
+	if (rv == KVP_EINVAL)
+		return kvpd_fail(c, rv, "report_cached: %u block(s) of %u tokens need that many hashes "
+		                 "(%zu given) and a block size that is a multiple of %u",
+		                 m->num_blocks, a.block_size, nh, hbs);
+	if (rv == KVP_ENOTSUP)
+		return kvpd_fail(c, rv, "report_cached: pool %s has prefix caching off", c->p->cfg.name);
+	if (rv != KVP_OK)
+		return kvpd_fail(c, rv, "report_cached: %s", kvp_strerror(rv));
+	r->num_reported = n;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_REPORT_CACHED;
+	out->report_cached = r;
 	return KVP_OK;
 }

@@ -323,6 +323,59 @@ test_growth_keeps_keys(void **state)
 	kvp_pool_destroy(p);
 }
 
+/*
+ * report_cached (emit_cached_block_events): one BlockStored of the leading
+ * blocks still cached, parent None, the session id; nothing else changes.
+ */
+static void
+test_report_cached(void **state)
+{
+	(void)state;
+	struct kvp_pool *p = mkpool_sem(8, HBS, true, KVP_VLLM_0_33);
+	struct kvp_event_batch ev;
+	struct kvp_event e;
+	struct req r;
+	int32_t ids[3];
+	uint32_t n = 99;
+	const struct kvp_request_keys keys = {.session_id = "chat-3"};
+
+	kvp_event_batch_init(&ev);
+	req_init(&r, "ABC");
+	assert_ok(kvp_pool_get_new_blocks(p, 3, ids));
+	assert_ok(cache(p, &r, ids, 3, 0, 3, HBS, 0));
+	assert_ok(kvp_pool_free_blocks(p, ids, 3));
+	assert_ok(kvp_pool_evict_blocks(p, &ids[1], 1)); /* B went: only A is a hit now */
+	(void)take(p, &ev);
+	struct kvp_cache_args a = {
+		.block_hashes = r.hashes, .num_block_hashes = r.n, .token_ids = r.tokens,
+		.num_tokens = 256, .keys = &keys, .num_full_blocks = 3, .block_size = HBS,
+	};
+	assert_ok(kvp_pool_report_cached(p, &a, &n));
+	assert_int_equal(n, 1);
+	assert_int_equal(take(p, &ev), 1);
+	assert_ok(kvp_event_batch_get(&ev, 0, &e));
+	assert_int_equal(e.type, KVP_EVENT_BLOCK_STORED);
+	assert_int_equal(e.num_hashes, 1);
+	assert_memory_equal(e.hashes, synth('A'), KVP_HASH_LEN);
+	assert_null(e.parent);
+	assert_int_equal(e.num_tokens, HBS);
+	assert_string_equal(e.session_id, "chat-3");
+	assert_queue(p, 4, 5, 6, 7, 1, 2, 3); /* as free_blocks left it */
+	/* Refusals change nothing: a range start, a short hash list, a bad block size. */
+	a.num_cached_blocks = 1;
+	assert_int_equal(kvp_pool_report_cached(p, &a, &n), KVP_EINVAL);
+	a.num_cached_blocks = 0;
+	a.num_full_blocks = 4;
+	assert_int_equal(kvp_pool_report_cached(p, &a, &n), KVP_EINVAL);
+	a.num_full_blocks = 1;
+	a.block_size = HBS + 1;
+	assert_int_equal(kvp_pool_report_cached(p, &a, &n), KVP_EINVAL);
+	assert_int_equal(take(p, &ev), 0);
+	kvp_event_batch_fini(&ev);
+	check(p);
+	kvp_pool_destroy(p);
+}
+
 int
 main(void)
 {
@@ -334,6 +387,7 @@ main(void)
 		cmocka_unit_test(test_move_block_hashes),
 		cmocka_unit_test(test_refusals_bound_and_reset),
 		cmocka_unit_test(test_growth_keeps_keys),
+		cmocka_unit_test(test_report_cached),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -142,6 +142,42 @@ kvp_client_cache_partial(struct kvp_client *c, const struct kvp_client_cache *a,
 }
 
 int
+kvp_client_report_cached(struct kvp_client *c, const struct kvp_client_cache *a,
+                         uint32_t *num_reported)
+{
+	Kvpool__V1__CacheRequest full;
+	Kvpool__V1__ReportCachedRequest m = KVPOOL__V1__REPORT_CACHED_REQUEST__INIT;
+	Kvpool__V1__RequestKeys keys;
+	Kvpool__V1__MmFeature mm[KVP_CLIENT_MAX_MM], *mmp[KVP_CLIENT_MAX_MM];
+	Kvpool__V1__Reply *r = NULL;
+
+	/* A Cache's request description with no blocks: checked the same way. */
+	if (c == NULL || a == NULL || a->num_block_ids != 0 || a->num_cached_blocks != 0 ||
+	    a->parent_hash != NULL || a->block_mask != NULL ||
+	    kvp_build_cache_(&full, a, c->info.hash_len) != KVP_OK)
+		return KVP_EINVAL;
+	m.num_blocks = a->num_full_blocks;
+	m.group_id = a->group_id;
+	m.block_size = a->block_size;
+	m.block_hashes = full.block_hashes;
+	m.token_ids = full.token_ids;
+	m.n_token_ids = full.n_token_ids;
+	if (a->keys || a->has_lora_id) {
+		kvp_wire_keys_to_proto(a->keys, a->has_lora_id, a->lora_id, &keys, mm, mmp);
+		m.keys = &keys;
+	}
+	KVP_CLIENT_CALL(c, report_cached, REPORT_CACHED, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (num_reported)
+		*num_reported = r->result_case == KVPOOL__V1__REPLY__RESULT_REPORT_CACHED
+		                        ? r->report_cached->num_reported
+		                        : 0;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
 kvp_client_move_hashes(struct kvp_client *c, int32_t src_block, int32_t dst_block)
 {
 	Kvpool__V1__MoveHashesRequest m = KVPOOL__V1__MOVE_HASHES_REQUEST__INIT;

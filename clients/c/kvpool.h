@@ -178,6 +178,17 @@ int kvp_client_cache_partial(struct kvp_client *c, const struct kvp_client_cache
  * which has none; the session holds both. No events. WRONG_STATE (dst has a key).
  */
 int kvp_client_move_hashes(struct kvp_client *c, int32_t src_block, int32_t dst_block);
+/*
+ * emit_cached_block_events (vLLM 0.33, kv_cache_report_mode "full"): the
+ * pool publishes one BlockStored for the request a describes' prefix-cache
+ * hits, its first a->num_full_blocks blocks (hashes or tokens, keys with
+ * session_id, lora, group, the group's block_size; no block ids, range
+ * start, mask or parent_hash). Nothing else changes. *num_reported (may be
+ * NULL): the leading blocks still cached, which the event names; 0 when the
+ * daemon publishes no events. INVALID_ARGUMENT, NOT_SUPPORTED (caching off).
+ */
+int kvp_client_report_cached(struct kvp_client *c, const struct kvp_client_cache *a,
+                             uint32_t *num_reported);
 
 /*
  * The longest cached prefix (all groups per position). Writes up to cap ids

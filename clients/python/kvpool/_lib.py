@@ -174,6 +174,8 @@ kvp_client_free = _fn("kvp_client_free", c_int, CLIENT, I32P, c_size_t)
 kvp_client_cache = _fn("kvp_client_cache", c_int, CLIENT, POINTER(Cache), POINTER(c_uint32))
 kvp_client_cache_partial = _fn("kvp_client_cache_partial", c_int, CLIENT, POINTER(Cache),
                                c_uint32, c_bool, POINTER(c_bool))
+kvp_client_report_cached = _fn("kvp_client_report_cached", c_int, CLIENT, POINTER(Cache),
+                               POINTER(c_uint32))
 kvp_client_move_hashes = _fn("kvp_client_move_hashes", c_int, CLIENT, c_int32, c_int32)
 kvp_client_lookup = _fn("kvp_client_lookup", c_int, CLIENT, POINTER(Lookup), I32P, c_size_t,
                         POINTER(c_uint32), POINTER(c_uint32))

@@ -390,6 +390,30 @@ class Client(RegionCalls):
         del keep
         return out.value
 
+    def report_cached(self, block_hashes: Optional[Hashes], num_blocks: int, *,
+                      block_size: int = 0, group_id: int = 0, tokens: Optional[Ids] = None,
+                      lora_name: Optional[str] = None, lora_id: Optional[int] = None,
+                      cache_salt: Optional[str] = None, mm: MMFeatures = None,
+                      session_id: Optional[str] = None) -> int:
+        """vLLM 0.33's emit_cached_block_events: the pool publishes one
+        BlockStored for the request's first num_blocks blocks, its prefix-cache
+        hits (block_hashes: its fine hashes from position 0, or None: the
+        daemon hashes tokens; tokens also fill the event). Changes nothing
+        else. Returns how many it named: the leading blocks still cached, 0
+        when the daemon publishes no events."""
+        L.cint("num_blocks", num_blocks, 0, (1 << 32) - 1)
+        hs, nh = _hashes(block_hashes or [], self.info["hash_len"])
+        toks, ntok = _tokens(tokens)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        a = L.Cache(None, 0, 0, num_blocks, group_id, block_size, hs if block_hashes else None,
+                    nh, toks if tokens is not None else None, ntok, None,
+                    ctypes.pointer(keys) if keys else None, lora_id is not None,
+                    lora_id or 0, None, self.info["hash_len"])
+        out = c_uint32()
+        self._check(L.kvp_client_report_cached(self._live(), byref(a), byref(out)))
+        del keep
+        return out.value
+
     def move_hashes(self, src_block: int, dst_block: int) -> None:
         """vLLM 0.33's move_block_hashes: every key of src_block now names
         dst_block (which has none); this session holds both. No events."""

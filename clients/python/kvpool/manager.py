@@ -90,6 +90,9 @@ class RemoteKVCacheManager(_Remote):
         if self._pool is None:
             pool = RemoteBlockPool(self.client)
             pool._blocks, pool.null_block = self._blocks, self.null_block
+            # Its events are this manager's (take_events here); it only reports.
+            pool.enable_kv_cache_events = self.enable_kv_cache_events
+            pool._events_owner = self
             self._pool = pool
         return self._pool
 
@@ -132,8 +135,15 @@ class RemoteKVCacheManager(_Remote):
         the pair with shared_prefix_boundary=False. The hit covers at most
         max_cache_hit_length tokens (default num_tokens - 1: the last token
         is always recomputed). No reference is taken. (Typed as a tuple of
-        either length, so that both vLLM's pair and its triple unpack.)"""
+        either length, so that both vLLM's pair and its triple unpack.)
+        With events on and the request's kv_cache_report_mode "full", the
+        hit is reported as vLLM 0.33 does (a BlockStored of the reused
+        blocks; RemoteBlockPool.emit_cached_block_events), one more call."""
         found = self._computed(request, max_cache_hit_length)
+        if (found[1] and self.enable_kv_cache_events
+                and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
+            self.block_pool.emit_cached_block_events(request, len(found[0].blocks[0]),
+                                                     self.groups[0]["block_size"], 0)
         if not self._triple:
             self.record_prefix_cache_stats(request, found[1])
             return found
@@ -435,7 +445,7 @@ class RemoteKVCacheManager(_Remote):
         """The pool's events since the last call, BlockStored annotated with
         its group's kind and window as vLLM's manager does (every session's
         events, in the pool's order)."""
-        return self._take_events()
+        return self._take_queued()
 
     def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks

@@ -174,6 +174,9 @@ class _Remote:
         self._blocks = {0: self.null_block}
         self._annotate = annotate
         self._sub = None
+        self._queue: list = []  # events read, not yet taken (kv_event_queue)
+        self._events_owner = self  # whose stream and queue (a manager's block_pool: the manager's)
+        self.metrics_collector = None  # vLLM's residency metrics: the daemon's /metrics instead
         if enable_kv_cache_events:
             if not events_url:
                 raise ValueError("kvpool: enable_kv_cache_events needs the daemon's events_url")
@@ -209,6 +212,22 @@ class _Remote:
             out = [replace(e, kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None)
                    if isinstance(e, BlockStored) else e for e in out]
         return _as_vllms(out)
+
+    @property
+    def kv_event_queue(self) -> list:
+        """vLLM's pending-event list: the events the daemon has published
+        for this pool up to now that take_events() has not returned (read
+        from the stream first, so one round trip); what a caller appends is
+        returned by the next take_events(), after them."""
+        owner = self._events_owner
+        owner._queue.extend(owner._take_events())
+        return owner._queue
+
+    def _take_queued(self) -> list:
+        owner = self._events_owner
+        out, owner._queue = owner._queue, []
+        out.extend(owner._take_events())
+        return out
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drops the listed blocks' hashes (ref counts and queue unchanged):
@@ -344,6 +363,22 @@ class RemoteBlockPool(_Remote):
             block._block_hash = key
         return key
 
+    def emit_cached_block_events(self, request: RequestLike, num_cached_blocks: int,
+                                 block_size: int, kv_cache_group_id: int) -> None:
+        """vLLM 0.33's reuse report (kv_cache_report_mode "full"): with
+        events on, the pool publishes one BlockStored for the request's first
+        num_cached_blocks blocks, its prefix-cache hits, on every event wire
+        (so routers see it too), and take_events() returns it in order.
+        Differs from vLLM: only the leading blocks still cached are named (a
+        hit another session evicted since the lookup is not reported)."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        k = block_size // self.hash_block_size
+        self.client.report_cached(list(request.block_hashes[:num_cached_blocks * k]),
+                                  num_cached_blocks, block_size=block_size,
+                                  group_id=kv_cache_group_id, tokens=request.all_token_ids,
+                                  **_request_keys(request))
+
     def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
         """vLLM 0.33's move_block_hashes: src_block's keys now name dst_block
         (which has none), with no events; this session holds both."""
@@ -404,7 +439,7 @@ class RemoteBlockPool(_Remote):
 
     def take_events(self) -> list[KVCacheEvent]:
         """The pool's events since the last call (see the class docstring)."""
-        return self._take_events()
+        return self._take_queued()
 
 
 class _RemoteFreeQueue:

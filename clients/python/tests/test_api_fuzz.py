@@ -20,9 +20,9 @@ FUZZ = settings(max_examples=100, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 CALLS = ["allocate", "touch", "free", "evict", "cache", "lookup", "cache_hashes",
-         "cache_partial", "move_hashes", "lookup_hashes", "allocate_slots", "free_request",
-         "get_computed_blocks", "read_blocks", "write_blocks", "copy_blocks", "write_tokens",
-         "reserve", "commit", "abort", "lookup_and_lock", "unlock"]
+         "cache_partial", "move_hashes", "report_cached", "lookup_hashes", "allocate_slots",
+         "free_request", "get_computed_blocks", "read_blocks", "write_blocks", "copy_blocks",
+         "write_tokens", "reserve", "commit", "abort", "lookup_and_lock", "unlock"]
 
 
 @FUZZ

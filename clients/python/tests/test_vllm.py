@@ -329,10 +329,18 @@ def test_manager_events_carry_the_requests_session_id(pools, step):
     r = Req("s", range(300, 309), hasher=h)
     r.session_id = "chat-%d" % step
     slots(m, step)(r, 9)
+    assert len(m.block_pool.kv_event_queue) == 1  # read, not taken: vLLM's pending list
     got = m.take_events()
+    assert m.block_pool.kv_event_queue == []
     assert [(type(e).__name__, e.session_id) for e in got] == [("BlockStored", r.session_id)]
     other = Req("t", range(300, 309), hasher=h)
     assert m.get_computed_blocks(other)[1] == 8
+    assert m.take_events() == []  # vLLM's default report mode: hits are not reported
+    other.kv_cache_report_mode, other.session_id = "full", "chat-x"
+    assert m.get_computed_blocks(other)[1] == 8
+    (rep,) = m.take_events()  # vLLM 0.33's reuse report: parent None, the hit's tokens
+    assert (rep.block_hashes, rep.parent_block_hash, rep.token_ids, rep.session_id) == (
+        got[0].block_hashes, None, list(range(300, 308)), "chat-x")
     m.free(r)
     m.client.close()
 

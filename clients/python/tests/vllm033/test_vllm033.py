@@ -276,7 +276,8 @@ def test_vllm_wire_array_form_decodes_with_vllms_fields(daemon):
 
 def test_block_pool_events_are_vllms_own(tmp_path, monkeypatch):
     """RemoteBlockPool.take_events() with vLLM installed: vLLM's own event
-    classes, equal to what vLLM's BlockPool emits for the same calls."""
+    classes, equal to what vLLM's BlockPool emits for the same calls,
+    emit_cached_block_events' reuse report included."""
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     proc, url, ev = start(tmp_path, "--pool", "name=e,blocks=8,block_size=4,executor=none",
                           pool="e", events=True)
@@ -290,13 +291,14 @@ def test_block_pool_events_are_vllms_own(tmp_path, monkeypatch):
                 for pool in (theirs, ours):
                     blocks = pool.get_new_blocks(2)
                     pool.cache_full_blocks(_request(hashes, 8, "chat-9"), blocks, 0, 2, 4, 0)
+                    pool.emit_cached_block_events(_request(hashes, 8, "chat-10"), 2, 4, 0)
                     pool.free_blocks(reversed(blocks))
                     pool.evict_blocks({blocks[1].block_id})
                 want, got = theirs.take_events(), ours.take_events()
             finally:
                 ours.close()
-        assert [type(e) for e in got] == [vke.BlockStored, vke.BlockRemoved]
-        assert got[0].session_id == "chat-9"
+        assert [type(e) for e in got] == [vke.BlockStored, vke.BlockStored, vke.BlockRemoved]
+        assert got[0].session_id == "chat-9" and got[1].session_id == "chat-10"
         assert got == want
     finally:
         stop(proc)
