@@ -10,7 +10,7 @@ from .errors import NoSpace, NotSupported
 from ._types import RequestLike
 from .coordinator import RemoteCoordinator
 from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, RemoteBlockPool,
-                   _Remote, _Req, _coarse_hash, _concat_keys, _request_keys)
+                   _Remote, _Req, _check_shape, _coarse_hash, _concat_keys, _request_keys)
 
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 
@@ -47,10 +47,33 @@ class RemoteKVCacheManager(_Remote):
     AllocateSlots; Client.allocate_slots(use_prefix_cache=True) takes it and
     reports hit_tokens, but vLLM's two-call shape cannot carry it exactly)."""
 
-    def __init__(self, client: Client, enable_kv_cache_events: bool = False, *,
+    def __init__(self, client: Optional[Client] = None, enable_kv_cache_events: bool = False, *,
                  events_url: Optional[str] = None, token: Optional[str] = None,
-                 shared_prefix_boundary: bool = True, log_stats: bool = False) -> None:
-        """shared_prefix_boundary=True (the default, vLLM 0.33's shape):
+                 shared_prefix_boundary: bool = True, log_stats: bool = False,
+                 kv_cache_config: Any = None, max_model_len: Optional[int] = None,
+                 scheduler_block_size: Optional[int] = None,
+                 hash_block_size: Optional[int] = None,
+                 max_in_flight_tokens: Optional[int] = None,
+                 enable_caching: Optional[bool] = None, use_eagle: bool = False,
+                 num_hash_lookahead_tokens: int = 0, num_prefill_lookahead: int = 0,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1, metrics_collector: Any = None,
+                 watermark: float = 0.0,
+                 enable_mamba_shared_prefix_checkpoint: bool = False) -> None:
+        """client: a kvpool.Client, or None to connect from the environment
+        (kvpool.vllm.client_from_env), as when vLLM 0.33's Scheduler
+        constructs KVCacheManager with its own keywords (kv_cache_config,
+        max_model_len, scheduler_block_size, hash_block_size, enable_caching,
+        log_stats, enable_kv_cache_events, ...): the pool must have that
+        shape (ValueError names each difference), since its size, groups
+        and caching are the daemon's. Accepted and not applied:
+        max_in_flight_tokens (vLLM reserves with it only in sliding-window
+        and chunked-local groups; the daemon keeps its own rules there) and
+        metrics_collector (residency metrics are the daemon's /metrics).
+        NotSupported: use_eagle, hash or prefill lookahead tokens, decode or
+        prefill context parallelism, a watermark, Mamba shared-prefix
+        checkpoints (vLLM features the daemon's manager does not model).
+
+        shared_prefix_boundary=True (the default, vLLM 0.33's shape):
         get_computed_blocks returns the triple (blocks, hit tokens,
         shared_prefix_boundary), and the caller records the hit with
         record_prefix_cache_stats, as vLLM 0.33's Scheduler does. The
@@ -61,13 +84,36 @@ class RemoteKVCacheManager(_Remote):
         get_computed_blocks records the stats itself, as vLLM did then.
         log_stats: as vLLM's, keep PrefixCacheStats for
         make_prefix_cache_stats()."""
+        off = [name for name, on in (
+            ("use_eagle", use_eagle), ("num_hash_lookahead_tokens", num_hash_lookahead_tokens),
+            ("num_prefill_lookahead", num_prefill_lookahead),
+            ("dcp_world_size", dcp_world_size != 1), ("pcp_world_size", pcp_world_size != 1),
+            ("watermark", watermark),
+            ("enable_mamba_shared_prefix_checkpoint", enable_mamba_shared_prefix_checkpoint))
+            if on]
+        if off:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                               f"RemoteKVCacheManager does not model vLLM's {', '.join(off)}")
         super().__init__(client, enable_kv_cache_events, events_url, token, annotate=True)
+        try:
+            _check_shape(self.client.info, kv_cache_config=kv_cache_config,
+                         max_model_len=max_model_len, enable_caching=enable_caching,
+                         hash_block_size=hash_block_size)
+            bs = self.client.info["block_size"]
+            if scheduler_block_size is not None and kv_cache_config is None and \
+                    scheduler_block_size != bs:
+                raise ValueError(f"kvpool: pool {self.client.info['pool']!r} has blocks of {bs} "
+                                 f"tokens, not scheduler_block_size={scheduler_block_size}")
+        except ValueError:
+            self.close()
+            raise
         self._triple = shared_prefix_boundary
         self.log_stats = log_stats
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
-        self.max_model_len = client.info["max_model_len"]
-        self.groups = client.info["groups"] or [{"kind": "full_attention",
-                                                 "block_size": client.info["block_size"]}]
+        info = self.client.info
+        self.max_model_len = info["max_model_len"]
+        self.groups = info["groups"] or [{"kind": "full_attention",
+                                          "block_size": info["block_size"]}]
         self.num_kv_cache_groups = len(self.groups)
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in self.groups))
         # Only full attention: no null replacement for the mirror to apply.

@@ -6,10 +6,11 @@ and return types; RemoteKVCacheManager has KVCacheManager's entry points
 (vLLM 0.33's: get_computed_blocks returns (blocks, num_computed_tokens,
 shared_prefix_boundary), the Scheduler records stats with
 record_prefix_cache_stats; shared_prefix_boundary=False gives the pair of
-earlier vLLM). Code written against vLLM's classes runs against a remote
-pool; they are not yet drop-in for vLLM 0.33's Scheduler, which reads more
-members (its coordinator and block pool among them). Written from vLLM's documented behaviour; no vLLM
-code is used or needed.
+earlier vLLM). Both take vLLM's own constructor arguments too (then they
+connect from the environment: client_from_env), so vLLM 0.33's Scheduler
+takes the manager by one assignment or by configuration
+(kvpool.vllm_scheduler.KVPoolScheduler). Written from vLLM's documented
+behaviour; no vLLM code is used or needed.
 
 Where a network makes exactness impossible, the method says so: another
 session can change a block's ref count or evict a cached block between two
@@ -17,12 +18,13 @@ calls, and events are the pool's (every session's), not this caller's.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Union, overload
 
 from .client import Client
-from .errors import NoSpace, WrongState
+from .errors import NoSpace, NotSupported, WrongState
 from .events import BlockStored, EventBatch, Subscriber
 from ._types import RequestLike  # noqa: F401 (public here: what the adapters read)
 from .events import AllBlocksCleared, BlockRemoved
@@ -158,12 +160,70 @@ def _as_vllms(events: list) -> list:
             for e in events]
 
 
+def client_from_env() -> Client:
+    """The Client the adapters open when vLLM constructs them with its own
+    arguments: KVPOOL_URL (required), KVPOOL_POOL (default: the daemon's
+    first pool), and KVPOOL_TOKEN or KVPOOL_TOKEN_FILE on a pool with a
+    token. Their events come from KVPOOL_EVENTS_URL."""
+    url = os.environ.get("KVPOOL_URL")
+    if not url:
+        raise ValueError("kvpool: vLLM made this adapter with its own arguments; set KVPOOL_URL "
+                         "(and KVPOOL_POOL, KVPOOL_TOKEN or KVPOOL_TOKEN_FILE) or pass a "
+                         "kvpool.Client")
+    return Client(url, pool=os.environ.get("KVPOOL_POOL") or None, token=_env_token())
+
+
+def _env_token() -> Optional[str]:
+    token = os.environ.get("KVPOOL_TOKEN")
+    path = os.environ.get("KVPOOL_TOKEN_FILE")
+    if token is None and path:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    return token
+
+
+def _spec_kind(spec) -> str:
+    """kvpool's group kind for a vLLM KVCacheSpec (by class name: no vLLM import)."""
+    return {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_window",
+            "ChunkedLocalAttentionSpec": "chunked_local",
+            "MambaSpec": "mamba"}.get(type(spec).__name__, type(spec).__name__)
+
+
+def _check_shape(info: dict, **asked: Any) -> None:
+    """ValueError naming every argument vLLM gave that the pool does not
+    match (None: not given). kv_cache_config is compared by its block count
+    and each group's kind and block size."""
+    have = {"num_gpu_blocks": info["num_blocks"], "enable_caching": info["prefix_caching"],
+            "hash_block_size": info["hash_block_size"], "max_model_len": info["max_model_len"]}
+    bad = [f"{k}={v!r} (the pool: {have[k]!r})" for k, v in asked.items()
+           if k in have and v is not None and v != have[k]]
+    cfg = asked.get("kv_cache_config")
+    if cfg is not None:
+        groups = info["groups"] or [{"kind": "full_attention", "block_size": info["block_size"]}]
+        want = [(_spec_kind(g.kv_cache_spec), g.kv_cache_spec.block_size)
+                for g in cfg.kv_cache_groups]
+        got = [(g["kind"], g["block_size"]) for g in groups]
+        if cfg.num_blocks != info["num_blocks"]:
+            bad.append(f"kv_cache_config.num_blocks={cfg.num_blocks} "
+                       f"(the pool: {info['num_blocks']})")
+        if want != got:
+            bad.append(f"kv_cache_config groups {want} (the pool: {got})")
+    if bad:
+        raise ValueError(f"kvpool: pool {info['pool']!r} does not have the shape vLLM asked "
+                         f"for: {', '.join(bad)}")
+
+
 class _Remote:
     """What both adapters share: the client, block objects, events."""
 
     def __init__(self, client, enable_kv_cache_events, events_url, token, annotate):
         if isinstance(client, str):
             raise TypeError("kvpool: pass a kvpool.Client (it names the pool and token)")
+        self._own_client = client is None  # opened here: closed by close()
+        if client is None:
+            client = client_from_env()
+            events_url = events_url or os.environ.get("KVPOOL_EVENTS_URL")
+            token = token if token is not None else _env_token()
         self.client = client
         info = client.info
         self.num_gpu_blocks = info["num_blocks"]
@@ -179,7 +239,9 @@ class _Remote:
         self.metrics_collector = None  # vLLM's residency metrics: the daemon's /metrics instead
         if enable_kv_cache_events:
             if not events_url:
-                raise ValueError("kvpool: enable_kv_cache_events needs the daemon's events_url")
+                self.close()
+                raise ValueError("kvpool: enable_kv_cache_events needs the daemon's events_url "
+                                 "(KVPOOL_EVENTS_URL when vLLM constructs the adapter)")
             self._sub = Subscriber(events_url, client.url, pools=[info["pool"]], token=token,
                                    index=False)
 
@@ -256,9 +318,13 @@ class _Remote:
         return True
 
     def close(self) -> None:
+        """Closes the event subscriber, and the client when the adapter opened it."""
         if self._sub is not None:
             self._sub.close()
             self._sub = None
+        if self._own_client:
+            self._own_client = False
+            self.client.close()
 
 
 class RemoteBlockPool(_Remote):
@@ -269,9 +335,31 @@ class RemoteBlockPool(_Remote):
     in the pool's order). Ref counts are the daemon's at the time of the
     call that returned the block; another session may change them after."""
 
-    def __init__(self, client: Client, enable_kv_cache_events: bool = False, *,
-                 events_url: Optional[str] = None, token: Optional[str] = None) -> None:
+    def __init__(self, client: Optional[Client] = None, enable_kv_cache_events: bool = False, *,
+                 events_url: Optional[str] = None, token: Optional[str] = None,
+                 num_gpu_blocks: Optional[int] = None, enable_caching: Optional[bool] = None,
+                 hash_block_size: Optional[int] = None, metrics_collector: Any = None,
+                 num_hash_lookahead_tokens: int = 0, medium: Optional[str] = None) -> None:
+        """client: a kvpool.Client, or None to connect from the environment
+        (client_from_env), as when vLLM constructs BlockPool with its own
+        keywords (num_gpu_blocks, enable_caching, hash_block_size, ...):
+        those are checked against the pool (ValueError names each that
+        differs), since the pool's size and settings are the daemon's.
+        metrics_collector is not fed (the daemon's /metrics has residency);
+        lookahead hashing (num_hash_lookahead_tokens > 0) is NotSupported."""
+        if num_hash_lookahead_tokens:
+            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                               "num_hash_lookahead_tokens: kvpool pools hash no lookahead tokens")
         super().__init__(client, enable_kv_cache_events, events_url, token, annotate=False)
+        try:
+            _check_shape(self.client.info, num_gpu_blocks=num_gpu_blocks,
+                         enable_caching=enable_caching, hash_block_size=hash_block_size)
+            if medium is not None and medium != self.client.info["medium"]:
+                raise ValueError(f"kvpool: pool {self.client.info['pool']!r} publishes medium "
+                                 f"{self.client.info['medium']!r}, not {medium!r}")
+        except ValueError:
+            self.close()
+            raise
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """num_blocks blocks from the free queue's head; ValueError (nothing

@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM 0.33's Scheduler takes kvpool's RemoteKVCacheManager by
+configuration alone (scheduler_cls = kvpool.vllm_scheduler.KVPoolScheduler,
+the connection in KVPOOL_* variables), and the adapters take the keyword
+arguments vLLM constructs its own classes with. Real kvpoold, vLLM's own
+Scheduler, Request and block hasher; the model config is a local file."""
+import os
+import shutil
+import sys
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if not vllm.__version__.startswith("0.33."):
+    pytest.skip(f"these tests pin vLLM 0.33, not {vllm.__version__}", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
+SHARED = os.environ.get("KVP_VLLM_TESTS", os.path.join(os.path.dirname(ROOT), "shared",
+                                                       "vllm-tests"))
+if not os.path.isdir(os.path.join(SHARED, "tests", "v1", "kv_connector")):
+    pytest.skip(f"no vLLM tests at {SHARED} (their helpers build the config)",
+                allow_module_level=True)
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, SHARED)
+
+import torch  # noqa: E402
+from tests.v1.kv_connector.unit.utils import (  # noqa: E402
+    create_model_runner_output, create_vllm_config)
+from vllm import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec)
+from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.vllm import RemoteBlockPool, RemoteKVCacheManager  # noqa: E402
+from kvpool.vllm_scheduler import KVPoolScheduler  # noqa: E402
+
+from conftest import start, stop  # noqa: E402
+
+BS, BLOCKS = 16, 64
+
+
+def _kv_config(blocks=BLOCKS):
+    spec = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    return KVCacheConfig(num_blocks=blocks, kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+                         kv_cache_tensors=[])
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """A kvpoold with a pool of the engine's shape, named in KVPOOL_URL/KVPOOL_POOL."""
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(os.path.join(ROOT, "tests", "vllm", "hf", "facebook--opt-125m", "config.json"),
+                model / "config.json")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    proc, url, _ = start(tmp_path, "--pool", f"name=g,blocks={BLOCKS},block_size={BS},"
+                         "executor=none,max_model_len=4096", pool="g")
+    monkeypatch.setenv("KVPOOL_URL", url)
+    monkeypatch.setenv("KVPOOL_POOL", "g")
+    yield str(model), url
+    stop(proc)
+
+
+def test_scheduler_from_configuration_alone(env):
+    """scheduler_cls names kvpool's class; vLLM resolves and constructs it
+    with its own arguments; requests are scheduled on the pool's blocks and
+    a second request with the same prompt hits the first one's blocks."""
+    model, url = env
+    cfg = create_vllm_config(model=model, block_size=BS, max_num_batched_tokens=1000)
+    cfg.kv_transfer_config = None  # the helper's default connector: not this test's
+    cfg.cache_config.num_gpu_blocks = BLOCKS
+    cfg.scheduler_config.scheduler_cls = "kvpool.vllm_scheduler.KVPoolScheduler"
+    cls = cfg.scheduler_config.get_scheduler_cls()
+    assert cls is KVPoolScheduler
+    sched = cls(vllm_config=cfg, kv_cache_config=_kv_config(),
+                structured_output_manager=StructuredOutputManager(cfg), block_size=BS,
+                hash_block_size=BS, log_stats=True)
+    try:
+        assert isinstance(sched.kv_cache_manager, RemoteKVCacheManager)
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(BS, sha256)
+        prompt = list(range(500, 500 + 3 * BS + 4))
+
+        def add(rid):
+            sp = SamplingParams(max_tokens=1)
+            sp.update_from_generation_config({}, 50256)
+            req = Request(request_id=rid, prompt_token_ids=prompt, sampling_params=sp,
+                          pooling_params=None, block_hasher=hasher)
+            sched.add_request(req)
+            return req
+
+        def step():
+            out = sched.schedule()
+            sched.update_from_output(out, create_model_runner_output(reqs=sched.running,
+                                                                     token_id=0))
+            return out
+
+        add("a")
+        out = step()
+        assert out.num_scheduled_tokens == {"a": len(prompt)}
+        with kvpool.Client(url, pool="g") as c:
+            assert c.stats()["num_cached_blocks"] == 3  # the daemon cached a's full blocks
+        b = add("b")
+        out = step()
+        # b's first three blocks are a's (a finished: they wait in the queue, cached)
+        assert out.num_scheduled_tokens == {"b": len(prompt) - 3 * BS}
+        assert b.num_computed_tokens == len(prompt)  # and the rest computed
+    finally:
+        sched.shutdown()
+
+
+def test_vllms_keyword_constructors_check_the_pools_shape(env):
+    """KVCacheManager's and BlockPool's keywords, as vLLM 0.33 passes them:
+    accepted where the pool has that shape, refused (naming what differs)
+    where it does not, and NotSupported for features the daemon lacks."""
+    m = RemoteKVCacheManager(kv_cache_config=_kv_config(), max_model_len=4096,
+                             scheduler_block_size=BS, hash_block_size=BS, enable_caching=True,
+                             log_stats=False, enable_kv_cache_events=False, dcp_world_size=1,
+                             pcp_world_size=1, metrics_collector=None, watermark=0.0)
+    assert m.client.info["pool"] == "g"
+    m.close()
+    with pytest.raises(ValueError, match="num_blocks=65"):
+        RemoteKVCacheManager(kv_cache_config=_kv_config(BLOCKS + 1), max_model_len=4096)
+    with pytest.raises(kvpool.NotSupported, match="use_eagle"):
+        RemoteKVCacheManager(kv_cache_config=_kv_config(), use_eagle=True)
+    p = RemoteBlockPool(num_gpu_blocks=BLOCKS, enable_caching=True, hash_block_size=BS,
+                        enable_kv_cache_events=False, metrics_collector=None,
+                        num_hash_lookahead_tokens=0)
+    assert len(p.get_new_blocks(2)) == 2
+    p.close()
+    with pytest.raises(ValueError, match="hash_block_size=32"):
+        RemoteBlockPool(num_gpu_blocks=BLOCKS, enable_caching=True, hash_block_size=32)
+
+
+def test_without_kvpool_url_the_error_says_what_to_set(env, monkeypatch):
+    monkeypatch.delenv("KVPOOL_URL")
+    with pytest.raises(ValueError, match="KVPOOL_URL"):
+        RemoteKVCacheManager(kv_cache_config=_kv_config())
