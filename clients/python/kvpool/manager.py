@@ -109,13 +109,13 @@ class RemoteKVCacheManager(_Remote):
             raise
         self._triple = shared_prefix_boundary
         self.log_stats = log_stats
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.prefix_cache_stats = self._stats_cls() if log_stats else None
         info = self.client.info
         self.max_model_len = info["max_model_len"]
         self.groups = info["groups"] or [{"kind": "full_attention",
                                           "block_size": info["block_size"]}]
         self.num_kv_cache_groups = len(self.groups)
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in self.groups))
+        self.empty_kv_cache_blocks = self._blocks_cls(tuple(() for _ in self.groups))
         # Only full attention: no null replacement for the mirror to apply.
         self._plain = all(g["kind"] == "full_attention" for g in self.groups)
         self._reqs: dict[Any, _Req] = {}
@@ -293,7 +293,7 @@ class RemoteKVCacheManager(_Remote):
         """The stats since the last call (and a fresh set), or None without log_stats."""
         if self.prefix_cache_stats is None:
             return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, self._stats_cls()
         return stats
 
     def get_num_common_prefix_blocks(self, running_request_id: Any) -> list[int]:
@@ -352,7 +352,7 @@ class RemoteKVCacheManager(_Remote):
             if b._block_hash is None:
                 b._block_hash = _coarse_hash(fine, j, k, concat) + _GROUP0
             blocks.append(b)
-        return KVCacheBlocks((blocks,)), len(blocks) * bs
+        return self._blocks_cls((blocks,)), len(blocks) * bs
 
     def prefetch_computed_blocks(self, requests: Iterable[RequestLike]) -> int:
         """Looks up the prefix hits of several requests in one round trip (a
@@ -473,7 +473,7 @@ class RemoteKVCacheManager(_Remote):
 
     def get_blocks(self, request_id: Any) -> KVCacheBlocks:
         req = self._reqs.get(request_id)
-        return KVCacheBlocks(tuple(list(g) for g in req.blocks)) if req else \
+        return self._blocks_cls(tuple(list(g) for g in req.blocks)) if req else \
             self.empty_kv_cache_blocks
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
@@ -494,7 +494,7 @@ class RemoteKVCacheManager(_Remote):
         return self._take_queued()
 
     def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+        return self._blocks_cls(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
     def step(self) -> Step:
         """A Step: this scheduler step's allocate_slots and free calls sent as
@@ -600,7 +600,7 @@ class RemoteKVCacheManager(_Remote):
         req.computed = res.num_computed_tokens
         self._note_cached(req, kw.get("delay_cache_blocks", False))
         lead = res.external_blocks_by_group[0] if res.external_blocks_by_group else 0
-        return KVCacheBlocks((row[lead:],)) if len(row) > lead else self.empty_kv_cache_blocks
+        return self._blocks_cls((row[lead:],)) if len(row) > lead else self.empty_kv_cache_blocks
 
     def _refused(self, request, req, num_new_computed_tokens):
         # num_new_computed_tokens: the hit and the external tokens, as vLLM's total_computed

@@ -13,7 +13,7 @@ from ._types import RequestLike
 from .client import _raise
 from .errors import NoSpace
 from .manager import _check_reserved, _released
-from .vllm import KVCacheBlock, KVCacheBlocks
+from .vllm import KVCacheBlocks
 
 if TYPE_CHECKING:
     from .batch import Batch
@@ -242,7 +242,7 @@ class Step:
                         continue
                     b = blocks.get(i)
                     if b is None:
-                        b = blocks[i] = KVCacheBlock(i)
+                        b = blocks[i] = mgr._block_cls(i)
                     b.ref_cnt = b._held = 1
                     b._block_hash = None
                     row.append(b)
@@ -250,7 +250,7 @@ class Step:
                 req.blocks[g].extend(row)
                 new.append(row)
             if any(new):
-                res[j] = KVCacheBlocks(tuple(new))
+                res[j] = mgr._blocks_cls(tuple(new))
         out.extend(res)
         if err is not None:
             raise err

@@ -97,6 +97,41 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
+_CLASSES: Optional[tuple[type, type, type]] = None
+
+
+def _classes() -> tuple[type, type, type]:
+    """The classes the adapters hand out: (block, KVCacheBlocks,
+    PrefixCacheStats). vLLM 0.33's own where it is installed (so
+    isinstance() against them holds; the block is a subclass of vLLM's
+    KVCacheBlock that also keeps this adapter's per-manager count), this
+    module's otherwise. Resolved on first use: importing kvpool never
+    imports vLLM."""
+    global _CLASSES
+    if _CLASSES is None:
+        _CLASSES = (KVCacheBlock, KVCacheBlocks, PrefixCacheStats)
+        try:
+            import vllm
+            if vllm.__version__.startswith("0.33."):
+                from vllm.v1.core.kv_cache_manager import KVCacheBlocks as Blocks
+                from vllm.v1.core.kv_cache_utils import KVCacheBlock as Block
+                from vllm.v1.metrics.stats import PrefixCacheStats as Stats
+
+                class RemoteKVCacheBlock(Block):  # type: ignore[valid-type,misc]
+                    """vLLM's KVCacheBlock, as a remote adapter last saw it."""
+                    __slots__ = ("_held",)
+
+                    def __init__(self, block_id: int, ref_cnt: int = 0,
+                                 is_null: bool = False) -> None:
+                        Block.__init__(self, block_id, ref_cnt, is_null=is_null)
+                        self._held = 0
+
+                _CLASSES = (RemoteKVCacheBlock, Blocks, Stats)
+        except ImportError:
+            pass
+    return _CLASSES
+
+
 def _group_key(h, gid):
     return h + gid.to_bytes(4, "big")
 
@@ -230,7 +265,8 @@ class _Remote:
         self.enable_caching = info["prefix_caching"]
         self.hash_block_size = info["hash_block_size"]
         self.enable_kv_cache_events = enable_kv_cache_events
-        self.null_block = KVCacheBlock(0, is_null=True)
+        self._block_cls, self._blocks_cls, self._stats_cls = _classes()
+        self.null_block = self._block_cls(0, is_null=True)
         self._blocks = {0: self.null_block}
         self._annotate = annotate
         self._sub = None
@@ -248,7 +284,7 @@ class _Remote:
     def _block(self, block_id):
         b = self._blocks.get(block_id)
         if b is None:
-            b = self._blocks[block_id] = KVCacheBlock(block_id)
+            b = self._blocks[block_id] = self._block_cls(block_id)
         return b
 
     def _take_events(self, timeout_s=5.0):
@@ -384,7 +420,7 @@ class RemoteBlockPool(_Remote):
         older tuple of per-group sequences)."""
         flat: list[KVCacheBlock] = []
         for item in blocks:
-            if isinstance(item, KVCacheBlock):
+            if hasattr(item, "block_id"):
                 flat.append(item)
             else:
                 flat.extend(item)

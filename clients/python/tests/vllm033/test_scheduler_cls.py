@@ -137,6 +137,30 @@ def test_vllms_keyword_constructors_check_the_pools_shape(env):
         RemoteBlockPool(num_gpu_blocks=BLOCKS, enable_caching=True, hash_block_size=32)
 
 
+def test_the_adapters_hand_out_vllms_own_classes(env):
+    """With vLLM 0.33 installed, blocks, KVCacheBlocks and PrefixCacheStats
+    are vLLM's own classes (isinstance holds), as its events are."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.metrics.stats import PrefixCacheStats
+    m = RemoteKVCacheManager(kv_cache_config=_kv_config(), log_stats=True)
+    try:
+        init_none_hash(sha256)
+        req = Request(request_id="c", prompt_token_ids=list(range(40)),
+                      sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                      block_hasher=get_request_block_hasher(BS, sha256))
+        hit, n, _ = m.get_computed_blocks(req)
+        assert isinstance(hit, KVCacheBlocks) and n == 0
+        new = m.allocate_slots(req, 40)
+        assert isinstance(new, KVCacheBlocks)
+        assert all(isinstance(b, KVCacheBlock) for b in new.blocks[0])
+        assert new.get_block_ids() == m.get_block_ids("c")
+        assert isinstance(m.make_prefix_cache_stats(), PrefixCacheStats)
+        m.free(req)
+    finally:
+        m.close()
+
+
 def test_without_kvpool_url_the_error_says_what_to_set(env, monkeypatch):
     monkeypatch.delenv("KVPOOL_URL")
     with pytest.raises(ValueError, match="KVPOOL_URL"):
