@@ -219,9 +219,10 @@ for (const name of ["Dockerfile", "Dockerfile.cuda"]) {
 const get = (port, path) =>
   fetch(`http://127.0.0.1:${port}${path}`).then(async (r) => [r.status, await r.text()]).catch(() => [0, ""]);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const dashboard = JSON.parse(readFileSync(join(root, "deploy/grafana/kvpool-dashboard.json"), "utf8"));
-const dashMetrics = new Set(JSON.stringify(dashboard).match(/kvpool_[a-z_]+/g)
+const dashboard = JSON.parse(readFileSync(join(root, "deploy/helm/kvpool/dashboards/kvpool-dashboard.json"), "utf8"));
+const onDashboard = new Set(JSON.stringify(dashboard).match(/(kvpool|process)_[a-z_]+/g)
   .map((m) => m.replace(/_(bucket|sum|count)$/, "")));
+const dashMetrics = new Set(onDashboard);
 // The alerts' metrics too: a rule on a series kvpoold does not export never fires.
 for (const file of files)
   for (const o of parseAllDocuments(readFileSync(file, "utf8")).map((d) => d.toJS()).filter(Boolean))
@@ -280,7 +281,7 @@ for (const [text, { where, env }] of confs) {
   check(ms === 200 && body.includes(`kvpool_blocks{pool="${pool}"}`), `${where}: /metrics has pool ${pool}`);
   if (ms === 200) {
     metricsChecked = true;
-    for (const m of body.matchAll(/^# TYPE (kvpool_[a-z_]+)/gm))
+    for (const m of body.matchAll(/^# TYPE ((kvpool|process)_[a-z_]+)/gm))
       exported.add(m[1]);
   }
   const ctl = (args) => spawnSync(kvpoolctl, ["--url", `tcp://127.0.0.1:${rpc}`, "--pool", pool,
@@ -321,6 +322,9 @@ check(metricsChecked, "the dashboard was compared with a live /metrics");
 // Some series exist only with a feature on (the vLLM wire's): compare with them all.
 for (const m of dashMetrics)
   check(exported.has(m), `dashboard and alert metric ${m} is exported by kvpoold`);
+// And the other way: every series kvpoold exported in these runs has a panel.
+for (const m of exported)
+  check(onDashboard.has(m), `exported metric ${m} is on the Grafana dashboard`);
 
 console.log(`check: ${passes} passed, ${failures} failed`);
 process.exit(failures ? 1 : 0);

@@ -59,11 +59,36 @@ $helm template kvpool ../helm/kvpool -n inference --set podLabels.team=inference
 $helm template kvpool ../helm/kvpool -n inference --set prometheusRule.enabled=true \
 	--api-versions monitoring.coreos.com/v1/PrometheusRule > out/helm-rules.yaml
 grep -q '^kind: PrometheusRule' out/helm-rules.yaml || { echo "FAIL: no PrometheusRule rendered"; exit 1; }
+# The token's Secret made by the chart; TLS from cert-manager (where the cluster serves it).
+$helm template kvpool ../helm/kvpool -n inference --set auth.createSecret=true \
+	--set tls.enabled=true,tls.requireClientCert=true,tls.certManager.enabled=true \
+	--set tls.certManager.issuerRef.name=inference-ca,tls.certManager.issuerRef.kind=ClusterIssuer \
+	--api-versions cert-manager.io/v1/Certificate > out/helm-secrets.yaml
+$helm template kvpool ../helm/kvpool -n inference --set grafanaDashboard.enabled=true \
+	--set grafanaDashboard.namespace=monitoring > out/helm-dashboard.yaml
+node -e 'const y = require("yaml"), f = require("fs");
+const cm = y.parseAllDocuments(f.readFileSync("out/helm-dashboard.yaml", "utf8")).map((d) => d.toJS())
+  .find((o) => o && o.kind === "ConfigMap" && o.metadata.name.endsWith("-dashboard"));
+if (!cm || cm.metadata.labels.grafana_dashboard !== "1" ||
+    JSON.stringify(JSON.parse(cm.data["kvpool-dashboard.json"])) !==
+    JSON.stringify(JSON.parse(f.readFileSync("../helm/kvpool/dashboards/kvpool-dashboard.json", "utf8"))))
+  { console.error("FAIL: the dashboard ConfigMap is not the dashboard file, labelled for the sidecar"); process.exit(1); }'
+for kind in Secret Certificate; do
+	grep -q "^kind: $kind" out/helm-secrets.yaml || { echo "FAIL: no $kind rendered"; exit 1; }
+done
+grep -q 'secretName: kvpool-tls' out/helm-secrets.yaml && grep -q 'secretName: kvpool-auth' out/helm-secrets.yaml ||
+	{ echo "FAIL: the pods do not mount the chart's own Secrets"; exit 1; }
+if $helm template kvpool ../helm/kvpool --set tls.enabled=true,tls.certManager.enabled=true \
+	--set tls.certManager.issuerRef.name=ca > /dev/null 2>&1; then
+	echo "FAIL: the chart rendered a Certificate for a cluster without cert-manager"
+	exit 1
+fi
 # What the chart must refuse.
 for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad/name \
 	'pools[0].groups=full:16\,blocks=9' 'pools[0].groups=sliding window:16:8' \
 	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5 pools[0].shards=0 \
-	nodeLocal.socketDir=relative preStopSleepSeconds=20 vllmEvents.hwm=0 prometheusRule.poolFullRatio=2 'extraEnv[0].name=X,extraEnv[0].value=1'; do
+	nodeLocal.socketDir=relative preStopSleepSeconds=20 vllmEvents.hwm=0 prometheusRule.poolFullRatio=2 'extraEnv[0].name=X,extraEnv[0].value=1' \
+	tls.enabled=true auth.existingSecret= tls.certManager.duration=90days; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1
@@ -72,10 +97,11 @@ done
 ls -l out
 
 echo "== lint"
+# (The dashboard's ConfigMap embeds the JSON, one long line per panel query: parsed, not linted.)
 yamllint -c ../.yamllint ../k8s ../helm/kvpool/Chart.yaml ../helm/kvpool/values.yaml \
-	../helm/kvpool/values-gpu.yaml out
+	../helm/kvpool/values-gpu.yaml $(ls out/*.yaml | grep -v /helm-dashboard.yaml)
 node_modules/.bin/dockerfilelint ../docker/Dockerfile ../docker/Dockerfile.cuda
-node -e 'JSON.parse(require("fs").readFileSync("../grafana/kvpool-dashboard.json", "utf8"))'
+node -e 'JSON.parse(require("fs").readFileSync("../helm/kvpool/dashboards/kvpool-dashboard.json", "utf8"))'
 
 echo "== validate (Kubernetes API schemas)"
 node validate.mjs out/*.yaml

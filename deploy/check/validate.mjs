@@ -2,7 +2,8 @@
 // Validates every object of the given multi-document YAML files offline
 // against the Kubernetes API schemas (kubernetes-models 5.1.0, generated
 // from Kubernetes 1.34's OpenAPI; ServiceMonitor from the Prometheus
-// Operator's CRD). An object of a kind we have no schema for is an error.
+// Operator's CRD, Certificate from cert-manager's). An object of a kind we
+// have no schema for is an error.
 //   node validate.mjs FILE...
 import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
@@ -21,6 +22,7 @@ const models = {
     "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule",
   "monitoring.coreos.com/v1/ServiceMonitor":
     "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor",
+  "cert-manager.io/v1/Certificate": "@kubernetes-models/cert-manager/cert-manager.io/v1/Certificate",
 };
 
 let failed = 0, checked = 0;

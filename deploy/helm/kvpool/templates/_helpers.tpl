@@ -20,6 +20,26 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The token's Secret: the chart's own with auth.createSecret, else auth.existingSecret. */}}
+{{- define "kvpool.authSecret" -}}
+{{- if .Values.auth.createSecret -}}
+{{- include "kvpool.fullname" . }}-auth
+{{- else -}}
+{{- required "auth.existingSecret (or auth.createSecret) is required with auth.enabled" .Values.auth.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The TLS Secret: tls.existingSecret, or with cert-manager <fullname>-tls by default. */}}
+{{- define "kvpool.tlsSecret" -}}
+{{- if .Values.tls.existingSecret -}}
+{{- .Values.tls.existingSecret -}}
+{{- else if .Values.tls.certManager.enabled -}}
+{{- include "kvpool.fullname" . }}-tls
+{{- else -}}
+{{- fail "tls.existingSecret (or tls.certManager.enabled) is required with tls.enabled" -}}
+{{- end -}}
+{{- end -}}
+
 {{/* tcp, or tls+tcp with TLS on. */}}
 {{- define "kvpool.scheme" -}}
 {{- ternary "tls+tcp" "tcp" .Values.tls.enabled -}}

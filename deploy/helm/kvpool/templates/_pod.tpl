@@ -187,13 +187,13 @@ spec:
     {{- if .Values.auth.enabled }}
     - name: auth
       secret:
-        secretName: {{ .Values.auth.existingSecret }}
+        secretName: {{ include "kvpool.authSecret" . }}
         defaultMode: 0440
     {{- end }}
     {{- if .Values.tls.enabled }}
     - name: tls
       secret:
-        secretName: {{ required "tls.existingSecret is required with tls.enabled" .Values.tls.existingSecret }}
+        secretName: {{ include "kvpool.tlsSecret" . }}
         defaultMode: 0440
     {{- end }}
     - name: tmp
