@@ -195,9 +195,16 @@ const readme = readFileSync(join(root, "README.md"), "utf8");
 const mainCmd = readme.match(/```sh\n([^\n]+)\n/)[1];
 const buildCmd = mainCmd.replace(/ && bash tests\/demo\.sh$/, "");
 check(buildCmd !== mainCmd, "README's main command ends with the demo");
+// The images build with it, lean: no tests or their packages, the commit from a build argument.
+const imageCmd = buildCmd.replace("sh tests/deps.sh", "sh tests/deps.sh --build")
+  .replace("cmake -S . -B build", "cmake -S . -B build -DKVP_BUILD_TESTS=OFF -DKVP_BUILD_BENCH=OFF " +
+           "-DKVP_COMMIT=${KVP_COMMIT}");
+check(imageCmd !== buildCmd, "the images' build command derives from the README's");
 for (const name of ["Dockerfile", "Dockerfile.cuda"]) {
   const df = readFileSync(join(root, "deploy/docker", name), "utf8");
-  check(df.includes(`RUN ${buildCmd}\n`), `${name} builds with the README's command: ${buildCmd}`);
+  check(df.includes(`RUN ${imageCmd}\n`), `${name} builds with the README's command, lean: ${imageCmd}`);
+  check(/^FROM [^\n]+ AS build\nARG KVP_COMMIT=unknown$/m.test(df),
+        `${name} takes the commit as a build argument (KVP_COMMIT)`);
   check(/^USER 10001:10001$/m.test(df), `${name} runs as a non-root user`);
   check(/^ENTRYPOINT \["\/usr\/bin\/kvpoold"\]$/m.test(df), `${name}: kvpoold is the entrypoint`);
   // The runtime installs the .deb built above, whose dependencies dpkg-shlibdeps
