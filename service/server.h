@@ -196,13 +196,14 @@ void kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool
 enum kvpd_close_reason {
 	KVPD_CLOSE_IDLE,         /* no request for --idle-timeout-ms */
 	KVPD_CLOSE_NO_READ,      /* a reply not taken within --send-timeout-ms */
+	KVPD_CLOSE_TLS,          /* a TLS handshake failed (counted from nng's listener stats) */
 	KVPD_CLOSE_REASONS
 };
 /* Counts one close (any thread). An unknown reason is ignored. */
 void kvpd_server_count_close(struct kvpd_server *s, enum kvpd_close_reason r);
 /* Closes so far for reason r (0 for an unknown reason). */
 uint64_t kvpd_server_closes(const struct kvpd_server *s, enum kvpd_close_reason r);
-/* The reason's label value: "idle", "took_no_reply"; NULL for an unknown reason. */
+/* The reason's label value: "idle", "took_no_reply", "tls_handshake"; NULL for an unknown reason. */
 const char *kvpd_close_reason_name(enum kvpd_close_reason r);
 
 #endif /* KVPD_SERVER_H */

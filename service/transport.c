@@ -78,6 +78,10 @@ struct kvpd_transport {
 	nng_aio *pressure;              /* wakes to watch for contexts held by non-readers */
 	/* Refusals a peer can cause by the thousand: a few lines a second of each kind. */
 	struct kvpd_log_limit refusal_log[KVPD_NUM_REFUSALS];
+	uint64_t tls_failed;            /* failed TLS handshakes counted so far (pressure_cb) */
+	uint64_t tls_unlogged;          /* ...of which no log line has told yet */
+	unsigned tls_ticks;             /* pressure ticks since they were last counted */
+	struct kvpd_log_limit tls_log;
 };
 
 /* A connection's peer as text: ip:port, [ip6]:port, or the ipc path. */
@@ -214,6 +218,47 @@ reaper_cb(void *arg)
 	nng_sleep_aio(t->idle_timeout / 4 > 1000 ? 1000 : t->idle_timeout / 4 + 1, t->reaper);
 }
 
+/*
+ * Failed TLS handshakes on the RPC listeners, from nng's listener statistics
+ * ("auth": NNG_ECRYPTO / NNG_EPEERAUTH at accept): counted as closes and
+ * logged, the first at once, then one line in 10 s at most with the count. nng 1.5 drops such a connection
+ * before it is a pipe, so its peer address is not known here; the client
+ * side names the reason (kvp_client_open's detail).
+ */
+static void
+count_tls_failures(struct kvpd_transport *t)
+{
+	nng_stat *all = NULL;
+	uint64_t total = 0, dropped = 0;
+
+	if (t->tls == NULL || nng_stats_get(&all) != 0)
+		return;
+	for (size_t i = 0; i < t->num_listeners; i++) {
+		nng_stat *ls = nng_stat_find_listener(all, t->listeners[i]), *auth;
+		if (ls != NULL && (auth = nng_stat_find(ls, "auth")) != NULL)
+			total += nng_stat_value(auth);
+	}
+	nng_stats_free(all);
+	if (total <= t->tls_failed)
+		return;
+	uint64_t n = total - t->tls_failed;
+	t->tls_failed = total;
+	t->tls_unlogged += n;
+	for (uint64_t k = 0; k < n; k++)
+		kvpd_server_count_close(t->srv, KVPD_CLOSE_TLS);
+	if (!kvpd_log_enabled(KVPD_WARN) ||
+	    !kvpd_log_limit_take(&t->tls_log, (uint64_t)nng_clock(), &dropped))
+		return;
+	char count[24];
+	snprintf(count, sizeof(count), "%llu", (unsigned long long)t->tls_unlogged);
+	t->tls_unlogged = 0;
+	struct kvpd_log_field f[] = {{"handshakes", count},
+	                             {"peer", "not known (the connection never completed)"},
+	                             {"reason", "no or untrusted client certificate, an untrusted "
+	                                        "daemon certificate, or not TLS"}};
+	kvpd_log_fields(KVPD_WARN, "tls", "TLS handshakes on the RPC endpoint failed", f, 3);
+}
+
 static void
 pressure_cb(void *arg)
 {
@@ -249,6 +294,10 @@ pressure_cb(void *arg)
 			kvpd_log_fields(KVPD_WARN, "transport", "closed a connection that took no "
 			                "reply while half the contexts waited on their peers", f, 3);
 		}
+	}
+	if (t->tls != NULL && ++t->tls_ticks >= 1000 / PRESSURE_TICK_MS) {
+		t->tls_ticks = 0;
+		count_tls_failures(t);
 	}
 	nng_sleep_aio(PRESSURE_TICK_MS, t->pressure);
 }
@@ -350,6 +399,7 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	t->srv = srv;
 	for (int k = 0; k < KVPD_NUM_REFUSALS; k++)
 		t->refusal_log[k] = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
+	t->tls_log = (struct kvpd_log_limit){.per_window = 1, .window_ms = 10000};
 	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
 	t->idle_timeout = (nng_duration)cfg->idle_timeout_ms;
 	if (nng_mtx_alloc(&t->conns.mu) != 0 || nng_aio_alloc(&t->reaper, reaper_cb, t) != 0 ||

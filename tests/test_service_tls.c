@@ -3,7 +3,9 @@
  * kvpoold over tls+tcp:// with mutual TLS: a CA, a server certificate and a
  * client certificate are made at test time with the openssl command; a
  * client with the CA and its certificate is served, one without a
- * certificate is not. Skipped (stated) if the openssl command is missing.
+ * certificate is not; each refusal is named to the client (certificate
+ * required, unknown CA on either side, name mismatch) and counted and
+ * logged by the daemon. Skipped (stated) if the openssl command is missing.
  */
 #include "daemon_util.h"
 
@@ -14,6 +16,7 @@
 
 static char ev_url[64];
 static char dir[128], url[64], ca[192], srv_cert[192], srv_key[192], cli_cert[192], cli_key[192];
+static char other_ca[192], other_cert[192], other_key[192]; /* a CA the daemon does not know */
 static pid_t daemon_pid;
 static int have_openssl;
 
@@ -39,6 +42,9 @@ setup(void **state)
 	snprintf(srv_key, sizeof(srv_key), "%s/server.key", dir);
 	snprintf(cli_cert, sizeof(cli_cert), "%s/client.pem", dir);
 	snprintf(cli_key, sizeof(cli_key), "%s/client.key", dir);
+	snprintf(other_ca, sizeof(other_ca), "%s/other-ca.pem", dir);
+	snprintf(other_cert, sizeof(other_cert), "%s/other.pem", dir);
+	snprintf(other_key, sizeof(other_key), "%s/other.key", dir);
 	snprintf(cmd, sizeof(cmd),
 	         "set -e; mkdir -p %s; cd %s; "
 	         "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=kvpool-test-ca "
@@ -49,7 +55,13 @@ setup(void **state)
 	         "  printf 'subjectAltName=DNS:localhost\\n' > $who.ext; "
 	         "  openssl x509 -req -in $who.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
 	         "    -extfile $who.ext -out $who.pem 2>/dev/null; "
-	         "done",
+	         "done; "
+	         "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=other-ca "
+	         "  -keyout other-ca.key -out other-ca.pem 2>/dev/null; "
+	         "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout other.key "
+	         "  -out other.csr 2>/dev/null; "
+	         "openssl x509 -req -in other.csr -CA other-ca.pem -CAkey other-ca.key "
+	         "  -CAcreateserial -days 2 -extfile client.ext -out other.pem 2>/dev/null",
 	         dir, dir);
 	if (sh(cmd) != 0)
 		return -1;
@@ -110,6 +122,48 @@ test_service_tls_client_without_certificate_is_refused(void **state)
 	int rv = kvp_client_open(&o, &c);
 	assert_int_not_equal(rv, KVP_OK);
 	assert_null(c);
+	print_message("no client certificate: %s\n", kvp_client_open_detail());
+	assert_non_null(strstr(kvp_client_open_detail(), "certificate required"));
+}
+
+/* Opens with o, expecting a refusal whose detail says want. */
+static void
+refused_saying(struct kvp_client_options *o, const char *want)
+{
+	struct kvp_client *c = NULL;
+	assert_int_equal(kvp_client_open(o, &c), KVP_EUNAVAILABLE);
+	assert_null(c);
+	print_message("%s\n", kvp_client_open_detail());
+	assert_non_null(strstr(kvp_client_open_detail(), want));
+}
+
+/* Each way a handshake fails is named to the client; the daemon counts and logs them. */
+static void
+test_service_tls_failures_are_named_and_counted(void **state)
+{
+	struct kvp_client_options o = {.url = url, .tls_ca_file = other_ca, .tls_cert_file = cli_cert,
+	                               .tls_key_file = cli_key, .tls_server_name = "localhost",
+	                               .timeout_ms = 300, .retries = 1, .connect_timeout_ms = 500};
+
+	(void)state;
+	if (!have_openssl)
+		skip();
+	double before = metric_value("kvpool_connections_closed_total{reason=\"tls_handshake\"}");
+	assert_true(before >= 0);
+	refused_saying(&o, "unknown CA: the daemon's certificate is not signed by a CA in");
+	o.tls_ca_file = ca;
+	o.tls_server_name = "kvpool.example";
+	refused_saying(&o, "name mismatch: the daemon's certificate does not name kvpool.example");
+	o.tls_server_name = "localhost";
+	o.tls_cert_file = other_cert;
+	o.tls_key_file = other_key;
+	refused_saying(&o, "unknown CA: the daemon does not trust the CA that signed our client");
+	double after = before;
+	for (int i = 0; i < 40 && after <= before; i++) { /* counted once a second */
+		sleep_ms(100);
+		after = metric_value("kvpool_connections_closed_total{reason=\"tls_handshake\"}");
+	}
+	assert_true(after > before);
 }
 
 /*
@@ -202,6 +256,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_tls_mutual_client_is_served),
 		cmocka_unit_test(test_service_tls_client_without_certificate_is_refused),
+		cmocka_unit_test(test_service_tls_failures_are_named_and_counted),
 		cmocka_unit_test(test_service_tls_verifies_the_daemon_by_default),
 		cmocka_unit_test(test_service_tls_events_reach_a_tls_subscriber),
 	};

@@ -247,8 +247,9 @@ on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
  * would answer: say so now rather than after every retry of Hello.
  */
 static int
-wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
+wait_connected(struct kvp_client *c, const struct kvp_client_options *o, uint32_t ms)
 {
+	const char *url = o->url;
 	nng_time until = nng_clock() + ms;
 	bool up;
 	nng_mtx_lock(c->mtx);
@@ -258,7 +259,19 @@ wait_connected(struct kvp_client *c, const char *url, uint32_t ms)
 	nng_mtx_unlock(c->mtx);
 	if (up)
 		return KVP_OK;
-	/* Over TLS a refused handshake looks the same from here: one dial tells. */
+	/* Over TLS a refused handshake looks the same from here: OpenSSL names it. */
+	if (c->tls != NULL) {
+		struct kvp_tls_options t = {.ca_file = o->tls_ca_file, .cert_file = o->tls_cert_file,
+		                            .key_file = o->tls_key_file,
+		                            .server_name = o->tls_server_name,
+		                            .insecure = o->tls_insecure};
+		char reason[384];
+		if (kvpc_tls_diagnose(url, &t, kvpc_tls_ca_path(&t), reason, sizeof(reason))) {
+			snprintf(c->detail, sizeof(c->detail), "TLS handshake with %s failed: %s", url,
+			         reason);
+			return KVP_EUNAVAILABLE;
+		}
+	}
 	int why = c->tls != NULL ? kvpc_tls_probe(url, c->tls) : NNG_ECONNREFUSED;
 	if (why == NNG_ECRYPTO || why == NNG_EPEERAUTH) {
 		snprintf(c->detail, sizeof(c->detail),
@@ -412,7 +425,7 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	}
 	uint32_t wait_ms = o->connect_timeout_ms ? o->connect_timeout_ms
 	                                         : c->timeout_ms * (c->retries + 1);
-	if ((rv = wait_connected(c, o->url, wait_ms)) != KVP_OK)
+	if ((rv = wait_connected(c, o, wait_ms)) != KVP_OK)
 		goto fail;
 	if ((rv = o->session_id != 0 ? resume(c, o->session_id) : hello(c, o)) != KVP_OK)
 		goto fail;

@@ -41,6 +41,16 @@ host_is_ip(const char *url)
 	return inet_pton(AF_INET, host, addr) == 1;
 }
 
+const char *
+kvpc_tls_ca_path(const struct kvp_tls_options *o)
+{
+	const char *ca = o->ca_file;
+	for (size_t i = 0; kvpc_tls_system_bundles[i] != NULL && ca == NULL; i++)
+		if (access(kvpc_tls_system_bundles[i], R_OK) == 0)
+			ca = kvpc_tls_system_bundles[i];
+	return ca;
+}
+
 int
 kvpc_tls_client_config(const char *url, const struct kvp_tls_options *o, nng_tls_config **out,
                       char *err, size_t len)
@@ -50,9 +60,7 @@ kvpc_tls_client_config(const char *url, const struct kvp_tls_options *o, nng_tls
 	int rv;
 
 	if (!o->insecure && ca == NULL) {
-		for (size_t i = 0; kvpc_tls_system_bundles[i] != NULL && ca == NULL; i++)
-			if (access(kvpc_tls_system_bundles[i], R_OK) == 0)
-				ca = kvpc_tls_system_bundles[i];
+		ca = kvpc_tls_ca_path(o);
 		if (ca == NULL) {
 			snprintf(err, len, "TLS: no CA file given and no system CA bundle (%s): give the "
 			         "CA that signed the daemon's certificate", kvpc_tls_system_bundles[0]);

@@ -37,4 +37,17 @@ int kvpc_tls_client_config(const char *url, const struct kvp_tls_options *o,
  */
 int kvpc_tls_probe(const char *url, nng_tls_config *cfg);
 
+/* The CA file o verifies the daemon with: o's, else the first system bundle found; NULL if none. */
+const char *kvpc_tls_ca_path(const struct kvp_tls_options *o);
+
+/*
+ * After a failed handshake: repeats it once with OpenSSL (same CA file ca,
+ * certificate, key and server name) and writes why it fails into why
+ * (certificate required, unknown CA on either side, name mismatch,
+ * expiry). 1 if it found a reason, 0 if not (no connection, or OpenSSL
+ * succeeds where nng did not). Blocks up to about two seconds.
+ */
+int kvpc_tls_diagnose(const char *url, const struct kvp_tls_options *o, const char *ca,
+                      char *why, size_t len);
+
 #endif /* KVP_CLIENT_TLS_H */
