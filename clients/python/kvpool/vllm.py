@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Union, overload
+from typing import (TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Union, cast,
+                    overload)
 
 from .client import Client
 from .errors import NoSpace, NotSupported, WrongState
@@ -420,8 +421,8 @@ class RemoteBlockPool(_Remote):
         older tuple of per-group sequences)."""
         flat: list[KVCacheBlock] = []
         for item in blocks:
-            if hasattr(item, "block_id"):
-                flat.append(item)
+            if hasattr(item, "block_id"):  # a block: vLLM's class or this module's
+                flat.append(cast(KVCacheBlock, item))
             else:
                 flat.extend(item)
         ids = [b.block_id for b in flat if not b.is_null]
