@@ -302,6 +302,28 @@ pressure_cb(void *arg)
 	nng_sleep_aio(PRESSURE_TICK_MS, t->pressure);
 }
 
+/*
+ * One connection's bound: a request from a connection that already has
+ * half the contexts holding replies it has not taken closes it at once (it
+ * pipelines without reading; kvpool's clients have one call in flight per
+ * connection). Whatever one connection sends, the other half serve others.
+ */
+static bool
+over_connection_bound(struct kvpd_transport *t, const struct worker *self)
+{
+	unsigned id = (unsigned)nng_pipe_id(self->pipe);
+	size_t unread = 0;
+
+	if ((int)id <= 0)
+		return false;
+	for (size_t i = 0; i < t->num_workers; i++) {
+		const struct worker *w = &t->workers[i];
+		if (w != self && atomic_load(&w->send_at) != 0 && atomic_load(&w->send_pipe) == id)
+			unread++;
+	}
+	return unread * 2 >= t->num_workers && unread > 0;
+}
+
 static void
 worker_cb(void *arg)
 {
@@ -322,6 +344,23 @@ worker_cb(void *arg)
 		nng_aio_set_msg(w->aio, NULL); /* ours now: the aio holds only what nng must send */
 		atomic_fetch_add(&t->in_flight, 1);
 		w->pipe = nng_msg_get_pipe(msg);
+		if (over_connection_bound(t, w)) {
+			char peer[160] = "", conn[24];
+			unsigned id = (unsigned)nng_pipe_id(w->pipe);
+			peer_name(w->pipe, peer, sizeof(peer));
+			nng_msg_free(msg);
+			atomic_fetch_sub(&t->in_flight, 1);
+			if (nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id) {
+				kvpd_server_count_close(t->srv, KVPD_CLOSE_NO_READ);
+				snprintf(conn, sizeof(conn), "%u", id);
+				struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer}};
+				kvpd_log_fields(KVPD_WARN, "transport", "closed a connection that sent "
+				                "requests while half the contexts held replies it had not "
+				                "taken", f, 2);
+			}
+			nng_ctx_recv(w->ctx, w->aio);
+			return;
+		}
 		conn_touch(t, w->pipe);
 		nng_msg *reply = NULL;
 		struct kvpd_sink sink = {.alloc = msg_sink, .ctx = &reply};

@@ -4,9 +4,11 @@
  * that pipelines requests and never reads, reconnecting as soon as it is
  * cut off, while a client of the pool calls Stats every 50 ms. With four
  * contexts and a 5 s send bound, each of the peer's connections used to
- * hold every context for the whole bound; the daemon now closes it once
- * half the contexts have waited SLOW_SEND_MS on their peers
- * (service/transport.c), so the client is served at its usual latency.
+ * hold every context for the whole bound. The daemon closes a connection
+ * that sends a request while half the contexts hold replies it has not
+ * taken (and, behind that, any connection once half the contexts have
+ * waited SLOW_SEND_MS on their peers: service/transport.c), so the client
+ * is served at its usual latency.
  * Loopback only; about 5 s.
  */
 #include "daemon_util.h"
@@ -105,9 +107,10 @@ test_service_starve_non_reader_cannot_starve_a_session(void **state)
 	print_message("%zu Stats calls beside the flooder: %zu within 100 ms, median %.1f ms, "
 	              "p90 %.1f ms, max %.1f ms; %.0f of its connections cut off\n", n, fast,
 	              lat[n / 2] * 1e3, lat[n * 9 / 10] * 1e3, lat[n - 1] * 1e3, cut);
-	/* Before: 11-19% within 100 ms, half over 2 s (the measurement). */
-	assert_true(fast * 10 >= n * 8);
-	assert_true(lat[n * 9 / 10] < 0.5);
+	/* Before: 11-19% within 100 ms, half over 2 s (the issue's measurement);
+	 * with the pressure watch alone, 88-93% and a p90 of 20-110 ms here. */
+	assert_true(fast * 100 >= n * 95);
+	assert_true(lat[n * 9 / 10] < 0.1);
 	assert_true(cut >= 1);
 	kvp_client_close(c);
 }
