@@ -462,16 +462,12 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 	 * the request's tokens that starts at first_token. */
 	size_t t0 = (size_t)nc * a->block_size, t1 = (size_t)nf * a->block_size;
 	if (p->events_on) {
-		size_t per = kvp_extra_keys_max_len(a->keys);
 		kvp_pool__token_window(a, &t0, &t1);
 		if ((rv = kvp_pool__extra_room(p, a->keys)) != KVP_OK)
 			return rv;
 		rv = kvp_event_batch_reserve(
 			&p->events, 1 + promoted,
-			kvp_event_stored_bytes(stored, hlen, nc > 0, t1 - t0,
-		                               a->keys ? a->keys->lora_name : NULL,
-		                               a->keys ? a->keys->session_id : NULL, p->medium,
-		                               stored * per) +
+			kvp_pool__stored_bytes(p, a, stored, hlen, nc > 0, t1 - t0) +
 			        promoted * kvp_event_removed_bytes(p->max_hash_len, p->medium));
 		if (rv != KVP_OK)
 			return rv;
@@ -484,20 +480,8 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		stage_key(p, id, kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen), hlen, gbe);
 	}
 	if (p->events_on) {
-		struct kvp_stored_desc d = {
-			.hash_len = hlen,
-			.parent = nc > 0 ? kvp_pool_coarse_hash(p, a->block_hashes, k, nc - 1, &olen) : NULL,
-			.token_ids = a->token_ids + t0,
-			.num_tokens = t1 - t0,
-			.block_size = a->block_size,
-			.has_lora_id = a->has_lora_id,
-			.lora_id = a->lora_id,
-			.lora_name = a->keys ? a->keys->lora_name : NULL,
-			.session_id = a->keys ? a->keys->session_id : NULL,
-			.medium = p->medium,
-			.group_idx = a->group_id,
-			.max_hashes = stored,
-		};
+		struct kvp_stored_desc d = kvp_pool__stored_desc(p, a, hlen, a->block_size, t0, t1, stored);
+		d.parent = nc > 0 ? kvp_pool_coarse_hash(p, a->block_hashes, k, nc - 1, &olen) : NULL;
 		kvp_event_stored_begin(&p->events, &d);
 	}
 	int64_t mm_idx = 0;

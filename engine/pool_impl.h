@@ -73,6 +73,41 @@ int kvp_pool__extra_room(struct kvp_pool *p, const struct kvp_request_keys *k);
 /* all_token_ids[*t0:*t1] as indexes into a's token window (first_token on), Python-clamped. */
 void kvp_pool__token_window(const struct kvp_cache_args *a, size_t *t0, size_t *t1);
 
+/*
+ * A BlockStored for a's request, tokens a->token_ids[t0:t1] (from
+ * kvp_pool__token_window): its LoRA, session id and group, the pool's
+ * medium; the caller sets parent. And the bytes reserve() needs for it
+ * with n hashes of hash_len bytes.
+ */
+static inline struct kvp_stored_desc
+kvp_pool__stored_desc(const struct kvp_pool *p, const struct kvp_cache_args *a, size_t hash_len,
+                      uint32_t block_size, size_t t0, size_t t1, size_t n)
+{
+	return (struct kvp_stored_desc){
+		.hash_len = hash_len,
+		.token_ids = a->token_ids + t0,
+		.num_tokens = t1 - t0,
+		.block_size = block_size,
+		.has_lora_id = a->has_lora_id,
+		.lora_id = a->lora_id,
+		.lora_name = a->keys ? a->keys->lora_name : NULL,
+		.session_id = a->keys ? a->keys->session_id : NULL,
+		.medium = p->medium,
+		.group_idx = a->group_id,
+		.max_hashes = n,
+	};
+}
+
+static inline size_t
+kvp_pool__stored_bytes(const struct kvp_pool *p, const struct kvp_cache_args *a, size_t n,
+                       size_t hash_len, bool parent, size_t num_tokens)
+{
+	return kvp_event_stored_bytes(n, hash_len, parent, num_tokens,
+	                              a->keys ? a->keys->lora_name : NULL,
+	                              a->keys ? a->keys->session_id : NULL, p->medium,
+	                              n * kvp_extra_keys_max_len(a->keys));
+}
+
 /* Extra keys of block id (0 when none). */
 uint32_t kvp_pool__num_extras(const struct kvp_pool *p, int32_t id);
 /* Drops block id's extra keys, queuing a BlockRemoved for each (the caller

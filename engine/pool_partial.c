@@ -201,16 +201,13 @@ kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens
 	}
 	size_t t0 = (nhb - 1) * hbs, t1 = num_tokens; /* all_token_ids[t0:t1], clamped */
 	if (p->events_on) {
-		size_t per = kvp_extra_keys_max_len(a->keys), w0 = t0, w1 = t1;
+		size_t w0 = t0, w1 = t1;
 		if ((rv = kvp_pool__extra_room(p, a->keys)) != KVP_OK)
 			return rv;
 		kvp_pool__token_window(a, &w0, &w1);
 		size_t bytes = nrem * kvp_event_removed_bytes(p->max_hash_len, p->medium);
 		if (!already)
-			bytes += kvp_event_stored_bytes(1, hl, nhb > 1, w1 - w0,
-			                                a->keys ? a->keys->lora_name : NULL,
-		                               a->keys ? a->keys->session_id : NULL, p->medium,
-			                                per);
+			bytes += kvp_pool__stored_bytes(p, a, 1, hl, nhb > 1, w1 - w0);
 		if ((rv = kvp_event_batch_reserve(&p->events, nrem + !already, bytes)) != KVP_OK)
 			return rv;
 		t0 = w0, t1 = w1;
@@ -223,20 +220,8 @@ kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens
 	if (p->events_on && !already) {
 		int64_t mm_idx = 0, start = (int64_t)(nhb - 1) * hbs;
 		size_t elen = 0;
-		struct kvp_stored_desc d = {
-			.hash_len = hl,
-			.parent = nhb > 1 ? h - hl : NULL,
-			.token_ids = a->token_ids + t0,
-			.num_tokens = t1 - t0,
-			.block_size = hbs,
-			.has_lora_id = a->has_lora_id,
-			.lora_id = a->lora_id,
-			.lora_name = a->keys ? a->keys->lora_name : NULL,
-			.session_id = a->keys ? a->keys->session_id : NULL,
-			.medium = p->medium,
-			.group_idx = a->group_id,
-			.max_hashes = 1,
-		};
+		struct kvp_stored_desc d = kvp_pool__stored_desc(p, a, hl, hbs, t0, t1, 1);
+		d.parent = nhb > 1 ? h - hl : NULL;
 		kvp_event_stored_begin(&p->events, &d);
 		rv = kvp_extra_keys_encode(a->keys, start, (int64_t)num_tokens, &mm_idx, p->extra_buf,
 		                           p->extra_cap, &elen);

@@ -43,29 +43,13 @@ kvp_pool_report_cached(struct kvp_pool *p, const struct kvp_cache_args *a, uint3
 	}
 	if (n == 0)
 		return KVP_OK;
-	size_t t0 = 0, t1 = (size_t)n * a->block_size, per = kvp_extra_keys_max_len(a->keys);
+	size_t t0 = 0, t1 = (size_t)n * a->block_size;
 	kvp_pool__token_window(a, &t0, &t1);
-	if ((rv = kvp_pool__extra_room(p, a->keys)) != KVP_OK)
+	if ((rv = kvp_pool__extra_room(p, a->keys)) != KVP_OK ||
+	    (rv = kvp_event_batch_reserve(&p->events, 1, kvp_pool__stored_bytes(p, a, n, hlen, false,
+	                                                                        t1 - t0))) != KVP_OK)
 		return rv;
-	rv = kvp_event_batch_reserve(
-		&p->events, 1,
-		kvp_event_stored_bytes(n, hlen, false, t1 - t0, a->keys ? a->keys->lora_name : NULL,
-	                               a->keys ? a->keys->session_id : NULL, p->medium, n * per));
-	if (rv != KVP_OK)
-		return rv;
-	struct kvp_stored_desc d = {
-		.hash_len = hlen,
-		.token_ids = a->token_ids + t0,
-		.num_tokens = t1 - t0,
-		.block_size = a->block_size,
-		.has_lora_id = a->has_lora_id,
-		.lora_id = a->lora_id,
-		.lora_name = a->keys ? a->keys->lora_name : NULL,
-		.session_id = a->keys ? a->keys->session_id : NULL,
-		.medium = p->medium,
-		.group_idx = a->group_id,
-		.max_hashes = n,
-	};
+	struct kvp_stored_desc d = kvp_pool__stored_desc(p, a, hlen, a->block_size, t0, t1, n);
 	kvp_event_stored_begin(&p->events, &d);
 	int64_t mm_idx = 0;
 	for (uint32_t i = 0; i < n; i++) {
