@@ -221,9 +221,10 @@ reaper_cb(void *arg)
 /*
  * Failed TLS handshakes on the RPC listeners, from nng's listener statistics
  * ("auth": NNG_ECRYPTO / NNG_EPEERAUTH at accept): counted as closes and
- * logged, the first at once, then one line in 10 s at most with the count. nng 1.5 drops such a connection
- * before it is a pipe, so its peer address is not known here; the client
- * side names the reason (kvp_client_open's detail).
+ * logged, the first at once, then one line in 10 s at most with the count.
+ * nng 1.5 drops such a connection before it is a pipe, so its peer address
+ * is not known here; the client side names the reason (kvp_client_open's
+ * detail).
  */
 static void
 count_tls_failures(struct kvpd_transport *t)
