@@ -135,7 +135,8 @@ static const struct setting {
 	                      "rows in place (Reserve/Commit, LookupAndLock). A tmpfs such as "
 	                      "/dev/shm, or a hugetlbfs mount for huge pages; every byte is "
 	                      "allocated at start, and a directory without room fails the start. "
-	                      "'auto': /dev/shm when it has room for the pool, else private memory "
+	                      "'auto': /dev/shm when it has room for the pool and kvpoold may write "
+	                      "there, else private memory "
 	                      "(the log says which); 'none': private memory, no region. Default "
 	                      "auto"},
 	{"kv-memory", "SIZE", "memory budget that sizes pools given without blocks: bytes (K, M, G, "

@@ -6,6 +6,7 @@
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdio.h>
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,8 +121,9 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 	}
 	ec.shape.num_blocks = pc->num_blocks;
 	/*
-	 * --region-dir auto: /dev/shm when it has room for the region, else
-	 * private memory (a container's /dev/shm is often 64 MiB), said in the log.
+	 * --region-dir auto: /dev/shm when it has room for the region and this
+	 * user may write there, else private memory (a container's /dev/shm is
+	 * often 64 MiB; a chroot's may be root's), said in the log.
 	 */
 	char region_why[192] = "";
 	if (ec.region_dir != NULL && strcmp(cfg->region_dir, "auto") == 0) {
@@ -131,7 +133,14 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 		uint64_t need = kvp_kv_block_stride(&rs) * pc->num_blocks;
 		uint64_t room = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
 		ec.region_dir = "/dev/shm";
-		if (room < need) {
+		if (access("/dev/shm", W_OK | X_OK) != 0) {
+			int e = errno;
+			ec.region_dir = NULL;
+			ec.shape.rows = 0;
+			snprintf(region_why, sizeof(region_why),
+			         ", no shared region: /dev/shm: %s (--region-dir names a place)",
+			         strerror(e));
+		} else if (room < need) {
 			ec.region_dir = NULL;
 			ec.shape.rows = 0;
 			snprintf(region_why, sizeof(region_why),
