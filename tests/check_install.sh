@@ -6,7 +6,8 @@
 # find_package(kvpool), the static archive) and run against the installed
 # kvpoold. Also checks the soname, the exported symbols, the man pages and
 # both programs' --version. With a PREFIX it installs nothing and checks
-# what is there (CI: /usr, after `apt-get install ./kvpool_*.deb`).
+# what is there (CI: /usr in a fresh chroot, after the packages:
+# tests/check_debian.sh).
 # usage: check_install.sh BUILD_DIR SOURCE_DIR [PREFIX]
 set -eu
 build=$1
@@ -31,7 +32,9 @@ pc=$(find "$prefix/lib" -name kvpool.pc | head -n 1)
 [ -n "$pc" ] || fail "no kvpool.pc installed"
 libdir=$(dirname "$(dirname "$pc")")
 for f in bin/kvpoold bin/kvpoolctl include/kvpool/clients/c/kvpool.h \
-	include/kvpool/common/kvp_status.h share/doc/kvpool/LICENSE; do
+	include/kvpool/common/kvp_status.h share/doc/kvpoold/copyright \
+	share/doc/libkvpool-dev/copyright share/doc/libkvpool0.2/copyright \
+	lib/systemd/system/kvpoold.service; do
 	[ -e "$prefix/$f" ] || fail "$f not installed"
 done
 for f in libkvpool.so libkvpool.so.0.2 libkvpool.a cmake/kvpool/kvpoolConfig.cmake; do
@@ -56,6 +59,14 @@ grep -qx kvp_client_open "$work/exported" || fail "libkvpool.so does not export 
 other=$(comm -23 "$work/exported" "$work/declared" | tr '\n' ' ')
 [ -z "$other" ] || fail "libkvpool.so exports what no installed header declares: $other"
 "$prefix/bin/kvpoold" --version | grep -q '^kvpoold [0-9]' || fail "kvpoold --version"
+# The default configuration (a conffile: /etc for the packages' /usr) is
+# one the daemon accepts; its ipc sockets are moved out of /run/kvpool,
+# which only the systemd unit makes.
+conf=$prefix/etc/kvpool/kvpoold.conf
+[ "$prefix" != /usr ] || conf=/etc/kvpool/kvpoold.conf
+[ -f "$conf" ] || fail "$conf not installed"
+"$prefix/bin/kvpoold" --config "$conf" --rpc "ipc://$work/conf.ipc" --events "ipc://$work/conf-ev.ipc" \
+	--check-config > "$work/conf.log" 2>&1 || { cat "$work/conf.log"; fail "kvpoold refuses $conf"; }
 "$prefix/bin/kvpoolctl" --version | grep -q '^kvpoolctl [0-9]' || fail "kvpoolctl --version"
 
 url="ipc://$work/kvpoold.ipc"
