@@ -210,9 +210,9 @@ for (const name of ["Dockerfile", "Dockerfile.cuda"]) {
   // The runtime installs the .deb built above, whose dependencies dpkg-shlibdeps
   // computed from the binaries' links, rather than a hand-kept library list.
   check(/^RUN cd build && cpack -G DEB$/m.test(df) &&
-        /^COPY --from=build \/src\/build\/kvpool_\*\.deb \/tmp\/kvpool\.deb$/m.test(df) &&
-        /apt-get install -y --no-install-recommends \/tmp\/kvpool\.deb/.test(df),
-        `${name}: the runtime installs the package built in the build stage`);
+        /^COPY --from=build \/src\/build\/kvpoold_\*\.deb \/tmp\/kvpoold\.deb$/m.test(df) &&
+        /apt-get install -y --no-install-recommends \/tmp\/kvpoold\.deb/.test(df),
+        `${name}: the runtime installs the kvpoold package built in the build stage`);
   check(/^CMD \["--config", "\/etc\/kvpool\/kvpoold.conf"\]$/m.test(df), `${name}: default --config path`);
   check(/^EXPOSE 7470 7471 9471$/m.test(df), `${name} exposes rpc, events, admin`);
   for (const [text] of confs) {
