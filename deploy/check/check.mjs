@@ -205,6 +205,10 @@ for (const name of ["Dockerfile", "Dockerfile.cuda"]) {
   check(df.includes(`RUN ${imageCmd}\n`), `${name} builds with the README's command, lean: ${imageCmd}`);
   check(/^FROM [^\n]+ AS build\nARG KVP_COMMIT=unknown$/m.test(df),
         `${name} takes the commit as a build argument (KVP_COMMIT)`);
+  // Debian 12 in both stages: deps.sh's package names, and the kvpoold package
+  // that tests/check_debian.sh installs into a fresh Debian 12.
+  check(/^FROM debian:12 AS build$/m.test(df) && /^FROM debian:12-slim$/m.test(df),
+        `${name}: builds on debian:12 and runs on debian:12-slim`);
   check(/^USER 10001:10001$/m.test(df), `${name} runs as a non-root user`);
   check(/^ENTRYPOINT \["\/usr\/bin\/kvpoold"\]$/m.test(df), `${name}: kvpoold is the entrypoint`);
   // The runtime installs the .deb built above, whose dependencies dpkg-shlibdeps
