@@ -153,9 +153,13 @@ kvpd_dispatch_precheck(struct kvpd_pool *p, const struct kvpd_envelope *e, uint6
 	struct call c = {.p = p, .call_id = e->call_id, .sink = sink, .now_ms = now_ms};
 	size_t index;
 	int rv;
+	bool token_ok = p->cfg.token[0] != '\0' &&
+	                kvpd_token_matches(p->cfg.token, e->token, e->token_len);
+	/* A pool's token, shown: the transport gives this connection precedence. */
+	sink->authenticated = sink->authenticated || token_ok;
 	if (op == NULL || (op->flags & KVPD_CALL_NO_SESSION))
 		return KVP_OK; /* the full dispatch decides */
-	if (p->cfg.token[0] != '\0' && !kvpd_token_matches(p->cfg.token, e->token, e->token_len))
+	if (p->cfg.token[0] != '\0' && !token_ok)
 		rv = token_refused(&c, e->token_len);
 	else if (kvpd_pool_find_session(p, e->session_id, &index) == NULL)
 		rv = no_session(&c, e->session_id, now_ms);

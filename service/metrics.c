@@ -232,7 +232,8 @@ render_rpc(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_po
 	help(o, "kvpool_connections_closed_total", "counter",
 	     "RPC connections the daemon closed, by reason (idle: no request for idle-timeout-ms; "
 	     "took_no_reply: replies not taken (send-timeout-ms, or holding half the contexts); "
-	     "tls_handshake: a TLS handshake failed).");
+	     "tls_handshake: a TLS handshake failed; address_bound, unauthenticated_bound: an "
+	     "unauthenticated address, or all of them, held their share of the contexts).");
 	for (int r = 0; r < KVPD_CLOSE_REASONS; r++)
 		put(o, "kvpool_connections_closed_total{reason=\"%s\"} %llu\n",
 		    kvpd_close_reason_name((enum kvpd_close_reason)r),

@@ -682,7 +682,7 @@ kvpd_server_closes(const struct kvpd_server *s, enum kvpd_close_reason r)
 const char *
 kvpd_close_reason_name(enum kvpd_close_reason r)
 {
-	static const char *const names[KVPD_CLOSE_REASONS] = {"idle", "took_no_reply",
-	                                                      "tls_handshake"};
+	static const char *const names[KVPD_CLOSE_REASONS] = {
+		"idle", "took_no_reply", "tls_handshake", "address_bound", "unauthenticated_bound"};
 	return (unsigned)r < KVPD_CLOSE_REASONS ? names[r] : NULL;
 }

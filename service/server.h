@@ -97,6 +97,7 @@ struct kvpd_sink {
 	size_t len;
 	/* Set by the call when its refusal is worth an operator's attention (for the log). */
 	uint8_t refusal;                  /* enum kvpd_refusal; 0: none */
+	bool authenticated;               /* the call carried a pool's token (the transport's precedence) */
 	char refusal_pool[KVPD_NAME_MAX];
 	char refusal_why[256];            /* the reply's detail: never a secret */
 };
@@ -197,13 +198,16 @@ enum kvpd_close_reason {
 	KVPD_CLOSE_IDLE,         /* no request for --idle-timeout-ms */
 	KVPD_CLOSE_NO_READ,      /* a reply not taken within --send-timeout-ms */
 	KVPD_CLOSE_TLS,          /* a TLS handshake failed (counted from nng's listener stats) */
+	KVPD_CLOSE_ADDRESS_BOUND, /* one unauthenticated address held its share of contexts */
+	KVPD_CLOSE_UNAUTH_BOUND,  /* unauthenticated peers together held half the contexts */
 	KVPD_CLOSE_REASONS
 };
 /* Counts one close (any thread). An unknown reason is ignored. */
 void kvpd_server_count_close(struct kvpd_server *s, enum kvpd_close_reason r);
 /* Closes so far for reason r (0 for an unknown reason). */
 uint64_t kvpd_server_closes(const struct kvpd_server *s, enum kvpd_close_reason r);
-/* The reason's label value: "idle", "took_no_reply", "tls_handshake"; NULL for an unknown reason. */
+/* The reason's label value: "idle", "took_no_reply", "tls_handshake", "address_bound",
+ * "unauthenticated_bound"; NULL for an unknown reason. */
 const char *kvpd_close_reason_name(enum kvpd_close_reason r);
 
 #endif /* KVPD_SERVER_H */

@@ -17,6 +17,7 @@
 #include "common/nng_close.h"
 #include "proto/wire.h"
 #include "service/config_impl.h"
+#include "service/conn_bounds.h"
 #include "service/ipc.h"
 #include "service/log.h"
 #include "service/u64map.h"
@@ -33,12 +34,15 @@ struct worker {
 	 * pipe id, for the pressure watch (another thread) to read. */
 	atomic_uint_fast64_t send_at;
 	atomic_uint send_pipe;
+	atomic_uint_fast64_t send_peer; /* that connection's peer value (conn_bounds.h) */
+	struct kvpd_held *held;         /* scratch: the others' unread replies, at a request */
 };
 
 /*
  * Context pressure: when at least half the contexts hold replies their
  * peers have not taken for SLOW_SEND_MS, the connection whose reply has
- * waited longest is closed (its replies fail at once, freeing their
+ * waited longest is closed, an unauthenticated one first (conn_bounds.h;
+ * its replies fail at once, freeing their
  * contexts), so peers that pipeline and never read cannot keep the rest
  * waiting up to --send-timeout-ms. Honest peers take a reply within
  * milliseconds; a reply slower than this to a peer that is reading (a huge
@@ -50,11 +54,13 @@ struct worker {
 /*
  * The open connections and when each last sent a request (or took a reply):
  * nng pipe id -> that time + 1 (a u64map value is never 0), so the hot path
- * (one update per request) costs two short probes.
+ * (one update per request) costs two short probes; and each one's peer
+ * value (address key, and whether it has shown a pool's token).
  */
 struct conns {
 	nng_mtx *mu;
-	struct kvpd_u64map m;
+	struct kvpd_u64map m;     /* with --idle-timeout-ms only */
+	struct kvpd_u64map peers; /* pipe id -> peer value */
 };
 
 struct kvpd_transport {
@@ -66,7 +72,8 @@ struct kvpd_transport {
 	nng_socket pub;
 	bool has_pub;
 	struct worker *workers;
-	size_t num_workers;
+	size_t num_slots;               /* workers allocated */
+	size_t num_workers;             /* ...of which opened */
 	atomic_int in_flight;
 	atomic_bool closing;
 	atomic_uint_fast64_t served;
@@ -76,6 +83,7 @@ struct kvpd_transport {
 	struct conns conns;
 	nng_aio *reaper;                /* wakes to close idle connections */
 	nng_aio *pressure;              /* wakes to watch for contexts held by non-readers */
+	struct kvpd_held *held;         /* the pressure watch's scratch */
 	/* Refusals a peer can cause by the thousand: a few lines a second of each kind. */
 	struct kvpd_log_limit refusal_log[KVPD_NUM_REFUSALS];
 	uint64_t tls_failed;            /* failed TLS handshakes counted so far (pressure_cb) */
@@ -171,12 +179,68 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 	struct kvpd_transport *t = arg;
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 
+	nng_sockaddr sa;
+	uint64_t peer = 0;
+
+	if (ev == NNG_PIPE_EV_ADD_POST)
+		peer = kvpd_peer_value(nng_pipe_get_addr(p, NNG_OPT_REMADDR, &sa) == 0 ? &sa : NULL);
 	nng_mtx_lock(t->conns.mu);
-	if (ev == NNG_PIPE_EV_ADD_POST) /* out of memory: untracked, never closed for idling */
-		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1);
-	else if (ev == NNG_PIPE_EV_REM_POST)
+	if (ev == NNG_PIPE_EV_ADD_POST) {
+		/* Out of memory: untracked, never closed for idling, no address bound. */
+		if (t->idle_timeout > 0)
+			(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1);
+		(void)kvpd_u64map_put(&t->conns.peers, id, peer);
+	} else if (ev == NNG_PIPE_EV_REM_POST) {
 		(void)kvpd_u64map_del(&t->conns.m, id);
+		(void)kvpd_u64map_del(&t->conns.peers, id);
+	}
 	nng_mtx_unlock(t->conns.mu);
+}
+
+/* A connection's peer value (conn_bounds.h). */
+static uint64_t
+conn_peer(struct kvpd_transport *t, nng_pipe p)
+{
+	uint64_t v;
+	nng_mtx_lock(t->conns.mu);
+	v = kvpd_u64map_get(&t->conns.peers, (uint32_t)nng_pipe_id(p));
+	nng_mtx_unlock(t->conns.mu);
+	return v != 0 ? v : kvpd_peer_value(NULL);
+}
+
+/* The connection has shown a pool's token: it keeps precedence while it lasts. */
+static void
+conn_trust(struct kvpd_transport *t, nng_pipe p)
+{
+	uint32_t id = (uint32_t)nng_pipe_id(p);
+	nng_mtx_lock(t->conns.mu);
+	uint64_t v = kvpd_u64map_get(&t->conns.peers, id);
+	if (v != 0 && !(v & KVPD_PEER_TRUSTED)) /* a replace: never allocates */
+		(void)kvpd_u64map_put(&t->conns.peers, id, v | KVPD_PEER_TRUSTED);
+	nng_mtx_unlock(t->conns.mu);
+}
+
+/*
+ * The contexts other than self that hold a reply their peer has not taken,
+ * into out (num_workers entries). Each field is read on its own: a context
+ * that changes meanwhile is seen before or after, which only makes one
+ * decision a request early or late.
+ */
+static size_t
+held_snapshot(struct kvpd_transport *t, const struct worker *self, struct kvpd_held *out)
+{
+	size_t n = 0;
+	for (size_t i = 0; i < t->num_workers; i++) {
+		struct worker *w = &t->workers[i];
+		uint64_t at = atomic_load(&w->send_at);
+		if (w == self || at == 0)
+			continue;
+		out[n].since_ms = at;
+		out[n].pipe = (uint32_t)atomic_load(&w->send_pipe);
+		out[n].peer = (uint64_t)atomic_load(&w->send_peer);
+		n++;
+	}
+	return n;
 }
 
 /*
@@ -265,23 +329,13 @@ pressure_cb(void *arg)
 {
 	struct kvpd_transport *t = arg;
 	size_t slow = 0;
-	uint64_t oldest = UINT64_MAX;
-	unsigned victim = 0;
-	nng_time now = nng_clock();
 
 	if (nng_aio_result(t->pressure) != 0 || atomic_load(&t->closing))
 		return;
-	for (size_t i = 0; i < t->num_workers; i++) {
-		uint64_t at = atomic_load(&t->workers[i].send_at);
-		if (at == 0 || now - (nng_time)at < SLOW_SEND_MS)
-			continue;
-		slow++;
-		if (at < oldest) {
-			oldest = at;
-			victim = atomic_load(&t->workers[i].send_pipe);
-		}
-	}
-	if (slow * 2 >= t->num_workers && slow > 0 && victim > 0) {
+	size_t nh = held_snapshot(t, NULL, t->held);
+	unsigned victim = kvpd_pressure_victim(t->held, nh, t->num_workers, (uint64_t)nng_clock(),
+	                                       SLOW_SEND_MS, &slow);
+	if (victim > 0) {
 		nng_pipe p = NNG_PIPE_INITIALIZER;
 		char peer[160] = "", conn[24], n[24];
 		p.id = victim;
@@ -304,25 +358,45 @@ pressure_cb(void *arg)
 }
 
 /*
- * One connection's bound: a request from a connection that already has
- * half the contexts holding replies it has not taken closes it at once (it
- * pipelines without reading; kvpool's clients have one call in flight per
- * connection). Whatever one connection sends, the other half serve others.
+ * Before a request is served: the bounds of conn_bounds.h. False when the
+ * request's own connection was closed (the request is dropped); otherwise
+ * another connection may have been closed to make room.
  */
 static bool
-over_connection_bound(struct kvpd_transport *t, const struct worker *self)
+within_bounds(struct kvpd_transport *t, struct worker *w, uint64_t peer)
 {
-	unsigned id = (unsigned)nng_pipe_id(self->pipe);
-	size_t unread = 0;
+	static const char *const why[KVPD_CLOSE_REASONS] = {
+		[KVPD_CLOSE_NO_READ] = "sent a request while half the contexts held replies it had "
+		                       "not taken",
+		[KVPD_CLOSE_ADDRESS_BOUND] = "held the contexts one unauthenticated address may hold, "
+		                             "and that address sent another request",
+		[KVPD_CLOSE_UNAUTH_BOUND] = "held the contexts unauthenticated peers may hold, and "
+		                            "another such request came",
+	};
+	struct kvpd_bound_verdict v;
+	uint32_t self = (uint32_t)nng_pipe_id(w->pipe);
 
-	if ((int)id <= 0)
-		return false;
-	for (size_t i = 0; i < t->num_workers; i++) {
-		const struct worker *w = &t->workers[i];
-		if (w != self && atomic_load(&w->send_at) != 0 && atomic_load(&w->send_pipe) == id)
-			unread++;
+	if ((int32_t)self <= 0)
+		return true;
+	size_t n = held_snapshot(t, w, w->held);
+	kvpd_bound_check(w->held, n, t->num_workers, self, peer, &v);
+	if (v.close == 0)
+		return true;
+	nng_pipe p = NNG_PIPE_INITIALIZER;
+	char peer_text[160] = "", conn[24];
+	p.id = v.close;
+	peer_name(p, peer_text, sizeof(peer_text));
+	if (nng_pipe_close(p) == 0 && atomic_exchange(&t->last_cut, v.close) != v.close) {
+		kvpd_server_count_close(t->srv, v.reason);
+		snprintf(conn, sizeof(conn), "%u", (unsigned)v.close);
+		struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer_text},
+		                             {"reason", kvpd_close_reason_name(v.reason)}};
+		char msg[192];
+		snprintf(msg, sizeof(msg), "closed a connection that %s",
+		         why[v.reason] ? why[v.reason] : "held too many contexts");
+		kvpd_log_fields(KVPD_WARN, "transport", msg, f, 3);
 	}
-	return unread * 2 >= t->num_workers && unread > 0;
+	return v.serve;
 }
 
 static void
@@ -345,20 +419,10 @@ worker_cb(void *arg)
 		nng_aio_set_msg(w->aio, NULL); /* ours now: the aio holds only what nng must send */
 		atomic_fetch_add(&t->in_flight, 1);
 		w->pipe = nng_msg_get_pipe(msg);
-		if (over_connection_bound(t, w)) {
-			char peer[160] = "", conn[24];
-			unsigned id = (unsigned)nng_pipe_id(w->pipe);
-			peer_name(w->pipe, peer, sizeof(peer));
+		uint64_t pv = conn_peer(t, w->pipe);
+		if (!within_bounds(t, w, pv)) {
 			nng_msg_free(msg);
 			atomic_fetch_sub(&t->in_flight, 1);
-			if (nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id) {
-				kvpd_server_count_close(t->srv, KVPD_CLOSE_NO_READ);
-				snprintf(conn, sizeof(conn), "%u", id);
-				struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer}};
-				kvpd_log_fields(KVPD_WARN, "transport", "closed a connection that sent "
-				                "requests while half the contexts held replies it had not "
-				                "taken", f, 2);
-			}
 			nng_ctx_recv(w->ctx, w->aio);
 			return;
 		}
@@ -368,6 +432,10 @@ worker_cb(void *arg)
 		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
 		                           &sink);
 		nng_msg_free(msg);
+		if (sink.authenticated && !(pv & KVPD_PEER_TRUSTED)) {
+			conn_trust(t, w->pipe);
+			pv |= KVPD_PEER_TRUSTED;
+		}
 		if (sink.refusal)
 			log_refusal(t, w->pipe, &sink);
 		if (rv != KVP_OK || reply == NULL) {
@@ -389,6 +457,7 @@ worker_cb(void *arg)
 		 */
 		nng_aio_set_timeout(w->aio, t->send_timeout);
 		atomic_store(&w->send_pipe, (unsigned)nng_pipe_id(w->pipe));
+		atomic_store(&w->send_peer, pv);
 		atomic_store(&w->send_at, (uint64_t)nng_clock() | 1);
 		nng_ctx_send(w->ctx, w->aio);
 		return;
@@ -460,9 +529,8 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		free(t);
 		return KVP_EINTERNAL;
 	}
-	if (t->idle_timeout > 0 &&
-	    ((rv = nng_pipe_notify(t->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, t)) != 0 ||
-	     (rv = nng_pipe_notify(t->sock, NNG_PIPE_EV_REM_POST, pipe_cb, t)) != 0)) {
+	if ((rv = nng_pipe_notify(t->sock, NNG_PIPE_EV_ADD_POST, pipe_cb, t)) != 0 ||
+	    (rv = nng_pipe_notify(t->sock, NNG_PIPE_EV_REM_POST, pipe_cb, t)) != 0) {
 		snprintf(err, len, "cannot watch connections: %s", nng_strerror(rv));
 		goto fail;
 	}
@@ -472,13 +540,19 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	if (cfg->tls_cert[0] != '\0' && kvpd_tls_server_config(cfg, &t->tls, err, len) != 0)
 		goto fail;
 	t->workers = calloc(cfg->contexts, sizeof(*t->workers));
-	if (t->workers == NULL) {
+	t->held = calloc(cfg->contexts, sizeof(*t->held));
+	if (t->workers == NULL || t->held == NULL) {
 		snprintf(err, len, "out of memory");
 		goto fail;
 	}
+	t->num_slots = cfg->contexts;
 	for (uint32_t i = 0; i < cfg->contexts; i++) {
 		struct worker *w = &t->workers[i];
 		w->t = t;
+		if ((w->held = calloc(cfg->contexts, sizeof(*w->held))) == NULL) {
+			snprintf(err, len, "out of memory");
+			goto fail;
+		}
 		if ((rv = nng_aio_alloc(&w->aio, worker_cb, w)) != 0 ||
 		    (rv = nng_ctx_open(&w->ctx, t->sock)) != 0) {
 			snprintf(err, len, "cannot open context %u: %s", i, nng_strerror(rv));
@@ -597,11 +671,15 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 	}
 	for (size_t i = 0; i < t->num_workers; i++)
 		nng_aio_free(t->workers[i].aio);
+	for (size_t i = 0; t->workers != NULL && i < t->num_slots; i++)
+		free(t->workers[i].held);
 	nng_aio_free(t->reaper);
 	nng_aio_free(t->pressure);
 	nng_mtx_free(t->conns.mu);
 	kvpd_u64map_fini(&t->conns.m);
+	kvpd_u64map_fini(&t->conns.peers);
 	free(t->workers);
+	free(t->held);
 	if (t->tls)
 		nng_tls_config_free(t->tls);
 	free(t);

@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The transport's bounds on what non-reading peers may hold (issue #49),
+ * as pure decisions over the contexts holding unread replies
+ * (service/conn_bounds.c): one connection, one unauthenticated address,
+ * all unauthenticated peers, and the pressure watch's choice.
+ */
+#include "kvp_test.h"
+
+#include <arpa/inet.h>
+
+#include "service/conn_bounds.h"
+
+static uint64_t
+v4(const char *ip)
+{
+	nng_sockaddr sa = {.s_in = {.sa_family = NNG_AF_INET}};
+	assert_int_equal(inet_pton(AF_INET, ip, &sa.s_in.sa_addr), 1);
+	return kvpd_peer_value(&sa);
+}
+
+static uint64_t
+v6(const char *ip)
+{
+	nng_sockaddr sa = {.s_in6 = {.sa_family = NNG_AF_INET6}};
+	assert_int_equal(inet_pton(AF_INET6, ip, sa.s_in6.sa_addr), 1);
+	return kvpd_peer_value(&sa);
+}
+
+static void
+test_conn_bounds_peer_values(void **state)
+{
+	(void)state;
+	nng_sockaddr ipc = {.s_ipc = {.sa_family = NNG_AF_IPC}};
+	assert_true(v4("10.0.0.1") != 0 && v4("10.0.0.1") == v4("10.0.0.1"));
+	assert_true(v4("10.0.0.1") != v4("10.0.0.2"));
+	assert_true(kvpd_peer_addr(v4("10.0.0.1")) != 0);
+	/* One IPv6 /64 is one address; another /64 is another. */
+	assert_true(v6("2001:db8:1:2::1") == v6("2001:db8:1:2:ffff::9"));
+	assert_true(v6("2001:db8:1:2::1") != v6("2001:db8:1:3::1"));
+	/* ipc:// and unknown peers: no address bound, but never 0. */
+	assert_true(kvpd_peer_value(&ipc) != 0 && kvpd_peer_value(NULL) != 0);
+	assert_true(kvpd_peer_addr(kvpd_peer_value(&ipc)) == 0);
+	assert_true(kvpd_peer_addr(kvpd_peer_value(NULL)) == 0);
+	/* Trust does not change the address. */
+	assert_true(kvpd_peer_addr(v4("10.0.0.1") | KVPD_PEER_TRUSTED) == kvpd_peer_addr(v4("10.0.0.1")));
+}
+
+static void
+test_conn_bounds_one_connection(void **state)
+{
+	(void)state;
+	struct kvpd_bound_verdict v;
+	uint64_t t = v4("10.0.0.1") | KVPD_PEER_TRUSTED;
+	struct kvpd_held h[] = {{10, 7, t}, {11, 7, t}, {12, 7, t}, {13, 8, t}};
+
+	/* 3 of 8 held by pipe 7: it may send again; a 4th (half) closes it, trusted or not. */
+	kvpd_bound_check(h, 3, 8, 7, t, &v);
+	assert_true(v.serve && v.close == 0);
+	struct kvpd_held h4[] = {{10, 7, t}, {11, 7, t}, {12, 7, t}, {13, 7, t}};
+	kvpd_bound_check(h4, 4, 8, 7, t, &v);
+	assert_false(v.serve);
+	assert_int_equal(v.close, 7);
+	assert_int_equal(v.reason, KVPD_CLOSE_NO_READ);
+	/* Another trusted connection is served whatever the trusted ones hold. */
+	kvpd_bound_check(h, 4, 8, 9, t, &v);
+	assert_true(v.serve && v.close == 0);
+	/* Bad input changes nothing and serves. */
+	kvpd_bound_check(NULL, 0, 8, 9, t, &v);
+	assert_true(v.serve && v.close == 0);
+	kvpd_bound_check(h, 4, 8, 0, t, &v);
+	assert_true(v.serve && v.close == 0);
+	kvpd_bound_check(h, 4, 8, 9, t, NULL);
+}
+
+static void
+test_conn_bounds_one_address(void **state)
+{
+	(void)state;
+	struct kvpd_bound_verdict v;
+	uint64_t a = v4("192.0.2.1"), b = v4("192.0.2.2");
+	/* 8 contexts: one unauthenticated address holds 2 at most. */
+	struct kvpd_held h[] = {{50, 3, a}, {20, 4, a}};
+
+	kvpd_bound_check(h, 1, 8, 5, a, &v);
+	assert_true(v.serve && v.close == 0);
+	/* At its share: the address's longest waiter (pipe 4, since 20) goes, the request is served. */
+	kvpd_bound_check(h, 2, 8, 5, a, &v);
+	assert_true(v.serve);
+	assert_int_equal(v.close, 4);
+	assert_int_equal(v.reason, KVPD_CLOSE_ADDRESS_BOUND);
+	/* ...or the request's own connection, when it is that waiter. */
+	kvpd_bound_check(h, 2, 8, 4, a, &v);
+	assert_false(v.serve);
+	assert_int_equal(v.close, 4);
+	/* Another address is not bound by a's share. */
+	kvpd_bound_check(h, 2, 8, 6, b, &v);
+	assert_true(v.serve && v.close == 0);
+	/* Nor is a's own trusted connection. */
+	kvpd_bound_check(h, 2, 8, 6, a | KVPD_PEER_TRUSTED, &v);
+	assert_true(v.serve && v.close == 0);
+	/* ipc:// peers share no address. */
+	uint64_t local = kvpd_peer_value(NULL);
+	struct kvpd_held l[] = {{50, 3, local}, {20, 4, local}};
+	kvpd_bound_check(l, 2, 8, 5, local, &v);
+	assert_true(v.serve && v.close == 0);
+}
+
+static void
+test_conn_bounds_all_unauthenticated(void **state)
+{
+	(void)state;
+	struct kvpd_bound_verdict v;
+	uint64_t t = v4("198.51.100.7") | KVPD_PEER_TRUSTED;
+	/* Four addresses, one context each, and two trusted: 8 contexts. */
+	struct kvpd_held h[] = {{40, 1, v4("192.0.2.1")}, {30, 2, v4("192.0.2.2")},
+	                        {35, 3, v4("192.0.2.3")}, {45, 4, v4("192.0.2.4")},
+	                        {5, 9, t}, {6, 9, t}};
+
+	kvpd_bound_check(h, 3, 8, 5, v4("192.0.2.5"), &v);
+	assert_true(v.serve && v.close == 0);
+	/* Half the contexts held by unauthenticated peers: the longest of them
+	 * (pipe 2), not a trusted one that waited longer, goes. */
+	kvpd_bound_check(h, 6, 8, 5, v4("192.0.2.5"), &v);
+	assert_true(v.serve);
+	assert_int_equal(v.close, 2);
+	assert_int_equal(v.reason, KVPD_CLOSE_UNAUTH_BOUND);
+	/* An authenticated request is served and closes nothing. */
+	kvpd_bound_check(h, 6, 8, 10, t, &v);
+	assert_true(v.serve && v.close == 0);
+	/* One context: any unauthenticated holder goes for the next one. */
+	kvpd_bound_check(h, 1, 1, 5, kvpd_peer_value(NULL), &v);
+	assert_int_equal(v.close, 1);
+}
+
+static void
+test_conn_bounds_pressure(void **state)
+{
+	(void)state;
+	size_t slow = 99;
+	uint64_t t = v4("198.51.100.7") | KVPD_PEER_TRUSTED, u = v4("192.0.2.1");
+	struct kvpd_held h[] = {{100, 1, t}, {200, 2, u}, {250, 3, u}, {900, 4, u}};
+
+	/* At 450 with 250 ms: two of four slow (1 and 2): half; unauthenticated 2 goes first. */
+	assert_int_equal(kvpd_pressure_victim(h, 4, 4, 450, 250, &slow), 2);
+	assert_int_equal(slow, 2);
+	/* Fewer than half slow: nothing. */
+	assert_int_equal(kvpd_pressure_victim(h, 4, 8, 450, 250, &slow), 0);
+	assert_int_equal(slow, 2);
+	/* Only trusted ones slow: the longest of them. */
+	assert_int_equal(kvpd_pressure_victim(h, 1, 2, 450, 250, &slow), 1);
+	/* A clock behind a send's start counts it as not slow. */
+	assert_int_equal(kvpd_pressure_victim(h, 4, 4, 50, 250, &slow), 0);
+	assert_int_equal(kvpd_pressure_victim(NULL, 4, 4, 450, 250, NULL), 0);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_conn_bounds_peer_values),
+		cmocka_unit_test(test_conn_bounds_one_connection),
+		cmocka_unit_test(test_conn_bounds_one_address),
+		cmocka_unit_test(test_conn_bounds_all_unauthenticated),
+		cmocka_unit_test(test_conn_bounds_pressure),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
