@@ -11,19 +11,27 @@
 #include <fcntl.h>
 #include <poll.h>
 
-/* Connects to the daemon's tcp port as an SP REQ peer with a tiny receive buffer. */
+/*
+ * Connects to the daemon's tcp port as an SP REQ peer with a tiny receive
+ * buffer, from loopback address 127.0.0.<from> (0: the kernel's choice,
+ * 127.0.0.1), so one machine can play peers at several addresses.
+ */
 static inline int
-raw_req_connect(const char *tcp_url)
+raw_req_connect_from(const char *tcp_url, int from)
 {
 	int port = atoi(strrchr(tcp_url, ':') + 1), fd = -1, small = 1024;
 	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	struct sockaddr_in src = {.sin_family = AF_INET};
 	uint8_t hello[8] = {0x00, 'S', 'P', 0x00, 0x00, 0x30, 0x00, 0x00}, peer[8];
 
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	src.sin_addr.s_addr = htonl(INADDR_LOOPBACK + (uint32_t)(from - 1));
 	for (int i = 0; i < 100; i++) {
 		fd = socket(AF_INET, SOCK_STREAM, 0);
 		assert_true(fd >= 0);
 		(void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+		if (from > 0)
+			assert_int_equal(bind(fd, (struct sockaddr *)&src, sizeof(src)), 0);
 		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
 			break;
 		close(fd);
@@ -35,6 +43,12 @@ raw_req_connect(const char *tcp_url)
 	assert_int_equal(read(fd, peer, sizeof(peer)), (ssize_t)sizeof(peer));
 	assert_int_equal(peer[5], 0x31); /* REP */
 	return fd;
+}
+
+static inline int
+raw_req_connect(const char *tcp_url)
+{
+	return raw_req_connect_from(tcp_url, 0);
 }
 
 /*
