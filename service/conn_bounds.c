@@ -40,33 +40,71 @@ trusted(uint64_t peer)
 	return (peer & KVPD_PEER_TRUSTED) != 0;
 }
 
+static bool
+waited(const struct kvpd_held *h, uint64_t now_ms, uint64_t ms)
+{
+	return now_ms >= h->since_ms && now_ms - h->since_ms >= ms;
+}
+
+/* The shares: one unauthenticated address's, all unauthenticated connections'. */
+static size_t
+address_share(size_t contexts)
+{
+	return contexts / 4 ? contexts / 4 : 1;
+}
+
+static size_t
+unauth_share(size_t contexts)
+{
+	return contexts / 2 ? contexts / 2 : 1;
+}
+
+/*
+ * The stale unauthenticated replies (waiting stale_ms): how many in all and
+ * how many from address addr (0: none counted), and the longest waiter of
+ * each.
+ */
+struct stale {
+	size_t all, same;
+	const struct kvpd_held *oldest_all, *oldest_same;
+};
+
+static void
+count_stale(const struct kvpd_held *held, size_t n, uint64_t addr, uint64_t now_ms,
+            uint64_t stale_ms, struct stale *st)
+{
+	*st = (struct stale){0};
+	for (size_t i = 0; i < n; i++) {
+		const struct kvpd_held *h = &held[i];
+		if (trusted(h->peer) || !waited(h, now_ms, stale_ms))
+			continue;
+		st->all++;
+		if (st->oldest_all == NULL || h->since_ms < st->oldest_all->since_ms)
+			st->oldest_all = h;
+		if (addr != 0 && kvpd_peer_addr(h->peer) == addr) {
+			st->same++;
+			if (st->oldest_same == NULL || h->since_ms < st->oldest_same->since_ms)
+				st->oldest_same = h;
+		}
+	}
+}
+
 void
 kvpd_bound_check(const struct kvpd_held *held, size_t n, size_t contexts, uint32_t pipe,
-                 uint64_t peer, struct kvpd_bound_verdict *out)
+                 uint64_t peer, uint64_t now_ms, uint64_t stale_ms,
+                 struct kvpd_bound_verdict *out)
 {
-	size_t own = 0, same_addr = 0, unauth = 0;
-	const struct kvpd_held *oldest_addr = NULL, *oldest_unauth = NULL, *victim = NULL;
-	uint64_t addr = kvpd_peer_addr(peer);
+	const struct kvpd_held *victim = NULL;
+	struct stale st;
+	size_t own = 0;
 
 	if (out == NULL)
 		return;
 	*out = (struct kvpd_bound_verdict){.close = 0, .reason = KVPD_CLOSE_NO_READ, .serve = true};
 	if (held == NULL || contexts == 0 || pipe == 0)
 		return;
-	for (size_t i = 0; i < n; i++) {
-		const struct kvpd_held *h = &held[i];
-		own += h->pipe == pipe;
-		if (trusted(h->peer))
-			continue;
-		unauth++;
-		if (oldest_unauth == NULL || h->since_ms < oldest_unauth->since_ms)
-			oldest_unauth = h;
-		if (addr != 0 && kvpd_peer_addr(h->peer) == addr) {
-			same_addr++;
-			if (oldest_addr == NULL || h->since_ms < oldest_addr->since_ms)
-				oldest_addr = h;
-		}
-	}
+	for (size_t i = 0; i < n; i++)
+		own += held[i].pipe == pipe;
 	if (own > 0 && own * 2 >= contexts) {
 		out->close = pipe;
 		out->serve = false;
@@ -74,12 +112,12 @@ kvpd_bound_check(const struct kvpd_held *held, size_t n, size_t contexts, uint32
 	}
 	if (trusted(peer))
 		return;
-	size_t per_addr = contexts / 4 ? contexts / 4 : 1, all = contexts / 2 ? contexts / 2 : 1;
-	if (oldest_addr != NULL && same_addr >= per_addr) {
-		victim = oldest_addr;
+	count_stale(held, n, kvpd_peer_addr(peer), now_ms, stale_ms, &st);
+	if (st.oldest_same != NULL && st.same >= address_share(contexts)) {
+		victim = st.oldest_same;
 		out->reason = KVPD_CLOSE_ADDRESS_BOUND;
-	} else if (oldest_unauth != NULL && unauth >= all) {
-		victim = oldest_unauth;
+	} else if (st.oldest_all != NULL && st.all >= unauth_share(contexts)) {
+		victim = st.oldest_all;
 		out->reason = KVPD_CLOSE_UNAUTH_BOUND;
 	} else {
 		return;
@@ -90,14 +128,17 @@ kvpd_bound_check(const struct kvpd_held *held, size_t n, size_t contexts, uint32
 
 uint32_t
 kvpd_pressure_victim(const struct kvpd_held *held, size_t n, size_t contexts, uint64_t now_ms,
-                     uint64_t slow_ms, size_t *slow)
+                     uint64_t slow_ms, uint64_t stale_ms, size_t *slow,
+                     enum kvpd_close_reason *reason)
 {
 	const struct kvpd_held *any = NULL, *unauth = NULL;
 	size_t count = 0;
+	enum kvpd_close_reason why = KVPD_CLOSE_NO_READ;
+	uint32_t victim = 0;
 
 	for (size_t i = 0; held != NULL && i < n; i++) {
 		const struct kvpd_held *h = &held[i];
-		if (now_ms < h->since_ms || now_ms - h->since_ms < slow_ms)
+		if (!waited(h, now_ms, slow_ms))
 			continue;
 		count++;
 		if (any == NULL || h->since_ms < any->since_ms)
@@ -107,7 +148,28 @@ kvpd_pressure_victim(const struct kvpd_held *held, size_t n, size_t contexts, ui
 	}
 	if (slow != NULL)
 		*slow = count;
-	if (count == 0 || count * 2 < contexts)
-		return 0;
-	return unauth != NULL ? unauth->pipe : any->pipe;
+	if (count > 0 && count * 2 >= contexts) {
+		victim = unauth != NULL ? unauth->pipe : any->pipe;
+	} else if (held != NULL && contexts > 0) {
+		/* Past a share with no request to enforce it: every address is checked. */
+		struct stale st;
+		for (size_t i = 0; i < n && victim == 0; i++) {
+			uint64_t addr = kvpd_peer_addr(held[i].peer);
+			if (trusted(held[i].peer) || addr == 0)
+				continue;
+			count_stale(held, n, addr, now_ms, stale_ms, &st);
+			if (st.same > address_share(contexts)) {
+				victim = st.oldest_same->pipe;
+				why = KVPD_CLOSE_ADDRESS_BOUND;
+			}
+		}
+		count_stale(held, n, 0, now_ms, stale_ms, &st);
+		if (victim == 0 && st.all > unauth_share(contexts)) {
+			victim = st.oldest_all->pipe;
+			why = KVPD_CLOSE_UNAUTH_BOUND;
+		}
+	}
+	if (reason != NULL)
+		*reason = why;
+	return victim;
 }

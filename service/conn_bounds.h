@@ -11,12 +11,15 @@
  * contexts:
  *   - one connection holds fewer than C/2 (any peer): a request from one
  *     that holds C/2 closes it (kvpool's clients have one call in flight);
- *   - one unauthenticated address holds at most max(1, C/4), and all
- *     unauthenticated connections together at most max(1, C/2): a request
- *     from an unauthenticated peer past either closes the connection in
- *     that scope whose reply has waited longest, then is served;
+ *   - of the replies that have waited `stale_ms` (a reader takes its reply
+ *     within microseconds: these are non-readers'), one unauthenticated
+ *     address holds at most max(1, C/4), and all unauthenticated
+ *     connections together at most max(1, C/2): a request from an
+ *     unauthenticated peer at either share closes the connection in that
+ *     scope whose reply has waited longest, then is served, and the
+ *     pressure watch closes it when a share is passed without a request;
  * so authenticated sessions always find half the contexts free of
- * unauthenticated peers. Behind these, the pressure watch closes the
+ * unauthenticated non-readers. Behind these, the pressure watch closes the
  * longest waiter once half the contexts have waited `slow_ms`,
  * unauthenticated connections first.
  */
@@ -53,16 +56,21 @@ struct kvpd_bound_verdict {
 	bool serve;                      /* false: the request's own connection goes */
 };
 
-/* The bound in force for a request from pipe `pipe` (peer `peer`), with
- * `contexts` contexts of which held[0..n) hold unread replies (the
- * request's own context is not among them). */
+/* The bound in force at `now_ms` for a request from pipe `pipe` (peer
+ * `peer`), with `contexts` contexts of which held[0..n) hold unread replies
+ * (the request's own context is not among them). */
 void kvpd_bound_check(const struct kvpd_held *held, size_t n, size_t contexts, uint32_t pipe,
-                      uint64_t peer, struct kvpd_bound_verdict *out);
+                      uint64_t peer, uint64_t now_ms, uint64_t stale_ms,
+                      struct kvpd_bound_verdict *out);
 
-/* The pressure watch: with half the contexts waiting `slow_ms` or more at
- * `now_ms`, the connection to close (unauthenticated first, then the
- * longest waiter); 0 for none. *slow gets how many wait that long. */
+/* The pressure watch at `now_ms`: with half the contexts waiting `slow_ms`
+ * or more, the connection to close (unauthenticated first, then the
+ * longest waiter; *reason KVPD_CLOSE_NO_READ); else, with an
+ * unauthenticated address or all of them past their share of replies
+ * waiting `stale_ms`, the longest waiter there; 0 for none. *slow (may be
+ * NULL) gets how many wait `slow_ms`. */
 uint32_t kvpd_pressure_victim(const struct kvpd_held *held, size_t n, size_t contexts,
-                              uint64_t now_ms, uint64_t slow_ms, size_t *slow);
+                              uint64_t now_ms, uint64_t slow_ms, uint64_t stale_ms,
+                              size_t *slow, enum kvpd_close_reason *reason);
 
 #endif

@@ -50,6 +50,9 @@ struct worker {
  */
 #define SLOW_SEND_MS 250
 #define PRESSURE_TICK_MS 25
+/* A reply waiting this long is a non-reader's, for the unauthenticated shares
+ * (a reading peer's send completes within microseconds). */
+#define STALE_SEND_MS 50
 
 /*
  * The open connections and when each last sent a request (or took a reply):
@@ -332,22 +335,28 @@ pressure_cb(void *arg)
 
 	if (nng_aio_result(t->pressure) != 0 || atomic_load(&t->closing))
 		return;
+	enum kvpd_close_reason why = KVPD_CLOSE_NO_READ;
 	size_t nh = held_snapshot(t, NULL, t->held);
 	unsigned victim = kvpd_pressure_victim(t->held, nh, t->num_workers, (uint64_t)nng_clock(),
-	                                       SLOW_SEND_MS, &slow);
+	                                       SLOW_SEND_MS, STALE_SEND_MS, &slow, &why);
 	if (victim > 0) {
 		nng_pipe p = NNG_PIPE_INITIALIZER;
 		char peer[160] = "", conn[24], n[24];
 		p.id = victim;
 		peer_name(p, peer, sizeof(peer));
 		if (nng_pipe_close(p) == 0 && atomic_exchange(&t->last_cut, victim) != victim) {
-			kvpd_server_count_close(t->srv, KVPD_CLOSE_NO_READ);
+			kvpd_server_count_close(t->srv, why);
 			snprintf(conn, sizeof(conn), "%u", victim);
 			snprintf(n, sizeof(n), "%zu", slow);
 			struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer},
-			                             {"contexts_waiting", n}};
-			kvpd_log_fields(KVPD_WARN, "transport", "closed a connection that took no "
-			                "reply while half the contexts waited on their peers", f, 3);
+			                             {"contexts_waiting", n},
+			                             {"reason", kvpd_close_reason_name(why)}};
+			kvpd_log_fields(KVPD_WARN, "transport",
+			                why == KVPD_CLOSE_NO_READ
+			                    ? "closed a connection that took no reply while half the "
+			                      "contexts waited on their peers"
+			                    : "closed an unauthenticated connection that took no reply, "
+			                      "past its share of the contexts", f, 4);
 		}
 	}
 	if (t->tls != NULL && ++t->tls_ticks >= 1000 / PRESSURE_TICK_MS) {
@@ -379,7 +388,8 @@ within_bounds(struct kvpd_transport *t, struct worker *w, uint64_t peer)
 	if ((int32_t)self <= 0)
 		return true;
 	size_t n = held_snapshot(t, w, w->held);
-	kvpd_bound_check(w->held, n, t->num_workers, self, peer, &v);
+	kvpd_bound_check(w->held, n, t->num_workers, self, peer, (uint64_t)nng_clock(), STALE_SEND_MS,
+	                 &v);
 	if (v.close == 0)
 		return true;
 	nng_pipe p = NNG_PIPE_INITIALIZER;
