@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -85,6 +86,12 @@ http_get(int port, const char *path, char *buf, size_t cap)
 	char req[256];
 
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	/* Bounded: a daemon that stops answering is a failed probe, not a hung test. */
+	struct timeval tv = {.tv_sec = 10};
+	if (fd >= 0) {
+		(void)setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		(void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
 	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
 		if (fd >= 0)
 			close(fd);
