@@ -150,8 +150,6 @@ starve_run(int flooders, bool spread, bool with_token)
 	assert_true(fast * 100 >= n * 95);
 	assert_true(lat[n * 9 / 10] < 0.1);
 	assert_true(cut >= 1);
-	if (spread)
-		assert_true(unauth >= 1);
 	kvp_client_close(c);
 }
 
@@ -174,9 +172,10 @@ test_service_starve_one_address_cannot_either(void **state)
  * Eight peers at eight addresses, each of which holds a context once its
  * socket is full: no one connection or address need be over its share, but
  * together they could hold every context until the pressure watch (250 ms)
- * cut one. The client shows its pool's token: it keeps half the contexts,
- * and the unauthenticated share is what cuts them. (This flood pattern is
- * also answered in time by the per-connection bound and the watch alone:
+ * cut one. The client shows its pool's token: it keeps half the contexts.
+ * (This flood pattern is also answered in time by the per-connection bound
+ * and the watch alone, and its peers are mostly cut before their replies
+ * have waited the 50 ms that make them count toward a share:
  * test_conn_bounds holds the shares themselves.)
  */
 static void
