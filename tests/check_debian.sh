@@ -47,11 +47,12 @@ if systemd-analyze --man=no verify "$src/deploy/debian/kvpoold.service" 2>&1 |
 	fail "systemd-analyze verify deploy/debian/kvpoold.service"
 fi
 
-# README.md's package line names the three packages this makes.
-line=$(grep -E '^\(cd build && cpack -G DEB\) && sudo apt install' "$src/README.md") ||
-	fail "README.md's cpack and apt install line is gone"
+# docs/getting-started.md's package line names the three packages this makes.
+line=$(grep -E '^\(cd build && cpack -G DEB\) && sudo apt install' "$src/docs/getting-started.md") ||
+	fail "docs/getting-started.md's cpack and apt install line is gone"
 for p in libkvpool0.2 libkvpool-dev kvpoold; do
-	printf '%s\n' "$line" | grep -q "\./build/${p}_\*\.deb" || fail "README.md's apt install line misses $p"
+	printf '%s\n' "$line" | grep -q "\./build/${p}_\*\.deb" ||
+		fail "docs/getting-started.md's apt install line misses $p"
 done
 
 echo "check_debian: debootstrap bookworm into $root"
@@ -60,9 +61,10 @@ debootstrap --variant=minbase bookworm "$root" "$mirror" > "$root.debootstrap.lo
 rm -f "$root.debootstrap.log"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mount -t proc proc "$root/proc"
-mkdir -p "$root/debs" "$root/src/tests" "$root/src/clients/python/kvpool"
+mkdir -p "$root/debs" "$root/src/tests" "$root/src/docs" "$root/src/clients/python/kvpool"
 cp "$build"/*.deb "$root/debs/"
-cp -r "$src/README.md" "$root/src/"
+cp "$src/README.md" "$root/src/"
+cp "$src/docs/getting-started.md" "$root/src/docs/"
 cp -r "$src/tests/check_install.sh" "$src/tests/install" "$root/src/tests/"
 cp "$src/clients/python/kvpool/_lib.py" "$root/src/clients/python/kvpool/"
 in_root 'apt-get update -qq'

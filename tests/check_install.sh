@@ -93,19 +93,28 @@ cc -std=c11 -Wall -Werror -o "$work/c-static" "$src/tests/install/consumer.c" \
 	$(pkg-config --static --libs-only-l kvpool | sed 's/-lkvpool//') || fail "static build"
 ldd "$work/c-static" | grep -q libkvpool && fail "the static build loads libkvpool.so"
 "$work/c-static" "$url" p || fail "the static build failed against kvpoold"
-# 4. The README's own commands, as written there (so they cannot drift from what works).
-readme="$src/README.md"
+# 4. The docs' own commands, as written there (so they cannot drift from what
+# works): docs/getting-started.md's cc lines and find_package, README.md's C program.
+readme="$src/docs/getting-started.md"
 n=0
 grep -E '^cc app\.c ' "$readme" | sed 's/ *#.*$//' > "$work/readme-cc"
-[ "$(wc -l < "$work/readme-cc")" -eq 2 ] || fail "README.md's two cc lines for another project are gone"
+[ "$(wc -l < "$work/readme-cc")" -eq 2 ] || fail "docs/getting-started.md's two cc lines for another project are gone"
 while IFS= read -r line; do
 	n=$((n + 1))
 	cmd=$(printf '%s' "$line" | sed "s|^cc app\.c|cc -std=c11 -Wall -Werror -o $work/readme-$n $src/tests/install/consumer.c|")
-	sh -c "$cmd" || fail "README.md's line '$line' does not build"
-	LD_LIBRARY_PATH="$libdir" "$work/readme-$n" "$url" p || fail "README.md's line '$line' builds a program that fails"
+	sh -c "$cmd" || fail "docs/getting-started.md's line '$line' does not build"
+	LD_LIBRARY_PATH="$libdir" "$work/readme-$n" "$url" p || fail "docs/getting-started.md's line '$line' builds a program that fails"
 done < "$work/readme-cc"
 want=$(sed -n 's/.*find_package(kvpool \([0-9.]*\) REQUIRED).*/\1/p' "$readme" | head -n 1)
 have=$(sed -n 's/^find_package(kvpool \([0-9.]*\) REQUIRED)/\1/p' "$src/tests/install/CMakeLists.txt")
 [ -n "$want" ] && [ "$want" = "$have" ] ||
-	fail "README.md says find_package(kvpool $want), the tested consumer $have"
-echo "check_install: $prefix ok (prefix layout, soname, symbols, man pages, pkg-config, find_package, archive, README's commands)"
+	fail "docs/getting-started.md says find_package(kvpool $want), the tested consumer $have"
+# README.md's C example, built as it says (pkg-config) and run against this
+# daemon: its URL and pool in place of the default daemon's.
+awk '/^```c$/ {on = 1; next} /^```$/ {on = 0} on' "$src/README.md" |
+	sed "s|ipc:///tmp/kvpool.ipc|$url|; s|\.pool = \"default\"|.pool = \"p\"|" > "$work/app.c"
+grep -q '^main(' "$work/app.c" || fail "README.md shows no C program"
+cc -std=c11 -Wall -Wextra -Werror -o "$work/app" "$work/app.c" $(pkg-config --cflags --libs kvpool) \
+	-Wl,-rpath,"$libdir" || fail "README.md's C program does not build"
+"$work/app" | grep -q 'blocks free$' || fail "README.md's C program fails against kvpoold"
+echo "check_install: $prefix ok (prefix layout, soname, symbols, man pages, pkg-config, find_package, archive, the docs' commands)"

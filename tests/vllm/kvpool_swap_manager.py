@@ -3,7 +3,7 @@
 RemoteKVCacheManager in the Scheduler: loaded with `-p
 kvpool_swap_manager` (this folder on sys.path). Every Scheduler that
 vLLM's tests make through tests/v1/core/utils.create_scheduler gets, by
-one assignment as the README shows, a RemoteKVCacheManager over a pool of
+one assignment as docs/python.md shows, a RemoteKVCacheManager over a pool of
 the same shape on a kvpoold of its own (real process, ipc:// socket).
 Schedulers the tests build another way keep vLLM's manager; the report
 header says so. Schedulers with more than one KV cache group, or groups

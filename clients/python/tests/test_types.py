@@ -55,7 +55,7 @@ def test_every_public_method_is_annotated(name, f):
 
 def test_the_package_says_it_is_typed():
     assert os.path.exists(os.path.join(PKG, "py.typed"))
-    assert kvpool.vllm.RequestLike.__module__ == "kvpool._types"  # the README's name for it
+    assert kvpool.vllm.RequestLike.__module__ == "kvpool._types"  # as its README names it
 
 
 def _mypy(*args):
