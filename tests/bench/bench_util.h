@@ -67,6 +67,44 @@ proc_cpu(pid_t pid)
 	return sum;
 }
 
+/* A string as a JSON string's contents (quotes and backslashes escaped, controls dropped). */
+static inline void
+bench_json_str(FILE *f, const char *s)
+{
+	for (; *s != '\0'; s++) {
+		if (*s == '"' || *s == '\\')
+			fputc('\\', f);
+		if ((unsigned char)*s >= 0x20)
+			fputc(*s, f);
+	}
+}
+
+/*
+ * Machine-readable figures: with KVP_BENCH_JSON=FILE, one line of JSON per
+ * figure appended to FILE, beside its same-run baseline (better: "higher"
+ * or "lower"); tests/bench/report.py makes BENCHMARKS.md's tables of them.
+ */
+static inline void
+bench_json(const char *area, const char *row, double value, const char *unit,
+           const char *baseline, double baseline_value, const char *better)
+{
+	const char *path = getenv("KVP_BENCH_JSON");
+	FILE *f = path != NULL && path[0] != '\0' ? fopen(path, "a") : NULL;
+	if (f == NULL)
+		return;
+	fputs("{\"area\": \"", f);
+	bench_json_str(f, area);
+	fputs("\", \"row\": \"", f);
+	bench_json_str(f, row);
+	fprintf(f, "\", \"value\": %.6g, \"unit\": \"", value);
+	bench_json_str(f, unit);
+	fputs("\", \"baseline\": \"", f);
+	bench_json_str(f, baseline);
+	fprintf(f, "\", \"baseline_value\": %.6g, \"better\": \"%s\"}\n", baseline_value,
+	        strcmp(better, "lower") == 0 ? "lower" : "higher");
+	fclose(f);
+}
+
 /* qsort comparator for doubles. */
 static inline int
 cmp_d(const void *a, const void *b)

@@ -19,6 +19,9 @@ import sys
 import time
 from types import SimpleNamespace
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_json  # noqa: E402
+
 from vllm import __version__ as vllm_version
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core import kv_cache_utils as vku
@@ -171,10 +174,16 @@ def main():
         ratio = v[key] / k[key] if lower else k[key] / v[key]
         print(f"| {name} | {k[key] / scale:.3g} {unit} | {v[key] / scale:.3g} {unit} | "
               f"{ratio:.1f}x |")
+        bench_json.record("engine", name, k[key], unit.split(" ", 1)[-1] if scale != 1 else unit,
+                          f"vLLM {vllm_version} BlockPool, in process", v[key],
+                          "lower" if lower else "higher")
     for clients, rate_ in sorted(r.items()):
         print(f"| (b) remote: kvpoold on ipc://, Batches of 64 cycles, {clients} client(s) | "
               f"{rate_ / 1e3:.3g} k cycles/s | {v['b'] / 1e3:.3g} k cycles/s | "
               f"{rate_ / v['b']:.1f}x |")
+        bench_json.record("engine", f"(b) remote: kvpoold on ipc://, Batches of 64 cycles, "
+                          f"{clients} client(s)", rate_, "cycles/s",
+                          f"vLLM {vllm_version} BlockPool, in process", v["b"], "higher")
 
 
 if __name__ == "__main__":

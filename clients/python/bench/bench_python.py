@@ -32,6 +32,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
+import bench_json  # noqa: E402
 
 SYS_TOKENS, OWN_TOKENS, BS, RUNNING, TURNOVER = 128, 32, 16, 256, 8
 PROMPT = SYS_TOKENS + OWN_TOKENS
@@ -338,6 +340,9 @@ def main():
         med[mode] = (cw, pw)
         print(f"| {label} | {cw:.1f} | {pw:.1f} | {pw / cw:.3f} | {(pw - cw) / cw * 100:.1f}% | "
               f"{cc:.1f} | {pc:.1f} | {(pc - cc) / cw * 100:.1f}% |")
+        bench_json.record("python", label.replace(", µs per call", "").replace(", µs per pair", "")
+                          .replace(", µs", ""), pw, "µs", "the C client, same calls, same run",
+                          cw, "lower")
     cs, ps = med["step"]
     print(f"| step, µs per request call | {cs / calls:.2f} | {ps / calls:.2f} | | | | | |")
     cl, pl = (statistics.median(v[2][0] for v in res[("step", w)]) for w in ("c", "py"))

@@ -29,6 +29,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
+                                "tests", "bench"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -44,6 +46,7 @@ import kvpool  # noqa: E402
 from kvpool.vllm_offload import (KVPoolOffloadingManager, KVPoolOffloadingWorker,  # noqa: E402
                                  KVPoolRowsSpec)
 from conftest import start, stop  # noqa: E402
+import bench_json  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 ARGS = [a for a in sys.argv[1:] if a != "--quick"]
@@ -156,6 +159,9 @@ def bench_managers():
           f"{STEPS} steps, median of {ROUNDS}; kvpool {trips / STEPS:.1f} round trips/step; "
           f"blocks loaded/stored in the last round: kvpool {ol}/{os_}, vLLM {vl}/{vs}")
     print(f"offload step_us kvpool {k:.0f} vllm {v:.0f} ratio {k / v:.2f}")
+    bench_json.record("offload", f"KVPoolOffloadingManager over ipc:// ({trips / STEPS:.1f} "
+                      "round trips a step)", k, "µs per step",
+                      "vLLM 0.33 CPUOffloadingManager, in process", v, "lower")
 
 
 def bench_worker():
@@ -211,6 +217,10 @@ def bench_worker():
               f"load {n / tl / 1e9:.2f}")
         print(f"offload store {n} ratio_vs_copy {base / ts:.3f}")
         print(f"offload load {n} ratio_vs_copy {base / tl:.3f}")
+        for what, t in (("store", ts), ("load", tl)):
+            bench_json.record("offload", f"worker {what}: {NBLK} blocks of {bb} B between KV "
+                              "tensors and the region", n / t, "B/s",
+                              "torch copy_ of the same bytes", n / base, "higher")
         c.abort(keys)
         c.close()
         w.shutdown()

@@ -22,6 +22,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
+                                "tests", "bench"))
 os.environ.pop("PYTHONHASHSEED", None)  # a default vLLM's seed
 
 import torch  # noqa: E402
@@ -37,6 +39,7 @@ from vllm.v1.request import Request  # noqa: E402
 import kvpool  # noqa: E402
 from kvpool.vllm import RemoteKVCacheManager  # noqa: E402
 from conftest import start, stop  # noqa: E402
+import bench_json  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 ARGS = [a for a in sys.argv[1:] if a != "--quick"]
@@ -152,6 +155,11 @@ def main():
           f"a Lookup per arrival, then the step's Batch) | {o:.0f} | {o / t:.2f} |")
     print(f"| the same with prefetch_computed_blocks (the arrivals' Lookups as one Batch) "
           f"| {p:.0f} | {p / t:.2f} |")
+    base = f"vLLM {vllm_version} KVCacheManager, in process"
+    bench_json.record("step", "RemoteKVCacheManager over ipc://, vLLM's call shape (a Lookup "
+                      "per arrival, then the step's Batch)", o, "µs per step", base, t, "lower")
+    bench_json.record("step", "the same with prefetch_computed_blocks (the arrivals' Lookups as "
+                      "one Batch)", p, "µs per step", base, t, "lower")
     print(f"rounds, µs per step: vLLM {[round(x) for x in theirs]}, "
           f"kvpool {[round(x) for x in ours]}, with prefetch {[round(x) for x in pre]}")
 

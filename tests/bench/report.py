@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""BENCHMARKS.md's generated tables, from the benchmark programs' own
+machine-readable figures (KVP_BENCH_JSON: bench_json.py, bench_util.h).
+
+    python3 tests/bench/report.py run [--quick] [--only AREA,...] [--out FILE]
+        runs each area's benchmark with KVP_BENCH_JSON set and writes every
+        figure, with the command, date, machine and commit, to FILE
+        (default build/bench-results.jsonl); fails if an area gave none
+    python3 tests/bench/report.py render [FILE]
+        replaces each area's table in BENCHMARKS.md (between
+        <!-- bench:AREA --> and <!-- /bench:AREA -->) with FILE's figures;
+        areas FILE does not hold keep theirs
+
+Each row is a figure beside a baseline measured in the same run, and
+kvpool's advantage over it (higher is better: value / baseline; lower is
+better: baseline / value; below 1.0x kvpool is behind).
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+VENV = "$(sh tests/vllm/env.sh)/bin/python"
+# area -> (title, command run from the repository root; {venv} is vLLM 0.33's Python)
+AREAS = {
+    "engine": ("The engine against vLLM 0.33's own BlockPool (Python), and the remote cycle",
+               "{venv} tests/bench/bench_vllm_engine.py build"),
+    "step": ("The scheduler step against vLLM 0.33's own KVCacheManager",
+             "{venv} clients/python/bench/bench_vllm_step.py build"),
+    "offload": ("vLLM's offloading tier: kvpool's spec against vLLM's own CPU tier",
+                "{venv} clients/python/bench/bench_vllm_offload.py build"),
+    "python": ("The Python package against the C client",
+               "/usr/bin/python3 clients/python/bench/bench_python.py build"),
+    "region": ("The shared region against memcpy, and against WriteBlocks/ReadBlocks",
+               "./build/tests/bench/kvp-bench-region"),
+    "executor": ("The executor (cpu backend) and the data plane's calls against memcpy and raw "
+                 "nng", "./build/tests/bench/kvp-bench-executor"),
+}
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = re.sub(r"\s+", " ", line.split(":", 1)[1].strip())
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs"
+
+
+def commit():
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
+    c = git("rev-parse", "--short=7", "HEAD").strip() or "unknown"
+    changed = [ln for ln in git("status", "--porcelain", "--untracked-files=no").splitlines()
+               if not ln.endswith(" BENCHMARKS.md")]  # the output itself
+    return c + ("+changes" if changed else "")
+
+
+def run(args):
+    venv = subprocess.run(["sh", "tests/vllm/env.sh"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    areas = args.only.split(",") if args.only else list(AREAS)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "machine": machine(), "commit": commit(), "quick": args.quick}
+    out, bad = [], []
+    for area in areas:
+        if area not in AREAS:
+            sys.exit(f"report: no area {area!r} (areas: {', '.join(AREAS)})")
+        shown = AREAS[area][1].format(venv=VENV) + (" --quick" if args.quick else "")
+        cmd = AREAS[area][1].format(venv=os.path.join(venv, "bin", "python") if venv else "false")
+        cmd += " --quick" if args.quick else ""
+        with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as tmp:
+            print(f"report: {area}: {shown}", file=sys.stderr, flush=True)
+            r = subprocess.run(cmd, shell=True, cwd=ROOT,
+                               env={**os.environ, "KVP_BENCH_JSON": tmp.name})
+            figures = [json.loads(line) for line in tmp if line.strip()]
+        mine = [f for f in figures if f.get("area") == area]
+        if r.returncode != 0 or not mine:
+            bad.append(f"{area} (exit {r.returncode}, {len(mine)} figures)")
+        out += [{**f, **meta, "command": shown} for f in mine]
+    path = args.out or os.path.join(ROOT, "build", "bench-results.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(x) + "\n" for x in out)
+    print(f"report: {len(out)} figures in {path}", file=sys.stderr)
+    if bad:
+        sys.exit("report: no figures from " + "; ".join(bad))
+
+
+SI = [(1e9, "G"), (1e6, "M"), (1e3, "k")]
+
+
+def fmt(v, unit):
+    if unit.endswith("/s") and v >= 1e3:
+        for scale, p in SI:
+            if v >= scale:
+                return f"{v / scale:.3g} {p}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def table(area, figs):
+    f0 = figs[0]
+    quick = " (`--quick`: a smoke run, not a measurement)" if f0.get("quick") else ""
+    lines = [f"<!-- bench:{area} -->",
+             f"### {AREAS.get(area, (area,))[0]}", "",
+             "```sh", f0["command"], "```", "",
+             f"{f0['date']}, {f0['machine']}, commit `{f0['commit']}`{quick}. Generated by "
+             "`tests/bench/report.py` from the program's own figures.", "",
+             "| figure | kvpool | baseline, same run | baseline | kvpool's advantage |",
+             "|---|---|---|---|---|"]
+    for f in figs:
+        v, b = f["value"], f["baseline_value"]
+        adv = (v / b if f["better"] == "higher" else b / v) if v > 0 and b > 0 else 0
+        lines.append(f"| {f['row']} | {fmt(v, f['unit'])} | {f['baseline']} | "
+                     f"{fmt(b, f['unit'])} | {adv:.2f}x |")
+    lines.append(f"<!-- /bench:{area} -->")
+    return "\n".join(lines)
+
+
+def render(args):
+    path = args.file or os.path.join(ROOT, "build", "bench-results.jsonl")
+    with open(path, encoding="utf-8") as f:
+        figs = [json.loads(line) for line in f if line.strip()]
+    doc_path = os.path.join(ROOT, "BENCHMARKS.md")
+    with open(doc_path, encoding="utf-8") as f:
+        doc = f.read()
+    done = []
+    for area in dict.fromkeys(x["area"] for x in figs):
+        block = table(area, [x for x in figs if x["area"] == area])
+        pat = re.compile(rf"<!-- bench:{re.escape(area)} -->.*?<!-- /bench:{re.escape(area)} -->",
+                         re.S)
+        if not pat.search(doc):
+            sys.exit(f"report: BENCHMARKS.md has no <!-- bench:{area} --> block to replace")
+        doc = pat.sub(lambda _: block, doc)
+        done.append(area)
+    with open(doc_path, "w", encoding="utf-8") as f:
+        f.write(doc)
+    print(f"report: BENCHMARKS.md: {', '.join(done)} regenerated", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--quick", action="store_true")
+    r.add_argument("--only")
+    r.add_argument("--out")
+    g = sub.add_parser("render")
+    g.add_argument("file", nargs="?")
+    a = ap.parse_args()
+    run(a) if a.cmd == "run" else render(a)
+
+
+if __name__ == "__main__":
+    main()
