@@ -198,7 +198,8 @@ run(struct ctx *x, size_t n)
 	           {"ReadBlocks over nng", nl}};
 	for (size_t k = 0; k < sizeof(fig) / sizeof(fig[0]); k++) {
 		char row[160];
-		snprintf(row, sizeof(row), "%s: %zu rows of %zu KiB", fig[k].what, n, x->bb >> 10);
+		snprintf(row, sizeof(row), "%s: %zu row%s of %zu KiB", fig[k].what, n, n == 1 ? "" : "s",
+		         x->bb >> 10);
 		bench_json("region", row, bytes / fig[k].t, "B/s", "memcpy of the same bytes",
 		           bytes / base, "higher");
 	}
