@@ -236,6 +236,9 @@ vllm_bench_run(struct vllm_bench *vb, double seconds)
 	printf("| native stream only | %.0f | |\n", (r_off[3] + r_off[4]) / 2);
 	printf("| native stream + vLLM wire | %.0f | %.2f (%.2f .. %.2f) |\n\n",
 	       (r_on[3] + r_on[4]) / 2, (ratio[3] + ratio[4]) / 2, ratio[0], ratio[ROUNDS - 1]);
+	bench_json("events", "the RPC path while kvpoold also publishes vLLM's wire: Batches",
+	           (r_on[3] + r_on[4]) / 2, "Batches/s", "the same daemon, native stream only",
+	           (r_off[3] + r_off[4]) / 2, "higher");
 
 	printf("| wire | subscribers | events/s per subscriber | batches/s | payload bytes | raw "
 	       "libzmq PUB/SUB msgs/s (same size) | ratio | gaps |\n|---|---|---|---|---|---|---|---|\n");

@@ -636,7 +636,7 @@ main(int argc, char **argv)
 	for (int t = 0; t < 2 && !only_batch; t++) {
 		const char *url = t ? tcp_url : ipc_url, *eurl = t ? echo_tcp : echo_ipc;
 		for (int clients = 1; clients <= 8; clients += 7) {
-			struct result raw = measure(RAW, eurl, clients);
+			struct result raw = measure(RAW, eurl, clients), batch = {0};
 			for (int k = RAW; k <= RAW_BATCH; k++) {
 				if (k == RAW_BATCH && batch_req_len == 0)
 					continue;
@@ -661,6 +661,22 @@ main(int argc, char **argv)
 				printf("| %s | %d | %s | %.0f %s%s | %.0f us | %.0f us | %.2f |\n",
 				       t ? "tcp" : "ipc", clients, names[k], r.units_per_s, units[k], extra,
 				       r.p50_us, r.p99_us, raw.p50_us > 0 ? r.p50_us / raw.p50_us : 0);
+				char row[160];
+				snprintf(row, sizeof(row), "%s over %s, %d client%s: p50 round trip", names[k],
+				         t ? "tcp" : "ipc", clients, clients > 1 ? "s" : "");
+				if (k >= STATS && k <= CYCLE)
+					bench_json("service", row, r.p50_us, "µs",
+					           "raw nng REQ/REP of 64 B, same transport and clients",
+					           raw.p50_us, "lower");
+				if (k == CYCLE_BATCH)
+					batch = r;
+				if (k == RAW_BATCH) {
+					snprintf(row, sizeof(row), "request cycle, Batches of 64 cycles, over %s, "
+					         "%d client%s", t ? "tcp" : "ipc", clients, clients > 1 ? "s" : "");
+					bench_json("service", row, batch.units_per_s, "cycles/s",
+					           "raw nng REQ/REP of a Batch's bytes each way, same clients",
+					           r.units_per_s, "higher");
+				}
 			}
 			if (t == 0 && clients == 8 && echo_pid > 0 && batch_req_len > 0)
 				failed |= placed_rows(echo_pid, clients, eng_b, raw.p50_us);

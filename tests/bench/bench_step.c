@@ -573,9 +573,21 @@ main(int argc, char **argv)
 				printf("| raw nng REQ/REP, same sizes, the echo busy for core's time and the "
 				       "client for its CPU time between calls | %.0f | |\n", G);
 		}
-		if (do_engine && do_remote)
+		if (do_engine && do_remote) {
 			printf("\nremote / (engine + raw) = %.2f (aim <= 1.5); daemon CPU / engine = %.2f",
 			       R / (E + X), D / E);
+			bench_json("s256", events ? "S256 step as one Batch over ipc://, events on"
+			                          : "S256 step as one Batch over ipc://, events off",
+			           R, "µs per step",
+			           "the engine in process + a raw nng round trip of the same bytes", E + X,
+			           "lower");
+		}
+		if (do_engine && do_core)
+			bench_json("s256", events ? "the daemon's core in process (decode, calls, encode), "
+			                            "events on"
+			                          : "the daemon's core in process (decode, calls, encode), "
+			                            "events off",
+			           K, "µs per step", "the engine in process", E, "lower");
 		if (do_engine && do_core)
 			printf("%score / engine = %.2f", do_remote ? "; " : "\n", K / E);
 		if (do_core && do_remote)

@@ -36,6 +36,11 @@ AREAS = {
                 "{venv} clients/python/bench/bench_vllm_offload.py build"),
     "python": ("The Python package against the C client",
                "/usr/bin/python3 clients/python/bench/bench_python.py build"),
+    "service": ("The service's calls against raw nng", "./build/tests/bench/kvp-bench-service"),
+    "s256": ("S256, the scheduler step over the wire, against the engine and a raw round trip",
+             "./build/tests/bench/kvp-bench-step --pin 0,1"),
+    "events": ("Event streams against raw PUB/SUB, and what vLLM's wire costs the RPC path",
+               "./build/tests/bench/kvp-bench-events"),
     "region": ("The shared region against memcpy, and against WriteBlocks/ReadBlocks",
                "./build/tests/bench/kvp-bench-region"),
     "executor": ("The executor (cpu backend) and the data plane's calls against memcpy and raw "
