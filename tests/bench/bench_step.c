@@ -311,7 +311,8 @@ start_daemon(const char *path, const char *url, const char *events)
 	snprintf(cpu, sizeof(cpu), "%d", pin_cpu[1]);
 	const char *argv[] = {"/usr/bin/taskset", "-c", cpu, path, "--quiet", "--rpc", url,
 	                      "--admin", "none", "--events", events, "--executor", "none", "--pool",
-	                      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
+	                      "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0,"
+	                      "hash_algo=sha256_cbor",
 	                      "--lease-ms", "600000", "--max-msg-bytes", "67108864", "--replay-mib",
 	                      replay_mib, NULL};
 	return kvp_spawn(pin_cpu[1] >= 0 ? argv : argv + 3, NULL);

@@ -28,7 +28,8 @@ core_create(bool events)
 	char err[512];
 	char *argv[] = {"kvpoold", "--quiet", "--executor", "none", "--admin", "none", "--events",
 	                events ? "ipc:///tmp/kvpool-step-core.ipc" : "none", "--pool",
-	                "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0",
+	                "name=s256,blocks=32768,block_size=16,max_model_len=8192,seed=0,"
+	                "hash_algo=sha256_cbor",
 	                "--lease-ms", "600000", "--max-msg-bytes", "67108864", "--replay-mib",
 	                replay_mib, NULL};
 	FILE *devnull = fopen("/dev/null", "w");
