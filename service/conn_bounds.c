@@ -173,3 +173,21 @@ kvpd_pressure_victim(const struct kvpd_held *held, size_t n, size_t contexts, ui
 		*reason = why;
 	return victim;
 }
+
+const char *
+kvpd_bound_why(enum kvpd_close_reason reason)
+{
+	switch (reason) {
+	case KVPD_CLOSE_NO_READ:
+		return "closed a connection that sent a request while half the contexts held "
+		       "replies it had not taken";
+	case KVPD_CLOSE_ADDRESS_BOUND:
+		return "closed a connection that held the contexts one unauthenticated address may "
+		       "hold, and that address sent another request";
+	case KVPD_CLOSE_UNAUTH_BOUND:
+		return "closed a connection that held the contexts unauthenticated peers may hold, "
+		       "and another such request came";
+	default:
+		return "closed a connection that held too many contexts";
+	}
+}

@@ -63,6 +63,9 @@ void kvpd_bound_check(const struct kvpd_held *held, size_t n, size_t contexts, u
                       uint64_t peer, uint64_t now_ms, uint64_t stale_ms,
                       struct kvpd_bound_verdict *out);
 
+/* The log line for a connection a bound closed (a request's bound, by its reason). */
+const char *kvpd_bound_why(enum kvpd_close_reason reason);
+
 /* The pressure watch at `now_ms`: with half the contexts waiting `slow_ms`
  * or more, the connection to close (unauthenticated first, then the
  * longest waiter; *reason KVPD_CLOSE_NO_READ); else, with an

@@ -200,13 +200,16 @@ pipe_cb(nng_pipe p, nng_pipe_ev ev, void *arg)
 	nng_mtx_unlock(t->conns.mu);
 }
 
-/* A connection's peer value (conn_bounds.h). */
+/* A request came on p: it is not idle; its peer value (conn_bounds.h), in one lock. */
 static uint64_t
-conn_peer(struct kvpd_transport *t, nng_pipe p)
+conn_seen(struct kvpd_transport *t, nng_pipe p)
 {
+	uint32_t id = (uint32_t)nng_pipe_id(p);
 	uint64_t v;
 	nng_mtx_lock(t->conns.mu);
-	v = kvpd_u64map_get(&t->conns.peers, (uint32_t)nng_pipe_id(p));
+	if (t->idle_timeout > 0 && kvpd_u64map_get(&t->conns.m, id) != 0)
+		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1); /* a replace */
+	v = kvpd_u64map_get(&t->conns.peers, id);
 	nng_mtx_unlock(t->conns.mu);
 	return v != 0 ? v : kvpd_peer_value(NULL);
 }
@@ -327,6 +330,28 @@ count_tls_failures(struct kvpd_transport *t)
 	kvpd_log_fields(KVPD_WARN, "tls", "TLS handshakes on the RPC endpoint failed", f, 3);
 }
 
+/*
+ * Closes connection id for reason; the first time it is cut (its other
+ * replies fail and close it again), counts and logs it with msg and, when
+ * key is set, one more field.
+ */
+static void
+cut(struct kvpd_transport *t, uint32_t id, enum kvpd_close_reason reason, const char *msg,
+    const char *key, const char *val)
+{
+	nng_pipe p = NNG_PIPE_INITIALIZER;
+	char peer[160] = "", conn[24];
+	p.id = id;
+	peer_name(p, peer, sizeof(peer)); /* before it closes */
+	if (nng_pipe_close(p) != 0 || atomic_exchange(&t->last_cut, id) == id)
+		return;
+	kvpd_server_count_close(t->srv, reason);
+	snprintf(conn, sizeof(conn), "%u", (unsigned)id);
+	struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer},
+	                             {"reason", kvpd_close_reason_name(reason)}, {key, val}};
+	kvpd_log_fields(KVPD_WARN, "transport", msg, f, key != NULL ? 4 : 3);
+}
+
 static void
 pressure_cb(void *arg)
 {
@@ -340,24 +365,14 @@ pressure_cb(void *arg)
 	unsigned victim = kvpd_pressure_victim(t->held, nh, t->num_workers, (uint64_t)nng_clock(),
 	                                       SLOW_SEND_MS, STALE_SEND_MS, &slow, &why);
 	if (victim > 0) {
-		nng_pipe p = NNG_PIPE_INITIALIZER;
-		char peer[160] = "", conn[24], n[24];
-		p.id = victim;
-		peer_name(p, peer, sizeof(peer));
-		if (nng_pipe_close(p) == 0 && atomic_exchange(&t->last_cut, victim) != victim) {
-			kvpd_server_count_close(t->srv, why);
-			snprintf(conn, sizeof(conn), "%u", victim);
-			snprintf(n, sizeof(n), "%zu", slow);
-			struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer},
-			                             {"contexts_waiting", n},
-			                             {"reason", kvpd_close_reason_name(why)}};
-			kvpd_log_fields(KVPD_WARN, "transport",
-			                why == KVPD_CLOSE_NO_READ
-			                    ? "closed a connection that took no reply while half the "
-			                      "contexts waited on their peers"
-			                    : "closed an unauthenticated connection that took no reply, "
-			                      "past its share of the contexts", f, 4);
-		}
+		char n[24];
+		snprintf(n, sizeof(n), "%zu", slow);
+		cut(t, victim, why,
+		    why == KVPD_CLOSE_NO_READ ? "closed a connection that took no reply while half "
+		                                "the contexts waited on their peers"
+		                              : "closed an unauthenticated connection that took no "
+		                                "reply, past its share of the contexts",
+		    "contexts_waiting", n);
 	}
 	if (t->tls != NULL && ++t->tls_ticks >= 1000 / PRESSURE_TICK_MS) {
 		t->tls_ticks = 0;
@@ -374,14 +389,6 @@ pressure_cb(void *arg)
 static bool
 within_bounds(struct kvpd_transport *t, struct worker *w, uint64_t peer)
 {
-	static const char *const why[KVPD_CLOSE_REASONS] = {
-		[KVPD_CLOSE_NO_READ] = "sent a request while half the contexts held replies it had "
-		                       "not taken",
-		[KVPD_CLOSE_ADDRESS_BOUND] = "held the contexts one unauthenticated address may hold, "
-		                             "and that address sent another request",
-		[KVPD_CLOSE_UNAUTH_BOUND] = "held the contexts unauthenticated peers may hold, and "
-		                            "another such request came",
-	};
 	struct kvpd_bound_verdict v;
 	uint32_t self = (uint32_t)nng_pipe_id(w->pipe);
 
@@ -392,20 +399,7 @@ within_bounds(struct kvpd_transport *t, struct worker *w, uint64_t peer)
 	                 &v);
 	if (v.close == 0)
 		return true;
-	nng_pipe p = NNG_PIPE_INITIALIZER;
-	char peer_text[160] = "", conn[24];
-	p.id = v.close;
-	peer_name(p, peer_text, sizeof(peer_text));
-	if (nng_pipe_close(p) == 0 && atomic_exchange(&t->last_cut, v.close) != v.close) {
-		kvpd_server_count_close(t->srv, v.reason);
-		snprintf(conn, sizeof(conn), "%u", (unsigned)v.close);
-		struct kvpd_log_field f[] = {{"connection", conn}, {"peer", peer_text},
-		                             {"reason", kvpd_close_reason_name(v.reason)}};
-		char msg[192];
-		snprintf(msg, sizeof(msg), "closed a connection that %s",
-		         why[v.reason] ? why[v.reason] : "held too many contexts");
-		kvpd_log_fields(KVPD_WARN, "transport", msg, f, 3);
-	}
+	cut(t, v.close, v.reason, kvpd_bound_why(v.reason), NULL, NULL);
 	return v.serve;
 }
 
@@ -429,14 +423,13 @@ worker_cb(void *arg)
 		nng_aio_set_msg(w->aio, NULL); /* ours now: the aio holds only what nng must send */
 		atomic_fetch_add(&t->in_flight, 1);
 		w->pipe = nng_msg_get_pipe(msg);
-		uint64_t pv = conn_peer(t, w->pipe);
+		uint64_t pv = conn_seen(t, w->pipe);
 		if (!within_bounds(t, w, pv)) {
 			nng_msg_free(msg);
 			atomic_fetch_sub(&t->in_flight, 1);
 			nng_ctx_recv(w->ctx, w->aio);
 			return;
 		}
-		conn_touch(t, w->pipe);
 		nng_msg *reply = NULL;
 		struct kvpd_sink sink = {.alloc = msg_sink, .ctx = &reply};
 		rv = kvpd_server_handle_to(t->srv, nng_msg_body(msg), nng_msg_len(msg), nng_clock(),
@@ -476,20 +469,11 @@ worker_cb(void *arg)
 		if ((rv = nng_aio_result(w->aio)) != 0) {
 			nng_msg_free(nng_aio_get_msg(w->aio));
 			nng_aio_set_msg(w->aio, NULL);
-			/* Its other timed-out replies close it again: log it once. */
-			unsigned id = (unsigned)nng_pipe_id(w->pipe);
-			char peer[160] = "", conn[24], ms[24];
-			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0)
-				peer_name(w->pipe, peer, sizeof(peer)); /* before it closes */
-			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0 &&
-			    nng_pipe_close(w->pipe) == 0 && atomic_exchange(&t->last_cut, id) != id) {
-				kvpd_server_count_close(t->srv, KVPD_CLOSE_NO_READ);
-				snprintf(conn, sizeof(conn), "%u", id);
+			if (rv == NNG_ETIMEDOUT && nng_pipe_id(w->pipe) > 0) {
+				char ms[24];
 				snprintf(ms, sizeof(ms), "%d", (int)t->send_timeout);
-				struct kvpd_log_field f[] = {
-					{"connection", conn}, {"peer", peer}, {"send_timeout_ms", ms}};
-				kvpd_log_fields(KVPD_WARN, "transport",
-				                "closed a connection that took no reply", f, 3);
+				cut(t, (uint32_t)nng_pipe_id(w->pipe), KVPD_CLOSE_NO_READ,
+				    "closed a connection that took no reply", "send_timeout_ms", ms);
 			}
 		} else {
 			atomic_fetch_add(&t->served, 1);

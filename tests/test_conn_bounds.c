@@ -75,6 +75,11 @@ test_conn_bounds_one_connection(void **state)
 	kvpd_bound_check(h, 4, 8, 0, t, NOW, STALE, &v);
 	assert_true(v.serve && v.close == 0);
 	kvpd_bound_check(h, 4, 8, 9, t, NOW, STALE, NULL);
+	/* Each bound's log line names it; an unknown reason still gets one. */
+	assert_non_null(strstr(kvpd_bound_why(KVPD_CLOSE_ADDRESS_BOUND), "address"));
+	assert_non_null(strstr(kvpd_bound_why(KVPD_CLOSE_UNAUTH_BOUND), "unauthenticated peers"));
+	assert_non_null(strstr(kvpd_bound_why(KVPD_CLOSE_NO_READ), "half the contexts"));
+	assert_non_null(kvpd_bound_why((enum kvpd_close_reason)99));
 }
 
 static void
