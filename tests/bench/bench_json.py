@@ -19,3 +19,12 @@ def record(area: str, row: str, value: float, unit: str, baseline: str,
         f.write(json.dumps({"area": area, "row": row, "value": value, "unit": unit,
                             "baseline": baseline, "baseline_value": baseline_value,
                             "better": better}) + "\n")
+
+
+def note(area: str, text: str) -> None:
+    """A fact beside an area's figures that is no ratio (a count, a peak)."""
+    path = os.environ.get("KVP_BENCH_JSON")
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"area": area, "note": text}) + "\n")

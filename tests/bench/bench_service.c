@@ -66,7 +66,7 @@ enum kind { RAW, STATS, ALLOC_FREE, CYCLE, CYCLE_BATCH, RAW_BATCH };
  */
 static size_t batch_req_len, batch_rep_len;
 /* In process, per Batch: the daemon's handler, and the client's packing and reply reading. */
-static double core_batch_us, client_batch_us;
+static double core_batch_us, core_rate, client_batch_us;
 
 struct job {
 	enum kind kind;
@@ -334,9 +334,23 @@ measure(enum kind kind, const char *url, int clients)
  * handler's time in process. Nonzero if a round trip failed.
  */
 static int
-placed_rows(pid_t echo_pid, int clients, double eng_b, double raw_p50)
+placed_rows(pid_t echo_pid, int clients, double eng_b, double raw_p50, struct result kvpoold)
 {
 	int failed = 0;
+	char ours[160], note[320];
+	snprintf(ours, sizeof(ours), "kvpoold, Batches of 64 request cycles, ipc, %d clients",
+	         clients);
+	snprintf(note, sizeof(note), "kvpoold's CPU per Batch: %.0f µs. kvp-bench-echo serves a "
+	         "Batch's bytes as kvpoold serves them (a REP socket, eight contexts), on kvpoold's "
+	         "CPU, idle or busy for a given CPU time per Batch: what nng leaves a daemon.",
+	         kvpoold.daemon_cpu_us);
+	bench_note("floors", note);
+	bench_json("floors", ours, kvpoold.units_per_s, "cycles/s",
+	           "engine loop (b) in this process (no service at all)", eng_b, "higher");
+	char base[160];
+	snprintf(base, sizeof(base), "the daemon's handler alone, in this process (%.0f µs per "
+	         "Batch)", core_batch_us);
+	bench_json("floors", ours, kvpoold.units_per_s, "cycles/s", base, core_rate, "higher");
 	for (int busy = 0; busy < 3; busy++) {
 		double spin = busy == 0 ? 0 : busy == 1 ? (eng_b > 0 ? CB_CYCLES * 1e6 / eng_b : 0)
 		                                        : core_batch_us;
@@ -357,6 +371,14 @@ placed_rows(pid_t echo_pid, int clients, double eng_b, double raw_p50)
 		       eng_b > 0 ? r.units_per_s / eng_b : 0, r.daemon_cpu_us, r.p50_us, r.p99_us,
 		       vs_raw);
 		failed |= r.failed;
+		snprintf(base, sizeof(base), busy == 0 ? "kvp-bench-echo on kvpoold's CPU, idle: a "
+		                                         "Batch's bytes each way (%.0f µs per Batch)"
+		                             : "kvp-bench-echo on kvpoold's CPU, busy %.0f µs per Batch "
+		                               "(%s)",
+		         busy == 0 ? r.daemon_cpu_us : spin,
+		         busy == 1 ? "engine (b)'s time for 64 cycles" : "the handler's time");
+		bench_json("floors", ours, kvpoold.units_per_s, "cycles/s", base, r.units_per_s,
+		           "higher");
 	}
 	return failed;
 }
@@ -607,7 +629,7 @@ main(int argc, char **argv)
 	printf("\n");
 	double eng_b = engine_b_rate(seconds);
 	long core_cycles = 0;
-	double core = core_b_rate(seconds, &core_cycles);
+	double core = core_rate = core_b_rate(seconds, &core_cycles);
 	printf("engine loop (b) in this process, this run: %.0f cycles/s (the batched cycle's "
 	       "baseline; aim: a quarter)\n", eng_b);
 	printf("the daemon's handler alone on the batched cycle, in this process: %.0f cycles/s, "
@@ -631,7 +653,7 @@ main(int argc, char **argv)
 		       eng_b > 0 ? r.units_per_s / eng_b : 0, r.p50_us, r.daemon_cpu_us);
 		failed = r.failed;
 		if (echo_pid > 0)
-			failed |= placed_rows(echo_pid, only_batch, eng_b, 0);
+			failed |= placed_rows(echo_pid, only_batch, eng_b, 0, r);
 	}
 	for (int t = 0; t < 2 && !only_batch; t++) {
 		const char *url = t ? tcp_url : ipc_url, *eurl = t ? echo_tcp : echo_ipc;
@@ -679,7 +701,7 @@ main(int argc, char **argv)
 				}
 			}
 			if (t == 0 && clients == 8 && echo_pid > 0 && batch_req_len > 0)
-				failed |= placed_rows(echo_pid, clients, eng_b, raw.p50_us);
+				failed |= placed_rows(echo_pid, clients, eng_b, raw.p50_us, batch);
 		}
 	}
 	int status = kvp_reap(child, 10000);

@@ -2,14 +2,18 @@
 """BENCHMARKS.md's generated tables, from the benchmark programs' own
 machine-readable figures (KVP_BENCH_JSON: bench_json.py, bench_util.h).
 
-    python3 tests/bench/report.py run [--quick] [--only AREA,...] [--out FILE]
+    python3 tests/bench/report.py run [--quick] [--all | --only AREA,...] [--out FILE]
         runs each area's benchmark with KVP_BENCH_JSON set and writes every
         figure, with the command, date, machine and commit, to FILE
-        (default build/bench-results.jsonl); fails if an area gave none
-    python3 tests/bench/report.py render [FILE]
-        replaces each area's table in BENCHMARKS.md (between
-        <!-- bench:AREA --> and <!-- /bench:AREA -->) with FILE's figures;
-        areas FILE does not hold keep theirs
+        (default build/bench-results.jsonl); fails if an area gave none.
+        Without --only: every area but the long ones (the 10-minute soak)
+        and those that need a GPU; --all adds the soak, and the GPU areas
+        where nvidia-smi finds a device. --quick runs every area but the
+        GPU's, each as a smoke run (CI)
+    python3 tests/bench/report.py render [FILE] [--into DOC]
+        replaces each area's table in BENCHMARKS.md, or DOC (between
+        <!-- bench:AREA --> and <!-- /bench:AREA -->) with FILE's figures
+        and notes; areas FILE does not hold keep theirs
 
 Each row is a figure beside a baseline measured in the same run, and
 kvpool's advantage over it (higher is better: value / baseline; lower is
@@ -26,7 +30,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV = "$(sh tests/vllm/env.sh)/bin/python"
-# area -> (title, command run from the repository root; {venv} is vLLM 0.33's Python)
+# area -> (title, command run from the repository root; {venv} is vLLM 0.33's Python).
+# A command's --quick form appends --quick, but for those in QUICK.
 AREAS = {
     "engine": ("The engine against vLLM 0.33's own BlockPool (Python), and the remote cycle",
                "{venv} tests/bench/bench_vllm_engine.py build"),
@@ -45,7 +50,43 @@ AREAS = {
                "./build/tests/bench/kvp-bench-region"),
     "executor": ("The executor (cpu backend) and the data plane's calls against memcpy and raw "
                  "nng", "./build/tests/bench/kvp-bench-executor"),
+    "floors": ("The batched cycle against what nng leaves a daemon (placed: clients on one CPU, "
+               "the server on the other)",
+               "./build/tests/bench/kvp-bench-service --only-batch=8 --pin 0,1"),
+    "soak": ("Honest clients beside hostile peers: the hostile soak",
+             "./build/tests/kvp-soak-hostile --seconds 600"),
+    "gpu": ("The executor on a GPU (cuda backend)",
+            "./build-gpu/tests/bench/kvp-bench-executor --gpu"),
 }
+LONG = {"soak"}
+GPU = {"gpu"}
+PINNED = {"s256", "floors"}
+QUICK = {"soak": "./build/tests/kvp-soak-hostile --seconds 10 --quick"}
+
+
+def have_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+def chosen(args):
+    if args.only:
+        return args.only.split(",")
+    if args.quick:
+        return [a for a in AREAS if a not in GPU]
+    skip = set() if args.all else set(LONG)
+    if not (args.all and have_gpu()):
+        skip |= GPU
+    return [a for a in AREAS if a not in skip]
+
+
+def runnable(area):
+    """Why an area cannot run on this machine, or None."""
+    if area in PINNED and (os.cpu_count() or 1) < 2:
+        return "needs two CPUs (--pin 0,1)"
+    return None
 
 
 def machine():
@@ -73,25 +114,31 @@ def commit():
 def run(args):
     venv = subprocess.run(["sh", "tests/vllm/env.sh"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
-    areas = args.only.split(",") if args.only else list(AREAS)
+    areas = chosen(args)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "machine": machine(), "commit": commit(), "quick": args.quick}
     out, bad = [], []
     for area in areas:
         if area not in AREAS:
             sys.exit(f"report: no area {area!r} (areas: {', '.join(AREAS)})")
-        shown = AREAS[area][1].format(venv=VENV) + (" --quick" if args.quick else "")
-        cmd = AREAS[area][1].format(venv=os.path.join(venv, "bin", "python") if venv else "false")
-        cmd += " --quick" if args.quick else ""
+        if runnable(area):
+            print(f"report: {area}: skipped: {runnable(area)}", file=sys.stderr)
+            continue
+        base = AREAS[area][1]
+        if args.quick:
+            base = QUICK.get(area, base + " --quick")
+        shown = base.format(venv=VENV)
+        cmd = base.format(venv=os.path.join(venv, "bin", "python") if venv else "false")
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as tmp:
             print(f"report: {area}: {shown}", file=sys.stderr, flush=True)
             r = subprocess.run(cmd, shell=True, cwd=ROOT,
                                env={**os.environ, "KVP_BENCH_JSON": tmp.name})
             figures = [json.loads(line) for line in tmp if line.strip()]
-        mine = [f for f in figures if f.get("area") == area]
+        mine = [f for f in figures if f.get("area") == area and "value" in f]
+        notes = [f for f in figures if f.get("area") == area and "note" in f]
         if r.returncode != 0 or not mine:
             bad.append(f"{area} (exit {r.returncode}, {len(mine)} figures)")
-        out += [{**f, **meta, "command": shown} for f in mine]
+        out += [{**f, **meta, "command": shown} for f in mine + notes]
     path = args.out or os.path.join(ROOT, "build", "bench-results.jsonl")
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(x) + "\n" for x in out)
@@ -111,7 +158,9 @@ def fmt(v, unit):
     return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
 
 
-def table(area, figs):
+def table(area, items):
+    figs = [x for x in items if "value" in x]
+    notes = [x["note"] for x in items if "note" in x]
     f0 = figs[0]
     quick = " (`--quick`: a smoke run, not a measurement)" if f0.get("quick") else ""
     lines = [f"<!-- bench:{area} -->",
@@ -127,6 +176,8 @@ def table(area, figs):
         adv = (v / b if f["better"] == "higher" else b / v) if v > 0 and b > 0 else 0
         lines.append(f"| {f['row']} | {fmt(v, f['unit'])} | {f['baseline']} | "
                      f"{fmt(b, f['unit'])} | {adv:.2f}x |")
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
     lines.append(f"<!-- /bench:{area} -->")
     return "\n".join(lines)
 
@@ -135,7 +186,7 @@ def render(args):
     path = args.file or os.path.join(ROOT, "build", "bench-results.jsonl")
     with open(path, encoding="utf-8") as f:
         figs = [json.loads(line) for line in f if line.strip()]
-    doc_path = os.path.join(ROOT, "BENCHMARKS.md")
+    doc_path = args.into or os.path.join(ROOT, "BENCHMARKS.md")
     with open(doc_path, encoding="utf-8") as f:
         doc = f.read()
     done = []
@@ -144,12 +195,12 @@ def render(args):
         pat = re.compile(rf"<!-- bench:{re.escape(area)} -->.*?<!-- /bench:{re.escape(area)} -->",
                          re.S)
         if not pat.search(doc):
-            sys.exit(f"report: BENCHMARKS.md has no <!-- bench:{area} --> block to replace")
+            sys.exit(f"report: {doc_path} has no <!-- bench:{area} --> block to replace")
         doc = pat.sub(lambda _: block, doc)
         done.append(area)
     with open(doc_path, "w", encoding="utf-8") as f:
         f.write(doc)
-    print(f"report: BENCHMARKS.md: {', '.join(done)} regenerated", file=sys.stderr)
+    print(f"report: {doc_path}: {', '.join(done)} regenerated", file=sys.stderr)
 
 
 def main():
@@ -158,9 +209,11 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--quick", action="store_true")
     r.add_argument("--only")
+    r.add_argument("--all", action="store_true")
     r.add_argument("--out")
     g = sub.add_parser("render")
     g.add_argument("file", nargs="?")
+    g.add_argument("--into")
     a = ap.parse_args()
     run(a) if a.cmd == "run" else render(a)
 

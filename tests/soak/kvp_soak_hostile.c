@@ -22,6 +22,7 @@
  * free; kvpoold's exit status 0 (its drain found the invariants intact).
  */
 #include "daemon_util.h"
+#include "bench/bench_util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -285,6 +286,40 @@ rss_mib(void)
 	return proc_rss_bytes(daemon_pid) / 1048576.0;
 }
 
+/* The report as BENCHMARKS.md's figures (KVP_BENCH_JSON): the attacked half against the first. */
+static void
+report_json(double half, double p0, double p1, double rss0, double peak, double rss_end,
+            unsigned free_blocks, int exit_status)
+{
+	char note[512];
+	snprintf(note, sizeof(note), "%d honest clients without a token (unauthenticated, sharing "
+	         "127.0.0.1 with the attackers) run request cycles over ipc and tcp for %.0f s and a "
+	         "prober asks `/healthz` every 200 ms; the second %.0f s add 4 peers that pipeline "
+	         "requests and never read (reconnecting when cut), 100 admin connections sending a "
+	         "byte a second, 20 vLLM-wire replay peers asking for the whole ring every 2 s and "
+	         "10 vLLM-wire subscribers, none of which read", HONEST, 2 * half, half);
+	bench_note("soak", note);
+	bench_json("soak", "honest p99 beside the attackers (uniform sample of each half's calls)",
+	           p1, "ms", "the same run's first half, honest clients alone", p0, "lower");
+	bench_json("soak", "honest calls per second beside the attackers", (double)seen[1] / half,
+	           "calls/s", "the same run's first half, honest clients alone",
+	           (double)seen[0] / half, "higher");
+	snprintf(note, sizeof(note), "honest calls: %lu, failed %lu, over 1 s %lu; honest "
+	         "connections cut before the attackers came: %.0f (aims: 0)",
+	         atomic_load(&calls), atomic_load(&failures), atomic_load(&over_1s), honest_cuts);
+	bench_note("soak", note);
+	snprintf(note, sizeof(note), "`/healthz` probes failed: %lu of %lu (aim: 0)",
+	         atomic_load(&probe_failures), atomic_load(&probes));
+	bench_note("soak", note);
+	snprintf(note, sizeof(note), "kvpoold RSS: %.1f MiB at start, peak %.1f MiB, %.1f MiB at "
+	         "the end (aim: peak within %d MiB of the start)", rss0, peak, rss_end,
+	         RSS_MARGIN_MIB);
+	bench_note("soak", note);
+	snprintf(note, sizeof(note), "blocks free at the end: %u of %u; kvpoold exit %d (its "
+	         "drain's invariant check)", free_blocks, BLOCKS - 1, exit_status);
+	bench_note("soak", note);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -392,6 +427,7 @@ main(int argc, char **argv)
 	       MAX_SAMPLES, atomic_load(&failures),
 	       atomic_load(&over_1s), p0, p1, p0 > 0 ? p1 / p0 : 0, atomic_load(&probe_failures),
 	       atomic_load(&probes), rss0, peak, rss_end, st.num_free, BLOCKS - 1, exit_status);
+	report_json(half, p0, p1, rss0, peak, rss_end, st.num_free, exit_status);
 	for (unsigned long i = 0; i < atomic_load(&failures) && i < 4; i++)
 		printf("  failure: %s\n", why[i]);
 	printf("  connections cut before the attackers came: %.0f\n", honest_cuts);
