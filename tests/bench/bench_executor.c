@@ -398,7 +398,7 @@ bench_remote(const char *daemon, bool quick, const char *executor)
 			char row[200];
 			snprintf(row, sizeof(row), "%s through kvpoold (%s backend) over %s, %s",
 			         w ? "WriteBlocks" : "ReadBlocks", executor, t ? "tcp" : "ipc", label);
-			bench_json("executor", row, ours, "B/s",
+			bench_json(strcmp(executor, "cuda") == 0 ? "gpu" : "executor", row, ours, "B/s",
 			           "raw nng round trip of the same bytes, filled by memcpy", filled,
 			           "higher");
 		}
@@ -451,6 +451,37 @@ host_call_s(struct kvp_exec *e, bool read, uint32_t n, unsigned char *buf, size_
  * the executor's pinned staging) against cudaMemcpy from and to pinned
  * memory, all of the same bytes in the same run.
  */
+/* --gpu's figures (KVP_BENCH_JSON): each kernel against a D2D cudaMemcpy of its bytes. */
+static void
+gpu_kernel_json(uint32_t tokens, uint32_t n, const struct kvp_exec_bench *b)
+{
+	const char *name[] = {"gather", "scatter", "copy", "write_tokens"};
+	double gbps[] = {b->gather_gbps, b->scatter_gbps, b->copy_gbps, b->write_tokens_gbps};
+	for (int k = 0; k < 4; k++) {
+		char row[160];
+		snprintf(row, sizeof(row), "%s, %u blocks of %u tokens (%.0f MiB)", name[k], n, tokens,
+		         (double)b->bytes / (1 << 20));
+		bench_json("gpu", row, gbps[k] * 1e9, "B/s",
+		           "device-to-device cudaMemcpy of the same bytes", b->d2d_gbps * 1e9, "higher");
+	}
+}
+
+/* read_blocks / write_blocks (malloc'd host memory) against cudaMemcpy from pinned memory. */
+static void
+gpu_host_json(uint32_t tokens, unsigned threads, uint32_t n, const struct kvp_exec_bench *b,
+              double read_gbps, double write_gbps)
+{
+	char row[160];
+	snprintf(row, sizeof(row), "read_blocks to malloc'd memory, %u copy threads, %u blocks of "
+	         "%u tokens (%.0f MiB)", threads, n, tokens, (double)b->bytes / (1 << 20));
+	bench_json("gpu", row, read_gbps * 1e9, "B/s", "cudaMemcpy device to pinned host",
+	           b->d2h_pinned_gbps * 1e9, "higher");
+	snprintf(row, sizeof(row), "write_blocks from malloc'd memory, %u copy threads, %u blocks "
+	         "of %u tokens (%.0f MiB)", threads, n, tokens, (double)b->bytes / (1 << 20));
+	bench_json("gpu", row, write_gbps * 1e9, "B/s", "cudaMemcpy pinned host to device",
+	           b->h2d_pinned_gbps * 1e9, "higher");
+}
+
 static int
 bench_gpu(bool quick)
 {
@@ -491,6 +522,7 @@ bench_gpu(bool quick)
 			       n, (double)b[i].bytes / (1 << 20), b[i].gather_gbps, b[i].scatter_gbps,
 			       b[i].copy_gbps, b[i].write_tokens_gbps, b[i].d2d_gbps,
 			       b[i].gather_gbps / b[i].d2d_gbps);
+			gpu_kernel_json(sizes[z], n, &b[i]);
 		}
 		kvp_exec_close(e);
 		printf("\nhost memory (malloc) to and from the device, GB/s, by the executor's copy "
@@ -521,6 +553,7 @@ bench_gpu(bool quick)
 				       rg / b[i].d2h_pinned_gbps, b[i].d2h_pageable_gbps, wg,
 				       b[i].h2d_pinned_gbps, wg / b[i].h2d_pinned_gbps, b[i].h2d_pageable_gbps);
 				fflush(stdout);
+				gpu_host_json(sizes[z], th, n, &b[i], rg, wg);
 			}
 			kvp_exec_close(e);
 		}
