@@ -67,11 +67,14 @@ from vllm.v1.kv_offload.base import (
     RequestOffloadingContext,
     TransferResult,
 )
+from vllm.logger import init_logger
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvpool
 from kvpool import _lib as L
+
+logger = init_logger(__name__)
 
 __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
            "KVPoolRowsSpec"]
@@ -80,15 +83,20 @@ __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingW
 class KVPoolRowsSpec(LoadStoreSpec):
     """Rows of kvpoold's shared region, one per offloaded block, in the order
     of the job's GPU blocks; -1 (stores only): the key needs no write (it
-    was stored by someone else meanwhile, or the pool had no room)."""
+    was stored by someone else meanwhile, or the pool had no room). epoch
+    names the pool's life the rows belong to (Hello's event_epoch, new at
+    each kvpoold start, whose region is a new file); None: the worker's
+    current one."""
 
-    def __init__(self, keys: list[OffloadKey], rows: Optional[list[int]] = None):
+    def __init__(self, keys: list[OffloadKey], rows: Optional[list[int]] = None,
+                 epoch: Optional[int] = None):
         self.keys = list(keys)
         self.rows = np.full(len(self.keys), -1, dtype=np.int32) if rows is None else \
             np.asarray(rows, dtype=np.int32)
+        self.epoch = epoch
 
     def __repr__(self) -> str:
-        return f"KVPoolRowsSpec({self.rows.tolist()})"
+        return f"KVPoolRowsSpec({self.rows.tolist()}, epoch={self.epoch})"
 
 
 def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None) -> kvpool.Client:
@@ -190,6 +198,12 @@ class KVPoolOffloadingManager(OffloadingManager):
             self._reserved.clear()
             return fn(self._client, *args)
 
+    def _epoch(self) -> int:
+        """The pool's life this session belongs to: the rows it hands out are that region's."""
+        if self._client is None:
+            raise RuntimeError("kvpool: the offloading manager was shut down")
+        return int(self._client.info["event_epoch"])
+
     def _check_key(self, key: OffloadKey) -> None:
         if len(key) != self._key_len:
             raise ValueError(f"kvpool: an offload key of {len(key)} bytes; the pool's are "
@@ -230,7 +244,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         for k in keys:
             self._loading[k] += 1
             self._used[k] = self._step
-        return KVPoolRowsSpec(keys, [self._rows[k] for k in keys])
+        # _rows holds only the current session's rows: a renewed session clears it
+        return KVPoolRowsSpec(keys, [self._rows[k] for k in keys], self._epoch())
 
     def touch(self, keys, req_context: ReqContext) -> None:
         return  # the pool's LRU is kvpoold's: a lock and its release are the touch
@@ -328,8 +343,10 @@ class KVPoolOffloadingManager(OffloadingManager):
             else:
                 self._storing.discard(k)  # stored by someone already, or no room
                 self._stored_elsewhere[k] = self._step
+        epoch = self._epoch()  # the session that answered: a renewed one's, if _call renewed it
         for s in specs:
             s.rows[:] = [row_of[k] for k in s.keys]
+            s.epoch = epoch
 
     def _flush_lookups(self) -> None:
         if not self._pending_lookup:
@@ -355,25 +372,38 @@ class KVPoolOffloadingManager(OffloadingManager):
             self._client = None
 
 
+class _Mapping:
+    """One pool life's region mapped in a worker: its session, the region and
+    the region as an int8 tensor (pinned for CUDA copies)."""
+
+    def __init__(self, client: kvpool.Client, region: Any, rows: Any, epoch: int):
+        self.client, self.region, self.rows, self.epoch = client, region, rows, epoch
+        self.base = rows.data_ptr()
+        self.stride = region.row_stride
+        self.jobs = 0  # CUDA jobs in flight on it
+
+
 class KVPoolOffloadingWorker(OffloadingWorker):
     """Copies between vLLM's KV cache tensors and this worker's shard of
     kvpoold's region rows. CPU tensors are copied when submitted; CUDA
-    tensors on a side stream into the pinned region, completed by event."""
+    tensors on a side stream into the pinned region, completed by event.
+
+    A restarted kvpoold has a new region (another file): a job names its
+    pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
+    first time a job names it, keeping the one before for the jobs issued
+    before the scheduler renewed its session. A job whose region is gone
+    (kvpoold restarted twice within a step) is reported failed, never run
+    against other rows."""
 
     def __init__(self, extra: dict[str, Any], config: OffloadingConfig,
                  kv_caches: CanonicalKVCaches):
         import torch
         self._torch = torch
-        self._client = _connect(extra, f"vllm-worker {config.engine_id}/{config.parallel.rank}")
-        need = max((sum(r.page_size_bytes for r in refs) for refs in kv_caches.group_data_refs),
-                   default=0)
-        _check_tier(self._client, config, 1, need)
-        self._region = self._client.region()
-        self._stride = self._region.row_stride
-        self._shard = config.parallel.rank * self._region.shard_bytes
-        self._rows: Any = torch.frombuffer(self._region._mm, dtype=torch.int8)
-        # row i at i x row_stride: the region as a (rows, row_stride) table
-        self._base = self._rows.data_ptr()
+        self._extra, self._config = dict(extra), config
+        self._name = f"vllm-worker {config.engine_id}/{config.parallel.rank}"
+        self._need = max((sum(r.page_size_bytes for r in refs)
+                          for refs in kv_caches.group_data_refs), default=0)
+        self._rank = config.parallel.rank
         self._threads = min(8, os.cpu_count() or 1)
         self._tensors = [t.tensor for t in kv_caches.tensors]
         # per group: (tensor index, page bytes, offset in the shard)
@@ -385,17 +415,71 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 off += ref.page_size_bytes
             self._layout.append(lay)
         self._cuda = any(t.is_cuda for t in self._tensors)
-        self._stream = None
-        if self._cuda:
-            cudart = torch.cuda.cudart()
-            ptr = self._rows.data_ptr()
-            rv = cudart.cudaHostRegister(ptr, self._rows.numel(), 0)
-            if int(rv) != 0:
-                raise RuntimeError(f"kvpool: cudaHostRegister of the region failed ({rv})")
-            self._stream = torch.cuda.Stream()
-        self._inflight: list[tuple[int, Any, int, float]] = []
+        self._stream = torch.cuda.Stream() if self._cuda else None
+        self._maps: list[_Mapping] = [self._map()]  # newest last; at most two
+        self._inflight: list[tuple[int, Any, int, float, Optional[_Mapping]]] = []
         self._done: list[TransferResult] = []
         self._lock = threading.Lock()
+
+    # ---- the region of each pool life ----
+    def _map(self) -> _Mapping:
+        """A session with the pool as it runs now, and its region mapped."""
+        torch = self._torch
+        client = _connect(self._extra, self._name)
+        try:
+            _check_tier(client, self._config, 1, self._need)
+            region = client.region()
+        except BaseException:
+            client.close()
+            raise
+        rows = torch.frombuffer(region._mm, dtype=torch.int8)
+        if self._cuda:
+            rv = torch.cuda.cudart().cudaHostRegister(rows.data_ptr(), rows.numel(), 0)
+            if int(rv) != 0:
+                del rows
+                region.close()
+                client.close()
+                raise RuntimeError(f"kvpool: cudaHostRegister of the region failed ({rv})")
+        return _Mapping(client, region, rows, int(client.info["event_epoch"]))
+
+    def _unmap(self, m: _Mapping) -> None:
+        if self._cuda:
+            self._torch.cuda.cudart().cudaHostUnregister(m.base)
+        m.rows = None
+        try:
+            m.region.close()
+        except BufferError:
+            pass  # a view is still alive somewhere: the mapping goes with it
+        try:
+            m.client.close()
+        except kvpool.KvpoolError:
+            pass  # its kvpoold is gone: so is the session
+
+    def _mapping(self, epoch: Optional[int]) -> Optional[_Mapping]:
+        """The mapping of the pool life epoch names (None: the newest), mapping
+        the running kvpoold's region when epoch is new; None if it is gone."""
+        for m in reversed(self._maps):
+            if epoch is None or m.epoch == epoch:
+                return m
+        new = self._map()
+        if new.epoch == self._maps[-1].epoch:
+            self._unmap(new)  # kvpoold has not restarted: epoch names no life of it we can map
+        else:
+            with self._lock:
+                # Keep the newest two; an older one goes once its CUDA jobs are done.
+                old = self._maps[:-1]
+                self._maps = self._maps[-1:] + [new]
+                events = [e for _, e, _, _, jm in self._inflight
+                          if any(jm is m for m in old) and e is not None and e is not False]
+            for e in events:
+                e.synchronize()
+            for m in old:
+                self._unmap(m)
+        if new.epoch != epoch:
+            logger.error(f"kvpool: a transfer names pool life {epoch:#x}, whose region is gone "
+                 f"(kvpoold now runs {new.epoch:#x}): reported failed, not copied")
+            return None
+        return new
 
     def _pairs(self, gpu: GPULoadStoreSpec, rows: np.ndarray):
         """(group, gpu block, row) for each block of the job."""
@@ -416,6 +500,12 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         blocks = np.asarray(gpu.block_ids, dtype=np.int64)
         if not store and (rows <= 0).any():
             raise RuntimeError(f"kvpool: load job {job_id} has a block with no row")
+        m = self._mapping(getattr(spec, "epoch", None))
+        if m is None:
+            with self._lock:
+                self._inflight.append((job_id, False, 0, t0, None))
+            return True
+        shard = self._rank * m.region.shard_bytes
         stream_ctx: Any = torch.cuda.stream(self._stream) if self._cuda else _nullctx()
         with stream_ctx:
             start = 0
@@ -428,12 +518,12 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 if len(r) == 0:
                     continue
                 if self._cuda:
-                    nbytes += self._copy_pages(g, b, r, store)
+                    nbytes += self._copy_pages(m, g, b, r, store)
                     continue
                 dst, src, lens = [], [], []
                 for t, page, off in self._layout[g]:
                     ten = self._tensors[t]
-                    rowp = self._base + r * self._stride + self._shard + off
+                    rowp = m.base + r * m.stride + shard + off
                     blkp = ten.data_ptr() + b * ten.stride(0) * ten.element_size()
                     dst.append(rowp if store else blkp)
                     src.append(blkp if store else rowp)
@@ -445,22 +535,24 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 # one C call: every page of the group's layers, memcpy'd over this host's cores
                 L.kvp_copy_many(d.ctypes.data, s_.ctypes.data, ln.ctypes.data, len(d),
                                 self._threads)
-        event = None
+        event: Any = None
         if self._cuda:
             event = torch.cuda.Event()
             event.record(self._stream)
         with self._lock:
-            self._inflight.append((job_id, event, nbytes, t0))
+            self._inflight.append((job_id, event, nbytes, t0, m))
         return True
 
-    def _copy_pages(self, g: int, blocks: np.ndarray, rows: np.ndarray, store: bool) -> int:
+    def _copy_pages(self, m: _Mapping, g: int, blocks: np.ndarray, rows: np.ndarray,
+                    store: bool) -> int:
         """CUDA: each page between device memory and its pinned row, on the side
         stream (DMA; a batched kernel would launch less). Not run here: no GPU."""
         nbytes = 0
+        shard = self._rank * m.region.shard_bytes
         for block, row in zip(blocks.tolist(), rows.tolist()):
-            base = row * self._stride + self._shard
+            base = row * m.stride + shard
             for t, page, off in self._layout[g]:
-                host = self._rows[base + off:base + off + page]
+                host = m.rows[base + off:base + off + page]
                 dev = self._tensors[t][block, :page]
                 (host if store else dev).copy_(dev if store else host, non_blocking=True)
                 nbytes += page
@@ -474,30 +566,32 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         return self._run(job_id, dst_spec, src_spec, False)
 
     def get_finished(self) -> list[TransferResult]:
+        """Jobs done since the last call; event False: a job not run (its region is gone)."""
         out = []
         with self._lock:
             keep = []
-            for job_id, event, nbytes, t0 in self._inflight:
-                if event is None or event.query():
-                    out.append(TransferResult(job_id=job_id, success=True, transfer_size=nbytes,
+            for job_id, event, nbytes, t0, m in self._inflight:
+                if event is None or event is False or event.query():
+                    out.append(TransferResult(job_id=job_id, success=event is not False,
+                                              transfer_size=nbytes,
                                               transfer_time=time.perf_counter() - t0))
                 else:
-                    keep.append((job_id, event, nbytes, t0))
+                    keep.append((job_id, event, nbytes, t0, m))
             self._inflight = keep
         return out
 
     def wait(self, job_ids: set[int]) -> None:
         with self._lock:
-            events = [e for j, e, _, _ in self._inflight if j in job_ids and e is not None]
+            events = [e for j, e, _, _, _ in self._inflight
+                      if j in job_ids and e is not None and e is not False]
         for e in events:
             e.synchronize()
 
     def shutdown(self) -> None:
-        if self._cuda:
-            self._torch.cuda.cudart().cudaHostUnregister(self._rows.data_ptr())
-        self._rows = None
-        self._region.close()
-        self._client.close()
+        self.wait({j for j, _, _, _, _ in self._inflight})
+        maps, self._maps = self._maps, []
+        for m in maps:
+            self._unmap(m)
 
 
 class _nullctx:

@@ -398,7 +398,72 @@ def test_tensor_parallel_workers_write_their_own_shard(tmp_path):
                 w.get_finished()
                 shard = bytes(reg.shard(rows[0], rank))
                 assert bytes(gpu[rank][0][1].numpy()) == shard[:page]
+            # A job naming another life of the pool (a region gone with a restart) is
+            # reported failed, and copies nothing.
+            for t in gpu[0]:
+                t.zero_()
+            stale = KVPoolRowsSpec(keys, rows, epoch=c.info["event_epoch"] ^ 1)
+            assert ws[0].submit_load(20, stale, blocks)
+            assert [(r.job_id, r.success) for r in ws[0].get_finished()] == [(20, False)]
+            assert not any(t.any() for t in gpu[0])
             for w in ws:
                 w.shutdown()
     finally:
+        stop(proc)
+
+
+def test_engines_outlive_a_kvpoold_restart(model_dir, tmp_path):
+    """kvpoold restarts (a crash, an upgrade) under running engines: its new
+    region is another file, so a worker still mapping the old one must not
+    copy to or from it. Engine B, alive across the restart, loads what an
+    engine stored after it with the right bytes, and what B stores after it
+    reaches the new region (engine C loads it)."""
+    d = tmp_path / "restart"
+    d.mkdir()
+    args = ("--region-dir", str(tmp_path), "--pool",
+            f"name=tier,blocks=64,block_size={BS},executor=cpu,layers={LAYERS},heads={HEADS},"
+            f"head_size={HEAD},dtype=fp32")
+    proc, url, _ = start(d, *args, pool="tier")
+    engines = []
+    try:
+        a = Engine(model_dir, url, "restart-a")
+        a.add(PROMPT)
+        a.run()
+        b = Engine(model_dir, url, "restart-b")
+        engines += [a, b]
+        first, _ = b.serve(b.add(PROMPT))
+        assert first == len(PROMPT) - 4 * BS  # B's worker has mapped the first region
+
+        proc.kill()
+        proc.wait()
+        proc, url2, _ = start(d, *args, pool="tier")
+        assert url2 == url
+        # A (its manager renews its session) stores a new prompt in the new region.
+        other = list(range(5000, 5000 + 4 * BS + 3))
+        a.add(other)
+        a.run()
+        # B loads it: its worker must read the new region's rows, not the old file's.
+        rb = b.add(other)
+        first, loaded = b.serve(rb)
+        assert first == len(other) - 4 * BS, first
+        for i in range(4):
+            for got in loaded[i]:
+                assert torch.equal(got, pattern(bytes(rb.block_hashes[i]) + b"\0", b.page)), \
+                    f"block {i}: B read the old region"
+        # B stores a third prompt; C, a new engine, loads B's bytes from the new region.
+        third = list(range(9000, 9000 + 4 * BS + 1))
+        b.add(third)
+        b.run()
+        c = Engine(model_dir, url, "restart-c")
+        engines.append(c)
+        rc = c.add(third)
+        first, loaded = c.serve(rc)
+        assert first == len(third) - 4 * BS, first
+        for i in range(4):
+            for got in loaded[i]:
+                assert torch.equal(got, pattern(bytes(rc.block_hashes[i]) + b"\0", c.page)), \
+                    f"block {i}: B's store did not reach the new region"
+    finally:
+        for e in engines:
+            e.close()
         stop(proc)
