@@ -75,6 +75,7 @@ import kvpool
 from kvpool import _lib as L
 
 logger = init_logger(__name__)
+_BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
 
 __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
            "KVPoolRowsSpec"]
@@ -99,7 +100,12 @@ class KVPoolRowsSpec(LoadStoreSpec):
         return f"KVPoolRowsSpec({self.rows.tolist()}, epoch={self.epoch})"
 
 
-def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None) -> kvpool.Client:
+class _TierDown(Exception):
+    """kvpoold did not answer in time: the scheduler goes on without the tier."""
+
+
+def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None,
+             timeout_ms: int = 5000, retries: int = 2) -> kvpool.Client:
     url = extra.get("kvpool_url")
     if not url:
         raise ValueError("kvpool: kv_connector_extra_config needs kvpool_url "
@@ -110,7 +116,9 @@ def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None) -
         with open(tf, encoding="utf-8") as f:
             token = f.read().strip()
     return kvpool.Client(url, pool=extra.get("kvpool_pool", "default"), token=token,
-                         client_name=name, timeout_ms=int(extra.get("kvpool_timeout_ms", 5000)),
+                         client_name=name,
+                         timeout_ms=int(extra.get("kvpool_timeout_ms", timeout_ms)),
+                         retries=retries,
                          vllm_pod=vllm_pod)
 
 
@@ -164,7 +172,7 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._extra = dict(extra)
         self._name = f"vllm-scheduler {config.engine_id}"
         self._pod = _engine_pod(self._extra)
-        self._client: Optional[kvpool.Client] = _connect(self._extra, self._name, self._pod)
+        self._client: Optional[kvpool.Client] = self._open()
         _check_tier(self._client, config, blocks_per_chunk)
         self._key_len = self._client.key_len
         self._rows: dict[OffloadKey, int] = {}        # keys this session holds locked
@@ -180,29 +188,71 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._to_abort: list[OffloadKey] = []
         self._step = 0
         self.round_trips = 0
+        self._shut = False
+        self._down_since: Optional[float] = None  # when kvpoold stopped answering
+        self._down_until = 0.0                     # no call before then
+        self._backoff = _BACKOFF_S
 
-    # ---- the pool, with one reconnect when the session was lost (idle past its lease) ----
+    # ---- the pool: a new session when the old one is gone; an outage is a miss ----
+    def _open(self) -> kvpool.Client:
+        # A scheduler step waits on the tier for at most a second: past that it is down.
+        return _connect(self._extra, self._name, self._pod, timeout_ms=1000, retries=0)
+
     def _call(self, fn, *args):
-        if self._client is None:
+        """fn(client, *args); _TierDown while kvpoold does not answer (the
+        callers then miss, skip the store or drop the release), retried after
+        a backoff of 0.5 s doubling to 5 s, so an outage costs the scheduler
+        one timeout per backoff, not one per call."""
+        if self._shut:
             raise RuntimeError("kvpool: the offloading manager was shut down")
+        if time.monotonic() < self._down_until:
+            raise _TierDown()
         try:
-            self.round_trips += 1
-            return fn(self._client, *args)
-        except kvpool.Unauthenticated:
-            # The lease ran out while the engine was idle: reservations and locks went with it.
-            self._client.close()
-            self._client = _connect(self._extra, self._name, self._pod)
-            for state in (self._rows, self._used, self._loading, self._missed,
-                          self._stored_elsewhere):
-                state.clear()
-            self._reserved.clear()
-            return fn(self._client, *args)
+            if self._client is None:
+                self._renew()
+            try:
+                self.round_trips += 1
+                out = fn(self._client, *args)
+            except kvpool.Unauthenticated:
+                # The session is gone (its lease ran out while the engine was idle, or
+                # kvpoold restarted): its reservations and locks went with it.
+                self._renew()
+                self.round_trips += 1
+                out = fn(self._client, *args)
+        except (kvpool.Busy, kvpool.Unavailable) as e:
+            self._outage(e)
+            raise _TierDown() from e
+        if self._down_since is not None:
+            logger.info("kvpool: the tier at %s answers again after %.1f s",
+                        self._extra.get("kvpool_url"), time.monotonic() - self._down_since)
+            self._down_since, self._backoff = None, _BACKOFF_S
+        return out
 
-    def _epoch(self) -> int:
+    def _renew(self) -> None:
+        old, self._client = self._client, None
+        if old is not None:
+            try:
+                old.close()
+            except kvpool.KvpoolError:
+                pass  # its kvpoold is gone, and the session with it
+        for state in (self._rows, self._used, self._loading, self._missed,
+                      self._stored_elsewhere):
+            state.clear()
+        self._reserved.clear()
+        self._client = self._open()
+
+    def _outage(self, e: Exception) -> None:
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+            logger.warning("kvpool: the tier at %s does not answer (%s): lookups miss and "
+                           "stores are skipped until it does", self._extra.get("kvpool_url"), e)
+        self._down_until = now + self._backoff
+        self._backoff = min(2 * self._backoff, _BACKOFF_MAX_S)
+
+    def _epoch(self) -> Optional[int]:
         """The pool's life this session belongs to: the rows it hands out are that region's."""
-        if self._client is None:
-            raise RuntimeError("kvpool: the offloading manager was shut down")
-        return int(self._client.info["event_epoch"])
+        return None if self._client is None else int(self._client.info["event_epoch"])
 
     def _check_key(self, key: OffloadKey) -> None:
         if len(key) != self._key_len:
@@ -234,7 +284,11 @@ class KVPoolOffloadingManager(OffloadingManager):
         missing = list(dict.fromkeys(k for k in keys if k not in self._rows))
         if missing:
             # Not answered HIT by lookup() this step (vLLM never does this): lock them now.
-            rows, _ = self._call(kvpool.Client.lookup_and_lock, missing)
+            try:
+                rows, _ = self._call(kvpool.Client.lookup_and_lock, missing)
+            except _TierDown:
+                raise RuntimeError("kvpool: prepare_load while the tier does not answer") \
+                    from None
             if any(r <= 0 for r in rows):
                 got = [k for k, r in zip(missing, rows) if r > 0]
                 if got:
@@ -307,13 +361,13 @@ class KVPoolOffloadingManager(OffloadingManager):
             keys, self._to_commit = self._to_commit, []
             try:
                 self._call(kvpool.Client.commit, keys, None, False)
-            except kvpool.NotFound:
-                pass  # the session was renewed: those reservations went with the old one
+            except (kvpool.NotFound, _TierDown):
+                pass  # the session was renewed, or is lost: its reservations go with it
         if self._to_abort:
             keys, self._to_abort = self._to_abort, []
             try:
                 self._call(kvpool.Client.abort, keys)
-            except kvpool.NotFound:
+            except (kvpool.NotFound, _TierDown):
                 pass
         # A lock no load holds and no lookup or load used in two steps goes.
         idle = [k for k, st in self._used.items()
@@ -324,8 +378,8 @@ class KVPoolOffloadingManager(OffloadingManager):
                 del self._rows[k]
             try:
                 self._call(kvpool.Client.unlock, idle)
-            except kvpool.NotOwner:
-                pass  # the session was renewed: those locks went with the old one
+            except (kvpool.NotOwner, _TierDown):
+                pass  # the session was renewed, or is lost: its locks go with it
 
     def _flush_stores(self) -> None:
         if not self._pending_store:
@@ -334,8 +388,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         keys = [k for s in specs for k in s.keys]  # distinct: prepare_store saw to that
         try:
             rows, _ = self._call(kvpool.Client.reserve, keys)
-        except kvpool.NoSpace:
-            rows = [-1] * len(keys)  # every row locked or reserved: nothing stored this step
+        except (kvpool.NoSpace, _TierDown):
+            rows = [-1] * len(keys)  # every row locked or reserved, or no tier: nothing stored
         row_of = dict(zip(keys, rows))
         for k, r in row_of.items():
             if r > 0:
@@ -355,7 +409,10 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._pending_lookup = {}
         if not keys:
             return
-        rows, _ = self._call(kvpool.Client.lookup_and_lock, keys)
+        try:
+            rows, _ = self._call(kvpool.Client.lookup_and_lock, keys)
+        except _TierDown:
+            rows = [-1] * len(keys)  # no tier: every key misses this step
         for k, r in zip(keys, rows):
             if r > 0:
                 self._rows[k] = r
@@ -367,8 +424,12 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._missed.clear()  # the shared tier is not this engine's to clear
 
     def shutdown(self) -> None:
+        self._shut = True
         if self._client is not None:
-            self._client.close()  # Goodbye: every reservation and lock goes
+            try:
+                self._client.close()  # Goodbye: every reservation and lock goes
+            except kvpool.KvpoolError:
+                pass  # kvpoold is gone, and the session with it
             self._client = None
 
 
@@ -461,7 +522,12 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         for m in reversed(self._maps):
             if epoch is None or m.epoch == epoch:
                 return m
-        new = self._map()
+        try:
+            new = self._map()
+        except kvpool.KvpoolError as e:
+            logger.error("kvpool: a transfer names pool life %#x, and kvpoold does not answer "
+                         "(%s): reported failed, not copied", epoch, e)
+            return None
         if new.epoch == self._maps[-1].epoch:
             self._unmap(new)  # kvpoold has not restarted: epoch names no life of it we can map
         else:
@@ -606,7 +672,9 @@ class KVPoolOffloadingSpec(OffloadingSpec):
     """The spec vLLM's OffloadingConnector loads (spec_name KVPoolOffloadingSpec,
     spec_module_path kvpool.vllm_offload). kv_connector_extra_config keys:
     kvpool_url (required), kvpool_pool (default "default"), kvpool_token or
-    kvpool_token_file, kvpool_timeout_ms, kvpool_vllm_pod (default $POD_IP)."""
+    kvpool_token_file, kvpool_timeout_ms (how long a call may wait: the
+    scheduler's 1000, past which the tier counts as down; the workers' 5000),
+    kvpool_vllm_pod (default $POD_IP)."""
 
     def __init__(self, config: OffloadingConfig):
         super().__init__(config)

@@ -413,11 +413,12 @@ def test_tensor_parallel_workers_write_their_own_shard(tmp_path):
 
 
 def test_engines_outlive_a_kvpoold_restart(model_dir, tmp_path):
-    """kvpoold restarts (a crash, an upgrade) under running engines: its new
-    region is another file, so a worker still mapping the old one must not
-    copy to or from it. Engine B, alive across the restart, loads what an
-    engine stored after it with the right bytes, and what B stores after it
-    reaches the new region (engine C loads it)."""
+    """kvpoold stops and restarts (a crash, an upgrade) under running engines.
+    While it is down an engine serves without the tier. Its new region is
+    another file, so a worker still mapping the old one must not copy to or
+    from it: engine B, alive across the restart, loads what an engine stored
+    after it with the right bytes, and what B stores after it reaches the new
+    region (engine C loads it)."""
     d = tmp_path / "restart"
     d.mkdir()
     args = ("--region-dir", str(tmp_path), "--pool",
@@ -436,8 +437,17 @@ def test_engines_outlive_a_kvpoold_restart(model_dir, tmp_path):
 
         proc.kill()
         proc.wait()
+        # While kvpoold is down B goes on without the tier: a new prompt misses and is
+        # computed whole, no step raises, and each try costs one short timeout per backoff.
+        down = list(range(7000, 7000 + 4 * BS + 2))
+        t0 = time.monotonic()
+        rd = b.add(down)
+        first, _ = b.serve(rd)
+        assert rd.is_finished() and first == len(down), first
+        assert time.monotonic() - t0 < 10, "the outage stalled the scheduler"
         proc, url2, _ = start(d, *args, pool="tier")
         assert url2 == url
+        time.sleep(max(0.0, b.manager._down_until - time.monotonic()))  # B's next try
         # A (its manager renews its session) stores a new prompt in the new region.
         other = list(range(5000, 5000 + 4 * BS + 3))
         a.add(other)
