@@ -535,15 +535,15 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 # Keep the newest two; an older one goes once its CUDA jobs are done.
                 old = self._maps[:-1]
                 self._maps = self._maps[-1:] + [new]
-                events = [e for _, e, _, _, jm in self._inflight
-                          if any(jm is m for m in old) and e is not None and e is not False]
-            for e in events:
-                e.synchronize()
+                events = [ev for _, ev, _, _, jm in self._inflight
+                          if any(jm is m for m in old) and ev is not None and ev is not False]
+            for ev in events:
+                ev.synchronize()
             for m in old:
                 self._unmap(m)
         if new.epoch != epoch:
-            logger.error(f"kvpool: a transfer names pool life {epoch:#x}, whose region is gone "
-                 f"(kvpoold now runs {new.epoch:#x}): reported failed, not copied")
+            logger.error("kvpool: a transfer names pool life %#x, whose region is gone (kvpoold "
+                         "now runs %#x): reported failed, not copied", epoch, new.epoch)
             return None
         return new
 
