@@ -72,7 +72,7 @@ from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvpool
-from kvpool import _lib as L
+from kvpool.kv_copy import PageCopier, RegionMap
 
 logger = init_logger(__name__)
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
@@ -433,21 +433,11 @@ class KVPoolOffloadingManager(OffloadingManager):
             self._client = None
 
 
-class _Mapping:
-    """One pool life's region mapped in a worker: its session, the region and
-    the region as an int8 tensor (pinned for CUDA copies)."""
-
-    def __init__(self, client: kvpool.Client, region: Any, rows: Any, epoch: int):
-        self.client, self.region, self.rows, self.epoch = client, region, rows, epoch
-        self.base = rows.data_ptr()
-        self.stride = region.row_stride
-        self.jobs = 0  # CUDA jobs in flight on it
-
-
 class KVPoolOffloadingWorker(OffloadingWorker):
     """Copies between vLLM's KV cache tensors and this worker's shard of
-    kvpoold's region rows. CPU tensors are copied when submitted; CUDA
-    tensors on a side stream into the pinned region, completed by event.
+    kvpoold's region rows (kvpool.kv_copy). CPU tensors are copied when
+    submitted; CUDA tensors on a side stream into the pinned region,
+    completed by event.
 
     A restarted kvpoold has a new region (another file): a job names its
     pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
@@ -462,61 +452,42 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         self._torch = torch
         self._extra, self._config = dict(extra), config
         self._name = f"vllm-worker {config.engine_id}/{config.parallel.rank}"
-        self._need = max((sum(r.page_size_bytes for r in refs)
-                          for refs in kv_caches.group_data_refs), default=0)
-        self._rank = config.parallel.rank
-        self._threads = min(8, os.cpu_count() or 1)
-        self._tensors = [t.tensor for t in kv_caches.tensors]
         # per group: (tensor index, page bytes, offset in the shard)
-        self._layout = []
+        layout = []
         for refs in kv_caches.group_data_refs:
             off, lay = 0, []
             for ref in refs:
                 lay.append((ref.tensor_idx, ref.page_size_bytes, off))
                 off += ref.page_size_bytes
-            self._layout.append(lay)
-        self._cuda = any(t.is_cuda for t in self._tensors)
+            layout.append(lay)
+        self._copier = PageCopier([t.tensor for t in kv_caches.tensors], layout,
+                                  rank=config.parallel.rank)
+        self._cuda = self._copier.cuda
         self._stream = torch.cuda.Stream() if self._cuda else None
-        self._maps: list[_Mapping] = [self._map()]  # newest last; at most two
-        self._inflight: list[tuple[int, Any, int, float, Optional[_Mapping]]] = []
-        self._done: list[TransferResult] = []
+        self._maps: list[RegionMap] = [self._map()]  # newest last; at most two
+        # (job, CUDA event, or None: done, or False: not run; bytes, start, its map)
+        self._inflight: list[tuple[int, Any, int, float, Optional[RegionMap]]] = []
         self._lock = threading.Lock()
 
     # ---- the region of each pool life ----
-    def _map(self) -> _Mapping:
+    def _map(self) -> RegionMap:
         """A session with the pool as it runs now, and its region mapped."""
-        torch = self._torch
         client = _connect(self._extra, self._name)
         try:
-            _check_tier(client, self._config, 1, self._need)
-            region = client.region()
+            _check_tier(client, self._config, 1, self._copier.shard_need())
+            return RegionMap(client, pin=self._cuda)
         except BaseException:
             client.close()
             raise
-        rows = torch.frombuffer(region._mm, dtype=torch.int8)
-        if self._cuda:
-            rv = torch.cuda.cudart().cudaHostRegister(rows.data_ptr(), rows.numel(), 0)
-            if int(rv) != 0:
-                del rows
-                region.close()
-                client.close()
-                raise RuntimeError(f"kvpool: cudaHostRegister of the region failed ({rv})")
-        return _Mapping(client, region, rows, int(client.info["event_epoch"]))
 
-    def _unmap(self, m: _Mapping) -> None:
-        if self._cuda:
-            self._torch.cuda.cudart().cudaHostUnregister(m.base)
-        m.rows = None
-        try:
-            m.region.close()
-        except BufferError:
-            pass  # a view is still alive somewhere: the mapping goes with it
+    def _unmap(self, m: RegionMap) -> None:
+        m.close()
         try:
             m.client.close()
         except kvpool.KvpoolError:
             pass  # its kvpoold is gone: so is the session
 
-    def _mapping(self, epoch: Optional[int]) -> Optional[_Mapping]:
+    def _mapping(self, epoch: Optional[int]) -> Optional[RegionMap]:
         """The mapping of the pool life epoch names (None: the newest), mapping
         the running kvpoold's region when epoch is new; None if it is gone."""
         for m in reversed(self._maps):
@@ -547,18 +518,9 @@ class KVPoolOffloadingWorker(OffloadingWorker):
             return None
         return new
 
-    def _pairs(self, gpu: GPULoadStoreSpec, rows: np.ndarray):
-        """(group, gpu block, row) for each block of the job."""
-        i = 0
-        for g, n in enumerate(gpu.group_sizes):
-            for _ in range(n):
-                yield g, int(gpu.block_ids[i]), int(rows[i])
-                i += 1
-
     def _run(self, job_id: int, gpu: GPULoadStoreSpec, spec: KVPoolRowsSpec, store: bool) -> bool:
-        """One job: per group, per layer tensor, one batched copy between the
-        job's blocks and this worker's slice of their rows (rows -1, stores
-        only: nothing to write)."""
+        """One job: per group, every page of its blocks to or from this worker's
+        slice of their rows (rows -1, stores only: nothing to write)."""
         torch = self._torch
         t0 = time.perf_counter()
         nbytes = 0
@@ -571,7 +533,6 @@ class KVPoolOffloadingWorker(OffloadingWorker):
             with self._lock:
                 self._inflight.append((job_id, False, 0, t0, None))
             return True
-        shard = self._rank * m.region.shard_bytes
         stream_ctx: Any = torch.cuda.stream(self._stream) if self._cuda else _nullctx()
         with stream_ctx:
             start = 0
@@ -579,28 +540,8 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 r, b = rows[start:start + n], blocks[start:start + n]
                 start += n
                 keep = r > 0
-                if not keep.all():
-                    r, b = r[keep], b[keep]
-                if len(r) == 0:
-                    continue
-                if self._cuda:
-                    nbytes += self._copy_pages(m, g, b, r, store)
-                    continue
-                dst, src, lens = [], [], []
-                for t, page, off in self._layout[g]:
-                    ten = self._tensors[t]
-                    rowp = m.base + r * m.stride + shard + off
-                    blkp = ten.data_ptr() + b * ten.stride(0) * ten.element_size()
-                    dst.append(rowp if store else blkp)
-                    src.append(blkp if store else rowp)
-                    lens.append(np.full(len(r), page, dtype=np.uint64))
-                    nbytes += page * len(r)
-                d = np.concatenate(dst).astype(np.uint64)
-                s_ = np.concatenate(src).astype(np.uint64)
-                ln = np.concatenate(lens)
-                # one C call: every page of the group's layers, memcpy'd over this host's cores
-                L.kvp_copy_many(d.ctypes.data, s_.ctypes.data, ln.ctypes.data, len(d),
-                                self._threads)
+                if len(r) and keep.any():
+                    nbytes += self._copier.copy(m, g, b[keep], r[keep], store)
         event: Any = None
         if self._cuda:
             event = torch.cuda.Event()
@@ -608,21 +549,6 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         with self._lock:
             self._inflight.append((job_id, event, nbytes, t0, m))
         return True
-
-    def _copy_pages(self, m: _Mapping, g: int, blocks: np.ndarray, rows: np.ndarray,
-                    store: bool) -> int:
-        """CUDA: each page between device memory and its pinned row, on the side
-        stream (DMA; a batched kernel would launch less). Not run here: no GPU."""
-        nbytes = 0
-        shard = self._rank * m.region.shard_bytes
-        for block, row in zip(blocks.tolist(), rows.tolist()):
-            base = row * m.stride + shard
-            for t, page, off in self._layout[g]:
-                host = m.rows[base + off:base + off + page]
-                dev = self._tensors[t][block, :page]
-                (host if store else dev).copy_(dev if store else host, non_blocking=True)
-                nbytes += page
-        return nbytes
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         return self._run(job_id, src_spec, dst_spec, True)

@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool.kv_copy, the copies vLLM's offloading workers make, on their own
+(torch, no vLLM): pages of vLLM-shaped KV tensors to and from one worker's
+shard of a real kvpoold's region rows, and every refusal. On CPU tensors
+here; on CUDA tensors and the pinned region where torch sees a GPU."""
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.kv_copy import PageCopier, RegionMap  # noqa: E402
+
+from conftest import start, stop  # noqa: E402
+
+PAGE = 1024  # one worker's page of one layer: 2 x 16 tokens x 1 head x 8 x fp32
+LAYERS = 2
+
+
+@pytest.fixture
+def pool(tmp_path):
+    """A region pool of 16 rows of 2 shards, each shard room for LAYERS pages."""
+    proc, url, _ = start(tmp_path, "--region-dir", str(tmp_path), "--pool",
+                         f"name=tier,blocks=16,block_size=16,executor=cpu,layers={LAYERS},"
+                         "heads=2,head_size=8,dtype=fp32,shards=2", pool="tier")
+    c = kvpool.Client(url, pool="tier")
+    yield c
+    c.close()
+    stop(proc)
+
+
+def kv(device="cpu"):
+    """vLLM's canonical views: int8 (blocks, page) per layer, block 0 the null block."""
+    return [torch.randint(-128, 127, (4, PAGE), dtype=torch.int8, device=device)
+            for _ in range(LAYERS)]
+
+
+LAYOUT = [[(i, PAGE, i * PAGE) for i in range(LAYERS)]]
+
+
+def roundtrip(c, tensors, pin, sync):
+    keys = [kvpool.offload_key(bytes([5, i]) * 16, 0) for i in range(2)]
+    rows, _ = c.reserve(keys)
+    m = RegionMap(c, pin=pin)
+    try:
+        cp = PageCopier(tensors, LAYOUT, rank=1)
+        blocks = np.array([1, 3])
+        assert cp.copy(m, 0, blocks, np.array(rows), store=True) == 2 * LAYERS * PAGE
+        sync()
+        for row, blk in zip(rows, blocks):
+            shard = bytes(m.region.shard(row, 1))
+            want = b"".join(bytes(t[blk].cpu().numpy()) for t in tensors)
+            assert shard[:len(want)] == want
+            assert bytes(m.region.shard(row, 0)) != want[:m.shard_bytes]  # rank 0's untouched
+        kept = [t.clone() for t in tensors]
+        for t in tensors:
+            t.zero_()
+        assert cp.copy(m, 0, blocks, np.array(rows), store=False) == 2 * LAYERS * PAGE
+        sync()
+        for t, k in zip(tensors, kept):
+            assert torch.equal(t[1], k[1]) and torch.equal(t[3], k[3])
+            assert not t[0].any() and not t[2].any()  # other blocks untouched
+    finally:
+        m.close()
+        c.abort(keys)
+
+
+def test_pages_to_and_from_a_shard_of_the_rows(pool):
+    roundtrip(pool, kv(), pin=False, sync=lambda: None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
+def test_cuda_pages_through_the_pinned_region(pool):
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        roundtrip(pool, kv("cuda"), pin=True, sync=stream.synchronize)
+
+
+def test_refusals(pool):
+    with pytest.raises(ValueError, match="canonical"):
+        PageCopier([torch.zeros(4, 256, dtype=torch.float32)], [[(0, PAGE, 0)]])
+    with pytest.raises(ValueError, match="larger than its block"):
+        PageCopier([torch.zeros(4, PAGE // 2, dtype=torch.int8)], [[(0, PAGE, 0)]])
+    with pytest.raises(ValueError, match="names tensor 3"):
+        PageCopier(kv(), [[(3, PAGE, 0)]])
+    m = RegionMap(pool)
+    try:
+        too_wide = PageCopier(kv(), [[(0, PAGE, m.shard_bytes)]])
+        with pytest.raises(ValueError, match="cannot hold"):
+            too_wide.copy(m, 0, np.array([1]), np.array([1]), store=True)
+        with pytest.raises(ValueError, match="differ in number"):
+            PageCopier(kv(), LAYOUT).copy(m, 0, np.array([1, 2]), np.array([1]), store=True)
+    finally:
+        m.close()
