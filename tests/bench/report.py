@@ -55,8 +55,9 @@ AREAS = {
                "./build/tests/bench/kvp-bench-service --only-batch=8 --pin 0,1"),
     "soak": ("Honest clients beside hostile peers: the hostile soak",
              "./build/tests/kvp-soak-hostile --seconds 600"),
-    "gpu": ("The executor on a GPU (cuda backend)",
-            "./build-gpu/tests/bench/kvp-bench-executor --gpu"),
+    "gpu": ("The executor (cuda backend) and vLLM's offloading copies on a GPU",
+            "./build-gpu/tests/bench/kvp-bench-executor --gpu && "
+            "python3 clients/python/bench/bench_kv_copy.py --device cuda build-gpu"),
 }
 LONG = {"soak"}
 GPU = {"gpu"}

@@ -1,0 +1,116 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The offloading workers' copies (kvpool.kv_copy) against a raw torch copy
+of the same bytes, in one run: 64 blocks of 2 MiB (32 layer pages of 64
+KiB, vLLM's canonical int8 views) stored into and loaded from a kvpoold
+region's rows. Needs torch, not vLLM.
+
+    python3 clients/python/bench/bench_kv_copy.py [--quick] [--device cuda] [BUILD_DIR]
+
+On CPU tensors the baseline is copy_ between two CPU tensors; on CUDA
+tensors (the region pinned) it is copy_ between the device tensor and a
+pinned host tensor, each way. With --device cuda the figures go to
+BENCHMARKS.md's GPU table (KVP_BENCH_JSON, area gpu): the run issue #47
+asks of a lent GPU. On the CPU it only prints (the offload area measures
+the same copies through vLLM's worker)."""
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
+                                "tests", "bench"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.kv_copy import PageCopier, RegionMap  # noqa: E402
+from conftest import start, stop  # noqa: E402
+import bench_json  # noqa: E402
+
+ARGS = sys.argv[1:]
+QUICK = "--quick" in ARGS
+DEVICE = "cpu"
+if "--device" in ARGS:
+    i = ARGS.index("--device")
+    if i + 1 >= len(ARGS) or ARGS[i + 1] not in ("cpu", "cuda"):
+        sys.exit("usage: bench_kv_copy.py [--quick] [--device cpu|cuda] [BUILD_DIR]")
+    DEVICE = ARGS[i + 1]
+    del ARGS[i:i + 2]
+ARGS = [a for a in ARGS if a != "--quick"]
+if ARGS:
+    os.environ["KVPOOLD"] = os.path.join(ARGS[0], "service", "kvpoold")
+    os.environ.setdefault("KVPOOL_LIB", os.path.join(ARGS[0], "clients", "c", "libkvpool.so"))
+LAYERS, PAGE, NBLK = (4, 65536, 16) if QUICK else (32, 65536, 64)
+
+
+def main():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_kv_copy: --device cuda, and torch sees no GPU")
+    cuda = DEVICE == "cuda"
+    d = tempfile.mkdtemp(prefix="kvp-bench-kv-copy-")
+    bb = LAYERS * PAGE
+    heads = PAGE // (2 * 16 * 128 * 2)
+    proc, url, _ = start(d, "--region-dir", d, "--pool",
+                         f"name=tier,blocks={NBLK + 4},block_size=16,executor=cpu,"
+                         f"layers={LAYERS},heads={heads},head_size=128,dtype=bf16", pool="tier")
+    try:
+        c = kvpool.Client(url, pool="tier")
+        keys = [kvpool.offload_key(i.to_bytes(4, "little") * 8, 0) for i in range(NBLK)]
+        rows, _ = c.reserve(keys)
+        m = RegionMap(c, pin=cuda)
+        kv = [torch.randint(-128, 127, (NBLK + 1, PAGE), dtype=torch.int8, device=DEVICE)
+              for _ in range(LAYERS)]
+        cp = PageCopier(kv, [[(i, PAGE, i * PAGE) for i in range(LAYERS)]])
+        blocks, rws = np.arange(1, NBLK + 1), np.array(rows)
+        stream = torch.cuda.Stream() if cuda else None
+        dev = torch.randint(-128, 127, (NBLK, bb), dtype=torch.int8, device=DEVICE)
+        host = torch.empty((NBLK, bb), dtype=torch.int8, pin_memory=cuda)
+
+        def sync():
+            if cuda:
+                stream.synchronize()
+
+        def timed(fn, reps=3 if QUICK else 9):
+            ts = []
+            for k in range(reps + 1):  # the first touches every page: not timed
+                t0 = time.perf_counter()
+                if cuda:
+                    with torch.cuda.stream(stream):
+                        fn()
+                else:
+                    fn()
+                sync()
+                if k:
+                    ts.append(time.perf_counter() - t0)
+            return statistics.median(ts)
+
+        n = NBLK * bb
+        store = timed(lambda: cp.copy(m, 0, blocks, rws, True))
+        load = timed(lambda: cp.copy(m, 0, blocks, rws, False))
+        base_out = timed(lambda: host.copy_(dev, non_blocking=cuda))
+        base_in = timed(lambda: dev.copy_(host, non_blocking=cuda))
+        where = "CUDA tensors, the region pinned" if cuda else "CPU tensors"
+        print(f"# {where}: {NBLK} blocks of {bb} B ({LAYERS} pages of {PAGE} B): "
+              f"store {n / store / 1e9:.2f} GB/s (raw {n / base_out / 1e9:.2f}), "
+              f"load {n / load / 1e9:.2f} GB/s (raw {n / base_in / 1e9:.2f})")
+        if cuda:
+            for what, t, base, raw in (
+                    ("store", store, base_out, "torch copy_ device to pinned host"),
+                    ("load", load, base_in, "torch copy_ pinned host to device")):
+                bench_json.record("gpu", f"vLLM worker {what} (kvpool.kv_copy): {NBLK} blocks "
+                                  f"of {bb} B, CUDA tensors and the pinned region", n / t,
+                                  "B/s", f"{raw}, the same bytes", n / base, "higher")
+        m.close()
+        c.abort(keys)
+        c.close()
+    finally:
+        stop(proc)
+
+
+if __name__ == "__main__":
+    main()
