@@ -99,6 +99,16 @@ def commands(lines):
     return out
 
 
+def check_config(kvpoold, tmp, args):
+    """kvpoold --check-config on args (ipc:///run/kvpool/ moved to tmp): its
+    complaint, or None when it accepts them."""
+    args = [a.replace("ipc:///run/kvpool/", f"ipc://{tmp}/") for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+    r = subprocess.run([kvpoold, *args, "--check-config"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    return None if r.returncode == 0 else r.stdout + r.stderr
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -183,27 +193,20 @@ def main():
                 cmds = commands(body) if lang == "sh" else []
                 if cmds and all(c[0] == "kvpoold" for c in cmds):
                     for c in cmds:
-                        args = [a.replace("ipc:///run/kvpool/", f"ipc://{tmp}/") for a in c[1:]]
-                        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-                        r = subprocess.run([kvpoold, *args, "--check-config"], env=env,
-                                           capture_output=True, text=True, timeout=60)
                         counts["run"] += 1
-                        if r.returncode != 0:
-                            problems.append(f"{where}: kvpoold refuses `{shlex.join(c)}`:\n"
-                                            f"{r.stdout}{r.stderr}")
+                        why = check_config(kvpoold, tmp, c[1:])
+                        if why:
+                            problems.append(f"{where}: kvpoold refuses `{shlex.join(c)}`:\n{why}")
                     continue
                 if lang == "conf":
                     conf = os.path.join(tmp, "block.conf")
                     with open(conf, "w") as f:
                         f.write("\n".join(b.replace("ipc:///run/kvpool/", f"ipc://{tmp}/")
                                           for b in body) + "\n")
-                    env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-                    r = subprocess.run([kvpoold, "--config", conf, "--check-config"], env=env,
-                                       capture_output=True, text=True, timeout=60)
                     counts["run"] += 1
-                    if r.returncode != 0:
-                        problems.append(f"{where}: kvpoold refuses this configuration file:\n"
-                                        f"{r.stdout}{r.stderr}")
+                    why = check_config(kvpoold, tmp, ["--config", conf])
+                    if why:
+                        problems.append(f"{where}: kvpoold refuses this configuration file:\n{why}")
                     continue
                 if lang == "c" and not re.search(r"\bmain\s*\(", "\n".join(body)):
                     src = os.path.join(tmp, "block.c")

@@ -79,6 +79,19 @@ bench_json_str(FILE *f, const char *s)
 	}
 }
 
+/* KVP_BENCH_JSON's file for one more line, begun with the area; NULL without one. */
+static inline FILE *
+bench_json_open(const char *area)
+{
+	const char *path = getenv("KVP_BENCH_JSON");
+	FILE *f = path != NULL && path[0] != '\0' ? fopen(path, "a") : NULL;
+	if (f != NULL) {
+		fputs("{\"area\": \"", f);
+		bench_json_str(f, area);
+	}
+	return f;
+}
+
 /*
  * Machine-readable figures: with KVP_BENCH_JSON=FILE, one line of JSON per
  * figure appended to FILE, beside its same-run baseline (better: "higher"
@@ -88,12 +101,9 @@ static inline void
 bench_json(const char *area, const char *row, double value, const char *unit,
            const char *baseline, double baseline_value, const char *better)
 {
-	const char *path = getenv("KVP_BENCH_JSON");
-	FILE *f = path != NULL && path[0] != '\0' ? fopen(path, "a") : NULL;
+	FILE *f = bench_json_open(area);
 	if (f == NULL)
 		return;
-	fputs("{\"area\": \"", f);
-	bench_json_str(f, area);
 	fputs("\", \"row\": \"", f);
 	bench_json_str(f, row);
 	fprintf(f, "\", \"value\": %.6g, \"unit\": \"", value);
@@ -113,12 +123,9 @@ bench_json(const char *area, const char *row, double value, const char *unit,
 static inline void
 bench_note(const char *area, const char *note)
 {
-	const char *path = getenv("KVP_BENCH_JSON");
-	FILE *f = path != NULL && path[0] != '\0' ? fopen(path, "a") : NULL;
+	FILE *f = bench_json_open(area);
 	if (f == NULL)
 		return;
-	fputs("{\"area\": \"", f);
-	bench_json_str(f, area);
 	fputs("\", \"note\": \"", f);
 	bench_json_str(f, note);
 	fputs("\"}\n", f);

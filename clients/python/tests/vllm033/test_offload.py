@@ -412,6 +412,18 @@ def test_tensor_parallel_workers_write_their_own_shard(tmp_path):
         stop(proc)
 
 
+def loaded_from_tier(engine, prompt, why):
+    """engine serves prompt: its four full blocks come from the tier, with the bytes
+    the engine that stored them computed."""
+    req = engine.add(prompt)
+    first, loaded = engine.serve(req)
+    assert first == len(prompt) - 4 * BS, first
+    for i in range(4):
+        for got in loaded[i]:
+            assert torch.equal(got, pattern(bytes(req.block_hashes[i]) + b"\0", engine.page)), \
+                f"block {i}: {why}"
+
+
 def test_engines_outlive_a_kvpoold_restart(model_dir, tmp_path):
     """kvpoold stops and restarts (a crash, an upgrade) under running engines.
     While it is down an engine serves without the tier. Its new region is
@@ -453,26 +465,14 @@ def test_engines_outlive_a_kvpoold_restart(model_dir, tmp_path):
         a.add(other)
         a.run()
         # B loads it: its worker must read the new region's rows, not the old file's.
-        rb = b.add(other)
-        first, loaded = b.serve(rb)
-        assert first == len(other) - 4 * BS, first
-        for i in range(4):
-            for got in loaded[i]:
-                assert torch.equal(got, pattern(bytes(rb.block_hashes[i]) + b"\0", b.page)), \
-                    f"block {i}: B read the old region"
+        loaded_from_tier(b, other, "B read the old region")
         # B stores a third prompt; C, a new engine, loads B's bytes from the new region.
         third = list(range(9000, 9000 + 4 * BS + 1))
         b.add(third)
         b.run()
         c = Engine(model_dir, url, "restart-c")
         engines.append(c)
-        rc = c.add(third)
-        first, loaded = c.serve(rc)
-        assert first == len(third) - 4 * BS, first
-        for i in range(4):
-            for got in loaded[i]:
-                assert torch.equal(got, pattern(bytes(rc.block_hashes[i]) + b"\0", c.page)), \
-                    f"block {i}: B's store did not reach the new region"
+        loaded_from_tier(c, third, "B's store did not reach the new region")
     finally:
         for e in engines:
             e.close()
