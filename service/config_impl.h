@@ -7,10 +7,32 @@
 #define KVPD_CONFIG_IMPL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 #include "service/config.h"
+
+/* The pool a daemon hosts when no source names one. */
+#define KVPD_DEFAULT_POOL "name=default,blocks=4096,block_size=16"
+
+/* The settings, in --help order (config_settings.c): the one source of
+ * --help, the KVPOOL_* variables and the names flags and files may use. */
+struct kvpd_setting {
+	const char *name;
+	const char *arg;  /* NULL: a switch, taking no value */
+	const char *help;
+};
+extern const struct kvpd_setting kvpd_settings[];
+extern const size_t kvpd_num_settings;
+/* --help, --version and --check-config are actions: no variable, no file line. */
+bool kvpd_cfg_is_setting(const char *name);
+/* KVPOOL_<NAME> into var: upper case, '-' as '_'. */
+void kvpd_cfg_env_name(const char *setting, char *var, size_t cap);
+/* Whether name is a setting or an action. */
+bool kvpd_cfg_known(const char *name);
+/* Whether name takes a value (true for an unknown name). */
+bool kvpd_cfg_takes_arg(const char *name);
 
 /* A decimal in [min, max] into *out: 0, or -1 (nothing written). */
 int kvpd_cfg_parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out);
