@@ -192,6 +192,7 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._down_since: Optional[float] = None  # when kvpoold stopped answering
         self._down_until = 0.0                     # no call before then
         self._backoff = _BACKOFF_S
+        self._suspect = False  # a call failed: the session is renewed before the next one
 
     # ---- the pool: a new session when the old one is gone; an outage is a miss ----
     def _open(self) -> kvpool.Client:
@@ -202,13 +203,20 @@ class KVPoolOffloadingManager(OffloadingManager):
         """fn(client, *args); _TierDown while kvpoold does not answer (the
         callers then miss, skip the store or drop the release), retried after
         a backoff of 0.5 s doubling to 5 s, so an outage costs the scheduler
-        one timeout per backoff, not one per call."""
+        one timeout per backoff, not one per call. The first call after an
+        outage opens a new session, once no copy uses the old one's rows."""
         if self._shut:
             raise RuntimeError("kvpool: the offloading manager was shut down")
         if time.monotonic() < self._down_until:
             raise _TierDown()
+        if self._suspect and (any(self._loading.values()) or self._reserved):
+            # Copies in flight use this session's locks and reservations: renew after them.
+            self._down_until = time.monotonic() + _BACKOFF_S
+            raise _TierDown()
         try:
-            if self._client is None:
+            if self._client is None or self._suspect:
+                # A call that timed out may still have run, leaving locks or reservations
+                # no one will release: a new session drops them with the old one.
                 self._renew()
             try:
                 self.round_trips += 1
@@ -240,9 +248,11 @@ class KVPoolOffloadingManager(OffloadingManager):
             state.clear()
         self._reserved.clear()
         self._client = self._open()
+        self._suspect = False
 
     def _outage(self, e: Exception) -> None:
         now = time.monotonic()
+        self._suspect = True
         if self._down_since is None:
             self._down_since = now
             logger.warning("kvpool: the tier at %s does not answer (%s): lookups miss and "
@@ -265,7 +275,9 @@ class KVPoolOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if key in self._rows:
+        if self._suspect and time.monotonic() < self._down_until:
+            return LookupResult.MISS  # no new load on the old session's rows (see _call)
+        if key in self._rows and not self._suspect:
             self._used[key] = self._step  # still wanted: its lock stays
             return LookupResult.HIT
         if self._missed.get(key) == self._step:

@@ -477,3 +477,49 @@ def test_engines_outlive_a_kvpoold_restart(model_dir, tmp_path):
         for e in engines:
             e.close()
         stop(proc)
+
+
+def test_a_call_that_timed_out_leaves_nothing_held(model_dir, tmp_path):
+    """kvpoold stalls (SIGSTOP) while an engine's step locks its hits: the
+    call times out and the step goes on without the tier, but the stalled
+    daemon still runs it when it wakes, locking rows for a session that has
+    given up on them. The engine's next call opens a new session, whose old
+    one takes those locks with it: every row is free again once the engines
+    are idle."""
+    d = tmp_path / "stall"
+    d.mkdir()
+    proc, url, _ = start(d, "--region-dir", str(tmp_path), "--pool",
+                         f"name=tier,blocks=64,block_size={BS},executor=cpu,layers={LAYERS},"
+                         f"heads={HEADS},head_size={HEAD},dtype=fp32", pool="tier")
+    engines = []
+    try:
+        a = Engine(model_dir, url, "stall-a")
+        engines.append(a)
+        a.add(PROMPT)
+        a.run()
+        b = Engine(model_dir, url, "stall-b")
+        engines.append(b)
+        rb = b.add(PROMPT)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            b.step()  # its lookups go out at the step's end, and time out
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        with kvpool.Client(url, pool="tier") as c:
+            total = c.info["num_blocks"] - 1
+            for _ in range(100):  # the woken daemon runs the call: four rows locked
+                if c.stats()["num_free"] < total:
+                    break
+                time.sleep(0.02)
+            assert c.stats()["num_free"] == total - 4
+            first, _ = b.serve(rb)
+            assert rb.is_finished() and first == len(PROMPT)  # computed whole, no tier
+            time.sleep(max(0.0, b.manager._down_until - time.monotonic()))  # B's next try
+            b.add(list(range(3000, 3000 + 2 * BS)))
+            b.run()  # its stores open a new session
+            assert not b.manager._suspect
+            assert c.stats()["num_free"] == total, "the timed-out call's locks are still held"
+    finally:
+        for e in engines:
+            e.close()
+        stop(proc)
