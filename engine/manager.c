@@ -8,61 +8,7 @@
 #include "common/map_key.h"
 #include "engine/group_mgr.h"
 #include "engine/mgr_request.h"
-
-/* vLLM's attention groups: groups with identical specs, searched together. */
-struct attn_group {
-	uint32_t n;
-	uint32_t gids[KVP_MGR_MAX_GROUPS];
-};
-
-struct kvp_mgr {
-	struct kvp_pool *pool;
-	struct kvp_hasher *hasher;
-	uint32_t num_groups;
-	struct kvp_group_spec spec[KVP_MGR_MAX_GROUPS];
-	uint32_t num_attn;             /* full attention first, as vLLM sorts them */
-	struct attn_group attn[KVP_MGR_MAX_GROUPS];
-	bool simple_hybrid;            /* 1 full + 1 other: one pass of the fixed point */
-	bool all_full;                 /* only full attention: nothing skipped or masked */
-	bool has_mamba_align;          /* refuses external tokens */
-	uint32_t lcm;
-	bool *cache_mask;              /* cache_full_blocks mask scratch */
-	size_t mask_cap;
-	int32_t *hit_ids;              /* the search's hits, group g at g * hit_stride */
-	size_t hit_cap, hit_stride;
-	uint32_t hash_bs;
-	uint32_t hlen;                 /* bytes per fine hash: the hasher's digest */
-	uint32_t max_model_len;
-	uint32_t max_requests;
-	struct kvp_mreq_table requests;
-	struct kvp_mgr_stats stats;
-};
-
-/* ---- helpers ---- */
-
-static int
-grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-	size_t c = *cap ? *cap : 16;
-	void *np;
-
-	if (need <= *cap)
-		return KVP_OK;
-	while (c < need)
-		c *= 2;
-	if ((np = realloc(*p, c * elem)) == NULL)
-		return KVP_ENOMEM;
-	*p = np;
-	*cap = c;
-	return KVP_OK;
-}
-
-/* The key hash of group block i (kvp_pool_coarse_hash: the pool's rule); *len its length. */
-static const uint8_t *
-coarse(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t k, size_t i, size_t *len)
-{
-	return kvp_pool_coarse_hash(m->pool, r->hashes, k, i, len);
-}
+#include "engine/mgr_impl.h"
 
 /* ---- lifecycle ---- */
 
@@ -177,7 +123,7 @@ extend_hashes(struct kvp_mgr *m, struct kvp_mreq *r)
 	/* vLLM hashes nothing when prefix caching is off. */
 	if (full <= r->num_hashes || !kvp_pool_caching_enabled(m->pool))
 		return KVP_OK;
-	rv = grow((void **)&r->hashes, &r->hash_cap, full, m->hlen);
+	rv = kvp_mgr_grow((void **)&r->hashes, &r->hash_cap, full, m->hlen);
 	if (rv != KVP_OK)
 		return rv;
 	rv = kvp_hash_request(m->hasher, kvp_mreq_keys(r), r->tokens, r->num_tokens, m->hash_bs,
@@ -246,7 +192,8 @@ kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens,
 		return KVP_ENOTFOUND;
 	if (n > m->max_model_len - r->num_tokens)
 		return KVP_EINVAL;
-	if ((rv = grow((void **)&r->tokens, &r->tok_cap, r->num_tokens + n, sizeof(int64_t))) != KVP_OK)
+	if ((rv = kvp_mgr_grow((void **)&r->tokens, &r->tok_cap, r->num_tokens + n,
+	                       sizeof(int64_t))) != KVP_OK)
 		return rv;
 	old = r->num_tokens;
 	memcpy(r->tokens + old, tokens, n * sizeof(int64_t));
@@ -254,144 +201,6 @@ kvp_mgr_append_tokens(struct kvp_mgr *m, uint64_t req_id, const int64_t *tokens,
 	if ((rv = extend_hashes(m, r)) != KVP_OK)
 		r->num_tokens = old; /* the appended tokens are not kept */
 	return rv;
-}
-
-/* ---- find_longest_cache_hit ---- */
-
-struct probe_ctx {
-	struct kvp_mgr *m;
-	const struct kvp_mreq *r;
-	const struct attn_group *ag;
-	uint32_t k;
-};
-
-/*
- * Looks block i up in every group of the attention group and keeps the ids:
- * every block of a search's final hit [first, len) was probed as a hit by
- * that search, so the caller copies the hit without looking it up again.
- */
-static bool
-probe(void *ctx, size_t i)
-{
-	const struct probe_ctx *p = ctx;
-	int32_t ids[KVP_MGR_MAX_GROUPS];
-	size_t len;
-
-	if (i >= p->r->num_hashes / p->k)
-		return false;
-	const uint8_t *h = coarse(p->m, p->r, p->k, i, &len);
-	if (kvp_pool_get_cached_block(p->m->pool, h, len, p->ag->gids, p->ag->n, ids) != KVP_OK)
-		return false;
-	for (uint32_t j = 0; j < p->ag->n; j++)
-		p->m->hit_ids[p->ag->gids[j] * p->m->hit_stride + i] = ids[j];
-	return true;
-}
-
-static struct kvp_grp_hit
-search(struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t a, size_t max_len,
-       uint32_t align)
-{
-	const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
-	struct probe_ctx p = {m, r, &m->attn[a], s->block_size / m->hash_bs};
-
-	return kvp_grp_search(s, max_len, align, probe, &p);
-}
-
-/*
- * The coordinator: one group's search (unitary), or vLLM's fixed point over
- * the attention groups (hybrid): each either accepts the candidate length
- * or shrinks it, until none shrinks (one pass for 1 full + 1 other). Writes
- * each group's hit (length and leading nulls) to hit[g]; returns the tokens.
- */
-static size_t
-longest_hit(struct kvp_mgr *m, const struct kvp_mreq *r, size_t max_len,
-            struct kvp_grp_hit *hit)
-{
-	struct kvp_grp_hit res[KVP_MGR_MAX_GROUPS];
-	bool have[KVP_MGR_MAX_GROUPS] = {false};
-	size_t hit_len = max_len;
-
-	if (m->num_attn == 1) {
-		res[0] = search(m, r, 0, max_len, m->spec[m->attn[0].gids[0]].block_size);
-		hit_len = res[0].len * m->spec[m->attn[0].gids[0]].block_size;
-	} else {
-		for (;;) {
-			size_t cur = hit_len;
-			for (uint32_t a = 0; a < m->num_attn; a++) {
-				const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
-				if (s->kind == KVP_GROUP_FULL && have[a]) {
-					cur = cur / s->block_size * s->block_size;
-					continue;
-				}
-				res[a] = search(m, r, a, cur, m->lcm);
-				have[a] = true;
-				cur = res[a].len * s->block_size;
-			}
-			if (cur >= hit_len)
-				break;
-			hit_len = cur;
-			if (m->simple_hybrid)
-				break;
-		}
-	}
-	for (uint32_t a = 0; a < m->num_attn; a++) {
-		const struct kvp_group_spec *s = &m->spec[m->attn[a].gids[0]];
-		if (s->kind == KVP_GROUP_FULL)
-			res[a].len = hit_len / s->block_size; /* truncated to the final length */
-		for (uint32_t i = 0; i < m->attn[a].n; i++)
-			hit[m->attn[a].gids[i]] = res[a];
-	}
-	return hit_len;
-}
-
-int
-kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *out,
-                            size_t cap, uint32_t *hit_tokens)
-{
-	struct kvp_grp_hit hit[KVP_MGR_MAX_GROUPS];
-	struct kvp_mreq *r;
-	size_t len = 0;
-	bool lookup;
-
-	if (m == NULL || hit_tokens == NULL)
-		return KVP_EINVAL;
-	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
-		return KVP_ENOTFOUND;
-	lookup = kvp_pool_caching_enabled(m->pool) && !r->skip_reading;
-	if (lookup) {
-		/* A probed block index is below the request's fine hash count. */
-		size_t stride = r->num_hashes + 1;
-		int rv = grow((void **)&m->hit_ids, &m->hit_cap, stride * m->num_groups,
-		              sizeof(int32_t));
-		if (rv != KVP_OK)
-			return rv;
-		m->hit_stride = stride;
-		len = longest_hit(m, r, r->num_tokens - 1, hit);
-	}
-	for (uint32_t g = 0; g < m->num_groups && len > 0; g++)
-		if (hit[g].len > cap || (hit[g].len > 0 && (out == NULL || out[g] == NULL)))
-			return KVP_EINVAL;
-	for (uint32_t g = 0; g < m->num_groups && len > 0; g++) {
-		const int32_t *ids = m->hit_ids + g * m->hit_stride;
-		for (size_t i = 0; i < hit[g].first && i < hit[g].len; i++)
-			out[g][i] = KVP_NULL_BLOCK;
-		if (hit[g].len > hit[g].first)
-			memcpy(out[g] + hit[g].first, ids + hit[g].first,
-			       (hit[g].len - hit[g].first) * sizeof(int32_t));
-	}
-	if (lookup) {
-		if (r->num_preemptions > 0) {
-			m->stats.preempted_requests++;
-			m->stats.preempted_queries += r->num_tokens;
-			m->stats.preempted_hits += len;
-		} else {
-			m->stats.requests++;
-			m->stats.queries += r->num_tokens;
-			m->stats.hits += len;
-		}
-	}
-	*hit_tokens = (uint32_t)len;
-	return KVP_OK;
 }
 
 /* ---- allocate_slots ---- */
@@ -417,7 +226,7 @@ check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const 
 		if (ids[i] == KVP_NULL_BLOCK && m->spec[g].kind != KVP_GROUP_FULL)
 			continue;
 		key = kvp_pool_block_key(m->pool, ids[i], &klen);
-		h = coarse(m, r, k, i, &hl);
+		h = kvp_mgr_coarse(m, r, k, i, &hl);
 		if (key == NULL || klen != hl + KVP_MAP_KEY_GROUP_LEN || memcmp(key, h, hl) ||
 		    kvp_map_key_group(key, klen) != g)
 			return KVP_ESTATE;
@@ -500,7 +309,7 @@ reserve_step(struct kvp_mgr *m, struct kvp_mreq *r, const struct kvp_grp_plan *p
 	}
 	if (m->all_full)
 		return KVP_OK; /* full attention caches every block: no mask */
-	return grow((void **)&m->cache_mask, &m->mask_cap, mask_need, sizeof(bool));
+	return kvp_mgr_grow((void **)&m->cache_mask, &m->mask_cap, mask_need, sizeof(bool));
 }
 
 /* cache_blocks: every group up to the same LCM-aligned token count. */
