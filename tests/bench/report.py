@@ -113,9 +113,11 @@ def commit():
 
 
 def run(args):
-    venv = subprocess.run(["sh", "tests/vllm/env.sh"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
     areas = chosen(args)
+    venv = ""  # only areas that run vLLM need its environment (a GPU machine has none)
+    if any("{venv}" in AREAS[a][1] for a in areas if a in AREAS):
+        venv = subprocess.run(["sh", "tests/vllm/env.sh"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "machine": machine(), "commit": commit(), "quick": args.quick}
     out, bad = [], []

@@ -13,15 +13,91 @@ block b's page at b x the first stride.
 """
 from __future__ import annotations
 
+import ctypes
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 import kvpool
 from kvpool import _lib as L
 
-__all__ = ["RegionMap", "PageCopier"]
+__all__ = ["RegionMap", "PageCopier", "cuda_batch"]
+
+
+class _Attrs(ctypes.Structure):
+    """cudaMemcpyAttributes: srcAccessOrder, srcLocHint, dstLocHint, flags."""
+    _fields_ = [("order", ctypes.c_int), ("src_type", ctypes.c_int), ("src_id", ctypes.c_int),
+                ("dst_type", ctypes.c_int), ("dst_id", ctypes.c_int), ("flags", ctypes.c_uint)]
+
+
+_STREAM, _ANY = 1, 3  # cudaMemcpySrcAccessOrderStream, ...Any
+
+
+class _CudaBatch:
+    """cudaMemcpyBatchAsync of the CUDA runtime torch loaded (12.8 or later):
+    every page of a job in one call, carried by the copy engines, as vLLM's
+    own CPU tier does (its swap_blocks_batch). 13.x dropped 12.x's failIdx."""
+
+    def __init__(self, lib: ctypes.CDLL, version: int):
+        self.version = version
+        self.fn = lib.cudaMemcpyBatchAsync
+        self.fn.restype = ctypes.c_int
+        self.err = lib.cudaGetErrorString
+        self.err.restype = ctypes.c_char_p
+        self.err.argtypes = [ctypes.c_int]
+
+    def __call__(self, dst: np.ndarray, src: np.ndarray, lens: np.ndarray, stream: int,
+                 src_any: bool) -> None:
+        if stream == 0:
+            raise ValueError("kvpool: batched copies need a stream other than the legacy "
+                             "default stream")
+        attrs = _Attrs(_ANY if src_any else _STREAM, 0, 0, 0, 0, 0)
+        idx = ctypes.c_size_t(0)
+        n = ctypes.c_size_t(len(dst))
+        args: list[Any] = [ctypes.c_void_p(dst.ctypes.data), ctypes.c_void_p(src.ctypes.data),
+                           ctypes.c_void_p(lens.ctypes.data), n, ctypes.byref(attrs),
+                           ctypes.byref(idx), ctypes.c_size_t(1)]
+        fail = ctypes.c_size_t(0)
+        if self.version < 13000:
+            args.append(ctypes.byref(fail))
+        rv = self.fn(*args, ctypes.c_void_p(stream))
+        if rv != 0:
+            raise RuntimeError(f"kvpool: cudaMemcpyBatchAsync of {len(dst)} pages failed: "
+                               f"{self.err(rv).decode(errors='replace')} ({rv})")
+
+
+_batch: Any = None  # unresolved; False: no runtime with cudaMemcpyBatchAsync
+
+
+def _loaded_cudart() -> list[str]:
+    """Paths of the libcudart this process has loaded (torch's), newest first."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            found = {ln.split()[-1] for ln in f if "libcudart.so" in ln}
+    except OSError:
+        found = set()
+    return sorted(found, reverse=True) + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+
+
+def cuda_batch() -> Optional[_CudaBatch]:
+    """The batched copy of the CUDA runtime in this process, or None (no
+    runtime, or one before 12.8): then pages are copied one copy_ each."""
+    global _batch
+    if _batch is None:
+        _batch = False
+        for path in _loaded_cudart():
+            try:
+                lib = ctypes.CDLL(path)
+                ver = ctypes.c_int(0)
+                if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0 or ver.value < 12080:
+                    continue
+                lib.cudaMemcpyBatchAsync  # noqa: B018 (raises AttributeError if absent)
+            except (OSError, AttributeError):
+                continue
+            _batch = _CudaBatch(lib, ver.value)
+            break
+    return _batch or None
 
 
 class RegionMap:
@@ -63,15 +139,20 @@ class PageCopier:
     """One worker's pages. tensors: its KV cache tensors, all on the CPU or
     all on one GPU; layout[g]: for group g, (tensor index, page bytes,
     offset in the row's shard) of each of its layer tensors; rank: the
-    worker's shard of each row."""
+    worker's shard of each row; batched: CUDA pages in one
+    cudaMemcpyBatchAsync per group (False: one copy_ each, slower)."""
 
     def __init__(self, tensors: Sequence[Any], layout: Sequence[Sequence[tuple[int, int, int]]],
-                 rank: int = 0, threads: int = 0):
+                 rank: int = 0, threads: int = 0, batched: bool = True):
         self.tensors = list(tensors)
         self.layout = [list(g) for g in layout]
         self.rank = rank
         self.threads = threads or min(8, os.cpu_count() or 1)
         self.cuda = any(t.is_cuda for t in self.tensors)
+        self.batch = cuda_batch() if self.cuda and batched else None
+        if self.cuda:
+            import torch
+            self._stream = torch.cuda.current_stream
         for g, lay in enumerate(self.layout):
             for t, page, _ in lay:
                 if not 0 <= t < len(self.tensors):
@@ -93,16 +174,20 @@ class PageCopier:
              store: bool) -> int:
         """Copies group's pages of blocks to (store) or from their rows; returns
         the bytes. CPU tensors are copied when it returns (one C call over
-        this host's cores); CUDA pages are queued on the current stream (the
-        region must be pinned), done when the caller's event on it is."""
+        this host's cores); CUDA pages are queued on the current stream, one
+        batched call (the region must be pinned), done when the caller's
+        event on it is."""
         if m.shard_bytes < self.shard_need() or len(blocks) != len(rows):
             raise ValueError("kvpool: the region's shard cannot hold these pages, or the "
                              "blocks and rows differ in number")
         rows = np.asarray(rows, dtype=np.int64)
         blocks = np.asarray(blocks, dtype=np.int64)
         shard = self.rank * m.shard_bytes
-        if self.cuda:
-            return self._copy_cuda(m, group, blocks, rows, shard, store)
+        if self.cuda and not m.pinned:
+            raise ValueError("kvpool: CUDA copies need the region pinned (RegionMap(pin=True))")
+        batch = self.batch
+        if self.cuda and batch is None:
+            return self._copy_pages(m, group, blocks, rows, shard, store)
         dst, src, lens, nbytes = [], [], [], 0
         for t, page, off in self.layout[group]:
             ten = self.tensors[t]
@@ -117,17 +202,20 @@ class PageCopier:
         d = np.concatenate(dst).astype(np.uint64)
         s = np.concatenate(src).astype(np.uint64)
         ln = np.concatenate(lens)
+        if batch is not None:
+            # Loads read rows nothing writes meanwhile: the engines may read
+            # them out of stream order (vLLM's loads do the same).
+            batch(d, s, ln, self._stream().cuda_stream, src_any=not store)
+            return nbytes
         rv = L.kvp_copy_many(d.ctypes.data, s.ctypes.data, ln.ctypes.data, len(d), self.threads)
         if rv != 0:
             raise RuntimeError(f"kvpool: kvp_copy_many failed ({rv})")
         return nbytes
 
-    def _copy_cuda(self, m: RegionMap, group: int, blocks: np.ndarray, rows: np.ndarray,
-                   shard: int, store: bool) -> int:
-        """Each page between device memory and its pinned row (DMA; a batched
-        kernel would launch less)."""
-        if not m.pinned:
-            raise ValueError("kvpool: CUDA copies need the region pinned (RegionMap(pin=True))")
+    def _copy_pages(self, m: RegionMap, group: int, blocks: np.ndarray, rows: np.ndarray,
+                    shard: int, store: bool) -> int:
+        """Each page between device memory and its pinned row, one copy_ each:
+        where the runtime has no cudaMemcpyBatchAsync."""
         nbytes = 0
         for block, row in zip(blocks.tolist(), rows.tolist()):
             base = row * m.stride + shard

@@ -448,8 +448,9 @@ class KVPoolOffloadingManager(OffloadingManager):
 class KVPoolOffloadingWorker(OffloadingWorker):
     """Copies between vLLM's KV cache tensors and this worker's shard of
     kvpoold's region rows (kvpool.kv_copy). CPU tensors are copied when
-    submitted; CUDA tensors on a side stream into the pinned region,
-    completed by event.
+    submitted; CUDA tensors on a side stream, after the model's stream, in
+    one batched copy per group (cudaMemcpyBatchAsync, as vLLM's own CPU
+    tier), into the pinned region, completed by event.
 
     A restarted kvpoold has a new region (another file): a job names its
     pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
@@ -545,7 +546,12 @@ class KVPoolOffloadingWorker(OffloadingWorker):
             with self._lock:
                 self._inflight.append((job_id, False, 0, t0, None))
             return True
-        stream_ctx: Any = torch.cuda.stream(self._stream) if self._cuda else _nullctx()
+        stream_ctx: Any = _nullctx()
+        if self._cuda:
+            # After what the model's stream has queued: a store reads KV the
+            # forward pass writes, a load writes blocks it may be zeroing.
+            self._stream.wait_stream(torch.cuda.current_stream())
+            stream_ctx = torch.cuda.stream(self._stream)
         with stream_ctx:
             start = 0
             for g, n in enumerate(gpu.group_sizes):

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 
 import kvpool  # noqa: E402
-from kvpool.kv_copy import PageCopier, RegionMap  # noqa: E402
+from kvpool.kv_copy import PageCopier, RegionMap, cuda_batch  # noqa: E402
 
 from conftest import start, stop  # noqa: E402
 
@@ -44,12 +44,15 @@ def kv(device="cpu"):
 LAYOUT = [[(i, PAGE, i * PAGE) for i in range(LAYERS)]]
 
 
-def roundtrip(c, tensors, pin, sync):
+def roundtrip(c, tensors, pin, sync, batched=True):
     keys = [kvpool.offload_key(bytes([5, i]) * 16, 0) for i in range(2)]
     rows, _ = c.reserve(keys)
     m = RegionMap(c, pin=pin)
     try:
-        cp = PageCopier(tensors, LAYOUT, rank=1)
+        cp = PageCopier(tensors, LAYOUT, rank=1, batched=batched)
+        if tensors[0].is_cuda and batched:
+            cuda = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
+            assert (cp.batch is not None) == (cuda >= (12, 8)), "cudaMemcpyBatchAsync not found"
         blocks = np.array([1, 3])
         assert cp.copy(m, 0, blocks, np.array(rows), store=True) == 2 * LAYERS * PAGE
         sync()
@@ -76,10 +79,25 @@ def test_pages_to_and_from_a_shard_of_the_rows(pool):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
-def test_cuda_pages_through_the_pinned_region(pool):
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-page"])
+def test_cuda_pages_through_the_pinned_region(pool, batched):
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        roundtrip(pool, kv("cuda"), pin=True, sync=stream.synchronize)
+        roundtrip(pool, kv("cuda"), pin=True, sync=stream.synchronize, batched=batched)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
+def test_cuda_refusals(pool):
+    m = RegionMap(pool)  # not pinned
+    try:
+        with pytest.raises(ValueError, match="pinned"):
+            PageCopier(kv("cuda"), LAYOUT).copy(m, 0, np.array([1]), np.array([1]), store=True)
+    finally:
+        m.close()
+    if cuda_batch() is not None:  # the legacy default stream takes no batch
+        with pytest.raises(ValueError, match="default stream"):
+            z = np.zeros(1, dtype=np.uint64)
+            cuda_batch()(z, z, z, 0, src_any=False)
 
 
 def test_refusals(pool):
