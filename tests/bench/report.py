@@ -100,10 +100,22 @@ def machine():
                     break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} CPUs"
+    gpus = ""
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                            "--format=csv,noheader"], capture_output=True, text=True)
+        names = [ln.split(",")[0].strip() for ln in q.stdout.splitlines() if ln.strip()]
+        drivers = {ln.split(",")[-1].strip() for ln in q.stdout.splitlines() if "," in ln}
+        if q.returncode == 0 and names:
+            gpus = f", {len(names)} x {names[0]} (driver {', '.join(sorted(drivers))})"
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} CPUs{gpus}"
 
 
 def commit():
+    if os.environ.get("KVP_BENCH_COMMIT"):  # a copy of the tree whose .git is not its own
+        return os.environ["KVP_BENCH_COMMIT"]
     def git(*a):
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
     c = git("rev-parse", "--short=7", "HEAD").strip() or "unknown"

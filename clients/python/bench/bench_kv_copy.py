@@ -25,14 +25,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
                                 "tests", "bench"))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import kvpool  # noqa: E402
-from kvpool.kv_copy import PageCopier, RegionMap  # noqa: E402
-from conftest import start, stop  # noqa: E402
-import bench_json  # noqa: E402
-
 ARGS = sys.argv[1:]
 QUICK = "--quick" in ARGS
 DEVICE = "cpu"
@@ -46,6 +38,15 @@ ARGS = [a for a in ARGS if a != "--quick"]
 if ARGS:
     os.environ["KVPOOLD"] = os.path.join(ARGS[0], "service", "kvpoold")
     os.environ.setdefault("KVPOOL_LIB", os.path.join(ARGS[0], "clients", "c", "libkvpool.so"))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import kvpool  # noqa: E402
+from kvpool.kv_copy import PageCopier, RegionMap  # noqa: E402
+from conftest import start, stop  # noqa: E402
+import bench_json  # noqa: E402
+
 LAYERS, PAGE, NBLK = (4, 65536, 16) if QUICK else (32, 65536, 64)
 
 
@@ -65,6 +66,8 @@ def main():
         keys = [kvpool.offload_key(i.to_bytes(4, "little") * 8, 0) for i in range(NBLK)]
         rows, _ = c.reserve(keys)
         m = RegionMap(c, pin=cuda)
+        if cuda and not m.pinned:
+            sys.exit(f"bench_kv_copy: the region in {rdir} could not be pinned (see above)")
         kv = [torch.randint(-128, 127, (NBLK + 1, PAGE), dtype=torch.int8, device=DEVICE)
               for _ in range(LAYERS)]
         layout = [[(i, PAGE, i * PAGE) for i in range(LAYERS)]]

@@ -14,6 +14,9 @@ block b's page at b x the first stride.
 from __future__ import annotations
 
 import ctypes
+import logging
+import math
+import mmap
 import os
 from typing import Any, Optional, Sequence
 
@@ -23,6 +26,7 @@ import kvpool
 from kvpool import _lib as L
 
 __all__ = ["RegionMap", "PageCopier", "cuda_batch"]
+_log = logging.getLogger("kvpool")
 
 
 class _Attrs(ctypes.Structure):
@@ -39,13 +43,10 @@ class _CudaBatch:
     every page of a job in one call, carried by the copy engines, as vLLM's
     own CPU tier does (its swap_blocks_batch). 13.x dropped 12.x's failIdx."""
 
-    def __init__(self, lib: ctypes.CDLL, version: int):
-        self.version = version
-        self.fn = lib.cudaMemcpyBatchAsync
+    def __init__(self, rt: "_Runtime"):
+        self.rt = rt
+        self.fn = rt.lib.cudaMemcpyBatchAsync
         self.fn.restype = ctypes.c_int
-        self.err = lib.cudaGetErrorString
-        self.err.restype = ctypes.c_char_p
-        self.err.argtypes = [ctypes.c_int]
 
     def __call__(self, dst: np.ndarray, src: np.ndarray, lens: np.ndarray, stream: int,
                  src_any: bool) -> None:
@@ -54,20 +55,36 @@ class _CudaBatch:
                              "default stream")
         attrs = _Attrs(_ANY if src_any else _STREAM, 0, 0, 0, 0, 0)
         idx = ctypes.c_size_t(0)
-        n = ctypes.c_size_t(len(dst))
         args: list[Any] = [ctypes.c_void_p(dst.ctypes.data), ctypes.c_void_p(src.ctypes.data),
-                           ctypes.c_void_p(lens.ctypes.data), n, ctypes.byref(attrs),
-                           ctypes.byref(idx), ctypes.c_size_t(1)]
+                           ctypes.c_void_p(lens.ctypes.data), ctypes.c_size_t(len(dst)),
+                           ctypes.byref(attrs), ctypes.byref(idx), ctypes.c_size_t(1)]
         fail = ctypes.c_size_t(0)
-        if self.version < 13000:
+        if self.rt.version < 13000:
             args.append(ctypes.byref(fail))
         rv = self.fn(*args, ctypes.c_void_p(stream))
         if rv != 0:
             raise RuntimeError(f"kvpool: cudaMemcpyBatchAsync of {len(dst)} pages failed: "
-                               f"{self.err(rv).decode(errors='replace')} ({rv})")
+                               f"{self.rt.failed(rv)}")
 
 
-_batch: Any = None  # unresolved; False: no runtime with cudaMemcpyBatchAsync
+class _Runtime:
+    """The CUDA runtime library torch loaded, through ctypes: its errors are
+    read (and cleared) here, so a failed call leaves torch nothing stale."""
+
+    def __init__(self, lib: ctypes.CDLL, version: int):
+        self.lib, self.version = lib, version
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+        lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+
+    def failed(self, rv: int) -> str:
+        """rv's name, the runtime's last error consumed."""
+        self.lib.cudaGetLastError()
+        return f"{self.lib.cudaGetErrorString(rv).decode(errors='replace')} ({rv})"
+
+
+_runtime: Any = None  # unresolved; False: none found
 
 
 def _loaded_cudart() -> list[str]:
@@ -80,34 +97,46 @@ def _loaded_cudart() -> list[str]:
     return sorted(found, reverse=True) + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
 
 
-def cuda_batch() -> Optional[_CudaBatch]:
-    """The batched copy of the CUDA runtime in this process, or None (no
-    runtime, or one before 12.8): then pages are copied one copy_ each."""
-    global _batch
-    if _batch is None:
-        _batch = False
+def _cuda_runtime() -> Optional[_Runtime]:
+    global _runtime
+    if _runtime is None:
+        _runtime = False
         for path in _loaded_cudart():
             try:
                 lib = ctypes.CDLL(path)
                 ver = ctypes.c_int(0)
-                if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0 or ver.value < 12080:
+                if lib.cudaRuntimeGetVersion(ctypes.byref(ver)) != 0:
                     continue
-                lib.cudaMemcpyBatchAsync  # noqa: B018 (raises AttributeError if absent)
             except (OSError, AttributeError):
                 continue
-            _batch = _CudaBatch(lib, ver.value)
+            _runtime = _Runtime(lib, ver.value)
             break
-    return _batch or None
+    return _runtime or None
+
+
+def cuda_batch() -> Optional[_CudaBatch]:
+    """The batched copy of the CUDA runtime in this process, or None (no
+    runtime, or one before 12.8): then pages are copied one copy_ each."""
+    rt = _cuda_runtime()
+    if rt is None or rt.version < 12080 or not hasattr(rt.lib, "cudaMemcpyBatchAsync"):
+        return None
+    return _CudaBatch(rt)
+
+
+_PIN_CHUNK = 64 << 30  # bytes per cudaHostRegister, as vLLM registers its region
 
 
 class RegionMap:
     """The region of the pool `client` is connected to, mapped as an int8
-    tensor, pinned for CUDA copies when `pin`. epoch is the pool's life
-    (Hello's event_epoch): each kvpoold start has a new region file."""
+    tensor. With `pin`, registered with CUDA (page-locked) for DMA; where
+    the kernel refuses (the region's file is not on a tmpfs such as
+    /dev/shm, or a hugetlbfs: Linux pins no other file's pages for long)
+    it stays pageable, copies still right but slower, and a warning says
+    why. epoch is the pool's life (Hello's event_epoch): each kvpoold start
+    has a new region file."""
 
     def __init__(self, client: kvpool.Client, pin: bool = False):
         import torch
-        self._torch = torch
         self.client = client
         self.region = client.region()
         self.rows: Any = torch.frombuffer(self.region._mm, dtype=torch.int8)
@@ -115,19 +144,46 @@ class RegionMap:
         self.stride = self.region.row_stride
         self.shard_bytes = self.region.shard_bytes
         self.epoch = int(client.info["event_epoch"])
-        self.pinned = False
+        self._pinned: list[int] = []
+        self._rt: Optional[_Runtime] = None
         if pin:
-            rv = torch.cuda.cudart().cudaHostRegister(self.base, self.rows.numel(), 0)
-            if int(rv) != 0:
-                self.close()
-                raise RuntimeError(f"kvpool: cudaHostRegister of the region failed ({rv})")
-            self.pinned = True
+            self._pin(torch)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self._pinned)
+
+    def _pin(self, torch: Any) -> None:
+        """Registers the region in chunks that end on rows and pages (no copy
+        spans two, no page is registered twice), all or none."""
+        torch.cuda.init()  # loads the runtime this process shares with torch
+        rt = self._rt = _cuda_runtime()
+        total = self.rows.numel()
+        why = "no CUDA runtime found in this process"
+        if rt is not None:
+            unit = math.lcm(self.stride, mmap.PAGESIZE)
+            chunk = max(_PIN_CHUNK // unit, 1) * unit
+            for off in range(0, total, chunk):
+                rv = rt.lib.cudaHostRegister(self.base + off, min(chunk, total - off), 0)
+                if rv != 0:
+                    why = rt.failed(rv)
+                    self._unpin()
+                    break
+                self._pinned.append(self.base + off)
+        if not self._pinned:
+            _log.warning("kvpool: the region (%d MiB) could not be pinned for CUDA: %s; copies "
+                         "go through pageable memory, slower. kvpoold's region-dir on a tmpfs "
+                         "(/dev/shm) or hugetlbfs can be pinned", total >> 20, why)
+
+    def _unpin(self) -> None:
+        rt, addrs, self._pinned = self._rt, self._pinned, []
+        for a in reversed(addrs):
+            if rt is not None:
+                rt.lib.cudaHostUnregister(a)
 
     def close(self) -> None:
         """Unpins and unmaps (the client is the caller's)."""
-        if self.pinned:
-            self._torch.cuda.cudart().cudaHostUnregister(self.base)
-            self.pinned = False
+        self._unpin()
         self.rows = None
         try:
             self.region.close()
@@ -175,16 +231,14 @@ class PageCopier:
         """Copies group's pages of blocks to (store) or from their rows; returns
         the bytes. CPU tensors are copied when it returns (one C call over
         this host's cores); CUDA pages are queued on the current stream, one
-        batched call (the region must be pinned), done when the caller's
-        event on it is."""
+        batched call (asynchronous where the region is pinned), done when
+        the caller's event on it is."""
         if m.shard_bytes < self.shard_need() or len(blocks) != len(rows):
             raise ValueError("kvpool: the region's shard cannot hold these pages, or the "
                              "blocks and rows differ in number")
         rows = np.asarray(rows, dtype=np.int64)
         blocks = np.asarray(blocks, dtype=np.int64)
         shard = self.rank * m.shard_bytes
-        if self.cuda and not m.pinned:
-            raise ValueError("kvpool: CUDA copies need the region pinned (RegionMap(pin=True))")
         batch = self.batch
         if self.cuda and batch is None:
             return self._copy_pages(m, group, blocks, rows, shard, store)
@@ -214,7 +268,7 @@ class PageCopier:
 
     def _copy_pages(self, m: RegionMap, group: int, blocks: np.ndarray, rows: np.ndarray,
                     shard: int, store: bool) -> int:
-        """Each page between device memory and its pinned row, one copy_ each:
+        """Each page between device memory and its row, one copy_ each:
         where the runtime has no cudaMemcpyBatchAsync."""
         nbytes = 0
         for block, row in zip(blocks.tolist(), rows.tolist()):
