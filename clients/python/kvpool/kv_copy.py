@@ -123,6 +123,7 @@ def cuda_batch() -> Optional[_CudaBatch]:
     return _CudaBatch(rt)
 
 
+_BATCH_PAGES = 128  # pages per cudaMemcpyBatchAsync (measured on an H100: BENCHMARKS.md)
 _PIN_CHUNK = 64 << 30  # bytes per cudaHostRegister, as vLLM registers its region
 
 
@@ -195,8 +196,8 @@ class PageCopier:
     """One worker's pages. tensors: its KV cache tensors, all on the CPU or
     all on one GPU; layout[g]: for group g, (tensor index, page bytes,
     offset in the row's shard) of each of its layer tensors; rank: the
-    worker's shard of each row; batched: CUDA pages in one
-    cudaMemcpyBatchAsync per group (False: one copy_ each, slower)."""
+    worker's shard of each row; batched: CUDA pages by
+    cudaMemcpyBatchAsync (False: one copy_ each, slower)."""
 
     def __init__(self, tensors: Sequence[Any], layout: Sequence[Sequence[tuple[int, int, int]]],
                  rank: int = 0, threads: int = 0, batched: bool = True):
@@ -210,7 +211,10 @@ class PageCopier:
             import torch
             self._stream = torch.cuda.current_stream
         for g, lay in enumerate(self.layout):
-            for t, page, _ in lay:
+            for t, page, off in lay:
+                if page <= 0 or off < 0:
+                    raise ValueError(f"kvpool: group {g} has a page of {page} bytes at "
+                                     f"offset {off}")
                 if not 0 <= t < len(self.tensors):
                     raise ValueError(f"kvpool: group {g} names tensor {t} of "
                                      f"{len(self.tensors)}")
@@ -221,6 +225,11 @@ class PageCopier:
                 if page > ten.stride(0):
                     raise ValueError(f"kvpool: tensor {t}'s page of {page} bytes is larger "
                                      "than its block")
+        # per group: its tensors' addresses and block strides, pages, offsets
+        self._groups = [(np.array([self.tensors[t].data_ptr() for t, _, _ in lay], np.int64),
+                         np.array([self.tensors[t].stride(0) for t, _, _ in lay], np.int64),
+                         np.array([p for _, p, _ in lay], np.uint64),
+                         np.array([o for _, _, o in lay], np.int64)) for lay in self.layout]
 
     def shard_need(self) -> int:
         """Bytes of a row's shard the largest group uses."""
@@ -230,8 +239,8 @@ class PageCopier:
              store: bool) -> int:
         """Copies group's pages of blocks to (store) or from their rows; returns
         the bytes. CPU tensors are copied when it returns (one C call over
-        this host's cores); CUDA pages are queued on the current stream, one
-        batched call (asynchronous where the region is pinned), done when
+        this host's cores); CUDA pages are queued on the current stream in
+        batched calls (asynchronous where the region is pinned), done when
         the caller's event on it is."""
         if m.shard_bytes < self.shard_need() or len(blocks) != len(rows):
             raise ValueError("kvpool: the region's shard cannot hold these pages, or the "
@@ -242,24 +251,25 @@ class PageCopier:
         batch = self.batch
         if self.cuda and batch is None:
             return self._copy_pages(m, group, blocks, rows, shard, store)
-        dst, src, lens, nbytes = [], [], [], 0
-        for t, page, off in self.layout[group]:
-            ten = self.tensors[t]
-            rowp = m.base + rows * m.stride + shard + off
-            blkp = ten.data_ptr() + blocks * ten.stride(0)
-            dst.append(rowp if store else blkp)
-            src.append(blkp if store else rowp)
-            lens.append(np.full(len(rows), page, dtype=np.uint64))
-            nbytes += page * len(rows)
-        if not dst:
+        ptrs, strides, pages, offs = self._groups[group]
+        if not len(ptrs) or not len(rows):
             return 0
-        d = np.concatenate(dst).astype(np.uint64)
-        s = np.concatenate(src).astype(np.uint64)
-        ln = np.concatenate(lens)
+        # (layer, block) pairs, layer-major: every page's two addresses and length
+        rowp = m.base + shard + offs[:, None] + (rows * m.stride)[None, :]
+        blkp = ptrs[:, None] + strides[:, None] * blocks[None, :]
+        d = (rowp if store else blkp).ravel().astype(np.uint64)
+        s = (blkp if store else rowp).ravel().astype(np.uint64)
+        ln = np.repeat(pages, len(rows))
+        nbytes = int(ln.sum())
         if batch is not None:
             # Loads read rows nothing writes meanwhile: the engines may read
-            # them out of stream order (vLLM's loads do the same).
-            batch(d, s, ln, self._stream().cuda_stream, src_any=not store)
+            # them out of stream order (vLLM's loads do the same). A batch's
+            # submission costs ~0.4 us a page before its first byte moves:
+            # in slices, the engines copy one while the next is submitted.
+            stream = self._stream().cuda_stream
+            for i in range(0, len(d), _BATCH_PAGES):
+                j = i + _BATCH_PAGES
+                batch(d[i:j], s[i:j], ln[i:j], stream, src_any=not store)
             return nbytes
         rv = L.kvp_copy_many(d.ctypes.data, s.ctypes.data, ln.ctypes.data, len(d), self.threads)
         if rv != 0:
