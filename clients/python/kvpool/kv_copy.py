@@ -172,9 +172,9 @@ class RegionMap:
                     break
                 self._pinned.append(self.base + off)
         if not self._pinned:
-            _log.warning("kvpool: the region (%d MiB) could not be pinned for CUDA: %s; copies "
+            _log.warning("kvpool: the region (%.1f MiB) could not be pinned for CUDA: %s; copies "
                          "go through pageable memory, slower. kvpoold's region-dir on a tmpfs "
-                         "(/dev/shm) or hugetlbfs can be pinned", total >> 20, why)
+                         "(/dev/shm) or hugetlbfs can be pinned", total / 2**20, why)
 
     def _unpin(self) -> None:
         rt, addrs, self._pinned = self._rt, self._pinned, []

@@ -547,7 +547,7 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 self._inflight.append((job_id, False, 0, t0, None))
             return True
         stream_ctx: Any = _nullctx()
-        if self._cuda:
+        if self._stream is not None:
             # After what the model's stream has queued: a store reads KV the
             # forward pass writes, a load writes blocks it may be zeroing.
             self._stream.wait_stream(torch.cuda.current_stream())
