@@ -169,7 +169,9 @@ def fmt(v, unit):
     if unit.endswith("/s") and v >= 1e3:
         for scale, p in SI:
             if v >= scale:  # GB/s, but M blocks/s
-                return f"{v / scale:.3g} {p}{'' if unit.startswith('B/') else ' '}{unit}"
+                x = v / scale
+                x_s = f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+                return f"{x_s} {p}{'' if unit.startswith('B/') else ' '}{unit}"
     return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
 
 
