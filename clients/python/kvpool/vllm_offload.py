@@ -448,9 +448,9 @@ class KVPoolOffloadingManager(OffloadingManager):
 class KVPoolOffloadingWorker(OffloadingWorker):
     """Copies between vLLM's KV cache tensors and this worker's shard of
     kvpoold's region rows (kvpool.kv_copy). CPU tensors are copied when
-    submitted; CUDA tensors on a side stream, after the model's stream, in
-    one batched copy per group (cudaMemcpyBatchAsync, as vLLM's own CPU
-    tier), into the pinned region, completed by event.
+    submitted; CUDA tensors on a side stream, after the model's stream, by
+    cudaMemcpyBatchAsync (as vLLM's own CPU tier) to and from the pinned
+    region, completed by event.
 
     A restarted kvpoold has a new region (another file): a job names its
     pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
