@@ -456,8 +456,8 @@ class KVPoolOffloadingWorker(OffloadingWorker):
     pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
     first time a job names it, keeping the one before for the jobs issued
     before the scheduler renewed its session. A job whose region is gone
-    (kvpoold restarted twice within a step) is reported failed, never run
-    against other rows."""
+    (kvpoold restarted twice within a step) is never run against other rows:
+    a load is reported failed, a store done with nothing written."""
 
     def __init__(self, extra: dict[str, Any], config: OffloadingConfig,
                  kv_caches: CanonicalKVCaches):
@@ -510,7 +510,7 @@ class KVPoolOffloadingWorker(OffloadingWorker):
             new = self._map()
         except kvpool.KvpoolError as e:
             logger.error("kvpool: a transfer names pool life %#x, and kvpoold does not answer "
-                         "(%s): reported failed, not copied", epoch, e)
+                         "(%s): not copied (a load fails, a store is dropped)", epoch, e)
             return None
         if new.epoch == self._maps[-1].epoch:
             self._unmap(new)  # kvpoold has not restarted: epoch names no life of it we can map
@@ -527,7 +527,8 @@ class KVPoolOffloadingWorker(OffloadingWorker):
                 self._unmap(m)
         if new.epoch != epoch:
             logger.error("kvpool: a transfer names pool life %#x, whose region is gone (kvpoold "
-                         "now runs %#x): reported failed, not copied", epoch, new.epoch)
+                         "now runs %#x): not copied (a load fails, a store is dropped)", epoch,
+                         new.epoch)
             return None
         return new
 
@@ -543,8 +544,12 @@ class KVPoolOffloadingWorker(OffloadingWorker):
             raise RuntimeError(f"kvpool: load job {job_id} has a block with no row")
         m = self._mapping(getattr(spec, "epoch", None))
         if m is None:
+            # Nothing copied. A load fails: its blocks hold no KV. A store is
+            # done: its rows went with that pool life, so nothing it would have
+            # written can be seen, and vLLM 0.33 ends the engine on any failed
+            # job (it asserts).
             with self._lock:
-                self._inflight.append((job_id, False, 0, t0, None))
+                self._inflight.append((job_id, None if store else False, 0, t0, None))
             return True
         stream_ctx: Any = _nullctx()
         if self._stream is not None:

@@ -398,14 +398,22 @@ def test_tensor_parallel_workers_write_their_own_shard(tmp_path):
                 w.get_finished()
                 shard = bytes(reg.shard(rows[0], rank))
                 assert bytes(gpu[rank][0][1].numpy()) == shard[:page]
-            # A job naming another life of the pool (a region gone with a restart) is
-            # reported failed, and copies nothing.
+            # A job naming another life of the pool (a region gone with a restart)
+            # copies nothing: a load is reported failed (its blocks hold no KV), a
+            # store done (what it would have written went with that life; vLLM 0.33
+            # ends an engine on any failed job).
             for t in gpu[0]:
                 t.zero_()
+            before = bytes(reg.shard(rows[0], 0))
             stale = KVPoolRowsSpec(keys, rows, epoch=c.info["event_epoch"] ^ 1)
             assert ws[0].submit_load(20, stale, blocks)
             assert [(r.job_id, r.success) for r in ws[0].get_finished()] == [(20, False)]
             assert not any(t.any() for t in gpu[0])
+            gpu[0][0][1].fill_(7)
+            assert ws[0].submit_store(21, blocks, stale)
+            assert [(r.job_id, r.success, r.transfer_size)
+                    for r in ws[0].get_finished()] == [(21, True, 0)]
+            assert bytes(reg.shard(rows[0], 0)) == before
             for w in ws:
                 w.shutdown()
     finally:
