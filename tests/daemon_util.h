@@ -48,6 +48,25 @@ daemon_start(const char *const *args)
 	return daemon_start_log(args, NULL);
 }
 
+/* Prints the last n lines of a daemon's log (at most 64 KiB back) to stdout. */
+static inline void
+print_log_tail(const char *log_path, int n)
+{
+	static char buf[65536];
+	FILE *f = fopen(log_path, "r");
+	if (f == NULL)
+		return;
+	long at = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+	at = at > (long)sizeof(buf) - 1 ? at - (long)sizeof(buf) + 1 : 0;
+	size_t len = fseek(f, at, SEEK_SET) == 0 ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	fclose(f);
+	buf[len] = '\0';
+	const char *p = buf + len;
+	for (int lines = 0; p > buf && lines <= n;)
+		lines += *--p == '\n';
+	printf("kvpoold's log (%s), its last %d lines:\n%s\n", log_path, n, p + (*p == '\n'));
+}
+
 /* SIGTERM, then waits up to 10 s. Returns the exit status, or -1. */
 static inline int
 daemon_stop(pid_t pid)

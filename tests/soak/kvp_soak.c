@@ -318,7 +318,10 @@ main(int argc, char **argv)
 	                      admin, "--lease-ms", lease, "--send-timeout-ms", "300",
 	                      "--idle-timeout-ms", "5000", "--executor", "none", "--pool", pool,
 	                      NULL};
-	if ((daemon_pid = daemon_start_log(args, "/dev/null")) <= 0)
+	/* kvpoold's log: kept, and its last lines printed, when the run fails. */
+	char log_path[96];
+	snprintf(log_path, sizeof(log_path), "/tmp/kvpool-soak-log-%d", (int)getpid());
+	if ((daemon_pid = daemon_start_log(args, log_path)) <= 0)
 		return 2;
 	sleep_ms(300);
 
@@ -411,6 +414,10 @@ main(int argc, char **argv)
 		printf("FAIL: kvpoold exited %d (its drain checks the invariants)\n", rc);
 		ok = 0;
 	}
+	if (!ok)
+		print_log_tail(log_path, 60);
+	else
+		unlink(log_path);
 	printf("kvp-soak: %s (RSS %.1f -> %.1f MB, p99 %.0f -> %.0f us)\n", ok ? "PASS" : "FAIL",
 	       rss0, rss, p99_0, p99);
 	return ok ? 0 : 1;
