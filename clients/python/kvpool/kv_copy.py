@@ -124,7 +124,46 @@ def cuda_batch() -> Optional[_CudaBatch]:
 
 
 _BATCH_PAGES = 128  # pages per cudaMemcpyBatchAsync (measured on an H100: BENCHMARKS.md)
+# Pages smaller than this go by GPU threads (kvpool._page_kernel) rather than
+# the copy engines, where the region is pinned and Triton is installed: on an
+# H200, 2-3x the engines' rate at 8-32 KiB, level at 64 KiB, where the engines
+# keep the work (they take no SMs from the model). 16 programs (an eighth of
+# an H100's SMs) reach all but a few percent of what 32 to 132 do (docs/vllm.md).
+_KERNEL_BELOW = 64 << 10
+_KERNEL_PROGRAMS = 16
+_kernel: Any = None  # unresolved; False: not usable in this process
+
+
+def _page_kernel(device: int) -> Any:
+    """kvpool._page_kernel where GPU threads can reach registered host memory
+    by its address and Triton imports; else None (the reason logged once)."""
+    global _kernel
+    if _kernel is None:
+        _kernel = False
+        rt, ok = _cuda_runtime(), ctypes.c_int(0)
+        # cudaDevAttrCanUseHostPointerForRegisteredMem
+        if rt is None or rt.lib.cudaDeviceGetAttribute(ctypes.byref(ok), 91, device) != 0 \
+                or not ok.value:
+            if rt is not None:
+                rt.lib.cudaGetLastError()
+            _log.info("kvpool: small pages go by the copy engines: the GPU cannot reach "
+                      "registered host memory by its address")
+            return None
+        try:
+            from kvpool import _page_kernel as k
+        except Exception as e:  # ImportError, or Triton finding no usable backend
+            _log.info("kvpool: small pages go by the copy engines: no Triton (%s)", e)
+            return None
+        _kernel = k
+    return _kernel or None
 _PIN_CHUNK = 64 << 30  # bytes per cudaHostRegister, as vLLM registers its region
+
+
+def _kernel_failed(e: Exception) -> None:
+    """The page kernel failed before it copied anything: no more tries."""
+    global _kernel
+    _kernel = False
+    _log.warning("kvpool: the page kernel failed (%s); small pages go by the copy engines", e)
 
 
 class RegionMap:
@@ -197,19 +236,30 @@ class PageCopier:
     all on one GPU; layout[g]: for group g, (tensor index, page bytes,
     offset in the row's shard) of each of its layer tensors; rank: the
     worker's shard of each row; batched: CUDA pages by
-    cudaMemcpyBatchAsync (False: one copy_ each, slower)."""
+    cudaMemcpyBatchAsync (False: one copy_ each, slower); kernel: CUDA pages
+    by GPU threads, into and out of a pinned region (None: a group's pages
+    when all are smaller than _KERNEL_BELOW; True: every group's; False:
+    never), where the GPU and Triton allow it, else by the engines."""
 
     def __init__(self, tensors: Sequence[Any], layout: Sequence[Sequence[tuple[int, int, int]]],
-                 rank: int = 0, threads: int = 0, batched: bool = True):
+                 rank: int = 0, threads: int = 0, batched: bool = True,
+                 kernel: Optional[bool] = None):
         self.tensors = list(tensors)
         self.layout = [list(g) for g in layout]
         self.rank = rank
         self.threads = threads or min(8, os.cpu_count() or 1)
         self.cuda = any(t.is_cuda for t in self.tensors)
+        if kernel and not self.cuda:
+            raise ValueError("kvpool: the page kernel copies CUDA tensors only")
         self.batch = cuda_batch() if self.cuda and batched else None
+        self.kernel_mode = kernel
+        # pages copied so far by each way: the page kernel, the engines'
+        # batches, a copy_ each, or the host's cores (kvp_copy_many)
+        self.pages_by = {"kernel": 0, "batched": 0, "copy_": 0, "host": 0}
         if self.cuda:
             import torch
             self._stream = torch.cuda.current_stream
+            self._torch = torch
         for g, lay in enumerate(self.layout):
             for t, page, off in lay:
                 if page <= 0 or off < 0:
@@ -239,9 +289,9 @@ class PageCopier:
              store: bool) -> int:
         """Copies group's pages of blocks to (store) or from their rows; returns
         the bytes. CPU tensors are copied when it returns (one C call over
-        this host's cores); CUDA pages are queued on the current stream in
-        batched calls (asynchronous where the region is pinned), done when
-        the caller's event on it is."""
+        this host's cores); CUDA pages are queued on the current stream, by
+        the page kernel or in batched calls (asynchronous where the region
+        is pinned), done when the caller's event on it is."""
         if m.shard_bytes < self.shard_need() or len(blocks) != len(rows):
             raise ValueError("kvpool: the region's shard cannot hold these pages, or the "
                              "blocks and rows differ in number")
@@ -249,11 +299,12 @@ class PageCopier:
         blocks = np.asarray(blocks, dtype=np.int64)
         shard = self.rank * m.shard_bytes
         batch = self.batch
-        if self.cuda and batch is None:
-            return self._copy_pages(m, group, blocks, rows, shard, store)
         ptrs, strides, pages, offs = self._groups[group]
         if not len(ptrs) or not len(rows):
             return 0
+        kernel = self._kernel_for(group) if self.cuda and m.pinned else None
+        if self.cuda and batch is None and kernel is None:
+            return self._copy_pages(m, group, blocks, rows, shard, store)
         # (layer, block) pairs, layer-major: every page's two addresses and length
         rowp = m.base + shard + offs[:, None] + (rows * m.stride)[None, :]
         blkp = ptrs[:, None] + strides[:, None] * blocks[None, :]
@@ -261,6 +312,20 @@ class PageCopier:
         s = (blkp if store else rowp).ravel().astype(np.uint64)
         ln = np.repeat(pages, len(rows))
         nbytes = int(ln.sum())
+        if kernel is not None and not ((d | s | ln) & np.uint64(7)).any():
+            # Its 8-byte loads and stores need 8-byte aligned pages.
+            desc = np.concatenate([d.view(np.int64), s.view(np.int64),
+                                   (ln >> np.uint64(3)).astype(np.int64)])
+            dev = self._torch.from_numpy(desc).pin_memory().to(self.tensors[0].device,
+                                                                non_blocking=True)
+            try:
+                kernel.launch(dev, len(d), _KERNEL_PROGRAMS, int(pages.max()))
+                self.pages_by["kernel"] += len(d)
+                return nbytes
+            except Exception as e:  # Triton could not build or launch it: the engines copy
+                _kernel_failed(e)
+        if self.cuda and batch is None:  # pages the kernel cannot take, no batched copy
+            return self._copy_pages(m, group, blocks, rows, shard, store)
         if batch is not None:
             # Loads read rows nothing writes meanwhile: the engines may read
             # them out of stream order (vLLM's loads do the same). A batch's
@@ -270,11 +335,20 @@ class PageCopier:
             for i in range(0, len(d), _BATCH_PAGES):
                 j = i + _BATCH_PAGES
                 batch(d[i:j], s[i:j], ln[i:j], stream, src_any=not store)
+            self.pages_by["batched"] += len(d)
             return nbytes
         rv = L.kvp_copy_many(d.ctypes.data, s.ctypes.data, ln.ctypes.data, len(d), self.threads)
         if rv != 0:
             raise RuntimeError(f"kvpool: kvp_copy_many failed ({rv})")
+        self.pages_by["host"] += len(d)
         return nbytes
+
+    def _kernel_for(self, group: int) -> Any:
+        """The page kernel, where this group's pages go by it; else None."""
+        if self.kernel_mode is False or (self.kernel_mode is None and
+                                         int(self._groups[group][2].max()) >= _KERNEL_BELOW):
+            return None
+        return _page_kernel(self.tensors[0].device.index or 0)
 
     def _copy_pages(self, m: RegionMap, group: int, blocks: np.ndarray, rows: np.ndarray,
                     shard: int, store: bool) -> int:
@@ -288,4 +362,5 @@ class PageCopier:
                 dev = self.tensors[t][block, :page]
                 (host if store else dev).copy_(dev if store else host, non_blocking=True)
                 nbytes += page
+                self.pages_by["copy_"] += 1
         return nbytes

@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import numpy as np  # noqa: E402
 
 import kvpool  # noqa: E402
+from kvpool import kv_copy  # noqa: E402
 from kvpool.kv_copy import PageCopier, RegionMap, cuda_batch  # noqa: E402
 
 from conftest import start, stop  # noqa: E402
@@ -62,13 +63,13 @@ def kv(device="cpu"):
 LAYOUT = [[(i, PAGE, i * PAGE) for i in range(LAYERS)]]
 
 
-def roundtrip(c, tensors, pin, sync, batched=True, must_pin=False):
+def roundtrip(c, tensors, pin, sync, batched=True, must_pin=False, kernel=None):
     keys = [kvpool.offload_key(bytes([5, i]) * 16, 0) for i in range(2)]
     rows, _ = c.reserve(keys)
     m = RegionMap(c, pin=pin)
     try:
         assert m.pinned or not must_pin, "a region on /dev/shm was not pinned"
-        cp = PageCopier(tensors, LAYOUT, rank=1, batched=batched)
+        cp = PageCopier(tensors, LAYOUT, rank=1, batched=batched, kernel=kernel)
         if tensors[0].is_cuda and batched:
             cuda = tuple(int(x) for x in (torch.version.cuda or "0.0").split(".")[:2])
             assert (cp.batch is not None) == (cuda >= (12, 8)), "cudaMemcpyBatchAsync not found"
@@ -80,6 +81,9 @@ def roundtrip(c, tensors, pin, sync, batched=True, must_pin=False):
             want = b"".join(bytes(t[blk].cpu().numpy()) for t in tensors)
             assert shard[:len(want)] == want
             assert bytes(m.region.shard(row, 0)) != want[:m.shard_bytes]  # rank 0's untouched
+        way = ("kernel" if kernel and m.pinned else "host" if not tensors[0].is_cuda
+               else "batched" if cp.batch is not None else "copy_")
+        assert cp.pages_by[way] == 2 * LAYERS and sum(cp.pages_by.values()) == 2 * LAYERS
         kept = [t.clone() for t in tensors]
         for t in tensors:
             t.zero_()
@@ -98,15 +102,43 @@ def test_pages_to_and_from_a_shard_of_the_rows(pool):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
-@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-page"])
-def test_cuda_pages_through_the_region(any_pool, batched):
+@pytest.mark.parametrize("way", ["batched", "per-page", "kernel"])
+def test_cuda_pages_through_the_region(any_pool, way):
+    """By the copy engines (in batches, or a copy_ a page), or by the page
+    kernel (which a region that could not be pinned sends to the engines)."""
     c, tmpfs = any_pool
+    if way == "kernel" and kv_copy._page_kernel(torch.cuda.current_device()) is None:
+        pytest.skip("the page kernel cannot run here (no Triton, or no host pointers)")
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        roundtrip(c, kv("cuda"), pin=True, sync=stream.synchronize, batched=batched,
-                  must_pin=tmpfs)
+        roundtrip(c, kv("cuda"), pin=True, sync=stream.synchronize, batched=way != "per-page",
+                  must_pin=tmpfs, kernel=way == "kernel")
     x = torch.ones(4, device="cuda")  # nothing a failed registration left is raised later
     assert float(x.sum()) == 4.0
+
+
+class _BrokenKernel:
+    @staticmethod
+    def launch(*args):
+        raise RuntimeError("no kernel today")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
+def test_cuda_a_failed_kernel_leaves_the_pages_to_the_engines(tmp_path, monkeypatch):
+    """Small pages into a pinned region go by the page kernel; where Triton
+    cannot build or launch it, the same call copies them by the engines."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    monkeypatch.setattr(kv_copy, "_kernel", _BrokenKernel)
+    proc, c = open_pool(tmp_path, "/dev/shm")
+    try:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            roundtrip(c, kv("cuda"), pin=True, sync=stream.synchronize, must_pin=True)
+        assert kv_copy._kernel is False  # not tried again
+    finally:
+        c.close()
+        stop(proc)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device for torch here")
@@ -118,6 +150,8 @@ def test_cuda_refusals(pool):
 
 
 def test_refusals(pool):
+    with pytest.raises(ValueError, match="CUDA tensors only"):
+        PageCopier(kv(), LAYOUT, kernel=True)
     with pytest.raises(ValueError, match="canonical"):
         PageCopier([torch.zeros(4, 256, dtype=torch.float32)], [[(0, PAGE, 0)]])
     with pytest.raises(ValueError, match="larger than its block"):
