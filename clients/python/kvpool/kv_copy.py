@@ -124,6 +124,7 @@ def cuda_batch() -> Optional[_CudaBatch]:
 
 
 _BATCH_PAGES = 128  # pages per cudaMemcpyBatchAsync (measured on an H100: BENCHMARKS.md)
+_PIN_CHUNK = 64 << 30  # bytes per cudaHostRegister, as vLLM registers its region
 # Pages smaller than this go by GPU threads (kvpool._page_kernel) rather than
 # the copy engines, where the region is pinned and Triton is installed: on an
 # H200, 2-3x the engines' rate at 8-32 KiB, level at 64 KiB, where the engines
@@ -156,7 +157,6 @@ def _page_kernel(device: int) -> Any:
             return None
         _kernel = k
     return _kernel or None
-_PIN_CHUNK = 64 << 30  # bytes per cudaHostRegister, as vLLM registers its region
 
 
 def _kernel_failed(e: Exception) -> None:
