@@ -5,6 +5,7 @@ shard of a real kvpoold's region rows, and every refusal. On CPU tensors
 here; on CUDA tensors, the region pinned (on /dev/shm) or not (on disk),
 where torch sees a GPU."""
 import os
+import subprocess
 import sys
 
 import pytest
@@ -115,6 +116,37 @@ def test_cuda_pages_through_the_region(any_pool, way):
                   must_pin=tmpfs, kernel=way == "kernel")
     x = torch.ones(4, device="cuda")  # nothing a failed registration left is raised later
     assert float(x.sum()) == 4.0
+
+
+KERNEL_ON_CPU = """
+import numpy as np, torch
+from kvpool import _page_kernel as k
+src = torch.randint(-128, 127, (5, 20480), dtype=torch.int8)
+dst = torch.zeros(5, 24576, dtype=torch.int8)
+pages = [(0, 2), (3, 0), (1, 4)]  # (source block, destination block)
+lens = [20000, 2048, 8]  # 3 steps of 1024 words, one step, one word
+d = np.array([dst[b].data_ptr() for _, b in pages], np.int64)
+s = np.array([src[a].data_ptr() for a, _ in pages], np.int64)
+k.launch(torch.from_numpy(np.concatenate([d, s, np.array(lens, np.int64) // 8])), 3, 2,
+         max(lens))  # 3 pages, 2 programs
+for (a, b), n in zip(pages, lens):
+    assert torch.equal(dst[b, :n], src[a, :n]), (a, b)
+    assert not dst[b, n:].any(), "copied past a page"
+assert not dst[1].any() and not dst[3].any(), "wrote a page not asked for"
+print("ok")
+"""
+
+
+def test_the_page_kernel_in_tritons_interpreter():
+    """The page kernel's own logic (its steps, masks, programs striding over
+    pages) on the CPU, run by Triton's interpreter through raw addresses as
+    a GPU runs it; the GPU itself runs it in test_cuda_pages_through_the_region."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE)] + sys.path))
+    r = subprocess.run([sys.executable, "-c", KERNEL_ON_CPU], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
 
 
 class _BrokenKernel:
