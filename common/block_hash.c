@@ -32,6 +32,7 @@ struct kvp_hasher {
 	SHA256_CTX sha;        /* the SHA-256 algorithms' state */
 	XXH3_state_t *xx;      /* the xxhash algorithms' streaming state */
 	enum kvp_hash_algo algo;
+	enum kvp_keys_form form; /* the extra keys' form: tagged (vLLM 0.33) or plain */
 	size_t len;            /* digest bytes: 32 or 16 */
 	bool pickle;           /* the algorithm hashes pickle bytes, not CBOR */
 	uint8_t *scratch;      /* a pickled block input; grows, kept */
@@ -272,6 +273,21 @@ kvp_hasher_len(const struct kvp_hasher *h)
 	return h->len;
 }
 
+int
+kvp_hasher_set_keys_form(struct kvp_hasher *h, enum kvp_keys_form form)
+{
+	if (h == NULL || (form != KVP_KEYS_TAGGED && form != KVP_KEYS_PLAIN))
+		return KVP_EINVAL;
+	h->form = form;
+	return KVP_OK;
+}
+
+enum kvp_keys_form
+kvp_hasher_keys_form(const struct kvp_hasher *h)
+{
+	return h->form;
+}
+
 /* ---- the digest: SHA-256 (OpenSSL) or XXH3-128 in canonical (big-endian) form ---- */
 
 static bool
@@ -321,6 +337,13 @@ digest_once(struct kvp_hasher *h, const void *data, size_t len, uint8_t *out)
 	return digest_init(h) && digest_update(h, data, len) && digest_final(h, out);
 }
 
+/* The pickle's flags for the hasher's extra keys: tagged keys memoize their tags. */
+static unsigned
+pickle_flags(const struct kvp_hasher *h)
+{
+	return h->form == KVP_KEYS_TAGGED ? KVP_PICKLE_TAGS : 0;
+}
+
 /* sha256, xxhash: the digest of the block's pickle, built in the hasher's scratch buffer. */
 static int
 hash_block_pickle(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens, size_t n,
@@ -331,7 +354,8 @@ hash_block_pickle(struct kvp_hasher *h, const uint8_t *parent, const int64_t *to
 
 	if (rv == KVP_OK)
 		rv = kvp_pickle_block(parent ? parent : h->none_hash, parent ? h->len : h->none_len,
-		                      tokens, n, extra, extra_len, h->scratch, h->scratch_cap, &len);
+		                      tokens, n, extra, extra_len, pickle_flags(h), h->scratch,
+		                      h->scratch_cap, &len);
 	return rv == KVP_OK ? kvp_hash_raw(h, h->scratch, len, out) : rv;
 }
 
@@ -415,7 +439,7 @@ kvp_hash_block_input(const struct kvp_hasher *h, const uint8_t *parent,
 	plen = parent ? h->len : h->none_len;
 	if (h->pickle)
 		return kvp_pickle_block(parent ? parent : h->none_hash, plen, tokens, n, extra,
-		                        extra_len, buf, cap, len);
+		                        extra_len, pickle_flags(h), buf, cap, len);
 	need = 3 + plen + cbor_head(scratch, 4, n) + (extra_len ? extra_len : 1);
 	for (size_t i = 0; i < n; i++)
 		need += cbor_int(scratch, tokens[i]);
@@ -459,9 +483,11 @@ kvp_request_keys_validate(const struct kvp_request_keys *k)
 		return KVP_OK;
 	if (k->num_mm > 0 && k->mm == NULL)
 		return KVP_EINVAL;
-	if (key_too_long(k->lora_name) || key_too_long(k->cache_salt) ||
-	    key_too_long(k->session_id))
+	if (key_too_long(k->lora_name) || key_too_long(k->lora_path) ||
+	    key_too_long(k->cache_salt) || key_too_long(k->session_id))
 		return KVP_EINVAL;
+	if (k->lora_path != NULL && k->lora_name == NULL)
+		return KVP_EINVAL; /* a path names nothing without its adapter's name */
 	for (size_t i = 0; i < k->num_mm; i++) {
 		const struct kvp_mm_feature *f = &k->mm[i];
 		if (f->identifier == NULL || f->offset < 0 || f->length < 1 ||
@@ -473,6 +499,12 @@ kvp_request_keys_validate(const struct kvp_request_keys *k)
 	return KVP_OK;
 }
 
+/* vLLM 0.33's tags, as CBOR text items. */
+#define TAG_LORA "\x64lora"
+#define TAG_MM "\x62mm"
+#define TAG_SALT "\x6a" "cache_salt"
+#define TAG_LEN(t) (sizeof(t) - 1)
+
 size_t
 kvp_extra_keys_max_len(const struct kvp_request_keys *k)
 {
@@ -480,19 +512,30 @@ kvp_extra_keys_max_len(const struct kvp_request_keys *k)
 
 	if (k == NULL)
 		return n;
+	/* The tagged form's, which bounds the plain form's too: each key is a
+	 * one-byte array head, its tag, then the plain form's items. */
 	if (k->lora_name)
-		n += CBOR_HEAD_MAX + strlen(k->lora_name);
+		n += 1 + TAG_LEN(TAG_LORA) + 2 * CBOR_HEAD_MAX + strlen(k->lora_name) +
+		     (k->lora_path ? strlen(k->lora_path) : 0);
 	if (k->cache_salt)
-		n += CBOR_HEAD_MAX + strlen(k->cache_salt);
+		n += 1 + TAG_LEN(TAG_SALT) + CBOR_HEAD_MAX + strlen(k->cache_salt);
 	for (size_t i = 0; i < k->num_mm; i++)
-		n += 1 + CBOR_HEAD_MAX + strlen(k->mm[i].identifier) + CBOR_HEAD_MAX;
+		n += 1 + TAG_LEN(TAG_MM) + CBOR_HEAD_MAX + strlen(k->mm[i].identifier) + CBOR_HEAD_MAX;
+	return n;
+}
+
+/* Appends a tag's CBOR text item. */
+static size_t
+put_tag(uint8_t *p, const char *tag, size_t n)
+{
+	memcpy(p, tag, n);
 	return n;
 }
 
 /* _gen_mm_extra_hash_keys, iteration for iteration. Returns the item count. */
 static size_t
-mm_keys(const struct kvp_request_keys *k, int64_t start, int64_t end, int64_t *mm_idx,
-        uint8_t *p, size_t *len)
+mm_keys(const struct kvp_request_keys *k, enum kvp_keys_form form, int64_t start, int64_t end,
+        int64_t *mm_idx, uint8_t *p, size_t *len)
 {
 	size_t items = 0;
 	int64_t n = (int64_t)k->num_mm, cur;
@@ -501,8 +544,8 @@ mm_keys(const struct kvp_request_keys *k, int64_t start, int64_t end, int64_t *m
 	if (n == 0)
 		return 0;
 	last = &k->mm[n - 1];
-	if (last->offset + last->length < start)
-		return 0;
+	if (last->offset + last->length <= start)
+		return 0; /* every feature ended at or before the block */
 	cur = *mm_idx < 0 ? n + *mm_idx : *mm_idx;
 	if (cur < 0)
 		cur = 0; /* vLLM asserts -idx <= len; we only produce -1 */
@@ -510,11 +553,16 @@ mm_keys(const struct kvp_request_keys *k, int64_t start, int64_t end, int64_t *m
 		const struct kvp_mm_feature *f = &k->mm[cur];
 		if (!(end > f->offset))
 			break; /* the block has not reached this feature */
-		if (start > f->offset + f->length) {
+		if (start >= f->offset + f->length) {
 			cur++; /* the block has passed it */
 			continue;
 		}
-		p[(*len)++] = 0x82;
+		if (form == KVP_KEYS_TAGGED) {
+			p[(*len)++] = 0x83;
+			*len += put_tag(p + *len, TAG_MM, TAG_LEN(TAG_MM));
+		} else {
+			p[(*len)++] = 0x82;
+		}
 		*len += cbor_str(p + *len, f->identifier);
 		*len += cbor_int(p + *len, f->offset - start);
 		items++;
@@ -528,14 +576,18 @@ mm_keys(const struct kvp_request_keys *k, int64_t start, int64_t end, int64_t *m
 }
 
 int
-kvp_extra_keys_encode(const struct kvp_request_keys *k, int64_t start, int64_t end,
-                      int64_t *mm_idx, uint8_t *buf, size_t cap, size_t *len)
+kvp_extra_keys_encode(const struct kvp_request_keys *k, enum kvp_keys_form form,
+                      int64_t start, int64_t end, int64_t *mm_idx, uint8_t *buf, size_t cap,
+                      size_t *len)
 {
 	uint8_t mm[1024], *mmbuf = mm;
 	size_t mmlen = 0, items = 0, n = 0, need;
 	int64_t idx_dummy = 0;
+	const bool tagged = form == KVP_KEYS_TAGGED;
 
-	if (buf == NULL || len == NULL || (need = kvp_extra_keys_max_len(k)) > cap)
+	if (buf == NULL || len == NULL || (need = kvp_extra_keys_max_len(k)) > cap ||
+	    (form != KVP_KEYS_TAGGED && form != KVP_KEYS_PLAIN) ||
+	    (tagged && k != NULL && k->lora_name != NULL && k->lora_path == NULL))
 		return KVP_EINVAL;
 	if (mm_idx == NULL)
 		mm_idx = &idx_dummy;
@@ -547,19 +599,30 @@ kvp_extra_keys_encode(const struct kvp_request_keys *k, int64_t start, int64_t e
 	/* The mm items come second but their count is known only after the walk. */
 	if (need > sizeof(mm) && (mmbuf = malloc(need)) == NULL)
 		return KVP_ENOMEM;
-	size_t nmm = mm_keys(k, start, end, mm_idx, mmbuf, &mmlen);
+	size_t nmm = mm_keys(k, form, start, end, mm_idx, mmbuf, &mmlen);
 	items = (k->lora_name ? 1 : 0) + nmm +
 	        (start == 0 && k->cache_salt && k->cache_salt[0] ? 1 : 0);
 	if (items == 0) {
 		buf[n++] = 0xf6;
 	} else {
 		n += cbor_head(buf, 4, items);
-		if (k->lora_name)
+		if (k->lora_name && tagged) {
+			buf[n++] = 0x83;
+			n += put_tag(buf + n, TAG_LORA, TAG_LEN(TAG_LORA));
 			n += cbor_str(buf + n, k->lora_name);
+			n += cbor_str(buf + n, k->lora_path);
+		} else if (k->lora_name) {
+			n += cbor_str(buf + n, k->lora_name);
+		}
 		memcpy(buf + n, mmbuf, mmlen);
 		n += mmlen;
-		if (start == 0 && k->cache_salt && k->cache_salt[0])
+		if (start == 0 && k->cache_salt && k->cache_salt[0]) {
+			if (tagged) {
+				buf[n++] = 0x82;
+				n += put_tag(buf + n, TAG_SALT, TAG_LEN(TAG_SALT));
+			}
 			n += cbor_str(buf + n, k->cache_salt);
+		}
 	}
 	if (mmbuf != mm)
 		free(mmbuf);
@@ -589,16 +652,20 @@ kvp_hash_chain(struct kvp_hasher *h, const struct kvp_request_keys *k, const int
 		if ((ebuf = malloc(ecap)) == NULL)
 			return KVP_ENOMEM;
 	}
-	/* vLLM starts the multimodal walk at the last feature for a later block. */
-	mm_idx = first_block > 0 ? -1 : 0;
+	/*
+	 * vLLM 9aaf83ef5 starts the multimodal walk at the last feature for a
+	 * later block. vLLM 0.33 starts it at the first feature that ends after
+	 * the block's start; the walk from 0 skips the ones before it, the same.
+	 */
+	mm_idx = first_block > 0 && h->form == KVP_KEYS_PLAIN ? -1 : 0;
 	for (size_t b = 0; b < full && rv == KVP_OK; b++, count++) {
 		int64_t start = (int64_t)(first_block + b) * block_size;
 		size_t elen = 0;
 		uint8_t *dst = out + count * h->len;
 		/* A request with no extra-key sources hashes None: skip the encoder. */
 		if (k != NULL)
-			rv = kvp_extra_keys_encode(k, start, start + block_size, &mm_idx, ebuf, ecap,
-			                           &elen);
+			rv = kvp_extra_keys_encode(k, h->form, start, start + block_size, &mm_idx,
+			                           ebuf, ecap, &elen);
 		if (rv == KVP_OK)
 			rv = kvp_hash_block(h, parent, tokens + b * block_size, block_size,
 			                    k ? ebuf : NULL, k ? elen : 0, dst);

@@ -6,9 +6,13 @@
  * A block's hash is the digest of the encoding (canonical CBOR or pickle) of
  * the 3-tuple (parent hash or NONE_HASH, tokens, extra keys or None).
  * NONE_HASH is the digest of the encoded seed string (vLLM's PYTHONHASHSEED
- * rule) or 32 random bytes. Extra keys are, in vLLM's order: the LoRA name; one
- * (identifier, offset relative to the block start) per multimodal feature
- * overlapping the block; the cache salt on the block that starts at token 0.
+ * rule) or 32 random bytes. Extra keys are, in vLLM's order: the LoRA; one
+ * per multimodal feature overlapping the block (its identifier and its offset
+ * relative to the block start); the cache salt on the block that starts at
+ * token 0. They come in two forms (enum kvp_keys_form): vLLM 0.33 hashes
+ * tagged tuples, ("lora", name, path), ("mm", identifier, offset) and
+ * ("cache_salt", salt); vLLM at 9aaf83ef5 hashed the plain form, name,
+ * (identifier, offset) and salt, which every version's events still carry.
  * Prompt-embeds keys are not supported (a request that uses them cannot be
  * described here).
  *
@@ -53,6 +57,18 @@ struct kvp_request_keys {
 	size_t num_mm;
 	const char *cache_salt;            /* NULL or "": no salt */
 	const char *session_id;            /* NULL or "": None (events only) */
+	const char *lora_path;             /* the LoRA's path (vLLM 0.33's tagged key);
+	                                    * NULL without a LoRA */
+};
+
+/*
+ * The form of a block's extra keys. Tagged is what vLLM 0.33 hashes
+ * (generate_block_hash_extra_keys); plain is what vLLM at 9aaf83ef5 hashed
+ * and what every version's events carry (to_event_extra_keys).
+ */
+enum kvp_keys_form {
+	KVP_KEYS_TAGGED = 0, /* (("lora", name, path), ("mm", id, offset), ("cache_salt", s)) */
+	KVP_KEYS_PLAIN = 1,  /* (name, (id, offset), s) */
 };
 
 struct kvp_hasher;
@@ -87,6 +103,15 @@ int kvp_hasher_create(const char *seed, struct kvp_hasher **out);
 int kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_hasher **out);
 /* The hasher's algorithm. */
 enum kvp_hash_algo kvp_hasher_algo(const struct kvp_hasher *h);
+/*
+ * Sets the form in which the hasher's request hashing (kvp_hash_chain,
+ * kvp_hash_request) builds extra keys, and whether its pickle memoizes their
+ * tags: KVP_KEYS_TAGGED (vLLM 0.33, a new hasher's form) or KVP_KEYS_PLAIN
+ * (a pool with vLLM 9aaf83ef5's rules). KVP_EINVAL for NULL or another value.
+ */
+int kvp_hasher_set_keys_form(struct kvp_hasher *h, enum kvp_keys_form form);
+/* The hasher's extra-keys form. */
+enum kvp_keys_form kvp_hasher_keys_form(const struct kvp_hasher *h);
 /* Destroys a hasher; NULL is a no-op. */
 void kvp_hasher_destroy(struct kvp_hasher *h);
 /* The hasher's digest length: kvp_hash_algo_len(kvp_hasher_algo(h)). */
@@ -103,9 +128,10 @@ size_t kvp_hasher_none_len(const struct kvp_hasher *h);
  * hash_block_tokens: out = digest(encode((parent or NONE_HASH, tokens, extra)))
  * in the hasher's encoding (CBOR or pickle); out gets kvp_hasher_len(h)
  * bytes. parent: NULL for the first block, else one digest. extra: one
- * canonical CBOR item (from kvp_extra_keys_encode, whatever the algorithm),
- * or NULL/0 for None. Returns KVP_EINVAL (tokens NULL with n > 0, out NULL,
- * extra not one CBOR item for the pickle algorithms), KVP_ENOMEM, or
+ * canonical CBOR item (from kvp_extra_keys_encode in the hasher's form,
+ * whatever the algorithm), or NULL/0 for None. Returns KVP_EINVAL (tokens
+ * NULL with n > 0, out NULL, extra not one CBOR item for the pickle
+ * algorithms), KVP_ENOMEM, or
  * KVP_EINTERNAL (OpenSSL).
  */
 int kvp_hash_block(struct kvp_hasher *h, const uint8_t *parent, const int64_t *tokens,
@@ -137,31 +163,39 @@ int kvp_hash_raw(struct kvp_hasher *h, const void *data, size_t len, uint8_t *ou
 
 /*
  * Checks a request's keys: every mm identifier non-NULL, offsets >= 0,
- * lengths >= 1, offsets non-decreasing; the LoRA name, the cache salt and
- * every identifier at most KVP_MAX_KEY_LEN bytes. KVP_OK or KVP_EINVAL.
+ * lengths >= 1, offsets non-decreasing; the LoRA name and path, the cache
+ * salt and every identifier at most KVP_MAX_KEY_LEN bytes; a LoRA path only
+ * with a LoRA name. KVP_OK or KVP_EINVAL. (A LoRA name without its path is
+ * valid here; the tagged form refuses it when it hashes.)
  */
 int kvp_request_keys_validate(const struct kvp_request_keys *k);
 
-/* Upper bound in bytes of one block's encoded extra keys for these keys. */
+/* Upper bound in bytes of one block's encoded extra keys for these keys, in either form. */
 size_t kvp_extra_keys_max_len(const struct kvp_request_keys *k);
 
 /*
- * generate_block_hash_extra_keys for tokens [start, end): writes the CBOR
- * item (an array, or 0xf6 for None) to buf and its length to *len. *mm_idx is
- * vLLM's threaded multimodal index (0 for a request's first block, -1 for
- * "the last feature") and is updated. k may be NULL (no extra keys).
- * KVP_EINVAL if cap is below kvp_extra_keys_max_len(k).
+ * generate_block_hash_extra_keys for tokens [start, end) in the given form:
+ * writes the CBOR item (an array, or 0xf6 for None) to buf and its length to
+ * *len. *mm_idx is vLLM's threaded multimodal index (0 for a walk from the
+ * first feature, -1 for "the last feature") and is updated. k may be NULL
+ * (no extra keys). KVP_EINVAL if cap is below kvp_extra_keys_max_len(k),
+ * form is not one of ours, or form is tagged and the request has a LoRA name
+ * without its path (vLLM 0.33 hashes both: a hash without the path matches
+ * nobody's).
  */
-int kvp_extra_keys_encode(const struct kvp_request_keys *k, int64_t start, int64_t end,
-                          int64_t *mm_idx, uint8_t *buf, size_t cap, size_t *len);
+int kvp_extra_keys_encode(const struct kvp_request_keys *k, enum kvp_keys_form form,
+                          int64_t start, int64_t end, int64_t *mm_idx, uint8_t *buf,
+                          size_t cap, size_t *len);
 
 /*
  * vLLM's request block hasher: extends a request's hash chain. Given the
  * request's tokens and its num_prev existing fine hashes (prev, one digest
  * each), hashes every newly completed full block of block_size tokens into
  * out (cap hashes of room) and sets *num_out. Partial blocks are never
- * hashed. The multimodal index starts at 0 when num_prev == 0 and at -1
- * (the last feature) otherwise, exactly as vLLM threads it.
+ * hashed. Extra keys are in the hasher's form; the multimodal walk starts as
+ * that version of vLLM starts it: vLLM 0.33 at the first feature that ends
+ * after the block's start (get_mm_features_in_window), 9aaf83ef5 at the
+ * first feature for the first block and the last one after.
  * KVP_EINVAL on bad arguments or cap too small (nothing written).
  */
 int kvp_hash_request(struct kvp_hasher *h, const struct kvp_request_keys *k,

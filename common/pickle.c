@@ -18,13 +18,28 @@ enum {
 	OP_NONE = 'N', OP_SHORT_BINBYTES = 'C', OP_BINBYTES = 'B',
 	OP_SHORT_BINUNICODE = 0x8c, OP_BINUNICODE = 'X',
 	OP_EMPTY_TUPLE = ')', OP_MARK = '(', OP_TUPLE = 't', OP_TUPLE1 = 0x85,
+	OP_BINGET = 'h', OP_LONG_BINGET = 'j',
 };
 
-/* An output buffer with one open frame; bad is sticky (out of room). */
+#define MAX_TAGS 8 /* distinct tags in one block: vLLM 0.33 has four */
+
+/*
+ * An output buffer with one open frame; bad is sticky (out of room). memo
+ * counts the MEMOIZE opcodes written (the next memo index); tags remembers
+ * where each tag string of this block was memoized.
+ */
 struct pk {
 	uint8_t *b;
 	size_t len, cap, frame;
 	bool bad;
+	bool tagged;
+	uint32_t memo;
+	size_t ntags;
+	struct {
+		const uint8_t *s;
+		size_t n;
+		uint32_t idx;
+	} tags[MAX_TAGS];
 };
 
 static void
@@ -187,6 +202,38 @@ pk_data(struct pk *w, bool text, const void *p, size_t n)
 	}
 	put(w, p, n);
 	put1(w, OP_MEMOIZE);
+	w->memo++;
+}
+
+/*
+ * A tag of vLLM 0.33's tagged keys: one constant object in CPython, so
+ * written in full the first time in a block, then fetched from the memo.
+ */
+static void
+pk_tag(struct pk *w, const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < w->ntags; i++) {
+		if (w->tags[i].n == n && memcmp(w->tags[i].s, p, n) == 0) {
+			uint32_t idx = w->tags[i].idx;
+			boundary(w);
+			if (idx < 256) {
+				put1(w, OP_BINGET);
+				put1(w, (uint8_t)idx);
+			} else {
+				put1(w, OP_LONG_BINGET);
+				put_le(w, idx, 4);
+			}
+			return;
+		}
+	}
+	if (w->ntags == MAX_TAGS) {
+		w->bad = true; /* more tags than vLLM has: not an input we know */
+		return;
+	}
+	w->tags[w->ntags].s = p;
+	w->tags[w->ntags].n = n;
+	w->tags[w->ntags++].idx = w->memo;
+	pk_data(w, true, p, n);
 }
 
 static void
@@ -214,12 +261,16 @@ tuple_end(struct pk *w, size_t n)
 	} else {
 		put1(w, n <= 3 ? (uint8_t)(OP_TUPLE1 + n - 1) : OP_TUPLE);
 		put1(w, OP_MEMOIZE);
+		w->memo++;
 	}
 }
 
-/* One canonical CBOR item of the extra-keys subset, as the Python object vLLM pickles. */
+/*
+ * One canonical CBOR item of the extra-keys subset, as the Python object vLLM
+ * pickles. tag: the item is the first of a key tuple in tagged keys.
+ */
 static size_t
-pk_cbor(struct pk *w, const uint8_t *p, size_t n, int depth)
+pk_cbor(struct pk *w, const uint8_t *p, size_t n, int depth, bool tag)
 {
 	unsigned major, info;
 	uint64_t arg = 0;
@@ -256,14 +307,18 @@ pk_cbor(struct pk *w, const uint8_t *p, size_t n, int depth)
 	case 3:
 		if (arg > n - h)
 			return 0;
-		pk_data(w, major == 3, p + h, (size_t)arg);
+		if (tag && major == 3)
+			pk_tag(w, p + h, (size_t)arg);
+		else
+			pk_data(w, major == 3, p + h, (size_t)arg);
 		return h + (size_t)arg;
 	case 4: {
 		if (arg > n - h)
 			return 0; /* every item takes a byte at least */
 		tuple_begin(w, (size_t)arg);
 		for (uint64_t i = 0; i < arg; i++) {
-			size_t used = pk_cbor(w, p + h, n - h, depth + 1);
+			/* The extra keys (depth 0) hold key tuples (depth 1) led by a tag. */
+			size_t used = pk_cbor(w, p + h, n - h, depth + 1, w->tagged && depth == 1 && i == 0);
 			if (used == 0)
 				return 0;
 			h += used;
@@ -290,15 +345,17 @@ kvp_pickle_block_bound(size_t parent_len, size_t num_tokens, size_t extra_len)
 
 int
 kvp_pickle_block(const uint8_t *parent, size_t parent_len, const int64_t *tokens, size_t n,
-                 const uint8_t *extra, size_t extra_len, uint8_t *buf, size_t cap,
-                 size_t *len)
+                 const uint8_t *extra, size_t extra_len, unsigned flags, uint8_t *buf,
+                 size_t cap, size_t *len)
 {
 	struct pk w;
 
 	if (parent == NULL || parent_len > 255 || (tokens == NULL && n > 0) ||
-	    (extra == NULL && extra_len > 0) || buf == NULL || len == NULL)
+	    (extra == NULL && extra_len > 0) || buf == NULL || len == NULL ||
+	    (flags & ~KVP_PICKLE_TAGS) != 0)
 		return KVP_EINVAL;
 	begin(&w, buf, cap);
+	w.tagged = (flags & KVP_PICKLE_TAGS) != 0;
 	tuple_begin(&w, 3);
 	pk_data(&w, false, parent, parent_len);
 	tuple_begin(&w, n);
@@ -307,7 +364,7 @@ kvp_pickle_block(const uint8_t *parent, size_t parent_len, const int64_t *tokens
 	tuple_end(&w, n);
 	if (extra_len == 0)
 		pk_none(&w);
-	else if (pk_cbor(&w, extra, extra_len, 0) != extra_len)
+	else if (pk_cbor(&w, extra, extra_len, 0, false) != extra_len)
 		return KVP_EINVAL; /* not exactly one item */
 	tuple_end(&w, 3);
 	return end(&w, len);

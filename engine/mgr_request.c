@@ -61,6 +61,7 @@ copy_keys(struct kvp_mreq *r, const struct kvp_request_keys *k)
 	if (k == NULL)
 		return KVP_OK;
 	total += k->lora_name ? strlen(k->lora_name) + 1 : 0;
+	total += k->lora_path ? strlen(k->lora_path) + 1 : 0;
 	total += k->cache_salt ? strlen(k->cache_salt) + 1 : 0;
 	total += k->session_id ? strlen(k->session_id) + 1 : 0;
 	for (size_t i = 0; i < k->num_mm; i++)
@@ -78,6 +79,8 @@ copy_keys(struct kvp_mreq *r, const struct kvp_request_keys *k)
 	} while (0)
 	if (k->lora_name)
 		DUP(r->keys.lora_name, k->lora_name);
+	if (k->lora_path)
+		DUP(r->keys.lora_path, k->lora_path);
 	if (k->cache_salt)
 		DUP(r->keys.cache_salt, k->cache_salt);
 	if (k->session_id)

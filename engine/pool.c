@@ -495,7 +495,7 @@ kvp_pool_cache_full_blocks(struct kvp_pool *p, const int32_t *blocks, size_t num
 		if (events) {
 			size_t elen = 0;
 			int64_t start = (int64_t)i * a->block_size;
-			rv = kvp_extra_keys_encode(a->keys, start, start + a->block_size, &mm_idx,
+			rv = kvp_extra_keys_encode(a->keys, KVP_KEYS_PLAIN, start, start + a->block_size, &mm_idx,
 			                           p->extra_buf, p->extra_cap, &elen);
 			assert(rv == KVP_OK);
 			kvp_event_stored_add(&p->events,

@@ -223,8 +223,8 @@ kvp_pool_cache_partial_block(struct kvp_pool *p, int32_t id, uint32_t num_tokens
 		struct kvp_stored_desc d = kvp_pool__stored_desc(p, a, hl, hbs, t0, t1, 1);
 		d.parent = nhb > 1 ? h - hl : NULL;
 		kvp_event_stored_begin(&p->events, &d);
-		rv = kvp_extra_keys_encode(a->keys, start, (int64_t)num_tokens, &mm_idx, p->extra_buf,
-		                           p->extra_cap, &elen);
+		rv = kvp_extra_keys_encode(a->keys, KVP_KEYS_PLAIN, start, (int64_t)num_tokens,
+		                           &mm_idx, p->extra_buf, p->extra_cap, &elen);
 		(void)rv; /* the buffer holds kvp_extra_keys_max_len */
 		kvp_event_stored_add(&p->events, h, p->extra_buf, elen);
 		kvp_event_stored_end(&p->events);

@@ -55,8 +55,8 @@ kvp_pool_report_cached(struct kvp_pool *p, const struct kvp_cache_args *a, uint3
 	for (uint32_t i = 0; i < n; i++) {
 		size_t elen = 0;
 		int64_t start = (int64_t)i * a->block_size;
-		rv = kvp_extra_keys_encode(a->keys, start, start + a->block_size, &mm_idx, p->extra_buf,
-		                           p->extra_cap, &elen);
+		rv = kvp_extra_keys_encode(a->keys, KVP_KEYS_PLAIN, start, start + a->block_size,
+		                           &mm_idx, p->extra_buf, p->extra_cap, &elen);
 		assert(rv == KVP_OK); /* the room was made above */
 		kvp_event_stored_add(&p->events, kvp_pool_coarse_hash(p, a->block_hashes, k, i, &olen),
 		                     p->extra_buf, elen);

@@ -47,6 +47,7 @@ kvp_wire_keys_from_proto(const Kvpool__V1__RequestKeys *k, struct kvp_request_ke
 	if (k->n_mm > cap)
 		return KVP_EINVAL;
 	out->lora_name = k->lora_name && k->lora_name[0] ? k->lora_name : NULL;
+	out->lora_path = k->lora_path && k->lora_path[0] ? k->lora_path : NULL;
 	out->cache_salt = k->cache_salt && k->cache_salt[0] ? k->cache_salt : NULL;
 	out->session_id = k->session_id && k->session_id[0] ? k->session_id : NULL;
 	for (size_t i = 0; i < k->n_mm; i++) {
@@ -76,6 +77,8 @@ kvp_wire_keys_to_proto(const struct kvp_request_keys *k, bool has_lora_id, int64
 		return;
 	if (k->lora_name)
 		out->lora_name = (char *)k->lora_name;
+	if (k->lora_path)
+		out->lora_path = (char *)k->lora_path;
 	if (k->cache_salt)
 		out->cache_salt = (char *)k->cache_salt;
 	if (k->session_id)

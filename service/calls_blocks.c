@@ -135,9 +135,16 @@ kvpd_parse_keys(struct call *c, const Kvpool__V1__RequestKeys *k, struct call_ke
 	if (kvp_wire_keys_from_proto(k, &out->keys, out->mm, MAX_MM_FEATURES, &out->has_lora_id,
 	                             &out->lora_id) != KVP_OK)
 		return kvpd_fail(c, KVP_EINVAL,
-		                 "bad request keys: mm features unsorted or over %d, or a LoRA name, "
-		                 "cache salt or mm identifier over %d bytes",
+		                 "bad request keys: mm features unsorted or over %d, a LoRA name, "
+		                 "path, cache salt or mm identifier over %d bytes, or a LoRA path "
+		                 "without a name",
 		                 MAX_MM_FEATURES, KVP_MAX_KEY_LEN);
+	if (out->keys.lora_name != NULL && out->keys.lora_path == NULL &&
+	    kvp_hasher_keys_form(c->p->hasher) == KVP_KEYS_TAGGED)
+		return kvpd_fail(c, KVP_EINVAL,
+		                 "LoRA %.64s has no lora_path: pool %s hashes as vLLM 0.33, whose block "
+		                 "hashes hold the adapter's name and path",
+		                 out->keys.lora_name, c->p->cfg.name);
 	out->ptr = k ? &out->keys : NULL;
 	return KVP_OK;
 }

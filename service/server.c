@@ -271,6 +271,9 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	}
 	if ((rv = kvp_hasher_create_algo(kvpd_pool_seed(pc), pc->hash_algo,
 	                                 &p->hasher)) != KVP_OK ||
+	    (rv = kvp_hasher_set_keys_form(p->hasher, pc->vllm == KVP_VLLM_9AAF83EF5
+	                                                      ? KVP_KEYS_PLAIN
+	                                                      : KVP_KEYS_TAGGED)) != KVP_OK ||
 	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
 	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));

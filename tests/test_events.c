@@ -206,8 +206,8 @@ test_events_carry_every_field(void **state)
 	struct kvp_sub *sub = subscribe(&s, "ev", 0);
 	struct kvp_client *c = client("ev");
 	const struct kvp_mm_feature mm[] = {{"img", 2, 3}};
-	const struct kvp_request_keys keys = {.lora_name = "L", .mm = mm, .num_mm = 1,
-	                                      .cache_salt = "S"};
+	const struct kvp_request_keys keys = {.lora_name = "L", .lora_path = "/p", .mm = mm,
+	                                      .num_mm = 1, .cache_salt = "S"};
 	int64_t tok[8];
 	int32_t ids[64];
 
@@ -233,10 +233,12 @@ test_events_carry_every_field(void **state)
 	assert_string_equal(s.st_lora, "L");
 	assert_string_equal(s.st_medium, "CPU");
 	assert_string_equal(s.st_kind, "full_attention");
-	/* H5: the first block's hash with LoRA L, image at 2, salt S (seed "0"). */
-	uint8_t h5[32];
-	kvp_test_unhex("2e22a72f505692bd4873ca3d4e0b019404e5cbaa6a9cb18cafba1662ecb8b859", h5, 32);
-	assert_int_equal(s.st_hash0_id, kvp_hash_event_id(h5, 32));
+	/* The first block's hash with LoRA L at /p, image at 2, salt S (seed "0"), as
+	 * vLLM 0.33 hashes it (test_block_hash's golden ALL); the event carries the
+	 * keys in vLLM's event form, untagged and without the path. */
+	uint8_t h0[32];
+	kvp_test_unhex("3fc0cb18daaebd7927762b5cd0b8add2e87a28c32dc6794e76f722ddff782bf8", h0, 32);
+	assert_int_equal(s.st_hash0_id, kvp_hash_event_id(h0, 32));
 	uint8_t x0[32];
 	size_t xl = kvp_test_unhex("83614c8263696d67026153", x0, sizeof(x0));
 	assert_int_equal(s.st_extra0_len, xl);

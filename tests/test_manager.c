@@ -15,6 +15,7 @@ env_open_sizes(struct env *e, uint32_t n, uint32_t hash_bs, const uint32_t *bs, 
 	                            .max_model_len = 8192, .max_requests = 16};
 	assert_ok(kvp_pool_create(&pc, &e->pool));
 	assert_ok(kvp_hasher_create("0", &e->hasher));
+	assert_ok(kvp_hasher_set_keys_form(e->hasher, KVP_KEYS_PLAIN)); /* 9aaf83ef5's keys */
 	assert_ok(kvp_mgr_create(e->pool, e->hasher, &mc, &e->mgr));
 	kvp_event_batch_init(&e->ev);
 	e->ngroups = ngroups;

@@ -317,7 +317,7 @@ static void
 test_service_keyed_prompts_in_a_batch_hit_as_alone(void **state)
 {
 	struct kvp_client *c = open_on(ipc_url, "secure", 0);
-	struct kvp_request_keys k = {.lora_name = "L", .cache_salt = "S"};
+	struct kvp_request_keys k = {.lora_name = "L", .lora_path = "/adapters/L", .cache_salt = "S"};
 	struct kvp_client_slots_result res;
 	struct kvp_batch_result br;
 	struct kvp_batch *b = NULL;
@@ -658,6 +658,13 @@ test_service_kvpoolctl_exit_codes_and_json_errors(void **state)
 		{"--url %s --pool default write --blocks 1 --in /nonexistent/in", 4,
 		 "\"error\":\"local\",\"exit_code\":4"},
 		{"--url %s --pool default stats", 0, "\"command\":\"stats\",\"num_blocks\":10"},
+		/* vLLM 0.33 hashes a LoRA's name and path: a name alone is refused, saying so */
+		{"--url %s --pool default lookup --tokens 1,2,3,4 --lora L", 1,
+		 "\"status\":\"INVALID_ARGUMENT\""},
+		{"--url %s --pool default lookup --tokens 1,2,3,4 --lora L --lora-path /a/L", 0,
+		 "\"hit_tokens\":0"},
+		{"--url %s --pool default lookup --tokens 1,2,3,4 --lora-path /a/L", 2,
+		 "--lora-path needs --lora"},
 	};
 	(void)state;
 	for (size_t i = 0; i < N_ELEMS(cases); i++) {

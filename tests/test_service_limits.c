@@ -482,7 +482,7 @@ heaviest_lookup(struct kvp_client *c)
 	char name[1025] = "", salt[1025] = "";
 	memset(name, 'n', 1024);
 	memset(salt, 's', 1024);
-	struct kvp_request_keys keys = {.lora_name = name, .cache_salt = salt};
+	struct kvp_request_keys keys = {.lora_name = name, .lora_path = salt, .cache_salt = salt};
 	struct kvp_client_lookup q = {.tokens = tokens, .num_tokens = 65536, .keys = &keys};
 	int32_t ids[64];
 	uint32_t hit, hit_tokens;

@@ -224,9 +224,11 @@ test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
 }
 
 /*
- * Every extra key is bounded (KVP_MAX_KEY_LEN bytes): a LoRA name, salt or
- * mm identifier one byte over is refused before anything is hashed. Sent as
- * raw wire messages, so the daemon's own check is what answers.
+ * Every extra key is bounded (KVP_MAX_KEY_LEN bytes): a LoRA name or path,
+ * salt or mm identifier one byte over is refused before anything is hashed.
+ * A LoRA name without its path is refused too, naming the field: this pool
+ * hashes as vLLM 0.33, which hashes both. Sent as raw wire messages, so the
+ * daemon's own check is what answers.
  */
 static void
 test_service_overlong_extra_keys_are_refused(void **state)
@@ -246,16 +248,20 @@ test_service_overlong_extra_keys_are_refused(void **state)
 	Kvpool__V1__MmFeature *mfp = &mf;
 	mf.offset = 0;
 	mf.length = 4;
-	for (int which = 0; which < 3; which++) {
+	for (int which = 0; which < 4; which++) {
 		for (size_t len = KVP_MAX_KEY_LEN; len <= KVP_MAX_KEY_LEN + 1; len++) {
 			Kvpool__V1__RequestKeys k = KVPOOL__V1__REQUEST_KEYS__INIT;
 			Kvpool__V1__LookupRequest lm = KVPOOL__V1__LOOKUP_REQUEST__INIT;
 			Kvpool__V1__Request q = KVPOOL__V1__REQUEST__INIT;
 			memset(key, 'k', len);
 			key[len] = '\0';
-			if (which == 0)
+			if (which == 0) {
 				k.lora_name = key;
-			else if (which == 1)
+				k.lora_path = "/adapters/k";
+			} else if (which == 3) {
+				k.lora_name = "k";
+				k.lora_path = key;
+			} else if (which == 1)
 				k.cache_salt = key;
 			else {
 				mf.identifier = key;
@@ -279,6 +285,21 @@ test_service_overlong_extra_keys_are_refused(void **state)
 			kvpool__v1__reply__free_unpacked(r, NULL);
 		}
 	}
+	Kvpool__V1__RequestKeys k = KVPOOL__V1__REQUEST_KEYS__INIT;
+	Kvpool__V1__LookupRequest lm = KVPOOL__V1__LOOKUP_REQUEST__INIT;
+	Kvpool__V1__Request q = KVPOOL__V1__REQUEST__INIT;
+	k.lora_name = "adapter";
+	lm.token_ids = tokens;
+	lm.n_token_ids = 16;
+	lm.keys = &k;
+	q.pool = "default";
+	q.session_id = sid;
+	q.call_case = KVPOOL__V1__REQUEST__CALL_LOOKUP;
+	q.lookup = &lm;
+	r = raw_call(buf, pack_req(&q, buf));
+	assert_int_equal(r->status, KVP_EINVAL);
+	assert_non_null(strstr(r->detail, "LoRA adapter has no lora_path"));
+	kvpool__v1__reply__free_unpacked(r, NULL);
 	raw_goodbye("default", sid, buf);
 	nng_close(raw_sock);
 }

@@ -239,6 +239,8 @@ own_keys(struct kvp_batch *b, const struct kvp_request_keys *k, bool has_lora_id
 	/* The strings still point at the caller's: copy them. */
 	if (k && k->lora_name && (pk->lora_name = own_str(b, k->lora_name)) == NULL)
 		return NULL;
+	if (k && k->lora_path && (pk->lora_path = own_str(b, k->lora_path)) == NULL)
+		return NULL;
 	if (k && k->cache_salt && (pk->cache_salt = own_str(b, k->cache_salt)) == NULL)
 		return NULL;
 	if (k && k->session_id && (pk->session_id = own_str(b, k->session_id)) == NULL)

@@ -190,6 +190,7 @@ static const struct opt {
 	{"--tokens", "TOKENS", NULL, NULL, O_STR, F(tokens), C_CACHE | C_LOOKUP, 0, 0},
 	{"--num-cached", "N", NULL, NULL, O_U32, F(num_cached), C_CACHE, 0, UINT32_MAX},
 	{"--lora", "NAME", NULL, NULL, O_STR, F(lora), C_CACHE | C_LOOKUP, 0, 0},
+	{"--lora-path", "PATH", NULL, NULL, O_STR, F(lora_path), C_CACHE | C_LOOKUP, 0, 0},
 	{"--salt", "SALT", NULL, NULL, O_STR, F(salt), C_CACHE | C_LOOKUP, 0, 0},
 	{"--to", "IDS", NULL, NULL, O_STR, F(to), C_COPY, 0, 0},
 	{"--in", "FILE", NULL, NULL, O_STR, F(in), C_WRITE, 0, 0},
@@ -218,9 +219,11 @@ static const struct command commands[] = {
 	{"touch", "ID...", "take one more reference on each block", C_TOUCH, run_ids},
 	{"evict", "ID...", "drop the blocks' cached hashes", C_EVICT, run_ids},
 	{"reset", "", "clear the prefix cache (fails while blocks are in use)", C_RESET, run_reset},
-	{"cache", "--blocks IDS --tokens TOKENS [--num-cached N] [--lora NAME] [--salt SALT]",
+	{"cache",
+	 "--blocks IDS --tokens TOKENS [--num-cached N] [--lora NAME --lora-path PATH] "
+	 "[--salt SALT]",
 	 "cache the full blocks of TOKENS in IDS (hashed by the daemon)", C_CACHE, run_cache},
-	{"lookup", "--tokens TOKENS [--lora NAME] [--salt SALT]",
+	{"lookup", "--tokens TOKENS [--lora NAME --lora-path PATH] [--salt SALT]",
 	 "the longest cached prefix of TOKENS", C_LOOKUP, run_lookup},
 	{"snapshot", "", "every cached (hash, group) and its block count", C_SNAPSHOT, run_snapshot},
 	{"read", "--blocks IDS --out FILE",
@@ -494,7 +497,11 @@ check_args(struct ctl *x)
 		return usage_error(x, "write needs --in FILE");
 	if ((b & C_VLLM) && x->has_from && x->replay_url == NULL)
 		return usage_error(x, "vllm-events: --from needs --replay-url");
-	x->keys = (struct kvp_request_keys){.lora_name = x->lora, .cache_salt = x->salt};
+	/* vLLM 0.33 hashes a LoRA's name and path: a default pool refuses a name alone. */
+	if (x->lora_path != NULL && x->lora == NULL)
+		return usage_error(x, "--lora-path needs --lora");
+	x->keys = (struct kvp_request_keys){.lora_name = x->lora, .lora_path = x->lora_path,
+	                                    .cache_salt = x->salt};
 	return 0;
 }
 

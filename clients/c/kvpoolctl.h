@@ -41,7 +41,8 @@ struct ctl {
 	const char *cmd_name;
 	bool json;
 	/* command options */
-	const char *blocks, *tokens, *to, *in, *out, *events_url, *lora, *salt, *token_file;
+	const char *blocks, *tokens, *to, *in, *out, *events_url, *lora, *lora_path, *salt,
+	           *token_file;
 	const char *vllm_url, *replay_url, *topic;
 	bool follow, bind, help, version;
 	uint64_t from;

@@ -110,7 +110,7 @@ class MMFeature(Structure):
 
 class RequestKeys(Structure):
     _fields_ = [("lora_name", c_char_p), ("mm", POINTER(MMFeature)), ("num_mm", c_size_t),
-                ("cache_salt", c_char_p), ("session_id", c_char_p)]
+                ("cache_salt", c_char_p), ("session_id", c_char_p), ("lora_path", c_char_p)]
 
 
 class Cache(Structure):
@@ -215,6 +215,8 @@ kvp_hasher_none_hash = _fn("kvp_hasher_none_hash", U8P, c_void_p)
 kvp_hasher_none_len = _fn("kvp_hasher_none_len", c_size_t, c_void_p)
 kvp_hash_raw = _fn("kvp_hash_raw", c_int, c_void_p, c_void_p, c_size_t, U8P)
 kvp_hasher_len = _fn("kvp_hasher_len", c_size_t, c_void_p)
+kvp_hasher_set_keys_form = _fn("kvp_hasher_set_keys_form", c_int, c_void_p, c_int)
+KEYS_FORMS = {"0.33": 0, "9aaf83ef5": 1}  # enum kvp_keys_form by a pool's vllm= rules
 kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys), I64P, c_size_t,
                        c_uint32, U8P, c_size_t, U8P, c_size_t, POINTER(c_size_t))
 kvp_client_lookup_refs = _fn("kvp_client_lookup_refs", c_int, CLIENT, POINTER(Lookup), I32P, U32P,

@@ -112,18 +112,20 @@ class Batch:
 
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
               num_cached_blocks: int = 0, lora_name: Optional[str] = None,
+              lora_path: Optional[str] = None,
               cache_salt: Optional[str] = None, mm: MMFeatures = None,
               group_id: int = 0, session_id: Optional[str] = None) -> int:
         """Client.cache's call (tokens hashed by the daemon)."""
         ids, nids = _ids(block_ids)
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
                     ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
         return self._add("cache", L.kvp_batch_cache(self._b, byref(a)), ids, toks, keep, a)
 
     def lookup(self, tokens: Optional[Ids] = None, *, block_hashes: Optional[Hashes] = None,
-               lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
+               lora_name: Optional[str] = None,
+               lora_path: Optional[str] = None, cache_salt: Optional[str] = None,
                mm: MMFeatures = None, group_ids: Sequence[int] = (0,),
                block_size: int = 0) -> int:
         """Client.lookup's call (tokens) or Client.lookup_hashes' (block_hashes;
@@ -131,7 +133,7 @@ class Batch:
         toks, ntok = _tokens(tokens)
         hl = self._client.info["hash_len"]
         hs, nh = _hashes(block_hashes, hl) if block_hashes is not None else (None, 0)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, None, lora_path)
         groups = (c_uint32 * max(len(group_ids), 1))(*group_ids)
         q = L.Lookup(hs, nh, toks if tokens is not None else None, ntok,
                      ctypes.pointer(keys) if keys else None, groups, len(group_ids), block_size,
@@ -143,14 +145,15 @@ class Batch:
                        new_tokens: Optional[Ids] = None, num_new_tokens: int = 0,
                        token_budget: int = 0, num_lookahead_tokens: int = 0,
                        use_prefix_cache: bool = True, delay_cache_blocks: bool = False,
-                       lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
+                       lora_name: Optional[str] = None,
+                       lora_path: Optional[str] = None, cache_salt: Optional[str] = None,
                        mm: MMFeatures = None, full_sequence_must_fit: bool = False,
                        num_external_computed_tokens: int = 0,
                        no_new_tokens: bool = False, session_id: Optional[str] = None) -> int:
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
         p, np_ = _tokens(prompt) if prompt is not None else (None, 0)
         t, nt = _tokens(new_tokens) if new_tokens is not None else (None, 0)
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Slots(request_id, p if np_ else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if nt else None, nt, num_new_tokens, token_budget,
                     num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,

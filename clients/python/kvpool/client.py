@@ -85,11 +85,14 @@ def _buffer(obj, writable):
     return ctypes.addressof(arr), mv.nbytes, (mv, arr)
 
 
-def _keys(lora_name=None, cache_salt=None, mm=None, session_id=None):
+def _keys(lora_name=None, cache_salt=None, mm=None, session_id=None, lora_path=None):
     """A kvp_request_keys (and what keeps its strings alive), or (None, None).
     session_id (vLLM 0.33's request.session_id) only annotates the
-    BlockStored events the call causes; it never enters a hash."""
-    if lora_name is None and cache_salt is None and not mm and session_id is None:
+    BlockStored events the call causes; it never enters a hash. lora_path:
+    the LoRA's path (LoRARequest.lora_path), which vLLM 0.33 hashes with its
+    name; a pool with vLLM 0.33's rules refuses a name without it."""
+    if (lora_name is None and cache_salt is None and not mm and session_id is None
+            and lora_path is None):
         return None, None
     feats = []
     for f in mm or []:
@@ -100,7 +103,8 @@ def _keys(lora_name=None, cache_salt=None, mm=None, session_id=None):
     arr = (L.MMFeature * max(len(feats), 1))(*[L.MMFeature(i, o, n) for (i, o, n) in feats])
     k = L.RequestKeys(L.cstr("lora_name", lora_name) or None, arr, len(feats),
                       L.cstr("cache_salt", cache_salt) or None,
-                      L.cstr("session_id", session_id) or None)
+                      L.cstr("session_id", session_id) or None,
+                      L.cstr("lora_path", lora_path) or None)
     return k, (k, arr, feats)
 
 
@@ -302,6 +306,7 @@ class Client(RegionCalls):
 
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
               num_cached_blocks: int = 0, lora_name: Optional[str] = None,
+              lora_path: Optional[str] = None,
               cache_salt: Optional[str] = None, mm: MMFeatures = None,
               group_id: int = 0, session_id: Optional[str] = None) -> int:
         """cache_full_blocks: hashes the request's tokens (vLLM's chain, with
@@ -309,7 +314,7 @@ class Client(RegionCalls):
         Returns how many were newly stored."""
         ids, nids = _ids(block_ids)
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Cache(ids, nids, num_cached_blocks, num_full_blocks, group_id, 0, None, 0, toks,
                     ntok, None, ctypes.pointer(keys) if keys else None, False, 0, None)
         out = c_uint32()
@@ -318,11 +323,12 @@ class Client(RegionCalls):
         return out.value
 
     def lookup(self, tokens: Ids, *, lora_name: Optional[str] = None,
+               lora_path: Optional[str] = None,
                cache_salt: Optional[str] = None,
                mm: MMFeatures = None) -> tuple[list[int], int]:
         """find_longest_cache_hit over the tokens: (block ids, hit tokens)."""
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, None, lora_path)
         q = L.Lookup(None, 0, toks, ntok, ctypes.pointer(keys) if keys else None, None, 0, 0, 0)
         cap = max(1, ntok // max(1, self.info["block_size"]) + 1)
         ids = (c_int32 * cap)()
@@ -334,6 +340,7 @@ class Client(RegionCalls):
     def cache_hashes(self, block_ids: Ids, block_hashes: Hashes, num_cached_blocks: int,
                      num_full_blocks: int, *, block_size: int = 0, group_id: int = 0,
                      tokens: Optional[Ids] = None, lora_name: Optional[str] = None,
+                     lora_path: Optional[str] = None,
                      lora_id: Optional[int] = None, cache_salt: Optional[str] = None,
                      mm: MMFeatures = None,
                      block_mask: Optional[Sequence[bool]] = None,
@@ -346,7 +353,7 @@ class Client(RegionCalls):
         ids, nids = _ids(block_ids)
         hs, nh = _hashes(block_hashes, self.info["hash_len"])
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         mask = None
         if block_mask is not None:
             bits = bytes(1 if b else 0 for b in block_mask)
@@ -366,6 +373,7 @@ class Client(RegionCalls):
     def cache_partial(self, block_id: int, num_tokens: int, block_hashes: Optional[Hashes] = None,
                       *, block_size: int = 0, group_id: int = 0,
                       tokens: Optional[Ids] = None, lora_name: Optional[str] = None,
+                      lora_path: Optional[str] = None,
                       lora_id: Optional[int] = None, cache_salt: Optional[str] = None,
                       mm: MMFeatures = None, replace_existing: bool = False,
                       session_id: Optional[str] = None) -> bool:
@@ -379,7 +387,7 @@ class Client(RegionCalls):
         ids, nids = _ids([block_id])
         hs, nh = _hashes(block_hashes or [], self.info["hash_len"])
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Cache(ids, nids, 0, 0, group_id, block_size, hs if block_hashes else None, nh,
                     toks if tokens is not None else None, ntok, None,
                     ctypes.pointer(keys) if keys else None, lora_id is not None,
@@ -392,7 +400,8 @@ class Client(RegionCalls):
 
     def report_cached(self, block_hashes: Optional[Hashes], num_blocks: int, *,
                       block_size: int = 0, group_id: int = 0, tokens: Optional[Ids] = None,
-                      lora_name: Optional[str] = None, lora_id: Optional[int] = None,
+                      lora_name: Optional[str] = None,
+                      lora_path: Optional[str] = None, lora_id: Optional[int] = None,
                       cache_salt: Optional[str] = None, mm: MMFeatures = None,
                       session_id: Optional[str] = None) -> int:
         """vLLM 0.33's emit_cached_block_events: the pool publishes one
@@ -404,7 +413,7 @@ class Client(RegionCalls):
         L.cint("num_blocks", num_blocks, 0, (1 << 32) - 1)
         hs, nh = _hashes(block_hashes or [], self.info["hash_len"])
         toks, ntok = _tokens(tokens)
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Cache(None, 0, 0, num_blocks, group_id, block_size, hs if block_hashes else None,
                     nh, toks if tokens is not None else None, ntok, None,
                     ctypes.pointer(keys) if keys else None, lora_id is not None,
@@ -506,7 +515,8 @@ class Client(RegionCalls):
                        new_tokens: Optional[Ids] = None, num_new_tokens: int = 0,
                        token_budget: int = 0, num_lookahead_tokens: int = 0,
                        use_prefix_cache: bool = True, delay_cache_blocks: bool = False,
-                       lora_name: Optional[str] = None, cache_salt: Optional[str] = None,
+                       lora_name: Optional[str] = None,
+                       lora_path: Optional[str] = None, cache_salt: Optional[str] = None,
                        mm: MMFeatures = None, full_sequence_must_fit: bool = False,
                        num_external_computed_tokens: int = 0,
                        no_new_tokens: bool = False,
@@ -514,7 +524,7 @@ class Client(RegionCalls):
         """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
         p, np_ = _tokens(prompt or [])
         t, nt = _tokens(new_tokens or [])
-        keys, keep = _keys(lora_name, cache_salt, mm, session_id)
+        keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Slots(request_id, p if prompt else None, np_, ctypes.pointer(keys) if keys else None,
                     False, 0, t if new_tokens else None, nt, num_new_tokens, token_budget,
                     num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
@@ -602,12 +612,19 @@ class Hasher:
     a default kvpoold pool do.
     algorithm: vLLM's --prefix-caching-hash-algo, "sha256" (the default, as
     vLLM's and kvpoold's: pickle bytes), "sha256_cbor" (canonical CBOR), or
-    "xxhash" / "xxhash_cbor" (XXH3-128 of the same bytes: 16-byte hashes)."""
+    "xxhash" / "xxhash_cbor" (XXH3-128 of the same bytes: 16-byte hashes).
+    vllm: whose extra keys, as a pool's vllm= setting: "0.33" (the default:
+    tagged keys, a LoRA hashed by name and path) or "9aaf83ef5" (the
+    untagged keys vLLM hashed before, a LoRA by its name)."""
 
     DEFAULT_SEED = "vllm-none-hash"
 
-    def __init__(self, seed: Optional[str | bytes], algorithm: str = "sha256") -> None:
+    def __init__(self, seed: Optional[str | bytes], algorithm: str = "sha256",
+                 vllm: str = "0.33") -> None:
         self._h: Any = None
+        if vllm not in L.KEYS_FORMS:
+            raise ValueError("kvpool: vllm must be one of %s, not %r" % (sorted(L.KEYS_FORMS),
+                                                                        vllm))
         algo = ctypes.c_int()
         rv = L.kvp_hash_algo_parse(L.cstr("algorithm", algorithm, optional=False), byref(algo))
         if rv != 0:
@@ -617,7 +634,10 @@ class Hasher:
         if rv != 0:
             _raise(rv, "cannot create a hasher")
         self._h = h
+        if L.kvp_hasher_set_keys_form(h, L.KEYS_FORMS[vllm]) != 0:
+            _raise(Internal.status, "kvp_hasher_set_keys_form")
         self.algorithm = algorithm
+        self.vllm = vllm
         self.hash_len = L.kvp_hasher_len(h)
 
     @property
@@ -636,15 +656,18 @@ class Hasher:
         return bytes(out)[:8]
 
     def hash_request(self, tokens: Ids, block_size: int, *, lora_name: Optional[str] = None,
+                     lora_path: Optional[str] = None,
                      cache_salt: Optional[str] = None, mm: MMFeatures = None) -> list[bytes]:
-        """The hashes (hash_len bytes each) of every full block of the tokens."""
+        """The hashes (hash_len bytes each) of every full block of the tokens,
+        with these extra keys (under vLLM 0.33's rules a LoRA needs its path:
+        InvalidArgument without it)."""
         L.cint("block_size", block_size, 1, (1 << 31) - 1)
         toks, n = _tokens(tokens)
         cap = max(1, n // block_size)
         hl = self.hash_len
         out = (c_uint8 * (cap * hl))()
         got = c_size_t()
-        keys, keep = _keys(lora_name, cache_salt, mm)
+        keys, keep = _keys(lora_name, cache_salt, mm, None, lora_path)
         rv = L.kvp_hash_request(self._h, ctypes.pointer(keys) if keys else None, toks, n,
                                 block_size, None, 0, out, cap, byref(got))
         del keep

@@ -154,14 +154,15 @@ def _coarse_hash(fine, i, k, concat):
 
 
 def _request_keys(request):
-    """LoRA name and id, cache salt, multimodal features and session id
-    (events only) of a vLLM Request."""
+    """LoRA name, path and id, cache salt, multimodal features and session
+    id (events only) of a vLLM Request."""
     lora = getattr(request, "lora_request", None)
     mm = []
     for f in getattr(request, "mm_features", None) or ():
         pos = f.mm_position
         mm.append((f.identifier, pos.offset, pos.length))
     return {"lora_name": getattr(lora, "lora_name", None) if lora else None,
+            "lora_path": getattr(lora, "lora_path", None) if lora else None,
             "lora_id": (getattr(lora, "adapter_id", None) or getattr(lora, "lora_int_id", None))
             if lora else None,
             "cache_salt": getattr(request, "cache_salt", None), "mm": mm or None,

@@ -10,8 +10,9 @@ BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 2  # layers x K,V x tokens x heads x head si
 
 
 def test_hashes_are_vllms():
-    # scenarios.md H0, H1, H2, H5, H6 (sha256_cbor, PYTHONHASHSEED=0).
-    h = kvpool.Hasher("0", algorithm="sha256_cbor")
+    # scenarios.md H0, H1, H2, H5, H6 (sha256_cbor, PYTHONHASHSEED=0): vLLM
+    # 9aaf83ef5's, whose extra keys were untagged.
+    h = kvpool.Hasher("0", algorithm="sha256_cbor", vllm="9aaf83ef5")
     assert h.none_hash.hex() == "4e1195df020de59e0d65a33a4279f1183e7ae4e5d980e309f8b55adff2e61c3e"
     b = h.hash_request(range(32), 16)
     assert [x.hex() for x in b] == [
@@ -26,6 +27,17 @@ def test_hashes_are_vllms():
     assert b[0].hex() == "95e6875f935c12800a594290e439ee8ce2d8a9b262ac6b3712e78bfb506376df"
     with pytest.raises(kvpool.InvalidArgument):
         h.hash_request(range(8), 4, lora_name="x" * 1025)
+    # vLLM 0.33's tagged keys (tests/vllm/golden_keys.py, case ALL): LoRA L at /p.
+    t = kvpool.Hasher("0", algorithm="sha256_cbor")
+    b = t.hash_request(range(8), 4, lora_name="L", lora_path="/p", cache_salt="S",
+                       mm=[("img", 2, 3)])
+    assert [x.hex() for x in b] == [
+        "3fc0cb18daaebd7927762b5cd0b8add2e87a28c32dc6794e76f722ddff782bf8",
+        "74f049b8d64653c9afdfeaf7e2fd69246433c4ece2a6fc3bdc9487999e4f96af"]
+    with pytest.raises(kvpool.InvalidArgument):
+        t.hash_request(range(8), 4, lora_name="L")  # vLLM 0.33 hashes the path too
+    with pytest.raises(ValueError):
+        kvpool.Hasher("0", vllm="0.34")
 
 
 def test_exceptions_follow_the_c_status_table():
@@ -154,8 +166,9 @@ def test_prefix_cache_and_requests(daemon):
         # Cache by hand, with extra keys: only the same keys hit.
         blocks = c.allocate(2)
         toks = list(range(5000, 5032))
-        assert c.cache(blocks, toks, 2, lora_name="L") == 2
-        assert d.lookup(toks, lora_name="L") == (blocks, 32)
+        assert c.cache(blocks, toks, 2, lora_name="L", lora_path="/a/L") == 2
+        assert d.lookup(toks, lora_name="L", lora_path="/a/L") == (blocks, 32)
+        assert d.lookup(toks, lora_name="L", lora_path="/a/L2") == ([], 0)
         assert d.lookup(toks) == ([], 0)
         c.free(blocks)
 

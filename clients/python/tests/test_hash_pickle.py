@@ -36,33 +36,40 @@ def ref_none_hash(seed, digest=sha256_digest):
     return digest(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def ref_extra(start, end, lora, salt, mm, idx):
-    """vLLM's generate_block_hash_extra_keys (spec 6.6) for lora, mm and salt."""
-    keys = [lora] if lora is not None else []
-    if mm and mm[-1][1] + mm[-1][2] >= start:
+def ref_extra(start, end, lora, salt, mm, idx, path=None):
+    """vLLM's generate_block_hash_extra_keys for lora, mm and salt: vLLM 0.33's
+    tagged keys when path is given (the LoRA's path, "" without a LoRA), else
+    the plain keys of vLLM 9aaf83ef5 (spec 6.6). The tags are literals here,
+    one object each, as in vLLM's code: CPython's pickle writes a repeated tag
+    as a memo reference."""
+    tagged = path is not None
+    keys = []
+    if lora is not None:
+        keys.append(("lora", lora, path) if tagged else lora)
+    if mm and mm[-1][1] + mm[-1][2] > start:
         cur = idx if idx >= 0 else len(mm) + idx
         while cur < len(mm):
             ident, off, length = mm[cur]
             if not end > off:
                 break
-            if start > off + length:
+            if start >= off + length:
                 cur += 1
                 continue
-            keys.append((ident, off - start))
+            keys.append(("mm", ident, off - start) if tagged else (ident, off - start))
             if end >= off + length:
                 cur += 1
             else:
                 break
         idx = cur
     if start == 0 and salt:
-        keys.append(salt)
+        keys.append(("cache_salt", salt) if tagged else salt)
     return (tuple(keys) if keys else None), idx
 
 
-def ref_hashes(seed, tokens, bs, lora=None, salt=None, mm=None, digest=sha256_digest):
+def ref_hashes(seed, tokens, bs, lora=None, salt=None, mm=None, digest=sha256_digest, path=None):
     parent, out, idx = ref_none_hash(seed, digest), [], 0
     for b in range(len(tokens) // bs):
-        extra, idx = ref_extra(b * bs, (b + 1) * bs, lora, salt, mm or [], idx)
+        extra, idx = ref_extra(b * bs, (b + 1) * bs, lora, salt, mm or [], idx, path)
         obj = (parent, tuple(tokens[b * bs:(b + 1) * bs]), extra)
         parent = digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
         out.append(parent)
@@ -93,14 +100,15 @@ def test_xxhash_is_16_bytes_with_a_random_none_hash_of_32():
     assert all(len(x) == 16 for x in h.hash_request(range(64), 16))
 
 
+@pytest.mark.parametrize("vllm", ["0.33", "9aaf83ef5"])
 @pytest.mark.parametrize("algo,digest,seed", [("sha256", sha256_digest, 1),
                                               ("sha256", sha256_digest, 2),
                                               ("sha256", sha256_digest, 3),
                                               ("xxhash", xxh3_128_digest, 1),
                                               ("xxhash", xxh3_128_digest, 2)])
-def test_pickle_algorithms_match_cpython_on_random_requests(algo, digest, seed):
+def test_pickle_algorithms_match_cpython_on_random_requests(algo, digest, seed, vllm):
     rnd = random.Random(seed)
-    print("seed", seed)
+    print("seed", seed, "vllm", vllm)
     widths = [0, 1, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32, 2**40, 2**63 - 1]
     for case in range(200):
         bs = rnd.choice([1, 2, 3, 4, 5, 16, 64])
@@ -118,10 +126,13 @@ def test_pickle_algorithms_match_cpython_on_random_requests(algo, digest, seed):
             length = rnd.randint(1, 9)
             mm.append(("img%d" % i * rnd.randint(1, 90), off, length))
             off += length + rnd.randint(0, 5)
-        h = kvpool.Hasher(str(seed), algorithm=algo)
+        # Several images often share a block: the tagged form's "mm" tag repeats.
+        path = None if lora is None else "/adapters/" + lora[:8]
+        h = kvpool.Hasher(str(seed), algorithm=algo, vllm=vllm)
         got = h.hash_request(toks, bs, lora_name=lora, cache_salt=salt,
-                             mm=mm or None)
-        want = ref_hashes(str(seed), toks, bs, lora, salt, mm, digest)
+                             mm=mm or None, lora_path=path if vllm == "0.33" else None)
+        want = ref_hashes(str(seed), toks, bs, lora, salt, mm, digest,
+                          (path or "") if vllm == "0.33" else None)
         assert got == want, (case, bs, toks, lora, salt, mm)
 
 
@@ -131,5 +142,5 @@ def test_sha256_matches_cpython_across_64k_frames():
     for bs, base in ((14000, 70000), (40000, 7), (13100, 2**31 - 5), (7000, 2**40)):
         toks = [base + (i % 3) for i in range(bs)]
         h = kvpool.Hasher("0", algorithm="sha256")
-        assert h.hash_request(toks, bs, lora_name="x" * 1000) == \
-            ref_hashes("0", toks, bs, lora="x" * 1000), bs
+        assert h.hash_request(toks, bs, lora_name="x" * 1000, lora_path="/p") == \
+            ref_hashes("0", toks, bs, lora="x" * 1000, path="/p"), bs
