@@ -554,13 +554,6 @@ kvp_vllm_semantics_parse(const char *name, enum kvp_vllm_semantics *out)
 	return KVP_EINVAL;
 }
 
-static int
-cmp_i32(const void *x, const void *y)
-{
-	int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
-	return (a > b) - (a < b);
-}
-
 int
 kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 {
@@ -584,7 +577,6 @@ kvp_pool_evict_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	}
 	if ((rv = reserve_removed(p, hashed)) != KVP_OK)
 		return rv;
-	qsort(p->scratch, m, sizeof(*p->scratch), cmp_i32);
 	for (size_t i = 0; i < m; i++)
 		maybe_evict(p, p->scratch[i]);
 	return KVP_OK;

@@ -254,19 +254,20 @@ uint32_t kvp_pool_num_partial_keys(const struct kvp_pool *p);
  * for a request's prefix-cache hits, blocks [0, a->num_full_blocks) of
  * a->block_hashes in group a->group_id (parent None, tokens
  * [0, n·block_size), one extra-keys item per block, the request's LoRA and
- * session id), changing nothing else. Only the leading blocks still cached
- * are reported (vLLM trusts its caller; over a network a hit may go
- * between its lookup and this call): *reported gets how many, 0 with no
- * event when the pool records no events. a->num_cached_blocks must be 0;
+ * session id), changing nothing else. Every hash given is reported, as
+ * vLLM does, cached or not (a sliding window's hit holds blocks that left
+ * the cache; over a network another session may evict a hit before this
+ * call): *reported gets how many, 0 with no event when the pool records
+ * no events. a->num_cached_blocks must be 0;
  * a's blocks, mask and first_token are not read. KVP_EINVAL (as
  * cache_full_blocks), KVP_ENOTSUP (caching off), KVP_ENOMEM.
  */
 int kvp_pool_report_cached(struct kvp_pool *p, const struct kvp_cache_args *a, uint32_t *reported);
 
 /*
- * evict_blocks: drops the hash of each listed block (in ascending id order,
- * duplicates once, as vLLM iterates its set), queuing a BlockRemoved for
- * each key it had. Ref counts and the queue are unchanged; the null
+ * evict_blocks: drops the hash of each listed block, in the order given
+ * (duplicates once: vLLM evicts in its set's iteration order, which its
+ * caller passes on), queuing a BlockRemoved for each key it had. Ref counts and the queue are unchanged; the null
  * block and uncached ids are no-ops. KVP_ERANGE (nothing evicted),
  * KVP_EINVAL, KVP_ENOMEM.
  */

@@ -13,7 +13,7 @@
 int
 kvp_pool_report_cached(struct kvp_pool *p, const struct kvp_cache_args *a, uint32_t *reported)
 {
-	uint32_t k, n = 0, nf;
+	uint32_t k, n, nf;
 	size_t hlen, olen;
 	int rv;
 
@@ -34,13 +34,8 @@ kvp_pool_report_cached(struct kvp_pool *p, const struct kvp_cache_args *a, uint3
 	*reported = 0;
 	if (!p->events_on)
 		return KVP_OK; /* vLLM's: nothing without enable_kv_cache_events */
-	/* The leading blocks still cached: a hit evicted since its lookup is not reported. */
-	for (uint32_t g = a->group_id; n < nf; n++) {
-		int32_t id;
-		if (kvp_pool_get_cached_block(p, kvp_pool_coarse_hash(p, a->block_hashes, k, n, &olen),
-		                              hlen, &g, 1, &id) != KVP_OK)
-			break;
-	}
+	/* Every hash, as vLLM reports them: the caller's hits, cached now or not. */
+	n = nf;
 	if (n == 0)
 		return KVP_OK;
 	size_t t0 = 0, t1 = (size_t)n * a->block_size;

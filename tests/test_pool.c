@@ -366,11 +366,11 @@ test_pool_c5_evict_blocks_only_unhashes(void **state)
 	assert_ok(kvp_pool_take_events(p, &b));
 	assert_ok(kvp_pool_free_blocks(p, (int32_t[]){1, 2}, 2));
 	assert_queue(p, 5, 6, 7, 8, 9, 1, 2);
-	assert_ok(kvp_pool_evict_blocks(p, (int32_t[]){4, 3, 2, 0}, 4));
+	assert_ok(kvp_pool_evict_blocks(p, (int32_t[]){4, 3, 2, 0, 3}, 5));
 	assert_ok(kvp_pool_take_events(p, &b));
 	assert_int_equal(kvp_event_batch_count(&b), 2);
-	assert_removed(&b, 0, 'B', 0);
-	assert_removed(&b, 1, 'C', 0);
+	assert_removed(&b, 0, 'C', 0); /* in the order given, as vLLM iterates its set */
+	assert_removed(&b, 1, 'B', 0);
 	assert_non_null(kvp_pool_block_key(p, 1, &klen));
 	assert_null(kvp_pool_block_key(p, 2, &klen));
 	assert_null(kvp_pool_block_key(p, 3, &klen));

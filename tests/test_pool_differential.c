@@ -239,15 +239,14 @@ m_cache(const int32_t *blocks, int nc, int nf, const uint8_t (*h)[KVP_HASH_LEN],
 static int
 m_evict_blocks(const int32_t *ids, int n)
 {
-	int in[N] = {0};
-	for (int i = 0; i < n; i++) {
+	int seen[N] = {0};
+	for (int i = 0; i < n; i++)
 		if (ids[i] < 0 || ids[i] >= N)
 			return KVP_ERANGE;
-		in[ids[i]] = 1;
-	}
-	for (int id = 0; id < N; id++)
-		if (in[id])
-			m_evict(id);
+	/* In the order given, each id once: vLLM iterates the set its caller built. */
+	for (int i = 0; i < n; i++)
+		if (!seen[ids[i]]++)
+			m_evict(ids[i]);
 	return KVP_OK;
 }
 

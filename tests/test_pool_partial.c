@@ -344,21 +344,22 @@ test_report_cached(void **state)
 	assert_ok(kvp_pool_get_new_blocks(p, 3, ids));
 	assert_ok(cache(p, &r, ids, 3, 0, 3, HBS, 0));
 	assert_ok(kvp_pool_free_blocks(p, ids, 3));
-	assert_ok(kvp_pool_evict_blocks(p, &ids[1], 1)); /* B went: only A is a hit now */
+	assert_ok(kvp_pool_evict_blocks(p, &ids[1], 1)); /* B went: still reported, as vLLM does */
 	(void)take(p, &ev);
 	struct kvp_cache_args a = {
 		.block_hashes = r.hashes, .num_block_hashes = r.n, .token_ids = r.tokens,
 		.num_tokens = 256, .keys = &keys, .num_full_blocks = 3, .block_size = HBS,
 	};
 	assert_ok(kvp_pool_report_cached(p, &a, &n));
-	assert_int_equal(n, 1);
+	assert_int_equal(n, 3);
 	assert_int_equal(take(p, &ev), 1);
 	assert_ok(kvp_event_batch_get(&ev, 0, &e));
 	assert_int_equal(e.type, KVP_EVENT_BLOCK_STORED);
-	assert_int_equal(e.num_hashes, 1);
+	assert_int_equal(e.num_hashes, 3);
 	assert_memory_equal(e.hashes, synth('A'), KVP_HASH_LEN);
+	assert_memory_equal(e.hashes + 2 * KVP_HASH_LEN, synth('C'), KVP_HASH_LEN);
 	assert_null(e.parent);
-	assert_int_equal(e.num_tokens, HBS);
+	assert_int_equal(e.num_tokens, 3 * HBS);
 	assert_string_equal(e.session_id, "chat-3");
 	assert_queue(p, 4, 5, 6, 7, 1, 2, 3); /* as free_blocks left it */
 	/* Refusals change nothing: a range start, a short hash list, a bad block size. */

@@ -333,7 +333,7 @@ class _Remote:
         """Drops the listed blocks' hashes (ref counts and queue unchanged):
         BlockPool's, and KVCacheManager's, which vLLM's scheduler calls for the
         blocks a KV connector failed to load."""
-        ids = sorted(block_ids)
+        ids = list(dict.fromkeys(block_ids))  # vLLM's order: the set's, duplicates once
         for i in ids:
             assert 0 <= i < self.num_gpu_blocks, (
                 f"Invalid block_id {i} >= {self.num_gpu_blocks}. This indicates a bug in the KV "
@@ -495,8 +495,7 @@ class RemoteBlockPool(_Remote):
         events on, the pool publishes one BlockStored for the request's first
         num_cached_blocks blocks, its prefix-cache hits, on every event wire
         (so routers see it too), and take_events() returns it in order.
-        Differs from vLLM: only the leading blocks still cached are named (a
-        hit another session evicted since the lookup is not reported)."""
+        Every hash is named, as vLLM names them, whether still cached or not."""
         if not self.enable_kv_cache_events or num_cached_blocks == 0:
             return
         k = block_size // self.hash_block_size

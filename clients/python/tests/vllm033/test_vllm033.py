@@ -302,3 +302,36 @@ def test_block_pool_events_are_vllms_own(tmp_path, monkeypatch):
         assert got == want
     finally:
         stop(proc)
+
+
+def test_evictions_and_reuse_reports_follow_vllms_order(tmp_path, monkeypatch):
+    """evict_blocks announces removals in the order of the set vLLM's caller
+    passes (not sorted), and emit_cached_block_events names every hash it
+    is given, cached or not (a sliding window's hit holds blocks that left
+    the cache): the events equal vLLM's BlockPool's."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    proc, url, ev = start(tmp_path, "--pool", "name=o,blocks=16,block_size=4,executor=none",
+                          pool="o", events=True)
+    try:
+        tokens = list(range(300, 340))
+        hashes = _vllm_hashes(tokens, 4)
+        theirs = BlockPool(16, True, 4, enable_kv_cache_events=True)
+        with kvpool.Client(url, pool="o") as c:
+            ours = RemoteBlockPool(c, True, events_url=ev)
+            try:
+                for pool in (theirs, ours):
+                    blocks = pool.get_new_blocks(10)
+                    pool.cache_full_blocks(_request(hashes, 40), blocks, 0, 10, 4, 0)
+                    pool.free_blocks(reversed(blocks))
+                    ids = {blocks[i].block_id for i in (8, 2, 4)}
+                    assert list(ids) != sorted(ids)  # the set's own order
+                    pool.evict_blocks(ids)
+                    pool.emit_cached_block_events(_request(hashes, 40), 10, 4, 0)
+                want, got = theirs.take_events(), ours.take_events()
+            finally:
+                ours.close()
+        assert [type(e) for e in want][-4:] == [vke.BlockRemoved] * 3 + [vke.BlockStored]
+        assert len(want[-1].block_hashes) == 10  # evicted ones too
+        assert got == want
+    finally:
+        stop(proc)
