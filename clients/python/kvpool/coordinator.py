@@ -22,7 +22,7 @@ def _vllm_spec(group: dict) -> Optional[Any]:
         return None
     return {"full_attention": getattr(kci, "FullAttentionSpec", None),
             "sliding_window": getattr(kci, "SlidingWindowSpec", None),
-            "chunked_local": getattr(kci, "ChunkedLocalAttentionSpec", None),
+            "chunked_local_attention": getattr(kci, "ChunkedLocalAttentionSpec", None),
             "mamba": getattr(kci, "MambaSpec", None)}.get(group["kind"])
 
 
@@ -33,7 +33,8 @@ class _SpecKind:
 
     def __init__(self, group: dict):
         self.block_size = group["block_size"]
-        self.sliding_window = group.get("window")
+        self.sliding_window = group.get("sliding_window")
+        self.attention_chunk_size = group.get("attention_chunk_size")
         cls = _vllm_spec(group)
         if cls is not None:
             self.__class__ = type(f"Remote{cls.__name__}", (_SpecKind, cls), {})

@@ -297,26 +297,9 @@ class RemoteKVCacheManager(_Remote):
         return stats
 
     def get_num_common_prefix_blocks(self, running_request_id: Any) -> list[int]:
-        """Per group, how many leading blocks of the request every request of
-        this manager holds (vLLM's cascade-attention prefix): counted in full
-        attention groups, 0 in the others, as vLLM does. vLLM compares each
-        block's ref_cnt with its request count; a remote pool's ref counts
-        include other sessions', so this counts this manager's own holders:
-        the requests the daemon has taken (a first allocate_slots that
-        succeeded) and that free() has not ended. A prefix other sessions
-        share does not make a block common here, or stop it being so."""
-        req = self._reqs.get(running_request_id)
-        out = [0] * len(self.groups)
-        if req is None or not req.sent:
-            return out
-        n = sum(1 for r in self._reqs.values() if r.sent)
-        for g, spec in enumerate(self.groups):
-            if spec["kind"] == "full_attention":
-                for b in req.blocks[g]:
-                    if b._held != n:
-                        break
-                    out[g] += 1
-        return out
+        """0 for each group, as vLLM 0.33 answers: cascade attention, which
+        read it, is gone; vLLM keeps the method for out-of-tree schedulers."""
+        return [0] * len(self.groups)
 
     def _fine(self, request, max_cache_hit_length=None):
         """The hashes get_computed_blocks looks up (vLLM's: at most
@@ -547,7 +530,6 @@ class RemoteKVCacheManager(_Remote):
             for g, hit in enumerate(new_computed_blocks.blocks):
                 for b in hit:
                     b.ref_cnt += 1
-                    b._held += 1
                 req.blocks[g].extend(hit)
         ext = kw.get("num_external_computed_tokens", 0)
         if self._plain and len(res.new_blocks_by_group) == 1:
@@ -570,7 +552,7 @@ class RemoteKVCacheManager(_Remote):
             for i in ids:
                 b = self.null_block if i == 0 else self._block(i)
                 if i != 0:
-                    b.ref_cnt = b._held = 1
+                    b.ref_cnt = 1
                     b.reset_hash()
                 row.append(b)
             req.blocks[g].extend(row)
@@ -593,7 +575,7 @@ class RemoteKVCacheManager(_Remote):
         blocks, row = self._blocks, []
         for i in res.new_blocks_by_group[0]:
             b = blocks.get(i) or self._block(i)
-            b.ref_cnt = b._held = 1
+            b.ref_cnt = 1
             b._block_hash = None
             row.append(b)
         req.blocks[0].extend(row)
@@ -644,7 +626,6 @@ class RemoteKVCacheManager(_Remote):
 
     def _to_null(self, row, i):
         row[i].ref_cnt -= 1
-        row[i]._held -= 1
         row[i] = self.null_block
 
 
@@ -676,7 +657,6 @@ def _released(req):
         for b in row:
             if not b.is_null:
                 b.ref_cnt -= 1
-                b._held -= 1
     req.blocks = []
 
 

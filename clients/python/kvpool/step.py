@@ -243,7 +243,7 @@ class Step:
                     b = blocks.get(i)
                     if b is None:
                         b = blocks[i] = mgr._block_cls(i)
-                    b.ref_cnt = b._held = 1
+                    b.ref_cnt = 1
                     b._block_hash = None
                     row.append(b)
                 off += k

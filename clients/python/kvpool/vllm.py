@@ -43,16 +43,13 @@ class KVCacheBlock:
     (as the daemon reported it, then this caller's own touch/free applied),
     block_hash (hash || 4-byte group id, or None) and is_null. One object
     per block id per adapter, as vLLM's pool hands out the same objects."""
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "is_null", "_held")
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "is_null")
 
     def __init__(self, block_id: int, ref_cnt: int = 0, is_null: bool = False) -> None:
         self.block_id = block_id
         self.ref_cnt = ref_cnt
         self._block_hash: Optional[bytes] = None
         self.is_null = is_null
-        # RemoteKVCacheManager: how many of its own requests' tables hold the
-        # block (ref_cnt also counts other sessions' references).
-        self._held = 0
 
     @property
     def block_hash(self) -> Optional[bytes]:
@@ -120,12 +117,7 @@ def _classes() -> tuple[type, type, type]:
 
                 class RemoteKVCacheBlock(Block):  # type: ignore[valid-type,misc]
                     """vLLM's KVCacheBlock, as a remote adapter last saw it."""
-                    __slots__ = ("_held",)
-
-                    def __init__(self, block_id: int, ref_cnt: int = 0,
-                                 is_null: bool = False) -> None:
-                        Block.__init__(self, block_id, ref_cnt, is_null=is_null)
-                        self._held = 0
+                    __slots__ = ()
 
                 _CLASSES = (RemoteKVCacheBlock, Blocks, Stats)
         except ImportError:
@@ -219,11 +211,30 @@ def _env_token() -> Optional[str]:
     return token
 
 
+#: vLLM's KVCacheSpec class names by the group kinds a pool reports (its Hello).
+SPEC_KINDS = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_window",
+              "ChunkedLocalAttentionSpec": "chunked_local_attention", "MambaSpec": "mamba"}
+
+
 def _spec_kind(spec) -> str:
     """kvpool's group kind for a vLLM KVCacheSpec (by class name: no vLLM import)."""
-    return {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_window",
-            "ChunkedLocalAttentionSpec": "chunked_local",
-            "MambaSpec": "mamba"}.get(type(spec).__name__, type(spec).__name__)
+    return SPEC_KINDS.get(type(spec).__name__, type(spec).__name__)
+
+
+def _spec_shape(spec) -> tuple:
+    """What a pool's group must match of a vLLM KVCacheSpec: its kind, block
+    size, and window (sliding window) or chunk (chunked local attention)."""
+    kind = _spec_kind(spec)
+    param = {"sliding_window": getattr(spec, "sliding_window", None),
+             "chunked_local_attention": getattr(spec, "attention_chunk_size", None)}.get(kind)
+    return (kind, spec.block_size) if param is None else (kind, spec.block_size, param)
+
+
+def _group_shape(group: dict) -> tuple:
+    """_spec_shape of a pool's group (Client.info["groups"])."""
+    param = group.get("sliding_window", group.get("attention_chunk_size"))
+    shape = (group["kind"], group["block_size"])
+    return shape if param is None else shape + (param,)
 
 
 def _check_shape(info: dict, **asked: Any) -> None:
@@ -237,9 +248,8 @@ def _check_shape(info: dict, **asked: Any) -> None:
     cfg = asked.get("kv_cache_config")
     if cfg is not None:
         groups = info["groups"] or [{"kind": "full_attention", "block_size": info["block_size"]}]
-        want = [(_spec_kind(g.kv_cache_spec), g.kv_cache_spec.block_size)
-                for g in cfg.kv_cache_groups]
-        got = [(g["kind"], g["block_size"]) for g in groups]
+        want = [_spec_shape(g.kv_cache_spec) for g in cfg.kv_cache_groups]
+        got = [_group_shape(g) for g in groups]
         if cfg.num_blocks != info["num_blocks"]:
             bad.append(f"kv_cache_config.num_blocks={cfg.num_blocks} "
                        f"(the pool: {info['num_blocks']})")

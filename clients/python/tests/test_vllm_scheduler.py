@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What vLLM's Scheduler asks RemoteKVCacheManager every step besides its
-allocations: get_num_common_prefix_blocks (cascade attention's shared
-prefix) and make_prefix_cache_stats (its hit-rate metrics), against a real
+allocations: get_num_common_prefix_blocks (0 per group, as vLLM 0.33
+answers) and make_prefix_cache_stats (its hit-rate metrics), against a real
 kvpoold, with the counts vLLM's own manager gives."""
 import pytest
 
@@ -35,60 +35,25 @@ def _admit(m, req, step):
         return s.commit()[0]
 
 
-@pytest.mark.parametrize("pool,step", [("cp1", False), ("cp2", True)])
-def test_common_prefix_counts_this_managers_requests(spools, pool, step):
-    """Three requests share an 8-token prefix (two blocks of 4): both blocks
-    are common while every request holds them, none while a request without
-    the prefix runs, and again both once it is freed. Another session's
-    references to the same blocks change their ref_cnt, not the answer."""
+@pytest.mark.parametrize("pool,step", [("cp1", False), ("cp2", True), ("cph", False)])
+def test_common_prefix_is_zero_per_group_as_vllm_0_33(spools, pool, step):
+    """vLLM 0.33 removed cascade attention: get_num_common_prefix_blocks
+    answers 0 for each group, whatever the requests share."""
     c = kvpool.Client(spools, pool=pool)
     m = RemoteKVCacheManager(c)
     h = kvpool.Hasher("0", algorithm=c.info["hash_algorithm"])
     shared = list(range(8))
-    a, b, d = (Req(r, shared + [100 * k + j for j in range(5)], hasher=h)
-               for k, r in enumerate(("a", "b", "d"), 1))
-    assert m.get_num_common_prefix_blocks("a") == [0]  # unknown: nothing common
-    assert _admit(m, a, step).get_block_ids() == ([1, 2, 3, 4],)
-    # One request: all of its blocks are common, as vLLM counts (ref_cnt 1 == 1 request).
-    assert m.get_num_common_prefix_blocks("a") == [4]
-    assert _admit(m, b, step) is not None and _admit(m, d, step) is not None
-    assert m.get_block_ids("b")[0][:2] == m.get_block_ids("d")[0][:2] == [1, 2]
-    assert m.get_num_common_prefix_blocks("a") == [2]
-    assert m.get_num_common_prefix_blocks("d") == [2]
-    other = Req("o", [900 + j for j in range(5)], hasher=h)
-    assert _admit(m, other, step) is not None
-    assert m.get_num_common_prefix_blocks("a") == [0]
-    # A second session takes a reference on each shared block. The pool's
-    # ref counts (4) now equal this manager's 4 requests, though "o" holds
-    # neither block: vLLM's rule applied to them would call both common.
-    pool2 = RemoteBlockPool(kvpool.Client(spools, pool=pool))
-    held = [pool2.get_cached_block(x, [0])[0] for x in a.block_hashes[:2]]
-    pool2.touch(held)
-    assert [x.ref_cnt for x in held] == [4, 4]
-    assert m.get_num_common_prefix_blocks("a") == [0]
-    m.free(other)  # 3 requests, ref counts 4: common again
-    assert m.get_num_common_prefix_blocks("b") == [2]
-    for r in (a, b, d):
+    a, b = (Req(r, shared + [100 * k + j for j in range(5)], hasher=h)
+            for k, r in enumerate(("a", "b"), 1))
+    zeros = [0] * len(m.groups)
+    assert m.get_num_common_prefix_blocks("a") == zeros
+    for r in (a, b):
+        # (a hybrid pool's hit is taken inside allocate_slots: no get_computed_blocks yet)
+        assert (m.allocate_slots(r, r.num_tokens) if pool == "cph" else _admit(m, r, step)) \
+            is not None
+    assert m.get_num_common_prefix_blocks("a") == m.get_num_common_prefix_blocks("b") == zeros
+    for r in (a, b):
         m.free(r)
-    assert m.get_num_common_prefix_blocks("a") == [0]
-    pool2.free_blocks(held)
-    pool2.client.close()
-    c.close()
-
-
-def test_common_prefix_is_zero_beside_full_attention(spools):
-    """A hybrid pool: the full-attention group counts, the sliding window
-    group answers 0, as vLLM's SlidingWindowManager does."""
-    c = kvpool.Client(spools, pool="cph")
-    m = RemoteKVCacheManager(c)
-    x, y = Req("x", range(13), hashes=[]), Req("y", range(50, 63), hashes=[])
-    assert m.allocate_slots(x, 13) is not None
-    assert m.get_num_common_prefix_blocks("x") == [4, 0]
-    assert m.allocate_slots(y, 13) is not None
-    assert m.get_num_common_prefix_blocks("x") == [0, 0]
-    m.free(y)
-    assert m.get_num_common_prefix_blocks("x") == [4, 0]
-    m.free(x)
     c.close()
 
 

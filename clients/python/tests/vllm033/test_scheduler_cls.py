@@ -31,7 +31,8 @@ from vllm import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec)
+    ChunkedLocalAttentionSpec, FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+    SlidingWindowSpec)
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -135,6 +136,44 @@ def test_vllms_keyword_constructors_check_the_pools_shape(env):
     p.close()
     with pytest.raises(ValueError, match="hash_block_size=32"):
         RemoteBlockPool(num_gpu_blocks=BLOCKS, enable_caching=True, hash_block_size=32)
+
+
+@pytest.mark.parametrize("groups,spec,other", [
+    ("full:16+chunked_local:16:64", dict(cls=ChunkedLocalAttentionSpec, attention_chunk_size=64),
+     dict(cls=ChunkedLocalAttentionSpec, attention_chunk_size=32)),
+    ("full:16+sliding_window:16:128", dict(cls=SlidingWindowSpec, sliding_window=128),
+     dict(cls=SlidingWindowSpec, sliding_window=64)),
+])
+def test_hybrid_configs_are_checked_window_and_all(tmp_path, groups, spec, other):
+    """A hybrid kv_cache_config is taken where the pool has the same groups
+    (chunked local attention included) and refused, naming the groups, where
+    a window or chunk differs: a different window would answer other hits."""
+    proc, url, _ = start(tmp_path, "--pool", f"name=h,blocks={BLOCKS},groups={groups},"
+                         "executor=none,max_model_len=4096", pool="h")
+
+    def config(s):
+        s = dict(s)
+        second = s.pop("cls")(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                              **s)
+        first = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8,
+                                  dtype=torch.float32)
+        return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["l0"], first),
+                                              KVCacheGroupSpec(["l1"], second)])
+    try:
+        with kvpool.Client(url, pool="h") as c:
+            m = RemoteKVCacheManager(c, kv_cache_config=config(spec), max_model_len=4096)
+            assert [g.kv_cache_spec.block_size for g in m.coordinator.single_type_managers] \
+                == [BS, BS]
+            second = m.coordinator.single_type_managers[1].kv_cache_spec
+            assert isinstance(second, spec["cls"])
+            key = "attention_chunk_size" if "attention_chunk_size" in spec else "sliding_window"
+            assert getattr(second, key) == spec[key]
+            m.close()
+            with pytest.raises(ValueError, match="kv_cache_config groups"):
+                RemoteKVCacheManager(c, kv_cache_config=config(other), max_model_len=4096)
+    finally:
+        stop(proc)
 
 
 def test_the_adapters_hand_out_vllms_own_classes(env):
