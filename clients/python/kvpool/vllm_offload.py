@@ -101,7 +101,15 @@ class KVPoolRowsSpec(LoadStoreSpec):
 
 
 class _TierDown(Exception):
-    """kvpoold did not answer in time: the scheduler goes on without the tier."""
+    """kvpoold did not answer in time, or answered what the tier cannot use:
+    the scheduler goes on without the tier."""
+
+
+# Statuses a call site of the scheduler's tier handles itself: any other
+# error of a call becomes _TierDown (misses, skipped stores), never an
+# exception out of vLLM's scheduler, which would end the engine.
+_HANDLED = (kvpool.NotFound, kvpool.NotOwner, kvpool.NoSpace)
+_ERROR_LOG_S = 60.0  # one warning a minute for answers the tier cannot use
 
 
 def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None,
@@ -128,11 +136,47 @@ def _engine_pod(extra: dict[str, Any]) -> Optional[str]:
     return extra.get("kvpool_vllm_pod") or os.environ.get("POD_IP") or None
 
 
+def _engine_hash_algo() -> Optional[str]:
+    """vLLM's --prefix-caching-hash-algo for the engine being built, where
+    vLLM has its config current (None where not)."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:
+        return None
+    cfg = get_current_vllm_config_or_none()
+    return getattr(getattr(cfg, "cache_config", None), "prefix_caching_hash_algo", None)
+
+
+def check_hashing(info: dict, algo: Optional[str],
+                  hash_seed: Optional[str] = None) -> Optional[str]:
+    """Refuses (ValueError naming both settings) an engine whose block
+    hashes can never be the pool's keys: another algorithm, so another key
+    length, on which every lookup would fail. Returns a warning, or None,
+    when they match but engines cannot share: vLLM's xxhash algorithms draw
+    a random NONE_HASH in each engine unless PYTHONHASHSEED (hash_seed) is
+    set, so no engine hits another's blocks."""
+    pool = info["hash_algorithm"]
+    if algo is not None and algo != pool:
+        raise ValueError(
+            f"kvpool: vLLM hashes blocks with --prefix-caching-hash-algo {algo}, pool "
+            f"{info['pool']} with hash_algo={pool}: no key could ever match. Start vLLM with "
+            f"--prefix-caching-hash-algo {pool}, or the pool with hash_algo={algo}")
+    if (algo or pool).startswith("xxhash") and not hash_seed:
+        return (f"kvpool: vLLM's {algo or pool} draws a random NONE_HASH in each engine "
+                "unless PYTHONHASHSEED is set: engines on this tier will not hit each other's "
+                "blocks. Set PYTHONHASHSEED to one value in every engine that shares it")
+    return None
+
+
 def _check_tier(c: kvpool.Client, config: OffloadingConfig, blocks_per_chunk: int,
                 need: Optional[int] = None) -> None:
     """The pool must be a region whose shard can hold one worker's block
-    (need bytes: the worker's own count, else the config's, 0 if unknown)."""
+    (need bytes: the worker's own count, else the config's, 0 if unknown),
+    keyed by the engine's hash algorithm."""
     info = c.info
+    warning = check_hashing(info, _engine_hash_algo(), os.environ.get("PYTHONHASHSEED"))
+    if warning:
+        logger.warning("%s", warning)
     if not info.get("region"):
         raise ValueError(f"kvpool: pool {info['pool']} has no shared region (a cpu pool "
                          "with prefix caching, and kvpoold's --region-dir)")
@@ -193,6 +237,9 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._down_until = 0.0                     # no call before then
         self._backoff = _BACKOFF_S
         self._suspect = False  # a call failed: the session is renewed before the next one
+        self._bad_key_logged = False
+        self.errors = 0  # calls that failed with an error other than an outage
+        self._error_logged = -_ERROR_LOG_S
 
     # ---- the pool: a new session when the old one is gone; an outage is a miss ----
     def _open(self) -> kvpool.Client:
@@ -230,6 +277,11 @@ class KVPoolOffloadingManager(OffloadingManager):
         except (kvpool.Busy, kvpool.Unavailable) as e:
             self._outage(e)
             raise _TierDown() from e
+        except _HANDLED:
+            raise
+        except Exception as e:  # noqa: BLE001: any other answer is a miss, never a crash
+            self._failed(fn, e)
+            raise _TierDown() from e
         if self._down_since is not None:
             logger.info("kvpool: the tier at %s answers again after %.1f s",
                         self._extra.get("kvpool_url"), time.monotonic() - self._down_since)
@@ -250,6 +302,23 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._client = self._open()
         self._suspect = False
 
+    def _failed(self, fn, e: Exception) -> None:
+        """A call the daemon answered with an error the tier cannot use
+        (INTERNAL, garbage, OK without a result): counted in `errors`,
+        warned about once a minute, and the session renewed before the next
+        call, after the same backoff as an outage."""
+        self.errors += 1
+        now = time.monotonic()
+        if now - self._error_logged >= _ERROR_LOG_S:
+            self._error_logged = now
+            logger.warning("kvpool: %s on the tier at %s failed (%s: %s; %d such failure(s) so "
+                           "far): lookups miss and stores are skipped meanwhile",
+                           getattr(fn, "__name__", fn), self._extra.get("kvpool_url"),
+                           type(e).__name__, e, self.errors)
+        self._suspect = True
+        self._down_until = now + self._backoff
+        self._backoff = min(2 * self._backoff, _BACKOFF_MAX_S)
+
     def _outage(self, e: Exception) -> None:
         now = time.monotonic()
         self._suspect = True
@@ -264,11 +333,20 @@ class KVPoolOffloadingManager(OffloadingManager):
         """The pool's life this session belongs to: the rows it hands out are that region's."""
         return None if self._client is None else int(self._client.info["event_epoch"])
 
-    def _check_key(self, key: OffloadKey) -> None:
-        if len(key) != self._key_len:
-            raise ValueError(f"kvpool: an offload key of {len(key)} bytes; the pool's are "
-                             f"{self._key_len} (its hash_algo must be vLLM's "
-                             "--prefix-caching-hash-algo)")
+    def _key_fits(self, key: OffloadKey) -> bool:
+        """Whether the key is one the pool can hold. One that is not (an
+        engine hashing with another algorithm, where the start could not
+        see vLLM's setting) misses and is never stored: logged once, never
+        raised, since an exception here would end the engine."""
+        if len(key) == self._key_len:
+            return True
+        if not self._bad_key_logged:
+            self._bad_key_logged = True
+            logger.error("kvpool: an offload key of %d bytes; pool %s's are %d: its hash_algo "
+                         "must be vLLM's --prefix-caching-hash-algo. The tier misses until "
+                         "they match", len(key), self._extra.get("kvpool_pool", "default"),
+                         self._key_len)
+        return False
 
     # ---- OffloadingManager ----
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -284,7 +362,8 @@ class KVPoolOffloadingManager(OffloadingManager):
             return LookupResult.MISS
         if key in self._storing:
             return LookupResult.HIT_PENDING  # this engine is writing it
-        self._check_key(key)
+        if not self._key_fits(key):
+            return LookupResult.MISS
         self._pending_lookup[key] = None
         return LookupResult.RETRY
 
@@ -330,7 +409,8 @@ class KVPoolOffloadingManager(OffloadingManager):
             if (k in self._storing or k in self._rows or
                     self._stored_elsewhere.get(k, -9) >= self._step - 1):
                 continue  # stored, or being stored: one writer per key
-            self._check_key(k)
+            if not self._key_fits(k):
+                continue
             self._storing.add(k)
             todo.append(k)
         spec = KVPoolRowsSpec(todo)

@@ -48,12 +48,13 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor, SlidingWindowSpec)
+from vllm.v1.kv_offload.base import LookupResult  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import kvpool  # noqa: E402
-from kvpool.vllm_offload import KVPoolOffloadingSpec  # noqa: E402
+from kvpool.vllm_offload import KVPoolOffloadingSpec, check_hashing  # noqa: E402
 
 from conftest import start, stop  # noqa: E402
 
@@ -101,8 +102,10 @@ class Engine:
     """One vLLM engine: its Scheduler with the OffloadingConnector and kvpool's
     spec, and one worker's connector over CPU KV tensors."""
 
-    def __init__(self, model_dir: str, url: str, engine_id: str, hybrid: bool = False):
+    def __init__(self, model_dir: str, url: str, engine_id: str, hybrid: bool = False,
+                 hash_algo: str = "sha256"):
         cfg = create_vllm_config(model=model_dir, block_size=BS, max_num_batched_tokens=1000)
+        cfg.cache_config.prefix_caching_hash_algo = hash_algo
         cfg.kv_transfer_config = KVTransferConfig(
             kv_connector="OffloadingConnector", kv_role="kv_both", engine_id=engine_id,
             kv_connector_extra_config={
@@ -323,6 +326,36 @@ time.sleep(60)
     a2.close()
 
 
+@pytest.mark.parametrize("error", [kvpool.Internal, ValueError])
+def test_any_tier_error_is_a_miss_never_an_exception(model_dir, tier, monkeypatch, error):
+    """A daemon answering INTERNAL, a refusal the tier has no use for, or
+    what the client cannot decode: the engine's steps go on (lookups miss,
+    stores are skipped), the failures are counted, and once the daemon
+    answers again the tier hits."""
+    url = tier()
+    a = Engine(model_dir, url, "faulty")
+    a.add(PROMPT)
+    a.run()  # stored while the tier works
+
+    def broken(*args, **kwargs):
+        raise error(99, "INTERNAL", "injected") if error is not ValueError else error("garbage")
+    for name in ("lookup_and_lock", "reserve"):
+        monkeypatch.setattr(kvpool.Client, name, broken)
+    b = Engine(model_dir, url, "faulty-b")
+    first, _ = b.serve(b.add(PROMPT))
+    assert first == len(PROMPT)  # every block computed: misses, no exception
+    assert b.manager.errors >= 1
+    monkeypatch.undo()
+    other = [t + 5000 for t in PROMPT]
+    a.add(other)
+    a.run()
+    time.sleep(5.5)  # past the longest backoff: b's next call renews its session
+    first, _ = b.serve(b.add(other))
+    assert first == len(other) - 4 * BS  # b hits the tier again
+    b.close()
+    a.close()
+
+
 def test_tier_refuses_a_pool_that_cannot_hold_the_blocks(model_dir, tmp_path):
     d = tmp_path / "small"
     d.mkdir()
@@ -334,6 +367,42 @@ def test_tier_refuses_a_pool_that_cannot_hold_the_blocks(model_dir, tmp_path):
             Engine(model_dir, url, "too-small")
     finally:
         stop(proc)
+
+
+def test_an_engine_hashing_otherwise_is_refused_at_start(model_dir, tier):
+    """vLLM started with another --prefix-caching-hash-algo than the pool's
+    would make keys no pool row can hold: the engine is refused as it
+    starts (its workers see vLLM's config), naming both settings."""
+    url = tier()
+    with pytest.raises(ValueError, match="--prefix-caching-hash-algo xxhash, pool tier with "
+                                         "hash_algo=sha256"):
+        Engine(model_dir, url, "xx", hash_algo="xxhash")
+
+
+def test_check_hashing_says_what_to_set():
+    info = {"pool": "p", "hash_algorithm": "xxhash"}
+    with pytest.raises(ValueError, match="Start vLLM with --prefix-caching-hash-algo xxhash"):
+        check_hashing(info, "sha256")
+    assert "PYTHONHASHSEED" in check_hashing(info, "xxhash", None)
+    assert "PYTHONHASHSEED" in check_hashing(info, None, "")  # vLLM's setting not seen
+    assert check_hashing(info, "xxhash", "0") is None
+    assert check_hashing({"pool": "p", "hash_algorithm": "sha256"}, "sha256") is None
+
+
+def test_a_key_of_another_length_misses_and_is_never_stored(model_dir, tier):
+    """Where the start could not see vLLM's setting (its scheduler is built
+    outside vLLM's config context), a key of another length answers MISS
+    and is not stored: an exception here would end the engine."""
+    url = tier()
+    a = Engine(model_dir, url, "short-keys")
+    try:
+        short = b"k" * 20  # an xxhash key (16 + 4) on a sha256 pool
+        assert a.manager.lookup(short, None) == LookupResult.MISS
+        out = a.manager.prepare_store([short], None)
+        assert list(out.keys_to_store) == []
+        assert a.manager.lookup(short, None) == LookupResult.MISS  # logged once, still a miss
+    finally:
+        a.close()
 
 
 def test_tensor_parallel_workers_write_their_own_shard(tmp_path):
