@@ -128,6 +128,44 @@ test_service_stall_non_reading_peer_is_cut_off_others_served(void **state)
 	kvp_client_close(c);
 }
 
+/* Seconds one Stats call takes on a daemon that is stopped (SIGSTOP). */
+static double
+stalled_call_s(uint32_t retries)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "default", .timeout_ms = 300,
+	                               .retries = retries};
+	struct kvp_client *c = NULL;
+	struct kvp_client_stats st;
+
+	assert_ok(kvp_client_open(&o, &c));
+	assert_int_equal(kill(daemon_pid, SIGSTOP), 0);
+	/* Every thread stopped: a thread running on another CPU stops a moment later. */
+	nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+	double t0 = now_s();
+	int rv = kvp_client_stats(c, &st);
+	double took = now_s() - t0;
+	assert_int_equal(kill(daemon_pid, SIGCONT), 0);
+	assert_int_not_equal(rv, KVP_OK);
+	kvp_client_close(c);
+	return took;
+}
+
+/*
+ * retries = 0 means no retry: a call on a stalled daemon gives up after one
+ * timeout_ms (vLLM's tier opens its scheduler's client so, to bound a step).
+ * KVP_RETRIES_DEFAULT is the library's 2 retries: three timeouts.
+ */
+static void
+test_service_stall_zero_retries_wait_one_timeout(void **state)
+{
+	(void)state;
+	double none = stalled_call_s(0), dflt = stalled_call_s(KVP_RETRIES_DEFAULT);
+	print_message("a call on a stopped daemon gave up after %.2f s (retries 0), %.2f s "
+	              "(the default)\n", none, dflt);
+	assert_true(none >= 0.29 && none < 0.6);
+	assert_true(dflt >= 0.89 && dflt < 1.5);
+}
+
 /* Seconds until the daemon closes fd (read gives EOF or an error), or -1 after limit_s. */
 static double
 seconds_until_closed(int fd, double limit_s)
@@ -320,6 +358,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
+		cmocka_unit_test(test_service_stall_zero_retries_wait_one_timeout),
 		cmocka_unit_test(test_service_without_publisher_records_no_events),
 		cmocka_unit_test(test_service_stall_silent_peer_is_closed_live_client_redials),
 		cmocka_unit_test(test_service_admin_endpoint_cannot_be_held),

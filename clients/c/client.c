@@ -388,7 +388,7 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	}
 	snprintf(c->pool, sizeof(c->pool), "%s", o->pool ? o->pool : "default");
 	c->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
-	c->retries = o->retries ? o->retries : 2;
+	c->retries = o->retries == KVP_RETRIES_DEFAULT ? 2 : o->retries;
 	c->next_call_id = ((uint64_t)nng_random() << 32 | nng_random()) | 1;
 	if (nng_mtx_alloc(&c->mtx) != 0 || nng_cv_alloc(&c->cv, c->mtx) != 0 ||
 	    nng_req0_open(&c->sock) != 0) {

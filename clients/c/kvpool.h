@@ -29,6 +29,9 @@
 #include "common/group_spec.h"
 #include "common/kvp_status.h"
 
+/* kvp_client_options.retries: the library's default, 2 retries. */
+#define KVP_RETRIES_DEFAULT UINT32_MAX
+
 struct kvp_client_options {
 	const char *url;            /* required */
 	const char *pool;           /* NULL: "default" */
@@ -36,7 +39,9 @@ struct kvp_client_options {
 	const char *client_name;    /* shown in the daemon's logs; NULL: "libkvpool" */
 	uint32_t lease_ms;          /* requested lease; 0: the daemon's default */
 	uint32_t timeout_ms;        /* per attempt; 0: 5000 */
-	uint32_t retries;           /* attempts after a timeout, same call id; 0: 2 */
+	uint32_t retries;           /* attempts after a timeout, same call id: 0 is none
+	                             * (a call waits timeout_ms at most);
+	                             * KVP_RETRIES_DEFAULT: 2 */
 	const char *tls_ca_file;    /* tls+tcp://: CA that signed the daemon's cert */
 	const char *tls_cert_file;  /* tls+tcp:// with mutual TLS: our certificate... */
 	const char *tls_key_file;   /* ...and its key */

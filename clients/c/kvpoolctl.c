@@ -553,6 +553,7 @@ main(int argc, char **argv)
 	x.o.pool = "default";
 	x.o.client_name = "kvpoolctl";
 	x.o.connect_timeout_ms = 2000;
+	x.o.retries = KVP_RETRIES_DEFAULT;
 	if ((code = parse_args(&x, argc, argv)) != 0)
 		goto out;
 	if (x.help || (x.cmd && x.cmd->bit == C_HELP)) {

@@ -95,7 +95,7 @@ open_client(const char *url, const char *name)
 {
 	/* The pool has a token: every call carries it, and its events are sealed. */
 	struct kvp_client_options o = {.url = url, .client_name = name, .timeout_ms = 5000,
-	                               .token = SOAK_TOKEN};
+	                               .retries = KVP_RETRIES_DEFAULT, .token = SOAK_TOKEN};
 	struct kvp_client *c = NULL;
 	double t0 = now_s();
 	int rv = kvp_client_open(&o, &c);

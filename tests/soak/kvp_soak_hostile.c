@@ -98,7 +98,7 @@ honest_main(void *arg)
 	int w = (int)(intptr_t)arg;
 	uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(w + 1);
 	struct kvp_client_options o = {.url = w % 2 ? tcp_url : ipc_url, .client_name = "honest",
-	                               .timeout_ms = 5000};
+	                               .timeout_ms = 5000, .retries = KVP_RETRIES_DEFAULT};
 	struct kvp_client *c = NULL;
 	int64_t prompt[256];
 	int32_t ids[64];
