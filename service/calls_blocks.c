@@ -89,8 +89,19 @@ kvpd_h_touch(struct call *c, const Kvpool__V1__TouchRequest *m, Kvpool__V1__Repl
 	size_t refs = 0;
 	if ((rv = kvpd_check_ids(c, m->block_ids, m->n_block_ids)))
 		return rv;
-	for (size_t i = 0; i < m->n_block_ids; i++)
+	for (size_t i = 0; i < m->n_block_ids; i++) {
 		refs += m->block_ids[i] != KVP_NULL_BLOCK;
+		/*
+		 * A reserved row belongs to the session that reserved it until its
+		 * Commit or Abort: a reference taken by number would let another
+		 * session commit, abort or read the half-written row.
+		 */
+		if (kvp_pool_is_pending(c->p->pool, m->block_ids[i]))
+			return kvpd_fail(c, KVP_ENOTOWNER,
+			                 "block %d is reserved for a store in flight (Reserve): it "
+			                 "belongs to its reserver until Commit or Abort",
+			                 m->block_ids[i]);
+	}
 	if ((rv = kvpd_room_for_refs(c, refs)))
 		return rv;
 	if (r == NULL || kvpd_session_reserve(c->sess, m->n_block_ids) != KVP_OK)

@@ -343,6 +343,37 @@ test_region_abort_publishes_nothing(void **state)
 	kvp_client_close(c);
 }
 
+/*
+ * A reservation is its session's: another session cannot take a reference
+ * on the reserved row by its number (Touch), and so cannot commit or abort
+ * it, nor read it; the reserver's own Commit then works.
+ */
+static void
+test_region_reservation_belongs_to_its_session(void **state)
+{
+	(void)state;
+	struct kvp_client *a = open_client("kv", TOKEN, 0), *b = open_client("kv", TOKEN, 0);
+	uint8_t keys[KL];
+	int32_t rows[1];
+
+	make_keys(keys, 40, 1);
+	assert_ok(kvp_client_reserve(a, keys, 1, rows, NULL, NULL));
+	assert_true(rows[0] > 0);
+	assert_status(kvp_client_touch(b, rows, 1), KVP_ENOTOWNER);
+	assert_status(kvp_client_commit(b, keys, 1, NULL, true), KVP_ENOTOWNER);
+	assert_status(kvp_client_abort(b, keys, 1), KVP_ENOTOWNER);
+	assert_status(kvp_client_touch(a, rows, 1), KVP_ENOTOWNER); /* no second reference */
+	assert_ok(kvp_client_commit(a, keys, 1, NULL, true));
+	int32_t got[1];
+	uint32_t hits = 0;
+	assert_ok(kvp_client_lookup_lock(b, keys, 1, false, got, NULL, NULL, &hits));
+	assert_int_equal(hits, 1);
+	assert_int_equal(got[0], rows[0]);
+	assert_ok(kvp_client_unlock(b, keys, 1));
+	kvp_client_close(b);
+	kvp_client_close(a);
+}
+
 static void
 test_region_needs_the_token_and_its_pool(void **state)
 {
@@ -583,6 +614,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_region_crash_before_commit_leaves_nothing),
 		cmocka_unit_test(test_region_locked_row_survives_pressure),
 		cmocka_unit_test(test_region_abort_publishes_nothing),
+		cmocka_unit_test(test_region_reservation_belongs_to_its_session),
 		cmocka_unit_test(test_region_needs_the_token_and_its_pool),
 		cmocka_unit_test(test_region_retried_call_applies_once),
 		cmocka_unit_test(test_region_kvpoolctl_shows_region_and_row),
