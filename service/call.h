@@ -35,6 +35,7 @@ struct call {
 	size_t sess_index;       /* sess's slot in the pool's session list */
 	struct kvpd_sink *sink;  /* where the reply goes */
 	bool replied;            /* a handler wrote the whole reply into the sink itself */
+	const struct kvpd_precomputed *pre; /* computed before the lock; NULL: nothing */
 };
 
 /* Sets the call's status and detail; returns the status. */

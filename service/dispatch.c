@@ -239,9 +239,10 @@ remember(struct kvpd_pool *p, struct kvpd_session *s, uint64_t call_id, uint32_t
 
 int
 kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
-              uint64_t now_ms, struct kvpd_sink *sink)
+              uint64_t now_ms, const struct kvpd_precomputed *pre, struct kvpd_sink *sink)
 {
-	struct call c = {.p = p, .call_id = rq->call_id, .sink = sink, .now_ms = now_ms};
+	struct call c = {.p = p, .call_id = rq->call_id, .sink = sink, .now_ms = now_ms,
+	                 .pre = pre};
 	Kvpool__V1__Reply out = KVPOOL__V1__REPLY__INIT;
 	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
 	bool mutating = op != NULL && (op->flags & KVPD_CALL_MUTATING);

@@ -105,12 +105,37 @@ struct kvpd_server {
 int kvpd_pack_reply(const Kvpool__V1__Reply *r, struct kvpd_sink *sink);
 
 /*
+ * What a call computed before it took the pool's lock: a Commit's rows and
+ * their checksums (the daemon's, over the rows as the writer left them),
+ * so that hashing a large commit does not hold every other call. The
+ * handler uses them only if the keys still name the same rows.
+ */
+struct kvpd_precomputed {
+	int32_t *ids;
+	uint32_t *crcs;
+	size_t n;
+};
+
+/*
+ * For a Commit that asks the daemon to checksum its rows: with p's lock
+ * held, the rows its keys name if this session reserved them all, into
+ * pre (allocated; kvpd_precomputed_fini frees). pre->n stays 0 otherwise
+ * (the handler then refuses the call or checksums under the lock).
+ */
+void kvpd_commit_prepare(struct kvpd_pool *p, const Kvpool__V1__Request *rq,
+                         struct kvpd_precomputed *pre);
+/* Without p's lock: the checksums of pre's rows. */
+void kvpd_commit_checksum(struct kvpd_pool *p, struct kvpd_precomputed *pre);
+void kvpd_precomputed_fini(struct kvpd_precomputed *pre);
+
+/*
  * Runs one decoded request on pool p and encodes the reply into the sink.
  * request_crc: CRC32C of the request's bytes, which tells a retry (same
- * call id, same bytes: the first reply again) from a reused call id.
+ * call id, same bytes: the first reply again) from a reused call id. pre:
+ * what the call computed before the lock, or NULL.
  */
 int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
-                  uint64_t now_ms, struct kvpd_sink *sink);
+                  uint64_t now_ms, const struct kvpd_precomputed *pre, struct kvpd_sink *sink);
 
 /*
  * Before a request's body is decoded (p's lock held): a call that needs a

@@ -478,10 +478,18 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 	                       ? kvp_crc32c(0, req, len)
 	                       : 0;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	struct kvpd_precomputed pre = {0};
+	if (rq->call_case == KVPOOL__V1__REQUEST__CALL_COMMIT) {
+		/* Its rows found under the lock, their checksums taken outside it. */
+		nng_mtx_lock(p->lock);
+		kvpd_commit_prepare(p, rq, &pre);
+		nng_mtx_unlock(p->lock);
+		kvpd_commit_checksum(p, &pre);
+	}
 	nng_mtx_lock(p->lock);
 	clock_gettime(CLOCK_MONOTONIC, &tl);
 	size_t ending = p->num_ending;
-	rv = kvpd_dispatch(p, rq, crc, now_ms, sink);
+	rv = kvpd_dispatch(p, rq, crc, now_ms, pre.n ? &pre : NULL, sink);
 	if (p->num_ending > ending) /* this call ended a session: it does the releasing */
 		release_pending(p);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -497,6 +505,7 @@ kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uin
 		p->counters.latency_sum[row] += secs;
 	}
 	nng_mtx_unlock(p->lock);
+	kvpd_precomputed_fini(&pre);
 	/* Decoded into the arena: its reset frees it all, no walk of the message. */
 	if (arena)
 		kvpd_decode_arena_reset(arena);

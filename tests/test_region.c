@@ -13,6 +13,7 @@
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -374,6 +375,89 @@ test_region_reservation_belongs_to_its_session(void **state)
 	kvp_client_close(a);
 }
 
+/* Another session's Stats, timed while a large commit runs. */
+struct watcher {
+	struct kvp_client *c;
+	_Atomic bool stop;
+	double worst_s;
+	unsigned calls;
+};
+
+static void *
+watch_stats(void *arg)
+{
+	struct watcher *w = arg;
+	struct kvp_client_stats st;
+	while (!w->stop) {
+		double t0 = now_s();
+		if (kvp_client_stats(w->c, &st) != KVP_OK)
+			break;
+		double took = now_s() - t0;
+		w->worst_s = took > w->worst_s ? took : w->worst_s;
+		w->calls++;
+	}
+	return NULL;
+}
+
+/*
+ * The daemon checksums a committed row (no checksum given) outside the
+ * pool's lock: a commit of 128 MiB (64 rows of 2 MiB) does not hold another
+ * session's calls for as long as its checksums take, and the rows read
+ * back under those checksums.
+ */
+static void
+test_region_commit_checksums_outside_the_lock(void **state)
+{
+	(void)state;
+	struct kvp_client *a = open_client("big", NULL, 0);
+	struct watcher w = {.c = open_client("big", NULL, 0)};
+	struct kvp_region *r = NULL;
+	enum { N = 64 };
+	uint8_t keys[N * KL];
+	int32_t rows[N];
+	pthread_t t;
+
+	make_keys(keys, 41, N);
+	assert_ok(kvp_region_open(a, &r));
+	size_t rb = (size_t)kvp_region_info(r)->row_bytes;
+	assert_true(rb >= (2u << 20));
+	assert_ok(kvp_client_reserve(a, keys, N, rows, NULL, NULL));
+	for (int i = 0; i < N; i++)
+		fill_row(kvp_region_row(r, rows[i]), rb, 41, (uint32_t)i);
+	/* The commit's checksums alone, timed here: what a lock held through them would cost. */
+	double c0 = now_s();
+	for (int i = 0; i < N; i++)
+		(void)kvp_crc32c(0, kvp_region_row(r, rows[i]), rb);
+	double crc_s = now_s() - c0;
+	assert_int_equal(pthread_create(&t, NULL, watch_stats, &w), 0);
+	while (w.calls < 20)
+		nanosleep(&(struct timespec){0, 1000000}, NULL);
+	const char *held = "kvpool_pool_lock_held_seconds_total{pool=\"big\"}";
+	double h0 = metric_value(held), t0 = now_s();
+	assert_ok(kvp_client_commit(a, keys, N, NULL, true));
+	double commit_s = now_s() - t0;
+	w.stop = true;
+	pthread_join(t, NULL);
+	double held_s = metric_value(held) - h0;
+	print_message("a %zu MiB commit took %.1f ms (its checksums %.1f ms); the pool's lock was "
+	              "held %.2f ms meanwhile (the commit and %u Stats), one Stats took %.2f ms "
+	              "at worst\n", (size_t)N * rb >> 20, commit_s * 1e3, crc_s * 1e3,
+	              held_s * 1e3, w.calls, w.worst_s * 1e3);
+	/* Held through the checksums, the lock would be held for at least their time. */
+	assert_true(h0 >= 0 && held_s < crc_s / 4);
+	/* The checksums are the rows' as written. */
+	uint32_t crcs[N], hits = 0;
+	int32_t got[N];
+	assert_ok(kvp_client_lookup_lock(w.c, keys, N, false, got, crcs, NULL, &hits));
+	assert_int_equal(hits, N);
+	for (int i = 0; i < N; i++)
+		assert_true(kvp_region_check(r, got[i], crcs[i]));
+	assert_ok(kvp_client_unlock(w.c, keys, N));
+	kvp_region_close(r);
+	kvp_client_close(w.c);
+	kvp_client_close(a);
+}
+
 static void
 test_region_needs_the_token_and_its_pool(void **state)
 {
@@ -585,6 +669,8 @@ setup(void **state)
 	                                          ? getenv("TMPDIR") : "/tmp",
 	                      "--lease-ms", "5000",
 	                      "--pool", kv, "--pool", "name=other,blocks=4,executor=cpu",
+	                      "--pool", "name=big,blocks=72,block_size=16,executor=cpu,layers=32,"
+	                      "heads=8,head_size=128,dtype=fp16",
 	                      "--pool", "name=bare,blocks=8,executor=none", NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
@@ -615,6 +701,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_region_locked_row_survives_pressure),
 		cmocka_unit_test(test_region_abort_publishes_nothing),
 		cmocka_unit_test(test_region_reservation_belongs_to_its_session),
+		cmocka_unit_test(test_region_commit_checksums_outside_the_lock),
 		cmocka_unit_test(test_region_needs_the_token_and_its_pool),
 		cmocka_unit_test(test_region_retried_call_applies_once),
 		cmocka_unit_test(test_region_kvpoolctl_shows_region_and_row),

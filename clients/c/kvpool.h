@@ -372,8 +372,9 @@ int kvp_client_reserve(struct kvp_client *c, const uint8_t *keys, size_t n, int3
 /*
  * Makes reserved keys visible (cached, BlockStored) with the CRC32C of each
  * row: crcs[i] if crcs is not NULL; else, with checksum, the daemon reads
- * the row (under the pool's lock: about a third of a store's time for 2 MiB
- * rows, BENCHMARKS.md); else none is recorded (readers see 0). Each key
+ * the row (before it takes the pool's lock, so other calls do not wait on
+ * it; about a third of a store's time for 2 MiB rows, BENCHMARKS.md); else
+ * none is recorded (readers see 0). Each key
  * must be reserved by this session: KVP_ENOTFOUND, KVP_ENOTOWNER otherwise.
  */
 int kvp_client_commit(struct kvp_client *c, const uint8_t *keys, size_t n, const uint32_t *crcs,
