@@ -223,6 +223,22 @@ test_service_hostile_bytes_are_answered_and_serving_continues(void **state)
 	kvp_client_close(c);
 }
 
+/* A raw Lookup of n tokens with these keys on pool "default": the daemon's reply. */
+static Kvpool__V1__Reply *
+raw_lookup(uint64_t sid, Kvpool__V1__RequestKeys *k, int64_t *tokens, size_t n, uint8_t *buf)
+{
+	Kvpool__V1__LookupRequest lm = KVPOOL__V1__LOOKUP_REQUEST__INIT;
+	Kvpool__V1__Request q = KVPOOL__V1__REQUEST__INIT;
+	lm.token_ids = tokens;
+	lm.n_token_ids = n;
+	lm.keys = k;
+	q.pool = "default";
+	q.session_id = sid;
+	q.call_case = KVPOOL__V1__REQUEST__CALL_LOOKUP;
+	q.lookup = &lm;
+	return raw_call(buf, pack_req(&q, buf));
+}
+
 /*
  * Every extra key is bounded (KVP_MAX_KEY_LEN bytes): a LoRA name or path,
  * salt or mm identifier one byte over is refused before anything is hashed.
@@ -251,8 +267,6 @@ test_service_overlong_extra_keys_are_refused(void **state)
 	for (int which = 0; which < 4; which++) {
 		for (size_t len = KVP_MAX_KEY_LEN; len <= KVP_MAX_KEY_LEN + 1; len++) {
 			Kvpool__V1__RequestKeys k = KVPOOL__V1__REQUEST_KEYS__INIT;
-			Kvpool__V1__LookupRequest lm = KVPOOL__V1__LOOKUP_REQUEST__INIT;
-			Kvpool__V1__Request q = KVPOOL__V1__REQUEST__INIT;
 			memset(key, 'k', len);
 			key[len] = '\0';
 			if (which == 0) {
@@ -268,14 +282,7 @@ test_service_overlong_extra_keys_are_refused(void **state)
 				k.mm = &mfp;
 				k.n_mm = 1;
 			}
-			lm.token_ids = tokens;
-			lm.n_token_ids = 16;
-			lm.keys = &k;
-			q.pool = "default";
-			q.session_id = sid;
-			q.call_case = KVPOOL__V1__REQUEST__CALL_LOOKUP;
-			q.lookup = &lm;
-			r = raw_call(buf, pack_req(&q, buf));
+			r = raw_lookup(sid, &k, tokens, 16, buf);
 			if (len > KVP_MAX_KEY_LEN) {
 				assert_int_equal(r->status, KVP_EINVAL);
 				assert_non_null(strstr(r->detail, "over 1024 bytes"));
@@ -286,17 +293,8 @@ test_service_overlong_extra_keys_are_refused(void **state)
 		}
 	}
 	Kvpool__V1__RequestKeys k = KVPOOL__V1__REQUEST_KEYS__INIT;
-	Kvpool__V1__LookupRequest lm = KVPOOL__V1__LOOKUP_REQUEST__INIT;
-	Kvpool__V1__Request q = KVPOOL__V1__REQUEST__INIT;
 	k.lora_name = "adapter";
-	lm.token_ids = tokens;
-	lm.n_token_ids = 16;
-	lm.keys = &k;
-	q.pool = "default";
-	q.session_id = sid;
-	q.call_case = KVPOOL__V1__REQUEST__CALL_LOOKUP;
-	q.lookup = &lm;
-	r = raw_call(buf, pack_req(&q, buf));
+	r = raw_lookup(sid, &k, tokens, 16, buf);
 	assert_int_equal(r->status, KVP_EINVAL);
 	assert_non_null(strstr(r->detail, "LoRA adapter has no lora_path"));
 	kvpool__v1__reply__free_unpacked(r, NULL);
