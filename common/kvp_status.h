@@ -31,7 +31,8 @@
 	X(KVP_ENOMEM, 13, "NO_MEMORY", "out of memory")                                \
 	X(KVP_ENOTSUP, 14, "NOT_SUPPORTED", "not supported")                           \
 	X(KVP_ENODEVICE, 15, "NO_DEVICE", "no usable accelerator device")              \
-	X(KVP_EUNAVAILABLE, 16, "UNAVAILABLE", "cannot connect to the daemon")
+	X(KVP_EUNAVAILABLE, 16, "UNAVAILABLE", "cannot connect to the daemon")                \
+	X(KVP_EDEADLINE, 17, "DEADLINE_EXCEEDED", "the call's deadline passed before it ran")
 
 enum kvp_status {
 #define KVP_STATUS_ENUM_(name, num, wire, text) name = num,
@@ -40,7 +41,7 @@ enum kvp_status {
 };
 
 /* Number of codes; valid codes are 0 .. KVP_STATUS_COUNT-1. */
-#define KVP_STATUS_COUNT 17
+#define KVP_STATUS_COUNT 18
 
 /* Returns the human text of a status ("unknown status" for any other int). */
 const char *kvp_strerror(int status);

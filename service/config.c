@@ -164,6 +164,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_parse_u32(v, 10, 600000, &c->send_timeout_ms);
 	} else if (strcmp(name, "idle-timeout-ms") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 0, 86400000, &c->idle_timeout_ms);
+	} else if (strcmp(name, "deadline-skew-ms") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 0, 600000, &c->deadline_skew_ms);
 	} else if (strcmp(name, "tls-cert") == 0) {
 		rv = kvpd_cfg_copy_str(c->tls_cert, KVPD_PATH_MAX, v);
 	} else if (strcmp(name, "tls-key") == 0) {
@@ -321,6 +323,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->drain_ms = 5000;
 	c->send_timeout_ms = 5000;
 	c->idle_timeout_ms = 300000;
+	c->deadline_skew_ms = 1000;
 	c->ipc_mode = 0600;
 	snprintf(c->region_dir, sizeof(c->region_dir), "auto");
 	snprintf(c->exec.backend, sizeof(c->exec.backend), "cpu");

@@ -119,6 +119,7 @@ struct kvpd_config {
 	uint32_t drain_ms;         /* graceful shutdown budget */
 	uint32_t send_timeout_ms;  /* a reply not taken within this closes its connection */
 	uint32_t idle_timeout_ms;  /* a connection with no request this long is closed; 0: never */
+	uint32_t deadline_skew_ms; /* a call read this long past its deadline is refused */
 	uint32_t ipc_mode;         /* permission bits of the ipc:// sockets (and regions) it creates */
 	char region_dir[KVPD_PATH_MAX]; /* cpu pools' regions go here; "auto", "none": see --help */
 	char tls_cert[KVPD_PATH_MAX], tls_key[KVPD_PATH_MAX], tls_ca[KVPD_PATH_MAX];

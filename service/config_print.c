@@ -52,9 +52,10 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		fprintf(out, "vllm-events = none\n");
 	}
 	fprintf(out, "lease-ms = %u\ncontexts = %u\nmax-msg-bytes = %u\nmax-ids = %u\n"
-	             "max-sessions = %u\ndrain-ms = %u\nsend-timeout-ms = %u\nidle-timeout-ms = %u\n",
+	             "max-sessions = %u\ndrain-ms = %u\nsend-timeout-ms = %u\nidle-timeout-ms = %u\n"
+	             "deadline-skew-ms = %u\n",
 	        c->lease_ms, c->contexts, c->max_msg_bytes, c->max_ids, c->max_sessions, c->drain_ms,
-	        c->send_timeout_ms, c->idle_timeout_ms);
+	        c->send_timeout_ms, c->idle_timeout_ms, c->deadline_skew_ms);
 	fprintf(out, "max-refs = %u\nmax-session-requests = %u\nreply-cache-mib = %u\n",
 	        c->max_refs, c->max_session_requests, c->reply_cache_mib);
 	fprintf(out, "ipc-mode = %04o\nregion-dir = %s\n", (unsigned)c->ipc_mode, c->region_dir);

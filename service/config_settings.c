@@ -108,6 +108,11 @@ const struct kvpd_setting kvpd_settings[] = {
 	{"idle-timeout-ms", "MS", "a connection that sends no request for this long is closed (nng "
 	                          "clients redial by themselves on their next call), so silent peers "
 	                          "cannot hold connections open; 0: never. Default 300000"},
+	{"deadline-skew-ms", "MS", "a call the daemon reads more than this long after the deadline "
+	                           "its client set (a stall, a request that waited) is answered "
+	                           "DEADLINE_EXCEEDED and never applied; this much is allowed for "
+	                           "clocks that disagree (ipc:// peers share the daemon's). "
+	                           "Default 1000"},
 	{"executor", "KIND", "each pool's KV memory: cpu (host memory), cuda, auto (cuda if a device "
 	                     "is usable, else cpu) or none (bookkeeping only). Default cpu"},
 	{"device", "N", "CUDA device ordinal for cuda and auto. Default 0"},

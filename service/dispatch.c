@@ -237,6 +237,19 @@ remember(struct kvpd_pool *p, struct kvpd_session *s, uint64_t call_id, uint32_t
 	}
 }
 
+/* How far past deadline_ms (Unix ms; 0: none) the wall clock is, beyond the allowed skew; 0: not. */
+static uint64_t
+past_deadline(const struct kvpd_pool *p, uint64_t deadline_ms)
+{
+	struct timespec ts;
+	if (deadline_ms == 0 || deadline_ms > UINT64_MAX - p->limits.deadline_skew_ms ||
+	    clock_gettime(CLOCK_REALTIME, &ts) != 0)
+		return 0;
+	uint64_t now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+	uint64_t limit = deadline_ms + p->limits.deadline_skew_ms;
+	return now > limit ? now - deadline_ms : 0;
+}
+
 int
 kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t request_crc,
               uint64_t now_ms, const struct kvpd_precomputed *pre, struct kvpd_sink *sink)
@@ -249,7 +262,15 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t reque
 	int rv;
 
 	p->counters.calls++;
-	if (op != NULL && (op->flags & KVPD_CALL_NO_SESSION)) {
+	uint64_t late_ms = past_deadline(p, rq->deadline_unix_ms);
+	if (late_ms > 0) {
+		/* Its client gave up: applying it now would lock or change state for no one. */
+		rv = kvpd_fail(&c, KVP_EDEADLINE,
+		               "the call's deadline passed %llu ms before the daemon read it (a stall "
+		               "or a long wait; or clocks more than --deadline-skew-ms apart)",
+		               (unsigned long long)late_ms);
+		mutating = false;
+	} else if (op != NULL && (op->flags & KVPD_CALL_NO_SESSION)) {
 		rv = op->run(&c, rq->allocate, &out);
 	} else if ((c.sess = kvpd_pool_find_session(p, rq->session_id, &c.sess_index)) == NULL) {
 		rv = no_session(&c, rq->session_id, now_ms);

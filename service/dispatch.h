@@ -51,6 +51,7 @@ struct kvpd_pool {
 		uint32_t max_session_requests;
 		size_t max_reply_bytes;
 		size_t reply_cache_bytes; /* stored replies over every session */
+		uint32_t deadline_skew_ms; /* allowed past a call's deadline */
 	} limits;
 	size_t reply_cache_used;        /* bytes of stored replies, every session */
 	uint64_t refs_held;             /* block references every session holds */

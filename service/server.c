@@ -256,6 +256,7 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->limits.max_session_requests = cfg->max_session_requests;
 	p->limits.reply_cache_bytes = (size_t)cfg->reply_cache_mib << 20;
 	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;
+	p->limits.deadline_skew_ms = cfg->deadline_skew_ms;
 	kvp_event_batch_init(&p->events);
 	if ((rv = kvpd_stream_init(&p->stream, cfg->replay_batches,
 	                           (size_t)cfg->replay_mib << 20, pc->token[0] != '\0')) !=

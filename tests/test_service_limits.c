@@ -75,7 +75,8 @@ stop_leftover(void **state)
 static struct kvp_client *
 open_client(const char *token)
 {
-	struct kvp_client_options o = {.url = rpc_url, .token = token, .client_name = "limits"};
+	struct kvp_client_options o = {.url = rpc_url, .token = token, .client_name = "limits",
+	                               .retries = KVP_RETRIES_DEFAULT};
 	struct kvp_client *c = NULL;
 	int rv = kvp_client_open(&o, &c);
 	if (rv != KVP_OK)

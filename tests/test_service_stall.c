@@ -166,6 +166,47 @@ test_service_stall_zero_retries_wait_one_timeout(void **state)
 	assert_true(dflt >= 0.89 && dflt < 1.5);
 }
 
+/*
+ * A call its client gave up on is never applied: an Allocate sent to a
+ * stopped daemon times out; when the daemon runs again, past the call's
+ * deadline and the allowed skew, it refuses the call (DEADLINE_EXCEEDED,
+ * counted) instead of taking blocks no one will free.
+ */
+static void
+test_service_stall_call_past_its_deadline_is_not_applied(void **state)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "default", .timeout_ms = 300,
+	                               .retries = 0};
+	struct kvp_client *c = NULL;
+	struct kvp_client_stats st;
+	int32_t ids[4];
+	const char *expired = "kvpool_rpc_calls_total{pool=\"default\",call=\"allocate\","
+	                      "status=\"DEADLINE_EXCEEDED\"}";
+
+	(void)state;
+	assert_ok(kvp_client_open(&o, &c));
+	assert_ok(kvp_client_stats(c, &st));
+	uint32_t free0 = st.num_free;
+	double e0 = metric_value(expired);
+	assert_int_equal(kill(daemon_pid, SIGSTOP), 0);
+	nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+	assert_status(kvp_client_allocate(c, 4, ids), KVP_EBUSY); /* the client gives up */
+	/* Stopped past the deadline (300 ms) and the skew allowed (--deadline-skew-ms 1000). */
+	nanosleep(&(struct timespec){1, 200 * 1000 * 1000}, NULL);
+	assert_int_equal(kill(daemon_pid, SIGCONT), 0);
+	double e1 = e0;
+	for (int i = 0; i < 100 && e1 <= e0; i++) {
+		nanosleep(&(struct timespec){0, 20 * 1000 * 1000}, NULL);
+		e1 = metric_value(expired);
+	}
+	assert_ok(kvp_client_stats(c, &st));
+	print_message("an Allocate read 1.5 s after it was sent: %.0f refused past its deadline, "
+	              "%u of %u blocks free as before\n", e1 - (e0 < 0 ? 0 : e0), st.num_free, free0);
+	assert_true(e1 - (e0 < 0 ? 0 : e0) == 1);
+	assert_int_equal(st.num_free, free0);
+	kvp_client_close(c);
+}
+
 /* Seconds until the daemon closes fd (read gives EOF or an error), or -1 after limit_s. */
 static double
 seconds_until_closed(int fd, double limit_s)
@@ -359,6 +400,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
 		cmocka_unit_test(test_service_stall_zero_retries_wait_one_timeout),
+		cmocka_unit_test(test_service_stall_call_past_its_deadline_is_not_applied),
 		cmocka_unit_test(test_service_without_publisher_records_no_events),
 		cmocka_unit_test(test_service_stall_silent_peer_is_closed_live_client_redials),
 		cmocka_unit_test(test_service_admin_endpoint_cannot_be_held),

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "clients/c/kvpool.h"
 
 #include <nng/nng.h>
@@ -8,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "clients/c/client_impl.h"
 #include "clients/c/probe.h"
@@ -25,23 +27,57 @@ kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const char *
  * the raw bytes req when rq is NULL), sent again, same call id, after a
  * timeout or a connection reset. On KVP_OK *reply is the daemon's message (the caller frees it).
  */
+/*
+ * Request.deadline_unix_ms for a call sent now: when the client gives up on
+ * it, every attempt included. One value for all attempts, so a retry is the
+ * same bytes (the daemon tells a retry from a reused call id by them).
+ */
+uint64_t
+kvp_client_deadline_(const struct kvp_client *c)
+{
+	struct timespec ts;
+	if (clock_gettime(CLOCK_REALTIME, &ts) != 0)
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u +
+	       (uint64_t)c->timeout_ms * ((uint64_t)c->retries + 1);
+}
+
+/* A varint field; returns its length (at most 11 bytes). */
+static size_t
+put_varint_field(uint8_t *p, uint32_t field, uint64_t v)
+{
+	size_t n = 0;
+	p[n++] = (uint8_t)(field << 3);
+	do {
+		p[n++] = (uint8_t)((v & 0x7f) | (v >= 0x80 ? 0x80 : 0));
+		v >>= 7;
+	} while (v != 0);
+	return n;
+}
+
 static int
 roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *req, size_t len,
           nng_msg **reply)
 {
 	int rv = NNG_ETIMEDOUT;
 
-	size_t extra = 0;
-	uint8_t tail[3];
+	/*
+	 * Appended after the message (the last occurrence of a field wins):
+	 * the deadline, and for raw bytes the token as field 4.
+	 */
+	size_t extra = 0, head = 0;
+	uint8_t tail[16];
 	if (rq != NULL) {
 		len = kvpc_request_size(rq, &c->plan);
 	} else if (c->token_len > 0) {
-		/* Raw bytes get the token appended as field 4 (the last occurrence wins). */
 		tail[0] = 4 << 3 | 2;
 		tail[1] = (uint8_t)(c->token_len | (c->token_len >= 0x80 ? 0x80 : 0));
 		tail[2] = (uint8_t)(c->token_len >> 7);
-		extra = (c->token_len >= 0x80 ? 3 : 2) + c->token_len;
+		head = c->token_len >= 0x80 ? 3 : 2;
 	}
+	uint8_t *dl = tail + head;
+	size_t dl_len = put_varint_field(dl, 5, kvp_client_deadline_(c));
+	extra = head + (head ? c->token_len : 0) + dl_len;
 	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
 		nng_msg *msg;
 		if (nng_msg_alloc(&msg, len + extra) != 0)
@@ -53,10 +89,11 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 			                        NULL);
 		} else if (rq == NULL && len > 0)
 			memcpy(body, req, len);
-		if (extra > 0) {
-			memcpy(body + len, tail, extra - c->token_len);
-			memcpy(body + len + extra - c->token_len, c->token, c->token_len);
+		if (head > 0) {
+			memcpy(body + len, tail, head);
+			memcpy(body + len + head, c->token, c->token_len);
 		}
+		memcpy(body + len + extra - dl_len, dl, dl_len);
 		c->last_sent = len + extra;
 		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
 			nng_msg_free(msg);

@@ -103,4 +103,10 @@ void kvp_client_stats_from_(const Kvpool__V1__StatsReply *s, struct kvp_client_s
 void kvp_client_slots_from_(const Kvpool__V1__AllocateSlotsReply *s,
                             struct kvp_client_slots_result *out);
 
+/*
+ * Request.deadline_unix_ms for a call sent now: when this client gives up
+ * on it (timeout_ms x (retries + 1) from now, by the wall clock).
+ */
+uint64_t kvp_client_deadline_(const struct kvp_client *c);
+
 #endif /* KVPOOL_CLIENT_IMPL_H */

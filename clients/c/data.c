@@ -83,6 +83,7 @@ issue(struct kvp_client *c, struct slot *sl, size_t part, build_fn build, void *
 	rq.call_id = sl->call_id = c->next_call_id++;
 	rq.pool = c->pool;
 	rq.session_id = c->session;
+	rq.deadline_unix_ms = kvp_client_deadline_(c);
 	kvp_client_set_token_(c, &rq);
 	size_t len = kvpool__v1__request__get_packed_size(&rq);
 	if (nng_msg_alloc(&msg, len) != 0)

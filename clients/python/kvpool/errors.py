@@ -82,7 +82,12 @@ class Unavailable(KvpoolError, ConnectionError):
     status = 16
 
 
+class DeadlineExceeded(KvpoolError, TimeoutError):
+    """The call's deadline passed before the daemon ran it: nothing was applied."""
+    status = 17
+
+
 BY_STATUS = {cls.status: cls for cls in (
     InvalidArgument, NoSpace, NotFound, WrongState, NotOwner, UnknownPool, UnsupportedVersion,
     MessageTooLarge, Unauthenticated, Busy, Internal, OutOfRange, NoMemory, NotSupported,
-    NoDevice, Unavailable)}
+    NoDevice, Unavailable, DeadlineExceeded)}
