@@ -164,11 +164,17 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 	t->tls_log = (struct kvpd_log_limit){.per_window = 1, .window_ms = 10000};
 	t->send_timeout = (nng_duration)cfg->send_timeout_ms;
 	t->idle_timeout = (nng_duration)cfg->idle_timeout_ms;
-	if (nng_mtx_alloc(&t->conns.mu) != 0 || nng_aio_alloc(&t->reaper, kvpd_tr_reaper_cb, t) != 0 ||
+	if (nng_mtx_alloc(&t->conns.mu) != 0 || nng_mtx_alloc(&t->listen_mu) != 0 ||
+	    nng_cv_alloc(&t->listen_cv, t->listen_mu) != 0 ||
+	    nng_aio_alloc(&t->reaper, kvpd_tr_reaper_cb, t) != 0 ||
 	    nng_aio_alloc(&t->pressure, kvpd_tr_pressure_cb, t) != 0) {
 		snprintf(err, len, "out of memory");
 		if (t->reaper)
 			nng_aio_free(t->reaper);
+		if (t->listen_cv)
+			nng_cv_free(t->listen_cv);
+		if (t->listen_mu)
+			nng_mtx_free(t->listen_mu);
 		if (t->conns.mu)
 			nng_mtx_free(t->conns.mu);
 		free(t);
@@ -213,24 +219,17 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		}
 		t->num_workers++;
 	}
+	t->ipc_mode = cfg->ipc_mode;
 	for (size_t i = 0; i < cfg->num_rpc; i++) {
-		nng_listener l;
-		if (kvpd_ipc_check(cfg->rpc[i], err, len) != 0)
+		snprintf(t->urls[i], sizeof(t->urls[i]), "%s", cfg->rpc[i]);
+		if (kvpd_tr_listen(t, i, err, len) != 0)
 			goto fail;
-		if ((rv = nng_listener_create(&l, t->sock, cfg->rpc[i])) != 0) {
-			snprintf(err, len, "endpoint %s: %s", cfg->rpc[i], nng_strerror(rv));
-			goto fail;
-		}
-		t->listeners[t->num_listeners++] = l;
-		if (strncmp(cfg->rpc[i], "tls+", 4) == 0 &&
-		    (rv = nng_listener_set_ptr(l, NNG_OPT_TLS_CONFIG, t->tls)) != 0) {
-			snprintf(err, len, "endpoint %s: TLS: %s", cfg->rpc[i], nng_strerror(rv));
-			goto fail;
-		}
-		if ((rv = nng_listener_start(l, 0)) != 0) {
-			snprintf(err, len, "cannot listen on %s: %s", cfg->rpc[i], nng_strerror(rv));
-			goto fail;
-		}
+		t->num_listeners++;
+	}
+	t->listening = true;
+	if (kvpd_tr_listen_watch_start(t) != 0) {
+		snprintf(err, len, "cannot start a thread");
+		goto fail;
 	}
 	if (cfg->events[0] != '\0') {
 		nng_listener l;
@@ -297,6 +296,7 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 	if (t == NULL)
 		return;
 	/* Stop accepting connections; let calls in flight finish, within drain_ms. */
+	kvpd_tr_listen_watch_stop(t);
 	for (size_t i = 0; i < t->num_listeners; i++)
 		nng_listener_close(t->listeners[i]);
 	atomic_store(&t->closing, true);
@@ -328,6 +328,8 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 		free(t->workers[i].held);
 	nng_aio_free(t->reaper);
 	nng_aio_free(t->pressure);
+	nng_cv_free(t->listen_cv);
+	nng_mtx_free(t->listen_mu);
 	nng_mtx_free(t->conns.mu);
 	kvpd_u64map_fini(&t->conns.m);
 	kvpd_u64map_fini(&t->conns.peers);

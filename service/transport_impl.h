@@ -10,6 +10,7 @@
 
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
+#include <nng/supplemental/util/platform.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -69,8 +70,17 @@ struct conns {
 struct kvpd_transport {
 	struct kvpd_server *srv;
 	nng_socket sock;
-	nng_listener listeners[KVPD_MAX_URLS];
+	nng_listener listeners[KVPD_MAX_URLS]; /* under listen_mu, once open */
 	size_t num_listeners;
+	char urls[KVPD_MAX_URLS][KVPD_PATH_MAX]; /* listeners[i] listens on urls[i] */
+	struct {
+		uint64_t errors, accepted; /* its counters at the watch's last look */
+	} seen[KVPD_MAX_URLS];
+	uint32_t ipc_mode;
+	bool listening;                 /* under listen_mu: false once closing */
+	nng_mtx *listen_mu;             /* the listeners, for the watch that renews them */
+	nng_cv *listen_cv;              /* wakes the watch to stop */
+	nng_thread *listen_thr;         /* the watch (transport_listen.c) */
 	nng_tls_config *tls;
 	nng_socket pub;
 	bool has_pub;
@@ -105,6 +115,16 @@ uint64_t kvpd_tr_conn_seen(struct kvpd_transport *t, nng_pipe p);
 void kvpd_tr_conn_touch(struct kvpd_transport *t, nng_pipe p);
 /* p has shown a pool's token: it keeps precedence while it lasts. */
 void kvpd_tr_conn_trust(struct kvpd_transport *t, nng_pipe p);
+/*
+ * Creates and starts listener i on urls[i] (TLS, ipc-mode); 0, or -1 with
+ * the reason in err. The listeners' watch: renews one that stopped
+ * accepting (transport_listen.c). Both with listen_mu held or before the
+ * transport runs.
+ */
+int kvpd_tr_listen(struct kvpd_transport *t, size_t i, char *err, size_t len);
+/* Starts the listeners' watch thread (0, or -1); stops and joins it (also when never started). */
+int kvpd_tr_listen_watch_start(struct kvpd_transport *t);
+void kvpd_tr_listen_watch_stop(struct kvpd_transport *t);
 /* The timers' callbacks: idle connections closed; contexts held by non-readers freed. */
 void kvpd_tr_reaper_cb(void *arg);
 void kvpd_tr_pressure_cb(void *arg);

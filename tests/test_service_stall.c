@@ -207,6 +207,40 @@ test_service_stall_call_past_its_deadline_is_not_applied(void **state)
 	kvp_client_close(c);
 }
 
+/*
+ * A client that gave up connecting while the daemon was stopped must not
+ * leave the endpoint deaf: nng 1.5's ipc listener accepts nothing more
+ * after such a connection fails its handshake, and the daemon listens
+ * again. A new client is served within 2 s of SIGCONT; a session opened
+ * before goes on.
+ */
+static void
+test_service_stall_abandoned_dial_leaves_the_endpoint_serving(void **state)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "default", .timeout_ms = 500,
+	                               .retries = 0, .connect_timeout_ms = 300};
+	struct kvp_client *before = NULL, *gave_up = NULL, *after = NULL;
+	struct kvp_client_stats st;
+
+	(void)state;
+	assert_ok(kvp_client_open(&o, &before));
+	assert_int_equal(kill(daemon_pid, SIGSTOP), 0);
+	nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+	assert_int_not_equal(kvp_client_open(&o, &gave_up), KVP_OK);
+	assert_int_equal(kill(daemon_pid, SIGCONT), 0);
+	double t0 = now_s(), served = -1;
+	while (now_s() - t0 < 5.0 && served < 0) {
+		if (kvp_client_open(&o, &after) == KVP_OK && kvp_client_stats(after, &st) == KVP_OK)
+			served = now_s() - t0;
+		kvp_client_close(after);
+		after = NULL;
+	}
+	print_message("a new client was served %.2f s after SIGCONT\n", served);
+	assert_true(served >= 0 && served < 2.0);
+	assert_ok(kvp_client_stats(before, &st));
+	kvp_client_close(before);
+}
+
 /* Seconds until the daemon closes fd (read gives EOF or an error), or -1 after limit_s. */
 static double
 seconds_until_closed(int fd, double limit_s)
@@ -401,6 +435,7 @@ main(void)
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
 		cmocka_unit_test(test_service_stall_zero_retries_wait_one_timeout),
 		cmocka_unit_test(test_service_stall_call_past_its_deadline_is_not_applied),
+		cmocka_unit_test(test_service_stall_abandoned_dial_leaves_the_endpoint_serving),
 		cmocka_unit_test(test_service_without_publisher_records_no_events),
 		cmocka_unit_test(test_service_stall_silent_peer_is_closed_live_client_redials),
 		cmocka_unit_test(test_service_admin_endpoint_cannot_be_held),
