@@ -74,7 +74,7 @@ struct kvpd_transport {
 	size_t num_listeners;
 	char urls[KVPD_MAX_URLS][KVPD_PATH_MAX]; /* listeners[i] listens on urls[i] */
 	struct {
-		uint64_t errors, accepted; /* its counters at the watch's last look */
+		uint64_t errors; /* its error count at the watch's last look */
 	} seen[KVPD_MAX_URLS];
 	uint32_t ipc_mode;
 	bool listening;                 /* under listen_mu: false once closing */

@@ -10,12 +10,13 @@
  * while open connections go on. (Seen with nng's own REP socket and nothing
  * of ours; tcp:// meets ECONNRESET there instead, which nng recovers from.)
  *
- * So a thread watches each ipc:// listener's counters from nng's stats.
- * When its errors grew and it accepted nothing since the last look, it may
- * be stuck (or a client merely left): a request from this process to the
- * endpoint tells which, and only a stuck listener is replaced by a new
- * one on the same path. Open connections keep going; new clients are
- * served within a few hundred milliseconds.
+ * So a thread watches each ipc:// listener's error count in nng's stats.
+ * When it grew, the listener may be stuck, or a client merely left (nng
+ * counts a disconnect there too): a request from this process to the
+ * endpoint tells which (a round trip, at most one a look), and only a
+ * stuck listener is replaced by a new one on the same path. Open
+ * connections keep going; new clients are served within a few hundred
+ * milliseconds.
  */
 #include "service/transport_impl.h"
 
@@ -101,7 +102,7 @@ kvpd_tr_listen(struct kvpd_transport *t, size_t i, char *err, size_t len)
 		return -1;
 	}
 	t->listeners[i] = l;
-	t->seen[i].errors = t->seen[i].accepted = 0;
+	t->seen[i].errors = 0;
 	return 0;
 }
 
@@ -147,10 +148,9 @@ watch_main(void *arg)
 				continue;
 			uint64_t errors = counter(all, t->listeners[i], "other") +
 			                  counter(all, t->listeners[i], "disconnect");
-			uint64_t accepted = counter(all, t->listeners[i], "accept");
-			bool suspect = errors > t->seen[i].errors && accepted == t->seen[i].accepted;
-			t->seen[i].errors = errors;
-			t->seen[i].accepted = accepted;
+			bool suspect = errors > t->seen[i].errors;
+			/* The probe's own connection ends as an error too: not a cause to look again. */
+			t->seen[i].errors = errors + (suspect ? 1 : 0);
 			/* The probe waits without the lock: close() may come meanwhile. */
 			nng_mtx_unlock(t->listen_mu);
 			bool stuck = suspect && !answers(t->urls[i]);
