@@ -590,7 +590,9 @@ def test_a_call_that_timed_out_leaves_nothing_held(model_dir, tmp_path):
                 time.sleep(0.02)
             assert c.stats()["num_free"] == total - 4
             first, _ = b.serve(rb)
-            assert rb.is_finished() and first == len(PROMPT)  # computed whole, no tier
+            # Computed whole while the tier counts as down, or loaded once B's next
+            # call renewed its session (the stalled call took one timeout, 1 s)
+            assert rb.is_finished() and first in (len(PROMPT), len(PROMPT) - 4 * BS)
             time.sleep(max(0.0, b.manager._down_until - time.monotonic()))  # B's next try
             b.add(list(range(3000, 3000 + 2 * BS)))
             b.run()  # its stores open a new session
