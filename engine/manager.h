@@ -156,6 +156,19 @@ int kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *con
                                 size_t cap, uint32_t *hit_tokens);
 
 /*
+ * find_longest_cache_hit over a hash chain no request holds (vLLM's
+ * coordinator for a waiting request's block_hashes): the fine hashes
+ * (hash_len bytes each) capped at max_len tokens, written out as
+ * kvp_mgr_get_computed_blocks writes its hit, and *uncached: vLLM 0.33's
+ * num_uncached_common_prefix_tokens, the longer prefix one attention group
+ * holds than the hit every group agrees on (0 on a unitary pool). Counts
+ * no query, takes no references. KVP_EINVAL (cap too small: nothing
+ * written), KVP_ENOMEM.
+ */
+int kvp_mgr_find_hit(struct kvp_mgr *m, const uint8_t *hashes, size_t num_hashes, size_t max_len,
+                     int32_t *const *out, size_t cap, uint32_t *hit_tokens, uint32_t *uncached);
+
+/*
  * allocate_slots: frees blocks that left a window, touches the hits,
  * allocates blocks for the tokens to compute (plus lookahead) in group
  * order, and caches blocks that became full (one BlockStored per group that

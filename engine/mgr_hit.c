@@ -51,19 +51,22 @@ search(struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t a, size_t max_len,
  * The coordinator: one group's search (unitary), or vLLM's fixed point over
  * the attention groups (hybrid): each either accepts the candidate length
  * or shrinks it, until none shrinks (one pass for 1 full + 1 other). Writes
- * each group's hit (length and leading nulls) to hit[g]; returns the tokens.
+ * each group's hit (length and leading nulls) to hit[g] and the longest hit
+ * one attention group found alone to *longest; returns the tokens.
  */
 static size_t
 longest_hit(struct kvp_mgr *m, const struct kvp_mreq *r, size_t max_len,
-            struct kvp_grp_hit *hit)
+            struct kvp_grp_hit *hit, size_t *longest)
 {
 	struct kvp_grp_hit res[KVP_MGR_MAX_GROUPS];
 	bool have[KVP_MGR_MAX_GROUPS] = {false};
 	size_t hit_len = max_len;
 
+	*longest = 0;
 	if (m->num_attn == 1) {
 		res[0] = search(m, r, 0, max_len, m->spec[m->attn[0].gids[0]].block_size);
 		hit_len = res[0].len * m->spec[m->attn[0].gids[0]].block_size;
+		*longest = hit_len;
 	} else {
 		for (;;) {
 			size_t cur = hit_len;
@@ -76,6 +79,7 @@ longest_hit(struct kvp_mgr *m, const struct kvp_mreq *r, size_t max_len,
 				res[a] = search(m, r, a, cur, m->lcm);
 				have[a] = true;
 				cur = res[a].len * s->block_size;
+				*longest = cur > *longest ? cur : *longest;
 			}
 			if (cur >= hit_len)
 				break;
@@ -94,34 +98,28 @@ longest_hit(struct kvp_mgr *m, const struct kvp_mreq *r, size_t max_len,
 	return hit_len;
 }
 
-int
-kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *out,
-                            size_t cap, uint32_t *hit_tokens)
+/*
+ * The hit of r's hashes capped at max_len tokens, written out as
+ * kvp_mgr_get_computed_blocks says; *len and *longest in tokens. KVP_EINVAL
+ * (cap too small: nothing written), KVP_ENOMEM.
+ */
+static int
+hit_of(struct kvp_mgr *m, const struct kvp_mreq *r, size_t max_len, int32_t *const *out,
+       size_t cap, size_t *len, size_t *longest)
 {
 	struct kvp_grp_hit hit[KVP_MGR_MAX_GROUPS];
-	struct kvp_mreq *r;
-	size_t len = 0;
-	bool lookup;
-
-	if (m == NULL || hit_tokens == NULL)
-		return KVP_EINVAL;
-	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
-		return KVP_ENOTFOUND;
-	lookup = kvp_pool_caching_enabled(m->pool) && !r->skip_reading;
-	if (lookup) {
-		/* A probed block index is below the request's fine hash count. */
-		size_t stride = r->num_hashes + 1;
-		int rv = kvp_mgr_grow((void **)&m->hit_ids, &m->hit_cap, stride * m->num_groups,
-		              sizeof(int32_t));
-		if (rv != KVP_OK)
-			return rv;
-		m->hit_stride = stride;
-		len = longest_hit(m, r, r->num_tokens - 1, hit);
-	}
-	for (uint32_t g = 0; g < m->num_groups && len > 0; g++)
+	/* A probed block index is below the request's fine hash count. */
+	size_t stride = r->num_hashes + 1;
+	int rv = kvp_mgr_grow((void **)&m->hit_ids, &m->hit_cap, stride * m->num_groups,
+	                      sizeof(int32_t));
+	if (rv != KVP_OK)
+		return rv;
+	m->hit_stride = stride;
+	size_t n = longest_hit(m, r, max_len, hit, longest);
+	for (uint32_t g = 0; g < m->num_groups && n > 0; g++)
 		if (hit[g].len > cap || (hit[g].len > 0 && (out == NULL || out[g] == NULL)))
 			return KVP_EINVAL;
-	for (uint32_t g = 0; g < m->num_groups && len > 0; g++) {
+	for (uint32_t g = 0; g < m->num_groups && n > 0; g++) {
 		const int32_t *ids = m->hit_ids + g * m->hit_stride;
 		for (size_t i = 0; i < hit[g].first && i < hit[g].len; i++)
 			out[g][i] = KVP_NULL_BLOCK;
@@ -129,6 +127,47 @@ kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *
 			memcpy(out[g] + hit[g].first, ids + hit[g].first,
 			       (hit[g].len - hit[g].first) * sizeof(int32_t));
 	}
+	*len = n;
+	return KVP_OK;
+}
+
+int
+kvp_mgr_find_hit(struct kvp_mgr *m, const uint8_t *hashes, size_t num_hashes, size_t max_len,
+                 int32_t *const *out, size_t cap, uint32_t *hit_tokens, uint32_t *uncached)
+{
+	/* A request of hashes alone: the search reads nothing else of it. */
+	struct kvp_mreq r = {.hashes = (uint8_t *)hashes, .num_hashes = num_hashes};
+	size_t len = 0, longest = 0;
+	int rv;
+
+	if (m == NULL || hit_tokens == NULL || uncached == NULL || (hashes == NULL && num_hashes))
+		return KVP_EINVAL;
+	if (max_len > num_hashes * m->hash_bs)
+		max_len = num_hashes * m->hash_bs;
+	if (kvp_pool_caching_enabled(m->pool) && max_len > 0 &&
+	    (rv = hit_of(m, &r, max_len, out, cap, &len, &longest)) != KVP_OK)
+		return rv;
+	*hit_tokens = (uint32_t)len;
+	*uncached = (uint32_t)(longest > len ? longest - len : 0);
+	return KVP_OK;
+}
+
+int
+kvp_mgr_get_computed_blocks(struct kvp_mgr *m, uint64_t req_id, int32_t *const *out,
+                            size_t cap, uint32_t *hit_tokens)
+{
+	struct kvp_mreq *r;
+	size_t len = 0, longest;
+	bool lookup;
+	int rv;
+
+	if (m == NULL || hit_tokens == NULL)
+		return KVP_EINVAL;
+	if ((r = kvp_mreq_table_find(&m->requests, req_id)) == NULL)
+		return KVP_ENOTFOUND;
+	lookup = kvp_pool_caching_enabled(m->pool) && !r->skip_reading;
+	if (lookup && (rv = hit_of(m, r, r->num_tokens - 1, out, cap, &len, &longest)) != KVP_OK)
+		return rv;
 	if (lookup) {
 		if (r->num_preemptions > 0) {
 			m->stats.preempted_requests++;

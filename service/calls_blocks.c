@@ -293,6 +293,50 @@ kvpd_h_cache(struct call *c, const Kvpool__V1__CacheRequest *m, Kvpool__V1__Repl
 	return KVP_OK;
 }
 
+/*
+ * Lookup with coordinator: the manager's find_longest_cache_hit over the
+ * chain, every group's hit in r (the null block as 0, with its ref count 0).
+ */
+static int
+lookup_coordinator(struct call *c, const Kvpool__V1__LookupRequest *m, const uint8_t *hashes,
+                   size_t nh, Kvpool__V1__LookupReply *r)
+{
+	uint32_t ng = kvp_mgr_num_groups(c->p->mgr), hit = 0, uncached = 0;
+	size_t cap = nh; /* a group's hit has at most one block per fine hash */
+	int32_t *ids = kvpd_scratch(c, (cap * ng + 1) * sizeof(*ids));
+	int32_t **rows = kvpd_scratch(c, ng * sizeof(*rows));
+	uint32_t *per = kvpd_scratch(c, ng * sizeof(*per));
+	int rv;
+
+	if (ids == NULL || rows == NULL || per == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	for (uint32_t g = 0; g < ng; g++)
+		rows[g] = ids + g * cap;
+	if ((rv = kvp_mgr_find_hit(c->p->mgr, hashes, nh, m->max_tokens, rows, cap, &hit,
+	                           &uncached)) != KVP_OK)
+		return kvpd_fail(c, rv, "find_longest_cache_hit: %s", kvp_strerror(rv));
+	size_t n = 0;
+	for (uint32_t g = 0; g < ng; g++) {
+		per[g] = hit / kvp_mgr_group_spec(c->p->mgr, g)->block_size;
+		memmove(ids + n, rows[g], per[g] * sizeof(*ids));
+		n += per[g];
+	}
+	uint32_t *refs = kvpd_scratch(c, (n + 1) * sizeof(*refs));
+	if (refs == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++)
+		refs[i] = ids[i] == KVP_NULL_BLOCK ? 0 : (uint32_t)kvp_pool_ref_cnt(c->p->pool, ids[i]);
+	r->block_ids = ids;
+	r->n_block_ids = n;
+	r->ref_cnts = refs;
+	r->n_ref_cnts = n;
+	r->blocks_per_group = per;
+	r->n_blocks_per_group = ng;
+	r->hit_tokens = hit;
+	r->uncached_tokens = uncached;
+	return KVP_OK;
+}
+
 int
 kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Reply *out)
 {
@@ -324,6 +368,13 @@ kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1__Re
 	    (rv = kvpd_fine_hashes(c, m->block_hashes, m->token_ids, m->n_token_ids, ck.ptr, &hashes,
 	                      &nh, &computed)))
 		return rv;
+	if (m->coordinator) {
+		if ((rv = lookup_coordinator(c, m, hashes, nh, r)))
+			return rv;
+		out->result_case = KVPOOL__V1__REPLY__RESULT_LOOKUP;
+		out->lookup = r;
+		return KVP_OK;
+	}
 	uint32_t k = bs / hbs;
 	size_t ncoarse = nh / k, hit = 0;
 	int32_t *ids = kvpd_scratch(c, ncoarse * ng * sizeof(*ids));

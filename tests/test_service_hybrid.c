@@ -165,6 +165,36 @@ test_service_hybrid_gptoss_ids_hits_and_events(void **state)
 	assert_ok(kvp_client_get_computed_blocks(c, 1, ids, 64, &n, &hit));
 	assert_int_equal(hit, 48);
 	assert_ids(ids, n, 1, 2, 3, 0, 6, 7, 0, 10, 11);
+	/*
+	 * The same hit for a request the daemon does not hold (a scheduler's
+	 * waiting one): the coordinator lookup over its hashes, each group's
+	 * blocks at its own offset, capped at the tokens asked.
+	 */
+	struct kvp_hasher *hs = NULL;
+	enum kvp_hash_algo algo;
+	uint8_t fine[4 * KVP_HASH_LEN];
+	size_t nf = 0;
+	int32_t rows[3 * 8];
+	uint32_t per[KVP_MAX_GROUPS], refs[3 * 8], unc = 99;
+	assert_ok(kvp_hash_algo_parse(kvp_client_info(c)->hash_algorithm, &algo));
+	assert_ok(kvp_hasher_create_algo("0", algo, &hs));
+	assert_ok(kvp_hash_request(hs, NULL, all, 53, 16, NULL, 0, fine, 4, &nf));
+	assert_ok(kvp_client_find_hit(c, fine, nf, 0, 52, rows, refs, 8, per, &hit, &unc));
+	assert_int_equal(hit, 48);
+	assert_int_equal(unc, 0);
+	assert_int_equal(per[0], 3);
+	assert_int_equal(per[1], 3);
+	assert_int_equal(per[2], 3);
+	assert_int_equal(per[3], 0);
+	assert_ids(rows, 3, 1, 2, 3);
+	assert_ids(rows + 8, 3, 0, 6, 7);
+	assert_ids(rows + 16, 3, 0, 10, 11);
+	assert_int_equal(refs[8], 0); /* the null block */
+	assert_ok(kvp_client_find_hit(c, fine, nf, 0, 20, rows, refs, 8, per, &hit, &unc));
+	assert_int_equal(hit, 16); /* capped: one block of each */
+	assert_status(kvp_client_find_hit(c, fine, nf, 0, 52, rows, refs, 2, per, &hit, &unc),
+	              KVP_EINVAL); /* a group's hit does not fit */
+	kvp_hasher_destroy(hs);
 	assert_ok(kvp_client_free_request(c, 1, false));
 	assert_ok(kvp_client_free_request(c, 0, false));
 

@@ -247,6 +247,61 @@ kvp_client_lookup_refs(struct kvp_client *c, const struct kvp_client_lookup *q, 
 }
 
 int
+kvp_client_find_hit(struct kvp_client *c, const uint8_t *hashes, size_t num_hashes,
+                    uint32_t hash_len, uint32_t max_tokens, int32_t *ids, uint32_t *ref_cnts,
+                    size_t cap, uint32_t *blocks_per_group, uint32_t *hit_tokens,
+                    uint32_t *uncached)
+{
+	struct kvp_client_lookup q = {.hashes = hashes, .num_hashes = num_hashes,
+	                              .hash_len = hash_len};
+	Kvpool__V1__LookupRequest m;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || (hashes == NULL && num_hashes > 0) || blocks_per_group == NULL ||
+	    hit_tokens == NULL || uncached == NULL || (ids == NULL && cap > 0) ||
+	    kvp_build_lookup_(&m, &q, c->info.hash_len) != KVP_OK)
+		return KVP_EINVAL;
+	m.coordinator = true;
+	m.max_tokens = max_tokens;
+	KVP_CLIENT_CALL(c, lookup, LOOKUP, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	const Kvpool__V1__LookupReply *l = r->lookup;
+	size_t ng = l ? l->n_blocks_per_group : 0, n = 0;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP || ng == 0 || ng > KVP_MAX_GROUPS ||
+	    l->n_ref_cnts != l->n_block_ids) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "find_hit: unexpected reply (a daemon "
+		                        "without the coordinator lookup?)", NULL);
+	}
+	for (size_t g = 0; g < ng; g++) {
+		if (l->blocks_per_group[g] > cap || n + l->blocks_per_group[g] > l->n_block_ids) {
+			kvpool__v1__reply__free_unpacked(r, NULL);
+			return kvp_client_fail_(c, KVP_EINVAL, "find_hit: a group's hit is longer than "
+			                        "the ids buffer", NULL);
+		}
+		n += l->blocks_per_group[g];
+	}
+	n = 0;
+	for (size_t g = 0; g < ng; g++) {
+		uint32_t k = l->blocks_per_group[g];
+		if (k > 0) {
+			memcpy(ids + g * cap, l->block_ids + n, k * sizeof(*ids));
+			if (ref_cnts)
+				memcpy(ref_cnts + g * cap, l->ref_cnts + n, k * sizeof(*ref_cnts));
+		}
+		blocks_per_group[g] = k;
+		n += k;
+	}
+	for (size_t g = ng; g < KVP_MAX_GROUPS; g++)
+		blocks_per_group[g] = 0;
+	*hit_tokens = l->hit_tokens;
+	*uncached = l->uncached_tokens;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
 kvp_client_reset(struct kvp_client *c)
 {
 	Kvpool__V1__ResetRequest m = KVPOOL__V1__RESET_REQUEST__INIT;

@@ -223,6 +223,22 @@ int kvp_client_lookup(struct kvp_client *c, const struct kvp_client_lookup *q, i
 int kvp_client_lookup_refs(struct kvp_client *c, const struct kvp_client_lookup *q, int32_t *ids,
                            uint32_t *ref_cnts, size_t cap, uint32_t *num_hit_blocks,
                            uint32_t *hit_tokens);
+/*
+ * vLLM's coordinator lookup (find_longest_cache_hit) over a waiting
+ * request's fine hashes (hash_len bytes each; 0: the pool's): the hit every
+ * KV cache group of the pool agrees on, at most max_tokens tokens (vLLM's
+ * max_cache_hit_length). Group g's hit goes to ids + g * cap (hit_tokens /
+ * its block size entries, KVP_NULL_BLOCK where a sliding window or a Mamba
+ * group skips a block) and its ref counts likewise to ref_cnts (NULL: not
+ * wanted); blocks_per_group[g] (KVP_MAX_GROUPS entries) gets how many,
+ * *uncached vLLM 0.33's num_uncached_common_prefix_tokens. No reference is
+ * taken. KVP_EINVAL (bad arguments, or cap below a group's hit: nothing
+ * written).
+ */
+int kvp_client_find_hit(struct kvp_client *c, const uint8_t *hashes, size_t num_hashes,
+                        uint32_t hash_len, uint32_t max_tokens, int32_t *ids, uint32_t *ref_cnts,
+                        size_t cap, uint32_t *blocks_per_group, uint32_t *hit_tokens,
+                        uint32_t *uncached);
 
 int kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted);
 int kvp_client_reset(struct kvp_client *c);
