@@ -221,6 +221,8 @@ kvp_hash_request = _fn("kvp_hash_request", c_int, c_void_p, POINTER(RequestKeys)
                        c_uint32, U8P, c_size_t, U8P, c_size_t, POINTER(c_size_t))
 kvp_client_lookup_refs = _fn("kvp_client_lookup_refs", c_int, CLIENT, POINTER(Lookup), I32P, U32P,
                              c_size_t, POINTER(c_uint32), POINTER(c_uint32))
+kvp_client_find_hit = _fn("kvp_client_find_hit", c_int, CLIENT, U8P, c_size_t, c_uint32, c_uint32,
+                          I32P, U32P, c_size_t, U32P, POINTER(c_uint32), POINTER(c_uint32))
 kvp_client_event_position = _fn("kvp_client_event_position", c_int, CLIENT, POINTER(c_uint64),
                                 POINTER(c_uint64))
 kvp_client_write_tokens = _fn("kvp_client_write_tokens", c_int, CLIENT, c_bool, c_uint32, I64P,

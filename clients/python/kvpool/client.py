@@ -453,6 +453,26 @@ class Client(RegionCalls):
         return ([list(ids[g * cap:g * cap + n]) for g in range(ng)],
                 [list(refs[g * cap:g * cap + n]) for g in range(ng)])
 
+    def find_hit(self, block_hashes: Hashes,
+                 max_tokens: int) -> tuple[list[list[int]], list[list[int]], int, int]:
+        """vLLM's coordinator lookup (find_longest_cache_hit) over a waiting
+        request's fine hashes: the hit every KV cache group agrees on (a
+        hybrid pool's fixed point), at most max_tokens tokens. Returns (block
+        ids per group, 0 for a null block; their ref counts; hit tokens;
+        vLLM 0.33's num_uncached_common_prefix_tokens). No reference taken."""
+        L.cint("max_tokens", max_tokens, 0, (1 << 32) - 1)
+        hs, nh = _hashes(block_hashes, self.info["hash_len"])
+        cap = max(1, nh)
+        ng = L.MAX_GROUPS
+        ids, refs = (c_int32 * (cap * ng))(), (c_uint32 * (cap * ng))()
+        per, hit, unc = (c_uint32 * ng)(), c_uint32(), c_uint32()
+        self._check(L.kvp_client_find_hit(self._live(), hs, nh, self.info["hash_len"], max_tokens,
+                                          ids, refs, cap, per, byref(hit), byref(unc)))
+        groups = len(self.info["groups"] or [None])
+        return ([list(ids[g * cap:g * cap + per[g]]) for g in range(groups)],
+                [list(refs[g * cap:g * cap + per[g]]) for g in range(groups)],
+                hit.value, unc.value)
+
     def _lookup1(self, block_hashes, block_size):
         """lookup_hashes in group 0: (ids, ref counts). The adapters' hot
         path (one per get_computed_blocks): the call's structures and result

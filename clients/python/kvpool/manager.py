@@ -41,11 +41,10 @@ class RemoteKVCacheManager(_Remote):
     allocate_new_computed_blocks gives them: they join the request's table
     (get_block_ids) and are not in allocate_slots' return value, as in vLLM;
     a pool with a Mamba align group refuses them (NotSupported).
-    Not supported (NotSupported): get_computed_blocks on a pool whose
-    only group is not full attention or that has several groups (the hit
-    there is vLLM's hybrid fixed point, which the daemon computes inside
-    AllocateSlots; Client.allocate_slots(use_prefix_cache=True) takes it and
-    reports hit_tokens, but vLLM's two-call shape cannot carry it exactly)."""
+    On a hybrid pool (or one whose group is not full attention)
+    get_computed_blocks asks the daemon for vLLM's coordinator hit over the
+    request's hashes (Client.find_hit), the fixed point every group agrees
+    on, as vLLM's HybridKVCacheCoordinator finds it."""
 
     def __init__(self, client: Optional[Client] = None, enable_kv_cache_events: bool = False, *,
                  events_url: Optional[str] = None, token: Optional[str] = None,
@@ -188,12 +187,14 @@ class RemoteKVCacheManager(_Remote):
         found = self._computed(request, max_cache_hit_length)
         if (found[1] and self.enable_kv_cache_events
                 and getattr(request, "kv_cache_report_mode", "incremental") == "full"):
-            self.block_pool.emit_cached_block_events(request, len(found[0].blocks[0]),
-                                                     self.groups[0]["block_size"], 0)
+            for g, hit in enumerate(found[0].blocks):  # vLLM's coordinator: each group's
+                if hit:
+                    self.block_pool.emit_cached_block_events(request, len(hit),
+                                                             self.groups[g]["block_size"], g)
         if not self._triple:
             self.record_prefix_cache_stats(request, found[1])
-            return found
-        return found + (0,)
+            return found[:2]
+        return found
 
     def prefix_cache_lookup_enabled(self, request: RequestLike) -> bool:
         """Whether get_computed_blocks looks the cache up for this request."""
@@ -211,15 +212,16 @@ class RemoteKVCacheManager(_Remote):
     def estimate_cached_tokens(self, request: RequestLike) -> int:
         """vLLM 0.33's: the tokens the request's cached blocks cover (its
         prefill metrics read it), as this adapter saw the daemon cache them:
-        full blocks up to the computed tokens at each allocate_slots that was
-        not delay_cache_blocks. A hash another session drops with
-        evict_blocks still counts here, where vLLM's own would not. Full
-        attention pools only (NotSupported otherwise, as get_computed_blocks)."""
-        if not self._plain or len(self.groups) != 1:
-            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                               "estimate_cached_tokens on a hybrid pool")
+        each prefix-cacheable group's full blocks up to the computed tokens
+        at each allocate_slots that was not delay_cache_blocks, the least
+        over the groups. A hash another session drops with evict_blocks
+        still counts here, where vLLM's own would not."""
         req = self._reqs.get(request.request_id)
-        return req.cached if req is not None else 0
+        if req is None or not req.cached:
+            return 0
+        per = [req.cached // spec["block_size"] * spec["block_size"] for spec in self.groups
+               if not (spec["kind"] == "mamba" and spec.get("mamba_cache_mode") == "none")]
+        return min(per) if per else 0  # a Mamba group without caching is not prefix-cacheable
 
     def cache_blocks(self, request: RequestLike, num_computed_tokens: int) -> None:
         """vLLM 0.33's Scheduler asks for the request's full blocks up to
@@ -251,13 +253,15 @@ class RemoteKVCacheManager(_Remote):
 
     def remove_skipped_blocks(self, request_id: Any, processed_computed_tokens: int,
                               num_prompt_tokens: Optional[int] = None) -> None:
-        """vLLM 0.33's: frees the blocks a sparse group no longer needs. Full
-        attention skips nothing (vLLM's is a no-op there too); on a hybrid pool
-        the daemon drops them at each allocate_slots, and a call between is
-        NotSupported."""
-        if not self._plain:
-            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                               "remove_skipped_blocks between allocate_slots on a hybrid pool")
+        """vLLM 0.33's: the blocks a sparse group no longer needs become the
+        null block in the request's table (what get_block_ids and a KV
+        connector read). Full attention skips nothing, as in vLLM. Differs
+        from vLLM: the daemon frees those blocks at the request's next
+        allocate_slots or its free (the same blocks, by the same rule), not
+        at this call, which makes no round trip."""
+        req = self._reqs.get(request_id)
+        if not self._plain and req is not None and req.blocks:
+            self._drop_skipped(req, processed_computed_tokens)
 
     def get_computed_blocks_for_connector(
             self, request: RequestLike,
@@ -265,7 +269,7 @@ class RemoteKVCacheManager(_Remote):
         """vLLM 0.33's lookup for a KV connector: get_computed_blocks'
         triple and hit_diverged, which only a hybrid Mamba pool can set and
         get_computed_blocks serves full attention alone: always False."""
-        blocks, hit, boundary = self._computed(request, max_cache_hit_length) + (0,)
+        blocks, hit, boundary = self._computed(request, max_cache_hit_length)
         return blocks, hit, boundary, False
 
     # vLLM 0.33's per-step drains. Each hands over work vLLM's managers queue
@@ -285,6 +289,31 @@ class RemoteKVCacheManager(_Remote):
     def take_new_block_ids(self) -> list[int]:
         return []
 
+    def record_blocks_for_zeroing(self, request_id: Any, start_token: int) -> None:
+        """vLLM 0.33's: re-records blocks for zeroing. This adapter records
+        none (take_new_block_ids is always empty), so there is nothing to do."""
+
+    def truncate_computed_blocks(self, blocks: KVCacheBlocks,
+                                 num_computed_tokens: int) -> KVCacheBlocks:
+        """vLLM 0.33's: a lookup result cut at a block-aligned token
+        endpoint, each group's blocks up to it (a Mamba group's as far as it
+        has), references untouched. ValueError where the endpoint is not
+        aligned to a group's block size or a group has too few blocks."""
+        out = []
+        for spec, row in zip(self.groups, blocks.blocks):
+            bs = spec["block_size"]
+            if num_computed_tokens % bs:
+                raise ValueError(f"kvpool: {num_computed_tokens} tokens are not a multiple of "
+                                 f"a group's block size {bs}")
+            n = num_computed_tokens // bs
+            if spec["kind"] == "mamba":
+                n = min(n, len(row))
+            elif n > len(row):
+                raise ValueError(f"kvpool: {num_computed_tokens} tokens need {n} blocks; the "
+                                 f"group has {len(row)}")
+            out.append(list(row[:n]))
+        return self.create_kv_cache_blocks(tuple(out))
+
     def new_step_starts(self) -> None:
         """vLLM 0.33's Scheduler calls this as each step starts; a remote
         pool keeps no per-step state, so it does nothing."""
@@ -301,25 +330,51 @@ class RemoteKVCacheManager(_Remote):
         read it, is gone; vLLM keeps the method for out-of-tree schedulers."""
         return [0] * len(self.groups)
 
+    def _single(self) -> bool:
+        """One full-attention group: the hit is a plain prefix lookup."""
+        return len(self.groups) == 1 and self.groups[0]["kind"] == "full_attention"
+
     def _fine(self, request, max_cache_hit_length=None):
         """The hashes get_computed_blocks looks up (vLLM's: at most
         max_cache_hit_length tokens, by default all but the last, which is
-        always recomputed), or None where it looks nothing up."""
+        always recomputed), or None where it looks nothing up. One full
+        attention group only (the others go to the coordinator lookup)."""
         if not self.prefix_cache_lookup_enabled(request):
             return None
-        if len(self.groups) != 1 or self.groups[0]["kind"] != "full_attention":
-            raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                               "get_computed_blocks on a hybrid or non-full-attention pool: use "
-                               "Client.allocate_slots(use_prefix_cache=True), which takes vLLM's "
-                               "exact hit in the daemon")
         bs = self.groups[0]["block_size"]
         cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
         return request.block_hashes[:max(cap, 0) // bs * (bs // self.hash_block_size)]
 
+    def _computed_groups(self, request, max_cache_hit_length=None):
+        """vLLM's coordinator over every group (hybrid, sliding window,
+        chunked local, Mamba), in the daemon: (blocks, hit, boundary)."""
+        if not self.prefix_cache_lookup_enabled(request) or not request.block_hashes:
+            return self.empty_kv_cache_blocks, 0, 0
+        cap = request.num_tokens - 1 if max_cache_hit_length is None else max_cache_hit_length
+        ids, refs, hit, uncached = self.client.find_hit(request.block_hashes, max(cap, 0))
+        if hit == 0:
+            return self.empty_kv_cache_blocks, 0, hit + uncached if uncached else 0
+        rows = []
+        for g, (gids, grefs) in enumerate(zip(ids, refs)):
+            row = []
+            for i, r in zip(gids, grefs):
+                if i == 0:
+                    row.append(self.null_block)
+                    continue
+                b = self._block(i)
+                b.ref_cnt = r
+                row.append(b)
+            rows.append(row)
+        # vLLM 0.33's shared_prefix_boundary: the junction a sparse group has not cached
+        return self._blocks_cls(tuple(rows)), hit, hit + uncached if uncached else 0
+
     def _computed(self, request, max_cache_hit_length=None):
+        """(blocks, hit tokens, shared_prefix_boundary)."""
+        if not self._single():
+            return self._computed_groups(request, max_cache_hit_length)
         fine = self._fine(request, max_cache_hit_length)
         if not fine:
-            return self.empty_kv_cache_blocks, 0
+            return self.empty_kv_cache_blocks, 0, 0
         bs = self.groups[0]["block_size"]
         k = bs // self.hash_block_size
         pre = self._prefetched.pop(request.request_id, None) if self._prefetched else None
@@ -335,7 +390,7 @@ class RemoteKVCacheManager(_Remote):
             if b._block_hash is None:
                 b._block_hash = _coarse_hash(fine, j, k, concat) + _GROUP0
             blocks.append(b)
-        return self._blocks_cls((blocks,)), len(blocks) * bs
+        return self._blocks_cls((blocks,)), len(blocks) * bs, 0
 
     def prefetch_computed_blocks(self, requests: Iterable[RequestLike]) -> int:
         """Looks up the prefix hits of several requests in one round trip (a
@@ -352,6 +407,8 @@ class RemoteKVCacheManager(_Remote):
         anyway (another session evicted it) makes allocate_slots return
         None, as always, and the scheduler retries."""
         self._prefetched = {}
+        if not self._single():
+            return 0  # each request's coordinator lookup is its own call
         todo = []
         for request in requests:
             fine = self._fine(request)
@@ -529,7 +586,8 @@ class RemoteKVCacheManager(_Remote):
         if num_new_computed_tokens and new_computed_blocks is not None:
             for g, hit in enumerate(new_computed_blocks.blocks):
                 for b in hit:
-                    b.ref_cnt += 1
+                    if not b.is_null:
+                        b.ref_cnt += 1
                 req.blocks[g].extend(hit)
         ext = kw.get("num_external_computed_tokens", 0)
         if self._plain and len(res.new_blocks_by_group) == 1:

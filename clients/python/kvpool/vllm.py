@@ -408,6 +408,23 @@ class RemoteBlockPool(_Remote):
         except ValueError:
             self.close()
             raise
+        # vLLM 0.33's Mamba manager reads it: a kvpool pool hashes no lookahead tokens.
+        self.num_hash_lookahead_tokens = 0
+        self.medium = self.client.info["medium"]  # what the pool's events say
+
+    def is_block_writable(self, block: KVCacheBlock) -> bool:
+        """vLLM 0.33's: whether block can be mutated by its sole owner (not
+        the null block, one reference, no hash), from the block as this
+        adapter last saw it: another session may touch it after."""
+        return not block.is_null and block.ref_cnt == 1 and block.block_hash is None
+
+    def unpin_blocks(self, blocks: Iterable[KVCacheBlock], on_reuse: Any) -> None:
+        """vLLM 0.33's hisparse release (a block stays readable until
+        reused, on_reuse called then) cannot work on a shared pool: another
+        process reuses the block, and no call back reaches this one."""
+        raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                           "unpin_blocks: a block another session reuses cannot call back "
+                           "into this process; free_blocks releases blocks")
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """num_blocks blocks from the free queue's head; ValueError (nothing

@@ -115,6 +115,76 @@ def test_scheduler_from_configuration_alone(env):
         sched.shutdown()
 
 
+def _hybrid_config(second):
+    first = FullAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                         kv_cache_groups=[KVCacheGroupSpec(["l0"], first),
+                                          KVCacheGroupSpec(["l1"], second)])
+
+
+@pytest.mark.parametrize("groups,second", [
+    ("full:16+sliding_window:16:32",
+     SlidingWindowSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                       sliding_window=2 * BS)),
+    ("full:16+chunked_local:16:64",
+     ChunkedLocalAttentionSpec(block_size=BS, num_kv_heads=1, head_size=8, dtype=torch.float32,
+                               attention_chunk_size=4 * BS)),
+])
+def test_hybrid_models_hit_as_on_vllms_own_manager(env, tmp_path, monkeypatch, groups, second):
+    """A gpt-oss-like (full + sliding window) or Llama-4-like (full + chunked
+    local) model on KVPoolScheduler: prompts sharing prefixes hit, step for
+    step, as on vLLM's own Scheduler and KVCacheManager with the same groups
+    (the coordinator's fixed point, computed by the daemon)."""
+    model, _ = env
+    d = tmp_path / "hybrid"
+    d.mkdir()
+    monkeypatch.delenv("KVPOOL_POOL")  # the daemon would read it as its own pool
+    proc, url, _ = start(d, "--pool", f"name=h,blocks={BLOCKS},groups={groups},"
+                         "executor=none,max_model_len=4096", pool="h")
+    monkeypatch.setenv("KVPOOL_URL", url)
+    monkeypatch.setenv("KVPOOL_POOL", "h")
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BS, sha256)
+    base = list(range(900, 900 + 6 * BS + 4))
+    prompts = {"a": base, "b": base, "c": base[:5 * BS] + list(range(5000, 5000 + 2 * BS + 3)),
+               "d": base + list(range(7000, 7000 + BS))}
+
+    def run(scheduler_cls):
+        cfg = create_vllm_config(model=model, block_size=BS, max_num_batched_tokens=1000)
+        cfg.kv_transfer_config = None
+        cfg.cache_config.num_gpu_blocks = BLOCKS
+        if scheduler_cls:
+            cfg.scheduler_config.scheduler_cls = scheduler_cls
+        sched = cfg.scheduler_config.get_scheduler_cls()(
+            vllm_config=cfg, kv_cache_config=_hybrid_config(second),
+            structured_output_manager=StructuredOutputManager(cfg), block_size=BS,
+            hash_block_size=BS, log_stats=True)
+        seen = []
+        try:
+            for rid, prompt in prompts.items():
+                sp = SamplingParams(max_tokens=2)
+                sp.update_from_generation_config({}, 50256)
+                sched.add_request(Request(request_id=rid, prompt_token_ids=prompt,
+                                          sampling_params=sp, pooling_params=None,
+                                          block_hasher=hasher))
+                for _ in range(4):
+                    out = sched.schedule()
+                    seen.append(dict(out.num_scheduled_tokens))
+                    sched.update_from_output(out, create_model_runner_output(
+                        reqs=sched.running, token_id=0))
+            return seen
+        finally:
+            sched.shutdown()
+    try:
+        theirs = run(None)
+        ours = run("kvpool.vllm_scheduler.KVPoolScheduler")
+        print("steps:", theirs)
+        assert ours == theirs
+        assert theirs[4]["b"] < len(base)  # b hit a's prefix
+    finally:
+        stop(proc)
+
+
 def test_vllms_keyword_constructors_check_the_pools_shape(env):
     """KVCacheManager's and BlockPool's keywords, as vLLM 0.33 passes them:
     accepted where the pool has that shape, refused (naming what differs)
@@ -174,6 +244,38 @@ def test_hybrid_configs_are_checked_window_and_all(tmp_path, groups, spec, other
                 RemoteKVCacheManager(c, kv_cache_config=config(other), max_model_len=4096)
     finally:
         stop(proc)
+
+
+def test_members_vllms_code_reads_are_there(env):
+    """What vLLM 0.33's own code reads of BlockPool and KVCacheManager beyond
+    the calls: every public member of vLLM's classes is on the adapters,
+    and each answers as vLLM's does (unpin_blocks refuses, saying why)."""
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    m = RemoteKVCacheManager(kv_cache_config=_kv_config(), max_model_len=4096)
+    try:
+        pool = m.block_pool
+        theirs = BlockPool(BLOCKS, True, BS)
+        public = {n for n in dir(theirs) if not n.startswith("_")} | \
+            {n for n in vars(theirs) if not n.startswith("_")}
+        missing = {n for n in public if not hasattr(pool, n)}
+        # the private structures a remote pool does not mirror (docs/vllm.md)
+        assert missing <= {"blocks", "free_block_queue", "cached_block_hash_to_block",
+                           "cached_block_hashes_by_block"}, missing
+        assert {n for n in dir(KVCacheManager) if not n.startswith("_")} - set(dir(m)) == set()
+        assert pool.num_hash_lookahead_tokens == 0
+        b = pool.get_new_blocks(1)[0]
+        assert pool.is_block_writable(b) and not pool.is_block_writable(pool.null_block)
+        with pytest.raises(kvpool.NotSupported, match="unpin_blocks"):
+            pool.unpin_blocks([b], lambda blk: None)
+        pool.free_blocks([b])
+        blocks = m.create_kv_cache_blocks(([b, b, b],))
+        assert [x.block_id for x in m.truncate_computed_blocks(blocks, 2 * BS).blocks[0]] == \
+            [b.block_id] * 2
+        with pytest.raises(ValueError):
+            m.truncate_computed_blocks(blocks, BS + 1)
+    finally:
+        m.close()
 
 
 def test_the_adapters_hand_out_vllms_own_classes(env):
