@@ -75,6 +75,7 @@ struct kvpd_transport {
 	char urls[KVPD_MAX_URLS][KVPD_PATH_MAX]; /* listeners[i] listens on urls[i] */
 	struct {
 		uint64_t errors; /* its error count at the watch's last look */
+		bool unproven;   /* not yet seen answering: probed at every look */
 	} seen[KVPD_MAX_URLS];
 	uint32_t ipc_mode;
 	bool listening;                 /* under listen_mu: false once closing */

@@ -14,9 +14,11 @@
  * When it grew, the listener may be stuck, or a client merely left (nng
  * counts a disconnect there too): a request from this process to the
  * endpoint tells which (a round trip, at most one a look), and only a
- * stuck listener is replaced by a new one on the same path. Open
- * connections keep going; new clients are served within a few hundred
- * milliseconds.
+ * stuck listener is replaced by a new one on the same path. A new listener
+ * is probed at every look until it answers (one renewed in the same
+ * moment can start stuck, seen under AddressSanitizer's slowness), and
+ * replaced again meanwhile. Open connections keep going; new clients are
+ * served within a few hundred milliseconds.
  */
 #include "service/transport_impl.h"
 
@@ -33,6 +35,10 @@ enum {
 	WATCH_MS = 200, /* between looks at the listeners */
 	PROBE_MS = 500, /* how long the endpoint may take to answer the probe */
 };
+
+/* nng's listener counters of connections that failed, whatever the reason. */
+static const char *const error_kinds[] = {"disconnect", "canceled", "other", "timeout",
+                                          "proto", "oom", "reject"};
 
 /* A listener's counter from nng's stats, 0 if it has none. */
 static uint64_t
@@ -103,6 +109,7 @@ kvpd_tr_listen(struct kvpd_transport *t, size_t i, char *err, size_t len)
 	}
 	t->listeners[i] = l;
 	t->seen[i].errors = 0;
+	t->seen[i].unproven = true; /* probed at the next look */
 	return 0;
 }
 
@@ -114,9 +121,9 @@ renew(struct kvpd_transport *t, size_t i)
 	nng_listener_close(t->listeners[i]);
 	int rv = kvpd_tr_listen(t, i, err, sizeof(err));
 	struct kvpd_log_field f[] = {{"endpoint", t->urls[i]},
-	                             {"cause", "a client's connection failed its handshake, after "
-	                                       "which nng 1.5 accepts no more (a client that gave "
-	                                       "up while kvpoold was paused)"},
+	                             {"cause", "a connection failed, after which nng 1.5 accepts "
+	                                       "no more (seen after kvpoold was paused, when a "
+	                                       "client had given up)"},
 	                             {"error", err}};
 	kvpd_log_fields(rv == 0 ? KVPD_WARN : KVPD_ERROR, "transport",
 	                rv == 0 ? "the endpoint stopped taking new connections; listening again"
@@ -146,15 +153,18 @@ watch_main(void *arg)
 		for (size_t i = 0; i < t->num_listeners; i++) {
 			if (strncmp(t->urls[i], "ipc://", 6) != 0)
 				continue;
-			uint64_t errors = counter(all, t->listeners[i], "other") +
-			                  counter(all, t->listeners[i], "disconnect");
-			bool suspect = errors > t->seen[i].errors;
+			uint64_t errors = 0;
+			for (size_t k = 0; k < sizeof(error_kinds) / sizeof(error_kinds[0]); k++)
+				errors += counter(all, t->listeners[i], error_kinds[k]);
+			bool suspect = errors > t->seen[i].errors || t->seen[i].unproven;
 			/* The probe's own connection ends as an error too: not a cause to look again. */
 			t->seen[i].errors = errors + (suspect ? 1 : 0);
 			/* The probe waits without the lock: close() may come meanwhile. */
 			nng_mtx_unlock(t->listen_mu);
 			bool stuck = suspect && !answers(t->urls[i]);
 			nng_mtx_lock(t->listen_mu);
+			if (suspect && !stuck)
+				t->seen[i].unproven = false;
 			if (stuck && t->listening)
 				renew(t, i);
 		}
