@@ -299,6 +299,8 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 	kvpd_tr_listen_watch_stop(t);
 	for (size_t i = 0; i < t->num_listeners; i++)
 		nng_listener_close(t->listeners[i]);
+	for (size_t i = 0; i < t->num_retired; i++)
+		nng_listener_close(t->retired[i]);
 	atomic_store(&t->closing, true);
 	for (uint32_t waited = 0; atomic_load(&t->in_flight) > 0 && waited < drain_ms; waited += 10)
 		nng_msleep(10);

@@ -67,6 +67,8 @@ struct conns {
 	struct kvpd_u64map peers; /* pipe id -> peer value */
 };
 
+enum { KVPD_MAX_RETIRED = 16 };
+
 struct kvpd_transport {
 	struct kvpd_server *srv;
 	nng_socket sock;
@@ -76,7 +78,15 @@ struct kvpd_transport {
 	struct {
 		uint64_t errors; /* its error count at the watch's last look */
 		bool unproven;   /* not yet seen answering: probed at every look */
+		unsigned looks;  /* looks since its last probe */
 	} seen[KVPD_MAX_URLS];
+	/*
+	 * Stuck ipc listeners put aside, not closed: closing one in nng 1.5
+	 * closes its connections and was seen to hang nng's reaper for good
+	 * (every later close then waits forever). Closed with the socket.
+	 */
+	nng_listener retired[KVPD_MAX_RETIRED];
+	size_t num_retired;
 	uint32_t ipc_mode;
 	bool listening;                 /* under listen_mu: false once closing */
 	nng_mtx *listen_mu;             /* the listeners, for the watch that renews them */

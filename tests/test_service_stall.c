@@ -228,7 +228,7 @@ test_service_stall_call_past_its_deadline_is_not_applied(void **state)
  * A client that gave up connecting while the daemon was stopped must not
  * leave the endpoint deaf: nng 1.5's ipc listener accepts nothing more
  * after such a connection fails its handshake, and the daemon listens
- * again. A new client is served within 2 s of SIGCONT; a session opened
+ * again. A new client is served within 3 s of SIGCONT; a session opened
  * before goes on.
  */
 static void
@@ -255,7 +255,7 @@ test_service_stall_abandoned_dial_leaves_the_endpoint_serving(void **state)
 		after = NULL;
 	}
 	print_message("a new client was served %.2f s after SIGCONT\n", served);
-	assert_true(served >= 0 && served < 2.0);
+	assert_true(served >= 0 && served < 3.0);
 	assert_ok(kvp_client_stats(before, &st));
 	kvp_client_close(before);
 }
