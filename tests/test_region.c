@@ -10,6 +10,7 @@
  * mapping and each pool has its own file; a retried call id applies once.
  */
 #include "daemon_util.h"
+#include <fcntl.h>
 
 #include <nng/nng.h>
 #include <nng/protocol/reqrep0/req.h>
@@ -494,6 +495,62 @@ test_region_needs_the_token_and_its_pool(void **state)
 	kvp_client_close(kv);
 }
 
+/*
+ * The daemon names the file to map; whatever it names must be the region it
+ * made, or nothing is mapped (so nothing written): here the region's path
+ * is made to name an ordinary file of another user with the right size, a
+ * second name of the region (a hard link), and a symbolic link.
+ */
+static void
+test_region_maps_only_the_daemons_region(void **state)
+{
+	(void)state;
+	struct kvp_client *c = open_client("other", NULL, 0);
+	struct kvp_region *r = NULL;
+	char path[4096], keep[4200];
+	struct stat st;
+
+	assert_ok(kvp_region_open(c, &r));
+	snprintf(path, sizeof(path), "%s", kvp_region_info(r)->path);
+	uint64_t bytes = kvp_region_info(r)->bytes;
+	kvp_region_close(r);
+	r = NULL;
+	snprintf(keep, sizeof(keep), "%s.keep", path);
+	assert_int_equal(rename(path, keep), 0);
+
+	if (geteuid() == 0) {
+		/* An impostor: a plain file of the right size, another user's. */
+		int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0666);
+		assert_true(fd >= 0);
+		assert_int_equal(ftruncate(fd, (off_t)bytes), 0);
+		assert_int_equal(fchown(fd, 65534, 65534), 0);
+		close(fd);
+		assert_status(kvp_region_open(c, &r), KVP_ENOTOWNER);
+		assert_null(r);
+		assert_non_null(strstr(kvp_client_last_detail(c), "another user"));
+		assert_int_equal(stat(path, &st), 0);
+		assert_int_equal(st.st_uid, 65534); /* untouched */
+		assert_int_equal(unlink(path), 0);
+	}
+	/* The region under a second name. */
+	assert_int_equal(link(keep, path), 0);
+	assert_status(kvp_region_open(c, &r), KVP_ENOTOWNER);
+	assert_non_null(strstr(kvp_client_last_detail(c), "hard links"));
+	assert_int_equal(unlink(path), 0);
+	/* A symbolic link to it. */
+	assert_int_equal(symlink(keep, path), 0);
+	assert_status(kvp_region_open(c, &r), KVP_ENOTFOUND);
+	assert_int_equal(unlink(path), 0);
+
+	assert_int_equal(rename(keep, path), 0);
+	assert_ok(kvp_region_open(c, &r));
+	assert_true(kvp_region_fd(r) >= 0);
+	assert_int_equal(fstat(kvp_region_fd(r), &st), 0);
+	assert_int_equal((uint64_t)st.st_size, bytes);
+	kvp_region_close(r);
+	kvp_client_close(c);
+}
+
 /* kvpoolctl region [ROW]: the region's shape, and a row's checksum as the reader sees it. */
 static void
 test_region_kvpoolctl_shows_region_and_row(void **state)
@@ -697,6 +754,7 @@ main(int argc, char **argv)
 	/* The helpers are exec'd (nng is not fork-safe): the first test forks before any nng call. */
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_region_two_processes_share_rows),
+		cmocka_unit_test(test_region_maps_only_the_daemons_region),
 		cmocka_unit_test(test_region_crash_before_commit_leaves_nothing),
 		cmocka_unit_test(test_region_locked_row_survives_pressure),
 		cmocka_unit_test(test_region_abort_publishes_nothing),

@@ -271,10 +271,13 @@ static void
 on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 {
 	struct kvp_client *c = arg;
-	(void)p;
+	uint64_t uid = 0;
+	bool known = nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) == 0;
 	(void)ev;
 	nng_mtx_lock(c->mtx);
 	c->connected = true;
+	c->peer_uid_known = known;
+	c->peer_uid = uid;
 	nng_cv_wake(c->cv);
 	nng_mtx_unlock(c->mtx);
 }

@@ -41,6 +41,12 @@ struct kvp_client {
 	nng_mtx *mtx;
 	nng_cv *cv;
 	bool connected;
+	/*
+	 * The daemon's user, from the kernel (SO_PEERCRED) over an ipc://
+	 * connection, under mtx: the owner its region file must have.
+	 */
+	bool peer_uid_known;
+	uint64_t peer_uid;
 	/* The pool's event-stream key (a pool with a token), from its PoolInfo. */
 	struct kvp_seal_key event_key;
 	bool has_event_key;

@@ -355,12 +355,23 @@ size_t kvp_client_key_len(const struct kvp_client *c);
  * Asks the daemon for the pool's region and maps it (read and write,
  * shared). KVP_OK; KVP_ENOTSUP (the pool has no region); KVP_ENOTFOUND (the
  * file is not on this host, or not readable by this user: the detail says
- * which); KVP_EINVAL; KVP_ENOMEM. *out only on success; the mapping is
- * independent of the client and outlives it.
+ * which); KVP_ENOTOWNER (the file named is not one kvpoold made: not a
+ * plain file of one link named kvpool-<pool>-<pid>-<16 hex digits>, or over
+ * ipc:// not owned by the daemon's user as the kernel reports it; nothing
+ * is mapped, so a daemon or an impostor cannot make this process write
+ * another file); KVP_EINVAL; KVP_ENOMEM. *out only on success; the mapping
+ * is independent of the client and outlives it.
  */
 int kvp_region_open(struct kvp_client *c, struct kvp_region **out);
-/* Unmaps. NULL: no-op. */
+/* Unmaps and closes the file. NULL: no-op. */
 void kvp_region_close(struct kvp_region *r);
+/*
+ * The region's file, open read-write, as checked by kvp_region_open (-1 for
+ * NULL): a binding maps it again through it, not by path, and a process
+ * may hand it to another (it keeps the file alive after kvpoold unlinks
+ * it). Owned by r: closed by kvp_region_close.
+ */
+int kvp_region_fd(const struct kvp_region *r);
 const struct kvp_region_info *kvp_region_info(const struct kvp_region *r);
 /* Row id's address in this mapping; NULL for an id outside 1 .. num_rows - 1. */
 void *kvp_region_row(const struct kvp_region *r, int32_t row);

@@ -3,6 +3,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <nng/nng.h>
+#include <nng/supplemental/util/platform.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 struct kvp_region {
 	struct kvp_region_info info;
 	unsigned char *base;
+	int fd; /* the file checked and mapped, kept for kvp_region_fd */
 };
 
 size_t
@@ -40,6 +43,49 @@ sane(const struct kvp_region_info *i, uint64_t file_size)
 	return i->num_rows > 1 && i->row_bytes > 0 && i->row_stride >= i->row_bytes &&
 	       i->row_stride <= i->bytes / i->num_rows && i->bytes == file_size &&
 	       i->bytes <= SIZE_MAX && i->shards >= 1 && i->shard_bytes * i->shards == i->row_bytes;
+}
+
+/* Whether the file's name is one kvpoold gives a region: kvpool-<pool>-<pid>-<16 hex digits>. */
+static bool
+region_name(const char *path)
+{
+	const char *b = strrchr(path, '/');
+	b = b ? b + 1 : path;
+	size_t n = strlen(b);
+	if (strncmp(b, "kvpool-", 7) != 0 || n < 7 + 1 + 1 + 1 + 1 + 16 || b[n - 17] != '-')
+		return false;
+	for (size_t i = n - 16; i < n; i++)
+		if (!((b[i] >= '0' && b[i] <= '9') || (b[i] >= 'a' && b[i] <= 'f')))
+			return false;
+	size_t d = n - 17; /* digits of the pid before it, then a dash */
+	size_t k = d;
+	while (k > 7 && b[k - 1] >= '0' && b[k - 1] <= '9')
+		k--;
+	return k < d && k > 8 && b[k - 1] == '-';
+}
+
+/*
+ * Why the open file fd at path is not a region this client may write, or
+ * NULL: a plain file of one link with the name kvpoold gives regions, and
+ * over ipc:// owned by the daemon's user as the kernel names it. A daemon
+ * (or something in its place) naming any other file maps nothing.
+ */
+static const char *
+not_a_region(struct kvp_client *c, const char *path, const struct stat *st)
+{
+	if (!S_ISREG(st->st_mode))
+		return "not a plain file";
+	if (st->st_nlink != 1)
+		return "a file with other names (hard links)";
+	if (!region_name(path))
+		return "not a name kvpoold gives a region (kvpool-<pool>-<pid>-<16 hex digits>)";
+	nng_mtx_lock(c->mtx);
+	bool known = c->peer_uid_known;
+	uint64_t uid = c->peer_uid;
+	nng_mtx_unlock(c->mtx);
+	if (known && (uint64_t)st->st_uid != uid)
+		return "owned by another user than the daemon's";
+	return NULL;
 }
 
 int
@@ -72,8 +118,8 @@ kvp_region_open(struct kvp_client *c, struct kvp_region **out)
 	g->info.shard_bytes = x->shard_bytes;
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	/* O_NOFOLLOW: the daemon made a plain file; a link put there by someone else is not it. */
-	fd = open(g->info.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+	fd = open(g->info.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0 || fstat(fd, &st) != 0) {
 		int e = errno;
 		if (fd >= 0)
 			close(fd);
@@ -83,17 +129,27 @@ kvp_region_open(struct kvp_client *c, struct kvp_region **out)
 		free(g);
 		return kvp_client_fail_(c, KVP_ENOTFOUND, "%s", why);
 	}
+	const char *bad = not_a_region(c, g->info.path, &st);
+	if (bad != NULL) {
+		char why[4400];
+		snprintf(why, sizeof(why), "the daemon names %s as the region, which is %s: not mapped",
+		         g->info.path, bad);
+		close(fd);
+		free(g);
+		return kvp_client_fail_(c, KVP_ENOTOWNER, "%s", why);
+	}
 	if (!sane(&g->info, (uint64_t)st.st_size)) {
 		close(fd);
 		free(g);
 		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "the region's reply does not match its file");
 	}
 	g->base = mmap(NULL, (size_t)g->info.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
 	if (g->base == MAP_FAILED) {
+		close(fd);
 		free(g);
 		return kvp_client_fail_(c, KVP_ENOMEM, "cannot map the region: %s", strerror(errno));
 	}
+	g->fd = fd;
 	*out = g;
 	return KVP_OK;
 }
@@ -104,7 +160,14 @@ kvp_region_close(struct kvp_region *r)
 	if (r == NULL)
 		return;
 	munmap(r->base, (size_t)r->info.bytes);
+	close(r->fd);
 	free(r);
+}
+
+int
+kvp_region_fd(const struct kvp_region *r)
+{
+	return r ? r->fd : -1;
 }
 
 const struct kvp_region_info *

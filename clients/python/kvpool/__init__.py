@@ -13,7 +13,7 @@ from .errors import (BY_STATUS, Busy, Internal, InvalidArgument, KvpoolError, Me
                      NoDevice, NoMemory, NoSpace, NotFound, NotOwner, NotSupported, OutOfRange,
                      Unauthenticated, Unavailable, UnknownPool, UnsupportedVersion, WrongState)
 from .client import Client, Hasher, SlotsResult
-from .region import Region, offload_key
+from .region import AdoptedRegion, Region, RegionRef, adopt_region, offload_key
 from .batch import Batch, CallResult
 from .events import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, Index, Reset,
                      Subscriber)
@@ -22,7 +22,7 @@ from . import _lib
 __version__ = "0.2.0"
 library_path = _lib.path
 
-__all__ = ["Client", "Hasher", "SlotsResult", "Region", "offload_key", "Batch", "CallResult", "Subscriber", "Index",
+__all__ = ["Client", "Hasher", "SlotsResult", "Region", "RegionRef", "AdoptedRegion", "adopt_region", "offload_key", "Batch", "CallResult", "Subscriber", "Index",
            "EventBatch", "Reset", "BlockStored", "BlockRemoved", "AllBlocksCleared",
            "KvpoolError", "InvalidArgument", "NoSpace",
            "NotFound", "WrongState", "NotOwner", "UnknownPool", "UnsupportedVersion",

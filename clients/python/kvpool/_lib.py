@@ -197,6 +197,7 @@ kvp_region_close = _fn("kvp_region_close", None, c_void_p)
 kvp_region_info = _fn("kvp_region_info", POINTER(RegionInfo), c_void_p)
 kvp_region_row = _fn("kvp_region_row", c_void_p, c_void_p, c_int32)
 kvp_region_check = _fn("kvp_region_check", c_bool, c_void_p, c_int32, c_uint32)
+kvp_region_fd = _fn("kvp_region_fd", c_int, c_void_p)
 kvp_copy_many = _fn("kvp_copy_many", c_int, c_void_p, c_void_p, c_void_p, c_size_t, ctypes.c_uint)
 kvp_client_key_len = _fn("kvp_client_key_len", c_size_t, CLIENT)
 kvp_client_reserve = _fn("kvp_client_reserve", c_int, CLIENT, U8P, c_size_t, I32P, U8P,

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from ctypes import byref, c_int32, c_size_t, c_uint8, c_uint32, c_void_p
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, NamedTuple, Optional, Sequence, Union
 
 from . import _lib as L
 
@@ -51,23 +52,15 @@ def _keys(keys: Keys, key_len: int):
     return (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0"), len(raw) // key_len
 
 
-class Region:
-    """The pool's region mapped into this process. Close it (or use `with`)
-    after the memoryviews it handed out are released: the mapping refuses
-    to close while any is alive (BufferError), so none can dangle."""
-
-    def __init__(self, handle: int):
-        self._h: Optional[int] = handle
-        i = L.kvp_region_info(handle).contents
-        self.path = i.path.decode()
-        self.bytes, self.row_bytes, self.row_stride = i.bytes, i.row_bytes, i.row_stride
-        self.num_rows, self.shards, self.shard_bytes = i.num_rows, i.shards, i.shard_bytes
-        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        try:
-            self._mm = mmap.mmap(fd, self.bytes, mmap.MAP_SHARED)
-        finally:
-            os.close(fd)
-        self._view = memoryview(self._mm)
+class _Rows:
+    """Rows and shards of a mapped region (_view, num_rows, row_stride,
+    row_bytes, shards, shard_bytes)."""
+    _view: Any
+    num_rows: int
+    row_stride: int
+    row_bytes: int
+    shards: int
+    shard_bytes: int
 
     def row(self, row: int) -> memoryview:
         """Row `row`'s row_bytes bytes, writable, in place."""
@@ -83,9 +76,35 @@ class Region:
         r = self.row(row)
         return r[shard * self.shard_bytes:(shard + 1) * self.shard_bytes]
 
+
+class Region(_Rows):
+    """The pool's region mapped into this process. Close it (or use `with`)
+    after the memoryviews it handed out are released: the mapping refuses
+    to close while any is alive (BufferError), so none can dangle."""
+
+    def __init__(self, handle: int):
+        self._h: Optional[int] = handle
+        i = L.kvp_region_info(handle).contents
+        self.path = i.path.decode()
+        self.bytes, self.row_bytes, self.row_stride = i.bytes, i.row_bytes, i.row_stride
+        self.num_rows, self.shards, self.shard_bytes = i.num_rows, i.shards, i.shard_bytes
+        # The file kvp_region_open checked, not whatever the path names now.
+        self._mm = mmap.mmap(L.kvp_region_fd(handle), self.bytes, mmap.MAP_SHARED)
+        self._view = memoryview(self._mm)
+
     def check(self, row: int, crc: int) -> bool:
         """Whether the row's bytes have the CRC32C `crc` (from lookup_and_lock)."""
         return bool(self._h) and bool(L.kvp_region_check(self._h, row, crc))
+
+    def ref(self) -> RegionRef:
+        """This mapping's file, for another process of this host and user to
+        map (adopt_region) while this Region is open, even after kvpoold is gone."""
+        if not self._h:
+            raise ValueError("kvpool: the region is closed")
+        fd = L.kvp_region_fd(self._h)
+        st = os.fstat(fd)
+        return RegionRef(os.getpid(), fd, st.st_dev, st.st_ino, self.bytes, self.row_bytes,
+                         self.row_stride, self.num_rows, self.shards, self.shard_bytes)
 
     def close(self) -> None:
         if self._h:
@@ -105,6 +124,64 @@ class Region:
             self.close()
         except BufferError:
             pass
+
+
+class RegionRef(NamedTuple):
+    """A region held open by a process, for another process of the same host
+    and user to map (Region.ref, adopt_region): through the holder's descriptor,
+    so it stays mappable after kvpoold has gone and its file was unlinked."""
+    pid: int
+    fd: int
+    dev: int
+    ino: int
+    bytes: int
+    row_bytes: int
+    row_stride: int
+    num_rows: int
+    shards: int
+    shard_bytes: int
+
+
+class AdoptedRegion(_Rows):
+    """A region mapped through another process's descriptor (adopt_region): rows
+    and shards as Region's; no checksum check (that needs a client)."""
+
+    def __init__(self, ref: RegionRef):
+        path = f"/proc/{ref.pid}/fd/{ref.fd}" if ref.pid != os.getpid() else None
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC) if path else os.dup(ref.fd)
+        try:
+            st = os.fstat(fd)
+            if (not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (ref.dev, ref.ino)
+                    or st.st_size != ref.bytes):
+                raise FileNotFoundError(f"kvpool: descriptor {ref.fd} of process {ref.pid} is "
+                                        "no longer the region it held")
+            self._mm = mmap.mmap(fd, ref.bytes, mmap.MAP_SHARED)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._mm)
+        self.path = path or f"/proc/self/fd/{ref.fd}"
+        self.bytes, self.row_bytes, self.row_stride = ref.bytes, ref.row_bytes, ref.row_stride
+        self.num_rows, self.shards, self.shard_bytes = ref.num_rows, ref.shards, ref.shard_bytes
+
+    def close(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._mm.close()  # BufferError while a row's memoryview is alive
+            self._view = None
+
+    def __enter__(self) -> "AdoptedRegion":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def adopt_region(ref: RegionRef) -> AdoptedRegion:
+    """Maps the region another process holds (its Region.ref()), checked to
+    be the very file it held (device, inode, size). OSError where it cannot
+    be had: the holder is gone, or /proc does not let this process open its
+    descriptors (another user, or another PID namespace)."""
+    return AdoptedRegion(ref)
 
 
 class RegionCalls:
