@@ -173,17 +173,26 @@ class RegionMap:
     /dev/shm, or a hugetlbfs: Linux pins no other file's pages for long)
     it stays pageable, copies still right but slower, and a warning says
     why. epoch is the pool's life (Hello's event_epoch): each kvpoold start
-    has a new region file."""
+    has a new region file. With `ref` (a RegionRef another process of this
+    host holds, and the life it belongs to), that region is mapped through
+    the holder's descriptor instead, with no call to kvpoold (client None)."""
 
-    def __init__(self, client: kvpool.Client, pin: bool = False):
+    def __init__(self, client: Optional[kvpool.Client], pin: bool = False,
+                 ref: Optional[tuple[kvpool.RegionRef, int]] = None):
         import torch
         self.client = client
-        self.region = client.region()
+        if ref is not None:
+            self.region: Any = kvpool.adopt_region(ref[0])
+            self.epoch = int(ref[1])
+        elif client is not None:
+            self.region = client.region()
+            self.epoch = int(client.info["event_epoch"])
+        else:
+            raise ValueError("kvpool: RegionMap needs a client or a region's ref")
         self.rows: Any = torch.frombuffer(self.region._mm, dtype=torch.int8)
         self.base = self.rows.data_ptr()
         self.stride = self.region.row_stride
         self.shard_bytes = self.region.shard_bytes
-        self.epoch = int(client.info["event_epoch"])
         self._pinned: list[int] = []
         self._rt: Optional[_Runtime] = None
         if pin:

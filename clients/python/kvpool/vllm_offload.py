@@ -48,7 +48,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Iterable, Optional
 
 import numpy as np
@@ -87,14 +87,17 @@ class KVPoolRowsSpec(LoadStoreSpec):
     was stored by someone else meanwhile, or the pool had no room). epoch
     names the pool's life the rows belong to (Hello's event_epoch, new at
     each kvpoold start, whose region is a new file); None: the worker's
-    current one."""
+    current one. region: that life's region as the scheduler holds it open
+    (kvpool.RegionRef), so a worker that has not mapped it yet maps it
+    through the scheduler's descriptor, even with kvpoold gone."""
 
     def __init__(self, keys: list[OffloadKey], rows: Optional[list[int]] = None,
-                 epoch: Optional[int] = None):
+                 epoch: Optional[int] = None, region: Optional[kvpool.RegionRef] = None):
         self.keys = list(keys)
         self.rows = np.full(len(self.keys), -1, dtype=np.int32) if rows is None else \
             np.asarray(rows, dtype=np.int32)
         self.epoch = epoch
+        self.region = region
 
     def __repr__(self) -> str:
         return f"KVPoolRowsSpec({self.rows.tolist()}, epoch={self.epoch})"
@@ -216,6 +219,11 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._extra = dict(extra)
         self._name = f"vllm-scheduler {config.engine_id}"
         self._pod = _engine_pod(self._extra)
+        # Each pool life's region this engine answered from, held open until no
+        # load of it is left: a worker that has not mapped it yet maps it
+        # through this descriptor, even after that kvpoold died and its file
+        # was removed (a HIT granted is always a load that can complete).
+        self._regions: dict[int, kvpool.Region] = {}
         self._client: Optional[kvpool.Client] = self._open()
         _check_tier(self._client, config, blocks_per_chunk)
         self._key_len = self._client.key_len
@@ -224,6 +232,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._loading: Counter[OffloadKey] = Counter()  # loads in flight per locked key
         self._missed: dict[OffloadKey, int] = {}      # key -> the step its miss is valid in
         self._stored_elsewhere: dict[OffloadKey, int] = {}  # key -> the step it was seen
+        self._load_epochs: dict[OffloadKey, deque[int]] = {}  # per key, its loads' lives
+        self._epoch_loads: Counter[int] = Counter()            # loads in flight per life
         self._pending_lookup: dict[OffloadKey, None] = {}
         self._pending_store: list[KVPoolRowsSpec] = []
         self._storing: set[OffloadKey] = set()
@@ -243,8 +253,32 @@ class KVPoolOffloadingManager(OffloadingManager):
 
     # ---- the pool: a new session when the old one is gone; an outage is a miss ----
     def _open(self) -> kvpool.Client:
+        """A session, with its pool life's region held open (see _regions)."""
         # A scheduler step waits on the tier for at most a second: past that it is down.
-        return _connect(self._extra, self._name, self._pod, timeout_ms=1000, retries=0)
+        c = _connect(self._extra, self._name, self._pod, timeout_ms=1000, retries=0)
+        try:
+            epoch = int(c.info["event_epoch"])
+            if epoch not in self._regions:
+                self._regions[epoch] = c.region()
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def _region_ref(self) -> Optional[kvpool.RegionRef]:
+        """The current life's region, for the workers (None without a session)."""
+        epoch = self._epoch()
+        r = self._regions.get(epoch) if epoch is not None else None
+        return r.ref() if r is not None else None
+
+    def _release_regions(self) -> None:
+        """Closes the regions no load uses any more but the current life's,
+        and that too while a call failed (a dead kvpoold's region is memory
+        no one else frees; the next session holds its own again)."""
+        now = None if self._suspect else self._epoch()
+        for e in [e for e in self._regions if e != now and self._epoch_loads[e] <= 0]:
+            self._epoch_loads.pop(e, None)
+            self._regions.pop(e).close()
 
     def _call(self, fn, *args):
         """fn(client, *args); _TierDown while kvpoold does not answer (the
@@ -386,22 +420,32 @@ class KVPoolOffloadingManager(OffloadingManager):
                     self._call(kvpool.Client.unlock, got)
                 raise RuntimeError("kvpool: prepare_load of a key the tier does not hold")
             self._rows.update(zip(missing, rows))
+        epoch = self._epoch()
         for k in keys:
             self._loading[k] += 1
             self._used[k] = self._step
+            if epoch is not None:
+                self._load_epochs.setdefault(k, deque()).append(epoch)
+                self._epoch_loads[epoch] += 1
         # _rows holds only the current session's rows: a renewed session clears it
-        return KVPoolRowsSpec(keys, [self._rows[k] for k in keys], self._epoch())
+        return KVPoolRowsSpec(keys, [self._rows[k] for k in keys], epoch, self._region_ref())
 
     def touch(self, keys, req_context: ReqContext) -> None:
         return  # the pool's LRU is kvpoold's: a lock and its release are the touch
 
     def complete_load(self, keys, req_context: ReqContext) -> None:
         for k in keys:
+            lives = self._load_epochs.get(k)
+            if lives:
+                self._epoch_loads[lives.popleft()] -= 1
+                if not lives:
+                    del self._load_epochs[k]
             if self._loading[k] > 0:
                 self._loading[k] -= 1
                 if self._loading[k] == 0:
                     del self._loading[k]
                 self._used[k] = self._step
+        self._release_regions()
 
     def prepare_store(self, keys, req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         todo = []
@@ -441,6 +485,7 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._flush_releases()
         self._flush_stores()
         self._flush_lookups()
+        self._release_regions()
 
     def _expire(self) -> None:
         """Misses go stale; so do keys seen stored elsewhere, after a step."""
@@ -490,9 +535,10 @@ class KVPoolOffloadingManager(OffloadingManager):
                 self._storing.discard(k)  # stored by someone already, or no room
                 self._stored_elsewhere[k] = self._step
         epoch = self._epoch()  # the session that answered: a renewed one's, if _call renewed it
+        ref = self._region_ref()
         for s in specs:
             s.rows[:] = [row_of[k] for k in s.keys]
-            s.epoch = epoch
+            s.epoch, s.region = epoch, ref
 
     def _flush_lookups(self) -> None:
         if not self._pending_lookup:
@@ -523,6 +569,9 @@ class KVPoolOffloadingManager(OffloadingManager):
             except kvpool.KvpoolError:
                 pass  # kvpoold is gone, and the session with it
             self._client = None
+        for r in self._regions.values():
+            r.close()
+        self._regions.clear()
 
 
 class KVPoolOffloadingWorker(OffloadingWorker):
@@ -535,9 +584,15 @@ class KVPoolOffloadingWorker(OffloadingWorker):
     A restarted kvpoold has a new region (another file): a job names its
     pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
     first time a job names it, keeping the one before for the jobs issued
-    before the scheduler renewed its session. A job whose region is gone
-    (kvpoold restarted twice within a step) is never run against other rows:
-    a load is reported failed, a store done with nothing written."""
+    before the scheduler renewed its session. It maps it through the
+    scheduler's descriptor (KVPoolRowsSpec.region), with no call to kvpoold,
+    so a HIT granted by a kvpoold that died before this step still loads
+    the right bytes; only where that cannot be had (another user, no /proc)
+    does it ask kvpoold, for at most kvpool_timeout_ms once. A job whose
+    region cannot be had is never run against other rows: a store is done
+    with nothing written, a load reported failed (which vLLM 0.33 turns
+    into the engine's end: the descriptor is what keeps that from
+    happening)."""
 
     def __init__(self, extra: dict[str, Any], config: OffloadingConfig,
                  kv_caches: CanonicalKVCaches):
@@ -563,9 +618,9 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         self._lock = threading.Lock()
 
     # ---- the region of each pool life ----
-    def _map(self) -> RegionMap:
+    def _map(self, timeout_ms: Optional[int] = None, retries: int = 2) -> RegionMap:
         """A session with the pool as it runs now, and its region mapped."""
-        client = _connect(self._extra, self._name)
+        client = _connect(self._extra, self._name, timeout_ms=timeout_ms or 5000, retries=retries)
         try:
             _check_tier(client, self._config, 1, self._copier.shard_need())
             return RegionMap(client, pin=self._cuda)
@@ -575,24 +630,39 @@ class KVPoolOffloadingWorker(OffloadingWorker):
 
     def _unmap(self, m: RegionMap) -> None:
         m.close()
+        if m.client is None:
+            return
         try:
             m.client.close()
         except kvpool.KvpoolError:
             pass  # its kvpoold is gone: so is the session
 
-    def _mapping(self, epoch: Optional[int]) -> Optional[RegionMap]:
-        """The mapping of the pool life epoch names (None: the newest), mapping
-        the running kvpoold's region when epoch is new; None if it is gone."""
+    def _mapping(self, epoch: Optional[int],
+                 ref: Optional[kvpool.RegionRef] = None) -> Optional[RegionMap]:
+        """The mapping of the pool life epoch names (None: the newest): a new
+        life's region mapped through ref, else through the running kvpoold;
+        None if it cannot be had."""
         for m in reversed(self._maps):
             if epoch is None or m.epoch == epoch:
                 return m
-        try:
-            new = self._map()
-        except kvpool.KvpoolError as e:
-            logger.error("kvpool: a transfer names pool life %#x, and kvpoold does not answer "
-                         "(%s): not copied (a load fails, a store is dropped)", epoch, e)
-            return None
-        if new.epoch == self._maps[-1].epoch:
+        new = None
+        if ref is not None and epoch is not None:
+            try:
+                new = RegionMap(None, pin=self._cuda, ref=(ref, epoch))
+            except (OSError, ValueError) as e:
+                logger.warning("kvpool: cannot map pool life %#x's region through the "
+                               "scheduler's descriptor (%s): asking kvpoold", epoch, e)
+        if new is None:
+            try:
+                # One short try: this runs inside an engine step.
+                new = self._map(timeout_ms=int(self._extra.get("kvpool_timeout_ms", 1000)),
+                                retries=0)
+            except kvpool.KvpoolError as e:
+                logger.error("kvpool: a transfer names pool life %#x, and kvpoold does not "
+                             "answer (%s): not copied (a load fails, a store is dropped)",
+                             epoch, e)
+                return None
+        if any(m.epoch == new.epoch for m in self._maps):
             self._unmap(new)  # kvpoold has not restarted: epoch names no life of it we can map
         else:
             with self._lock:
@@ -622,7 +692,7 @@ class KVPoolOffloadingWorker(OffloadingWorker):
         blocks = np.asarray(gpu.block_ids, dtype=np.int64)
         if not store and (rows <= 0).any():
             raise RuntimeError(f"kvpool: load job {job_id} has a block with no row")
-        m = self._mapping(getattr(spec, "epoch", None))
+        m = self._mapping(getattr(spec, "epoch", None), getattr(spec, "region", None))
         if m is None:
             # Nothing copied. A load fails: its blocks hold no KV. A store is
             # done: its rows went with that pool life, so nothing it would have

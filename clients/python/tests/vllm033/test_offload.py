@@ -170,8 +170,10 @@ class Engine:
                             self.kv[n][ids[i]].view(torch.int8).view(-1)[:] = \
                                 pattern(bytes(h) + bytes([g]), self.page)
 
-    def step(self):
+    def step(self, before_worker=None):
         out = self.scheduler.schedule()
+        if before_worker is not None:
+            before_worker(out)  # between the scheduler's step and its workers'
         meta = out.kv_connector_metadata
         self.worker.handle_preemptions(meta)
         self.worker.bind_connector_metadata(meta)
@@ -602,3 +604,76 @@ def test_a_call_that_timed_out_leaves_nothing_held(model_dir, tmp_path):
         for e in engines:
             e.close()
         stop(proc)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_granted_hit_loads_after_kvpoold_dies(model_dir, tmp_path, restart):
+    """kvpoold restarts while engine B is idle (B's worker has mapped only
+    the first life's region); A stores a prompt in the second life; B's
+    lookups hit it (locks taken in the second life) and its scheduler hands
+    the load to its worker; kvpoold is killed before the worker runs it (and
+    with restart, a third kvpoold starts and removes the dead one's region
+    file). B's worker still loads the right bytes, through the scheduler's
+    descriptor of that region, without waiting on kvpoold: no engine dies of
+    a HIT it was granted. Once the load is done B lets the region go."""
+    d = tmp_path / "granted"
+    d.mkdir()
+    args = ("--region-dir", str(tmp_path), "--pool",
+            f"name=tier,blocks=64,block_size={BS},executor=cpu,layers={LAYERS},heads={HEADS},"
+            f"head_size={HEAD},dtype=fp32")
+    proc, url, _ = start(d, *args, pool="tier")
+    engines = []
+    try:
+        b = Engine(model_dir, url, "granted-b")
+        engines.append(b)
+        proc.kill()
+        proc.wait()
+        proc, _, _ = start(d, *args, pool="tier")  # B idle: it has not seen this life
+        a = Engine(model_dir, url, "granted-a")
+        engines.append(a)
+        a.add(PROMPT)
+        a.run()
+        region2 = a.manager._regions[a.manager._epoch()].ref()
+        req = b.add(PROMPT)
+        killed = []
+
+        def kill_when_loading(out):
+            if b.manager._loading and not killed:
+                proc.kill()
+                proc.wait()
+                killed.append(time.monotonic())
+                if restart:  # a new kvpoold sweeps the dead one's region file away
+                    killed.append(start(d, *args, pool="tier")[0])
+
+        first = loaded = None
+        slowest = 0.0
+        for _ in range(40):
+            t0 = time.monotonic()
+            out = b.step(kill_when_loading)
+            slowest = max(slowest, time.monotonic() - t0)
+            if req.request_id in out.num_scheduled_tokens and first is None:
+                first = out.num_scheduled_tokens[req.request_id]
+                ids = b.scheduler.kv_cache_manager.get_block_ids(req.request_id)[0]
+                loaded = [b.block_bytes(ids[i]) for i in range(4)]
+            if req.is_finished() and not b.conn._jobs:
+                break
+        assert killed, "B's scheduler never handed its worker a load"
+        if restart:
+            proc = killed[1]
+            # the swept file: only B's scheduler's descriptor still reaches it
+            assert not any(p.name.startswith(f"kvpool-tier-") and
+                           os.stat(p).st_ino == region2.ino for p in tmp_path.iterdir())
+        assert req.is_finished() and first == len(PROMPT) - 4 * BS, first
+        for i in range(4):
+            for got in loaded[i]:
+                assert torch.equal(got, pattern(bytes(req.block_hashes[i]) + b"\0", b.page)), \
+                    f"block {i}: wrong bytes loaded"
+        assert slowest < 3.0, f"a step waited {slowest:.1f} s on the tier"
+        b.run()  # its locks' release fails (or renews), so the dead life goes
+        assert region2.ino not in [r.ref().ino for r in b.manager._regions.values()], \
+            "B still holds the dead life's region after its load"
+    finally:
+        for e in engines:
+            e.close()
+        if proc.poll() is None:
+            stop(proc)
