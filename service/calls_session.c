@@ -160,6 +160,9 @@ pod_release(struct kvpd_pool *p, const char *pod)
 		}
 }
 
+static void drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why,
+                         uint64_t now_ms);
+
 int
 kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Reply *out)
 {
@@ -179,6 +182,12 @@ kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Repl
 		                 p->cfg.name);
 	if (!kvpd_token_matches(p->cfg.token, (const uint8_t *)tok, strlen(tok)))
 		return kvpd_fail(c, KVP_EUNAUTH, "wrong auth token for pool %s", p->cfg.name);
+	/* A renewal: the session it replaces ends first, as by Goodbye (the token is checked). */
+	size_t old_index;
+	if (m->replaces != 0 && kvpd_pool_find_session(p, m->replaces, &old_index) != NULL) {
+		drop_session(p, old_index, KVPD_GONE_GOODBYE, now_ms);
+		p->counters.goodbyes++;
+	}
 	if (p->num_sessions >= p->limits.max_sessions) {
 		kvpd_fail(c, KVP_EBUSY, "pool %s has %zu sessions, the limit", p->cfg.name,
 		          p->num_sessions);

@@ -369,20 +369,24 @@ resume(struct kvp_client *c, uint64_t session_id)
 	return KVP_OK;
 }
 
-/* Opens a new session with Hello. */
+/* Opens a new session with Hello, ending the session replaces (0: none) in the same call. */
 static int
-hello(struct kvp_client *c, const struct kvp_client_options *o)
+hello(struct kvp_client *c, uint64_t replaces)
 {
 	Kvpool__V1__Request rq = KVPOOL__V1__REQUEST__INIT;
 	Kvpool__V1__HelloRequest h = KVPOOL__V1__HELLO_REQUEST__INIT;
 	Kvpool__V1__Reply *r = NULL;
+	char token[sizeof(c->token) + 1];
 	int rv;
 
+	memcpy(token, c->token, c->token_len);
+	token[c->token_len] = '\0';
 	h.protocol_version = KVP_PROTOCOL_VERSION;
-	h.auth_token = (char *)(o->token ? o->token : "");
-	h.client_name = (char *)(o->client_name ? o->client_name : "libkvpool");
-	h.vllm_pod = (char *)(o->vllm_pod ? o->vllm_pod : "");
-	h.lease_ms = o->lease_ms;
+	h.auth_token = token;
+	h.client_name = c->client_name;
+	h.vllm_pod = c->vllm_pod;
+	h.lease_ms = c->lease_ms;
+	h.replaces = replaces;
 	rq.call_case = KVPOOL__V1__REQUEST__CALL_HELLO;
 	rq.hello = &h;
 	if ((rv = kvp_client_call_(c, &rq, &r)) != KVP_OK)
@@ -418,6 +422,10 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 		snprintf(open_detail, sizeof(open_detail), "token longer than 255 bytes");
 		return KVP_EINVAL;
 	}
+	if (o->vllm_pod && strlen(o->vllm_pod) >= sizeof(((struct kvp_client *)0)->vllm_pod)) {
+		snprintf(open_detail, sizeof(open_detail), "vllm_pod longer than 63 bytes");
+		return KVP_EINVAL;
+	}
 	if ((c = calloc(1, sizeof(*c))) == NULL) {
 		snprintf(open_detail, sizeof(open_detail), "out of memory");
 		return KVP_ENOMEM;
@@ -427,6 +435,10 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 		memcpy(c->token, o->token, c->token_len);
 	}
 	snprintf(c->pool, sizeof(c->pool), "%s", o->pool ? o->pool : "default");
+	snprintf(c->client_name, sizeof(c->client_name), "%s",
+	         o->client_name ? o->client_name : "libkvpool");
+	snprintf(c->vllm_pod, sizeof(c->vllm_pod), "%s", o->vllm_pod ? o->vllm_pod : "");
+	c->lease_ms = o->lease_ms;
 	c->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
 	c->retries = o->retries == KVP_RETRIES_DEFAULT ? 2 : o->retries;
 	c->next_call_id = ((uint64_t)nng_random() << 32 | nng_random()) | 1;
@@ -467,7 +479,7 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	                                         : c->timeout_ms * (c->retries + 1);
 	if ((rv = wait_connected(c, o, wait_ms)) != KVP_OK)
 		goto fail;
-	if ((rv = o->session_id != 0 ? resume(c, o->session_id) : hello(c, o)) != KVP_OK)
+	if ((rv = o->session_id != 0 ? resume(c, o->session_id) : hello(c, 0)) != KVP_OK)
 		goto fail;
 	*out = c;
 	return KVP_OK;
@@ -526,6 +538,19 @@ kvp_client_close(struct kvp_client *c)
 			kvpool__v1__reply__free_unpacked(r, NULL);
 	}
 	kvp_client_detach(c);
+}
+
+int
+kvp_client_renew(struct kvp_client *c)
+{
+	if (c == NULL)
+		return KVP_EINVAL;
+	uint64_t old = c->session;
+	c->session = 0; /* Hello names no session */
+	int rv = hello(c, old);
+	if (rv != KVP_OK)
+		c->session = old; /* its fate unknown: a later call says (UNAUTHENTICATED if it ended) */
+	return rv;
 }
 
 const struct kvp_client_info *

@@ -34,6 +34,9 @@ struct kvp_client {
 	uint8_t token[256];
 	size_t token_len;
 	uint32_t timeout_ms, retries;
+	/* Hello's other fields, kept for kvp_client_renew. */
+	char client_name[64], vllm_pod[64];
+	uint32_t lease_ms;
 	size_t last_sent;           /* bytes of the last request sent */
 	struct kvp_client_info info;
 	char detail[512];

@@ -129,6 +129,18 @@ const char *kvp_client_open_detail(void);
  * the background and frees the client if nng ever finishes it.
  */
 void kvp_client_close(struct kvp_client *c);
+/*
+ * A new session in place of this client's, in one round trip: Hello on the
+ * same connection, naming the old session, which the daemon ends as by
+ * Goodbye (its locks, reservations and references released) where it
+ * still exists; a restarted daemon never knew it. For a client that no
+ * longer trusts its session (a call timed out, and may still run). KVP_OK
+ * with the new session's info (kvp_client_info); on failure the old
+ * session id is kept, its fate unknown (a later call answers
+ * UNAUTHENTICATED if it ended). Not with a client opened by session_id
+ * whose token it was not given.
+ */
+int kvp_client_renew(struct kvp_client *c);
 /* Closes without Goodbye: the session and its blocks live until the lease ends. */
 void kvp_client_detach(struct kvp_client *c);
 

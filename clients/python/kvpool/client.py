@@ -202,6 +202,10 @@ class Client(RegionCalls):
             self._c = None
             why = L.kvp_client_open_detail().decode(errors="replace")
             _raise(rv, f"cannot open a session with pool {pool or 'default'} at {url}: {why}")
+        self._load_info()
+
+    def _load_info(self) -> None:
+        """self.info from the library's description of the session and pool."""
         i = L.kvp_client_info(self._c).contents
         ex = i.executor
         self.info = {
@@ -227,6 +231,14 @@ class Client(RegionCalls):
         }
 
     # ---- lifetime ----
+    def renew(self) -> None:
+        """A new session in place of this one, in one round trip: the daemon
+        ends the old one (its locks, reservations and references) as by
+        Goodbye, if it still exists. For a session no longer trusted (a
+        call timed out, and may still run). info is the new session's."""
+        self._check(L.kvp_client_renew(self._live()))
+        self._load_info()
+
     def close(self) -> None:
         """Ends the session. Idempotent."""
         if getattr(self, "_c", None):

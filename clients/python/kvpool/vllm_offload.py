@@ -257,13 +257,16 @@ class KVPoolOffloadingManager(OffloadingManager):
         # A scheduler step waits on the tier for at most a second: past that it is down.
         c = _connect(self._extra, self._name, self._pod, timeout_ms=1000, retries=0)
         try:
-            epoch = int(c.info["event_epoch"])
-            if epoch not in self._regions:
-                self._regions[epoch] = c.region()
+            self._hold_region(c)
         except BaseException:
             c.close()
             raise
         return c
+
+    def _hold_region(self, c: kvpool.Client) -> None:
+        epoch = int(c.info["event_epoch"])
+        if epoch not in self._regions:
+            self._regions[epoch] = c.region()
 
     def _region_ref(self) -> Optional[kvpool.RegionRef]:
         """The current life's region, for the workers (None without a session)."""
@@ -323,17 +326,19 @@ class KVPoolOffloadingManager(OffloadingManager):
         return out
 
     def _renew(self) -> None:
-        old, self._client = self._client, None
-        if old is not None:
-            try:
-                old.close()
-            except kvpool.KvpoolError:
-                pass  # its kvpoold is gone, and the session with it
+        """A new session in place of the old one, whose locks and
+        reservations the daemon drops in the same round trip (Hello naming
+        it); a restarted kvpoold never knew it. Raises as a call does while
+        kvpoold does not answer, the old session kept for the next try."""
         for state in (self._rows, self._used, self._loading, self._missed,
                       self._stored_elsewhere):
             state.clear()
         self._reserved.clear()
-        self._client = self._open()
+        if self._client is None:
+            self._client = self._open()
+        else:
+            self._client.renew()
+            self._hold_region(self._client)
         self._suspect = False
 
     def _failed(self, fn, e: Exception) -> None:
