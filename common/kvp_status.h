@@ -32,7 +32,8 @@
 	X(KVP_ENOTSUP, 14, "NOT_SUPPORTED", "not supported")                           \
 	X(KVP_ENODEVICE, 15, "NO_DEVICE", "no usable accelerator device")              \
 	X(KVP_EUNAVAILABLE, 16, "UNAVAILABLE", "cannot connect to the daemon")                \
-	X(KVP_EDEADLINE, 17, "DEADLINE_EXCEEDED", "the call's deadline passed before it ran")
+	X(KVP_EDEADLINE, 17, "DEADLINE_EXCEEDED", "the call's deadline passed before it ran")  \
+	X(KVP_EQUOTA, 18, "QUOTA_EXCEEDED", "the session's quota on the pool would be passed")
 
 enum kvp_status {
 #define KVP_STATUS_ENUM_(name, num, wire, text) name = num,
@@ -41,7 +42,7 @@ enum kvp_status {
 };
 
 /* Number of codes; valid codes are 0 .. KVP_STATUS_COUNT-1. */
-#define KVP_STATUS_COUNT 18
+#define KVP_STATUS_COUNT 19
 
 /* Returns the human text of a status ("unknown status" for any other int). */
 const char *kvp_strerror(int status);

@@ -25,7 +25,8 @@ SAME(STATUS_NOT_SUPPORTED, KVP_ENOTSUP);
 SAME(STATUS_NO_DEVICE, KVP_ENODEVICE);
 SAME(STATUS_UNAVAILABLE, KVP_EUNAVAILABLE);
 SAME(STATUS_DEADLINE_EXCEEDED, KVP_EDEADLINE);
-_Static_assert(KVP_STATUS_COUNT == 18, "a status was added: add it to kvpool.proto and here");
+SAME(STATUS_QUOTA_EXCEEDED, KVP_EQUOTA);
+_Static_assert(KVP_STATUS_COUNT == 19, "a status was added: add it to kvpool.proto and here");
 #undef SAME
 
 int

@@ -26,11 +26,23 @@ kvpd_check_ids(struct call *c, const int32_t *ids, size_t n)
 	return KVP_OK;
 }
 
-/* Whether the pool's sessions may take n more references (--max-refs). */
+/*
+ * Whether this session may take n more references (the pool's
+ * session_refs: QUOTA_EXCEEDED), and the pool's sessions together
+ * (--max-refs: BUSY).
+ */
 int
 kvpd_room_for_refs(struct call *c, size_t n)
 {
 	uint64_t held = c->p->refs_held, limit = c->p->limits.max_refs;
+	uint64_t mine = c->sess->held, quota = c->p->limits.session_refs;
+	if (mine + n > quota) {
+		c->p->counters.quota_refusals++;
+		return kvpd_fail(c, KVP_EQUOTA, "this session holds %llu references (blocks allocated "
+		                 "or touched, rows reserved or locked); %zu more would pass its quota "
+		                 "of %llu (the pool's session_refs): release some first",
+		                 (unsigned long long)mine, n, (unsigned long long)quota);
+	}
 	if (held + n <= limit)
 		return KVP_OK;
 	c->p->counters.limit_refusals++;

@@ -32,6 +32,27 @@ has_region(struct call *c)
 	return KVP_OK;
 }
 
+/* Whether this session may hold n more region rows (the pool's session_rows). */
+static int
+room_for_rows(struct call *c, size_t n)
+{
+	uint64_t mine = c->sess->rows, quota = c->p->limits.session_rows;
+	if (mine + n <= quota)
+		return KVP_OK;
+	c->p->counters.quota_refusals++;
+	return kvpd_fail(c, KVP_EQUOTA, "this session holds %llu rows reserved or locked; %zu more "
+	                 "would pass its quota of %llu (the pool's session_rows): commit, abort or "
+	                 "unlock some first", (unsigned long long)mine, n,
+	                 (unsigned long long)quota);
+}
+
+/* n of this session's region rows released (never below 0: a Free of a row by id is not seen). */
+static void
+rows_released(struct call *c, size_t n)
+{
+	c->sess->rows -= n < c->sess->rows ? n : c->sess->rows;
+}
+
 static size_t
 key_len(struct call *c)
 {
@@ -99,7 +120,8 @@ kvpd_h_reserve(struct call *c, const Kvpool__V1__ReserveRequest *m, Kvpool__V1__
 	uint8_t *ev;
 	int rv;
 
-	if ((rv = check_keys(c, m->keys, &n)) || (rv = kvpd_room_for_refs(c, n)))
+	if ((rv = check_keys(c, m->keys, &n)) || (rv = room_for_rows(c, n)) ||
+	    (rv = kvpd_room_for_refs(c, n)))
 		return rv;
 	r = NEW(c, Kvpool__V1__ReserveReply, kvpool__v1__reserve_reply__descriptor);
 	ids = kvpd_scratch(c, (n + 1) * sizeof(*ids));
@@ -113,8 +135,10 @@ kvpd_h_reserve(struct call *c, const Kvpool__V1__ReserveRequest *m, Kvpool__V1__
 	if (rv != KVP_OK)
 		return kvpd_fail(c, rv, "reserve: %s", kvp_strerror(rv));
 	for (size_t i = 0; i < n; i++)
-		if (ids[i] > 0)
+		if (ids[i] > 0) {
 			kvpd_session_add(c->sess, ids[i]);
+			c->sess->rows++;
+		}
 	r->rows = ids;
 	r->n_rows = n;
 	r->evicted_keys.data = ev;
@@ -176,6 +200,7 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 	if (rv != KVP_OK)
 		return kvpd_fail(c, rv, rv == KVP_EINVAL ? "a key named twice" : "commit: %s",
 		                 kvp_strerror(rv));
+	rows_released(c, n);
 	for (size_t i = 0; i < n; i++) {
 		kvpd_session_remove(c->sess, ids[i]);
 		/* Read from the mapping after the writer is done: what a reader can check. */
@@ -269,6 +294,7 @@ kvpd_h_abort(struct call *c, const Kvpool__V1__AbortRequest *m, Kvpool__V1__Repl
 		                 kvp_strerror(rv));
 	for (size_t i = 0; i < n; i++)
 		kvpd_session_remove(c->sess, ids[i]);
+	rows_released(c, n);
 	out->result_case = KVPOOL__V1__REPLY__RESULT_ABORT;
 	out->abort = r;
 	return KVP_OK;
@@ -335,7 +361,8 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 		if (ids[looked] > 0)
 			hit[hits++] = ids[looked];
 	}
-	if ((rv = distinct_rows(c, ids, looked)) || (rv = kvpd_room_for_refs(c, hits)))
+	if ((rv = distinct_rows(c, ids, looked)) || (rv = room_for_rows(c, hits)) ||
+	    (rv = kvpd_room_for_refs(c, hits)))
 		return rv;
 	if (kvpd_session_reserve(c->sess, hits) != KVP_OK)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
@@ -343,6 +370,7 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 		return kvpd_fail(c, rv, "lock: %s", kvp_strerror(rv));
 	for (size_t i = 0; i < hits; i++)
 		kvpd_session_add(c->sess, hit[i]);
+	c->sess->rows += hits;
 	for (size_t i = 0; i < looked; i++)
 		crc[i] = ids[i] > 0 ? c->p->row_crc[ids[i]] : 0;
 	r->rows = ids;
@@ -381,6 +409,7 @@ kvpd_h_unlock(struct call *c, const Kvpool__V1__UnlockRequest *m, Kvpool__V1__Re
 		kvpd_session_untake(c->sess, ids, n, KVP_NULL_BLOCK);
 		return kvpd_fail(c, rv, "unlock: %s", kvp_strerror(rv));
 	}
+	rows_released(c, n);
 	out->result_case = KVPOOL__V1__REPLY__RESULT_UNLOCK;
 	out->unlock = r;
 	return KVP_OK;

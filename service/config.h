@@ -65,6 +65,8 @@ struct kvpd_pool_config {
 	int32_t dp_rank;           /* vLLM wire: data-parallel rank; -1: the pool's position */
 	char model[KVPD_NAME_MAX]; /* vLLM wire: {model} in the topic; empty: the pool's name */
 	uint32_t shards;           /* slices per region row (tensor-parallel workers); 0: 1 */
+	uint32_t session_refs;     /* references one session may hold; 0: half of max-refs */
+	uint32_t session_rows;     /* region rows one session may reserve or lock; 0: half */
 	bool clear_on_alloc;       /* clear=alloc: zero every block as it is handed out */
 	struct kvpd_exec_settings exec;
 };

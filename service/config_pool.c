@@ -159,6 +159,10 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_copy_str(p->model, sizeof(p->model), v);
 	if (strcmp(k, "shards") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1024, &p->shards);
+	if (strcmp(k, "session_refs") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 1u << 30, &p->session_refs);
+	if (strcmp(k, "session_rows") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 1u << 30, &p->session_rows);
 	if (strcmp(k, "clear") == 0) {
 		bool alloc = strcmp(v, "alloc") == 0;
 		if (!alloc && strcmp(v, "none") != 0)

@@ -48,6 +48,8 @@ struct kvpd_pool {
 	struct {
 		uint32_t max_ids, lease_ms, max_sessions;
 		uint64_t max_refs;        /* every session's references together */
+		uint64_t session_refs;    /* one session's references (its quota) */
+		uint64_t session_rows;    /* one session's region rows reserved or locked */
 		uint32_t max_session_requests;
 		size_t max_reply_bytes;
 		size_t reply_cache_bytes; /* stored replies over every session */

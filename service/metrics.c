@@ -185,6 +185,8 @@ render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_
 	      c[i].refs_held);
 	COUNTER("limit_refusals_total", "Calls refused BUSY at max-refs or max-session-requests.",
 	        c[i].limit_refusals);
+	COUNTER("quota_refusals_total", "Calls refused QUOTA_EXCEEDED: a session at its quota "
+	        "(the pool's session_refs or session_rows).", c[i].quota_refusals);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

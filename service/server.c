@@ -253,6 +253,14 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	                     : (uint64_t)p->cfg.num_blocks * 16 > (1u << 20)
 	                           ? (uint64_t)p->cfg.num_blocks * 16
 	                           : 1u << 20;
+	/*
+	 * One session's quota: half the pool, so that however a session misbehaves
+	 * (reserving every row, touching one block a million times) the others
+	 * still find room.
+	 */
+	p->limits.session_refs = pc->session_refs != 0 ? pc->session_refs : p->limits.max_refs / 2;
+	p->limits.session_rows = pc->session_rows != 0 ? pc->session_rows
+	                         : p->cfg.num_blocks / 2 > 0 ? p->cfg.num_blocks / 2 : 1;
 	p->limits.max_session_requests = cfg->max_session_requests;
 	p->limits.reply_cache_bytes = (size_t)cfg->reply_cache_mib << 20;
 	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;

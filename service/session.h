@@ -45,6 +45,7 @@ struct kvpd_session {
 	} *refs;
 	uint32_t cap, used;
 	uint64_t held;        /* references in total */
+	uint64_t rows;        /* of those, region rows reserved or locked (the region calls' count) */
 	uint64_t *pool_held;  /* the pool's count over its sessions, kept with held; may be NULL */
 	int32_t *log;         /* acquisition order; may hold released entries */
 	size_t log_len, log_cap;

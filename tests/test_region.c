@@ -551,6 +551,90 @@ test_region_maps_only_the_daemons_region(void **state)
 	kvp_client_close(c);
 }
 
+/*
+ * A session's quota (the pool's session_rows, by default half a region's
+ * rows; session_refs, references of any kind): one session that reserves,
+ * locks or touches without end is refused QUOTA_EXCEEDED, counted, and the
+ * pool still has room for another.
+ */
+static void
+test_region_session_quota_leaves_room_for_others(void **state)
+{
+	(void)state;
+	struct kvp_client *a = open_client("q", NULL, 0), *b = open_client("q", NULL, 0);
+	const char *refused = "kvpool_quota_refusals_total{pool=\"q\"}";
+	uint8_t keys[8 * KL], more[KL];
+	int32_t rows[8];
+	uint32_t hits;
+
+	double q0 = metric_value(refused);
+	assert_true(q0 >= 0);
+	make_keys(keys, 61, 8); /* q has 8 rows: a session may hold 4 references */
+	assert_status(kvp_client_reserve(a, keys, 5, rows, NULL, NULL), KVP_EQUOTA);
+	assert_non_null(strstr(kvp_client_last_detail(a), "session_rows"));
+	assert_ok(kvp_client_reserve(a, keys, 4, rows, NULL, NULL));
+	make_key(more, 62, 0, 0);
+	assert_status(kvp_client_reserve(a, more, 1, rows, NULL, NULL), KVP_EQUOTA);
+	/* The other session still finds rows. */
+	assert_ok(kvp_client_reserve(b, keys + 4 * KL, 4, rows + 4, NULL, NULL));
+	assert_ok(kvp_client_abort(b, keys + 4 * KL, 4));
+	/* Committed rows are no longer a's; locks count like reservations. */
+	assert_ok(kvp_client_commit(a, keys, 4, NULL, false));
+	assert_ok(kvp_client_lookup_lock(a, keys, 4, false, rows, NULL, NULL, &hits));
+	assert_int_equal(hits, 4);
+	assert_status(kvp_client_lookup_lock(a, keys, 1, false, rows, NULL, NULL, &hits), KVP_EQUOTA);
+	assert_ok(kvp_client_lookup_lock(b, keys, 4, false, rows, NULL, NULL, &hits));
+	assert_int_equal(hits, 4);
+	assert_true(metric_value(refused) - q0 == 3);
+	assert_ok(kvp_client_unlock(a, keys, 4));
+	assert_ok(kvp_client_unlock(b, keys, 4));
+	kvp_client_close(b);
+	kvp_client_close(a);
+
+	/* References of any kind: bare's session_refs is 6. */
+	struct kvp_client *x = open_client("bare", NULL, 0), *y = open_client("bare", NULL, 0);
+	int32_t ids[4], more_ids[4];
+	assert_ok(kvp_client_allocate(x, 4, ids));
+	assert_ok(kvp_client_touch(x, ids, 2));
+	assert_status(kvp_client_touch(x, ids, 1), KVP_EQUOTA);
+	assert_non_null(strstr(kvp_client_last_detail(x), "session_refs"));
+	assert_ok(kvp_client_allocate(y, 3, more_ids)); /* the other session is served */
+	kvp_client_close(y);
+	kvp_client_close(x);
+}
+
+/*
+ * kvp_client_renew: a new session in one round trip, the old one ended by
+ * it (what it had reserved is free again, its id refused), the client's
+ * calls going on in the new one.
+ */
+static void
+test_region_renew_replaces_the_session_in_one_call(void **state)
+{
+	(void)state;
+	struct kvp_client *a = open_client("q", NULL, 0), *again = NULL;
+	struct kvp_client_stats st;
+	uint8_t keys[2 * KL];
+	int32_t rows[2];
+
+	assert_ok(kvp_client_stats(a, &st));
+	uint32_t free0 = st.num_free;
+	uint64_t old = kvp_client_info(a)->session_id;
+	make_keys(keys, 63, 2);
+	assert_ok(kvp_client_reserve(a, keys, 2, rows, NULL, NULL));
+	assert_status(kvp_client_renew(NULL), KVP_EINVAL);
+	assert_ok(kvp_client_renew(a));
+	assert_int_not_equal(kvp_client_info(a)->session_id, old);
+	assert_ok(kvp_client_stats(a, &st));
+	assert_int_equal(st.num_free, free0); /* the old session's reservations went with it */
+	struct kvp_client_options o = {.url = ipc_url, .pool = "q", .timeout_ms = 2000,
+	                               .session_id = old};
+	assert_status(kvp_client_open(&o, &again), KVP_EUNAUTH);
+	assert_ok(kvp_client_reserve(a, keys, 2, rows, NULL, NULL));
+	assert_ok(kvp_client_abort(a, keys, 2));
+	kvp_client_close(a);
+}
+
 /* kvpoolctl region [ROW]: the region's shape, and a row's checksum as the reader sees it. */
 static void
 test_region_kvpoolctl_shows_region_and_row(void **state)
@@ -718,8 +802,9 @@ setup(void **state)
 	fclose(f);
 	char ev[128], kv[256];
 	snprintf(ev, sizeof(ev), "ipc:///tmp/kvpool-regiontest-pub-%d.ipc", (int)getpid());
+	/* kv and big: one session fills them on purpose (session_rows: its whole pool) */
 	snprintf(kv, sizeof(kv), "name=kv,blocks=%d,block_size=16,executor=cpu,shards=2,"
-	         "token_file=%s", ROWS, token_path);
+	         "session_rows=%d,token_file=%s", ROWS, ROWS, token_path);
 	const char *args[] = {"--rpc", ipc_url, "--events", ev, "--admin", admin,
 	                      "--kv-layers", "2", "--kv-heads", "4", "--kv-head-size", "32",
 	                      "--region-dir", getenv("TMPDIR") && *getenv("TMPDIR")
@@ -727,8 +812,9 @@ setup(void **state)
 	                      "--lease-ms", "5000",
 	                      "--pool", kv, "--pool", "name=other,blocks=4,executor=cpu",
 	                      "--pool", "name=big,blocks=72,block_size=16,executor=cpu,layers=32,"
-	                      "heads=8,head_size=128,dtype=fp16",
-	                      "--pool", "name=bare,blocks=8,executor=none", NULL};
+	                      "heads=8,head_size=128,dtype=fp16,session_rows=72",
+	                      "--pool", "name=q,blocks=9,block_size=16,executor=cpu",
+	                      "--pool", "name=bare,blocks=8,executor=none,session_refs=6", NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
 }
@@ -755,6 +841,8 @@ main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_region_two_processes_share_rows),
 		cmocka_unit_test(test_region_maps_only_the_daemons_region),
+		cmocka_unit_test(test_region_session_quota_leaves_room_for_others),
+		cmocka_unit_test(test_region_renew_replaces_the_session_in_one_call),
 		cmocka_unit_test(test_region_crash_before_commit_leaves_nothing),
 		cmocka_unit_test(test_region_locked_row_survives_pressure),
 		cmocka_unit_test(test_region_abort_publishes_nothing),

@@ -9,9 +9,10 @@
 Built on libkvpool.so through ctypes: nothing is compiled at install time.
 kvpool.vllm has adapters shaped like vLLM's BlockPool and KVCacheManager.
 """
-from .errors import (BY_STATUS, Busy, Internal, InvalidArgument, KvpoolError, MessageTooLarge,
-                     NoDevice, NoMemory, NoSpace, NotFound, NotOwner, NotSupported, OutOfRange,
-                     Unauthenticated, Unavailable, UnknownPool, UnsupportedVersion, WrongState)
+from .errors import (BY_STATUS, Busy, DeadlineExceeded, Internal, InvalidArgument, KvpoolError,
+                     MessageTooLarge, NoDevice, NoMemory, NoSpace, NotFound, NotOwner,
+                     NotSupported, OutOfRange, QuotaExceeded, Unauthenticated, Unavailable,
+                     UnknownPool, UnsupportedVersion, WrongState)
 from .client import Client, Hasher, SlotsResult
 from .region import AdoptedRegion, Region, RegionRef, adopt_region, offload_key
 from .batch import Batch, CallResult
@@ -27,4 +28,4 @@ __all__ = ["Client", "Hasher", "SlotsResult", "Region", "RegionRef", "AdoptedReg
            "KvpoolError", "InvalidArgument", "NoSpace",
            "NotFound", "WrongState", "NotOwner", "UnknownPool", "UnsupportedVersion",
            "MessageTooLarge", "Unauthenticated", "Busy", "Internal", "OutOfRange", "NoMemory",
-           "NotSupported", "NoDevice", "Unavailable", "BY_STATUS", "library_path"]
+           "NotSupported", "NoDevice", "Unavailable", "QuotaExceeded", "DeadlineExceeded", "BY_STATUS", "library_path"]

@@ -87,7 +87,13 @@ class DeadlineExceeded(KvpoolError, TimeoutError):
     status = 17
 
 
+class QuotaExceeded(KvpoolError):
+    """The call would take the session past its quota on the pool (session_refs,
+    session_rows): nothing was applied; release references first."""
+    status = 18
+
+
 BY_STATUS = {cls.status: cls for cls in (
     InvalidArgument, NoSpace, NotFound, WrongState, NotOwner, UnknownPool, UnsupportedVersion,
     MessageTooLarge, Unauthenticated, Busy, Internal, OutOfRange, NoMemory, NotSupported,
-    NoDevice, Unavailable, DeadlineExceeded)}
+    NoDevice, Unavailable, DeadlineExceeded, QuotaExceeded)}

@@ -111,7 +111,7 @@ class _TierDown(Exception):
 # Statuses a call site of the scheduler's tier handles itself: any other
 # error of a call becomes _TierDown (misses, skipped stores), never an
 # exception out of vLLM's scheduler, which would end the engine.
-_HANDLED = (kvpool.NotFound, kvpool.NotOwner, kvpool.NoSpace)
+_HANDLED = (kvpool.NotFound, kvpool.NotOwner, kvpool.NoSpace, kvpool.QuotaExceeded)
 _ERROR_LOG_S = 60.0  # one warning a minute for answers the tier cannot use
 
 
@@ -416,7 +416,7 @@ class KVPoolOffloadingManager(OffloadingManager):
             # Not answered HIT by lookup() this step (vLLM never does this): lock them now.
             try:
                 rows, _ = self._call(kvpool.Client.lookup_and_lock, missing)
-            except _TierDown:
+            except (kvpool.QuotaExceeded, _TierDown):
                 raise RuntimeError("kvpool: prepare_load while the tier does not answer") \
                     from None
             if any(r <= 0 for r in rows):
@@ -530,8 +530,9 @@ class KVPoolOffloadingManager(OffloadingManager):
         keys = [k for s in specs for k in s.keys]  # distinct: prepare_store saw to that
         try:
             rows, _ = self._call(kvpool.Client.reserve, keys)
-        except (kvpool.NoSpace, _TierDown):
-            rows = [-1] * len(keys)  # every row locked or reserved, or no tier: nothing stored
+        except (kvpool.NoSpace, kvpool.QuotaExceeded, _TierDown):
+            # every row locked or reserved, this engine at its quota, or no tier: nothing stored
+            rows = [-1] * len(keys)
         row_of = dict(zip(keys, rows))
         for k, r in row_of.items():
             if r > 0:
@@ -554,8 +555,8 @@ class KVPoolOffloadingManager(OffloadingManager):
             return
         try:
             rows, _ = self._call(kvpool.Client.lookup_and_lock, keys)
-        except _TierDown:
-            rows = [-1] * len(keys)  # no tier: every key misses this step
+        except (kvpool.QuotaExceeded, _TierDown):
+            rows = [-1] * len(keys)  # no tier, or this engine at its quota: every key misses
         for k, r in zip(keys, rows):
             if r > 0:
                 self._rows[k] = r

@@ -622,7 +622,7 @@ def test_a_granted_hit_loads_after_kvpoold_dies(model_dir, tmp_path, restart):
             f"name=tier,blocks=64,block_size={BS},executor=cpu,layers={LAYERS},heads={HEADS},"
             f"head_size={HEAD},dtype=fp32")
     proc, url, _ = start(d, *args, pool="tier")
-    engines = []
+    engines, later = [], []
     try:
         b = Engine(model_dir, url, "granted-b")
         engines.append(b)
@@ -635,7 +635,7 @@ def test_a_granted_hit_loads_after_kvpoold_dies(model_dir, tmp_path, restart):
         a.run()
         region2 = a.manager._regions[a.manager._epoch()].ref()
         req = b.add(PROMPT)
-        killed = []
+        killed: list = []
 
         def kill_when_loading(out):
             if b.manager._loading and not killed:
@@ -644,6 +644,7 @@ def test_a_granted_hit_loads_after_kvpoold_dies(model_dir, tmp_path, restart):
                 killed.append(time.monotonic())
                 if restart:  # a new kvpoold sweeps the dead one's region file away
                     killed.append(start(d, *args, pool="tier")[0])
+                    later.append(killed[1])
 
         first = loaded = None
         slowest = 0.0
@@ -675,5 +676,36 @@ def test_a_granted_hit_loads_after_kvpoold_dies(model_dir, tmp_path, restart):
     finally:
         for e in engines:
             e.close()
-        if proc.poll() is None:
-            stop(proc)
+        for p in [proc] + later:
+            if p.poll() is None:
+                stop(p)
+
+
+def test_an_engine_at_its_quota_misses_never_raises(model_dir, tmp_path):
+    """A pool whose sessions may hold 4 rows (session_rows=4): engine A's store
+    of a 6-block prompt is refused QUOTA_EXCEEDED, which the tier turns into a
+    skipped store (no exception into vLLM), and its session is not dropped:
+    a 4-block prompt after it is stored, and engine B loads it."""
+    d = tmp_path / "quota"
+    d.mkdir()
+    proc, url, _ = start(d, "--region-dir", str(tmp_path), "--pool",
+                         f"name=tier,blocks=64,block_size={BS},executor=cpu,layers={LAYERS},"
+                         f"heads={HEADS},head_size={HEAD},dtype=fp32,session_rows=4", pool="tier")
+    engines = []
+    try:
+        a = Engine(model_dir, url, "quota-a")
+        engines.append(a)
+        a.add(list(range(8000, 8000 + 6 * BS + 1)))
+        a.run()
+        assert a.manager.errors == 0 and not a.manager._suspect
+        with kvpool.Client(url, pool="tier") as c:
+            assert c.stats()["num_cached_keys"] == 0  # nothing stored: over the quota
+        a.add(PROMPT)
+        a.run()
+        b = Engine(model_dir, url, "quota-b")
+        engines.append(b)
+        loaded_from_tier(b, PROMPT, "A's store within its quota did not reach the tier")
+    finally:
+        for e in engines:
+            e.close()
+        stop(proc)
