@@ -76,6 +76,7 @@ from kvpool.kv_copy import PageCopier, RegionMap
 
 logger = init_logger(__name__)
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
+_LEASE_S = 30.0  # kvpoold's default session lease
 
 __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
            "KVPoolRowsSpec"]
@@ -247,6 +248,7 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._down_until = 0.0                     # no call before then
         self._backoff = _BACKOFF_S
         self._suspect = False  # a call failed: the session is renewed before the next one
+        self._suspect_since = 0.0
         self._bad_key_logged = False
         self.errors = 0  # calls that failed with an error other than an outage
         self._error_logged = -_ERROR_LOG_S
@@ -354,13 +356,15 @@ class KVPoolOffloadingManager(OffloadingManager):
                            "far): lookups miss and stores are skipped meanwhile",
                            getattr(fn, "__name__", fn), self._extra.get("kvpool_url"),
                            type(e).__name__, e, self.errors)
-        self._suspect = True
+        if not self._suspect:
+            self._suspect, self._suspect_since = True, now
         self._down_until = now + self._backoff
         self._backoff = min(2 * self._backoff, _BACKOFF_MAX_S)
 
     def _outage(self, e: Exception) -> None:
         now = time.monotonic()
-        self._suspect = True
+        if not self._suspect:
+            self._suspect, self._suspect_since = True, now
         if self._down_since is None:
             self._down_since = now
             logger.warning("kvpool: the tier at %s does not answer (%s): lookups miss and "
@@ -478,8 +482,14 @@ class KVPoolOffloadingManager(OffloadingManager):
         return ()  # kvpoold publishes the tier's events, once for every engine
 
     def has_pending_work(self) -> bool:
+        """Also while the session is suspect (a call timed out, and may have
+        run on a stalled kvpoold, locking rows for no one): the engine keeps
+        stepping, idle or not, until a call renews the session and the daemon
+        drops those locks with the old one, for at most a lease (30 s, when
+        the daemon drops them itself)."""
         return bool(self._pending_lookup or self._pending_store or self._to_commit or
-                    self._to_abort or self._rows)
+                    self._to_abort or self._rows or
+                    (self._suspect and time.monotonic() - self._suspect_since < _LEASE_S))
 
     def on_schedule_end(self, context: Any = None) -> None:
         """The step's round trips: commits, aborts and unlocks; the step's

@@ -709,3 +709,127 @@ def test_an_engine_at_its_quota_misses_never_raises(model_dir, tmp_path):
         for e in engines:
             e.close()
         stop(proc)
+
+
+CHAOS_S = float(os.environ.get("KVP_CHAOS_S", "60"))
+
+
+def test_chaos_engines_never_fail_nor_load_wrong_bytes(model_dir, tmp_path):
+    """Four engines share one kvpoold that is SIGKILLed and restarted,
+    SIGSTOPped and resumed, and stopped and restarted at random moments for
+    KVP_CHAOS_S seconds (60), while each serves prompts drawn from a small
+    set (so they hit each other's blocks). No step raises; every block a
+    request starts with (loaded from the tier, or cached on its own GPU)
+    holds the bytes its prefix gives; once kvpoold runs again and the
+    engines are idle, no row is held 2 s later; and no step waits on the
+    tier much longer than one call's timeout (1 s)."""
+    import random
+    import threading
+
+    rng = random.Random(int(os.environ.get("KVP_CHAOS_SEED", "2026")))
+    d = tmp_path / "chaos"
+    d.mkdir()
+    args = ("--region-dir", str(tmp_path), "--pool",
+            f"name=tier,blocks=96,block_size={BS},executor=cpu,layers={LAYERS},heads={HEADS},"
+            f"head_size={HEAD},dtype=fp32")
+    daemon = {"proc": start(d, *args, pool="tier")[0], "stopped": False}
+    url = f"ipc://{d}/rpc.ipc"
+    lock = threading.Lock()
+    done = threading.Event()
+    faults: dict = {"kill": 0, "stop": 0, "restart": 0}
+
+    def chaos():
+        crng = random.Random(rng.random())
+        while not done.wait(crng.uniform(1.0, 4.0)):
+            what = crng.choice(["kill", "stop", "restart"])
+            with lock:
+                p = daemon["proc"]
+                if what == "stop":
+                    p.send_signal(signal.SIGSTOP)
+                    daemon["stopped"] = True
+            faults[what] += 1
+            if what == "stop":
+                done.wait(crng.uniform(0.2, 2.5))
+                with lock:
+                    p.send_signal(signal.SIGCONT)
+                    daemon["stopped"] = False
+                continue
+            if what == "kill":
+                p.kill()
+            else:
+                p.terminate()
+            p.wait()
+            done.wait(crng.uniform(0.0, 1.5))
+            with lock:
+                daemon["proc"] = start(d, *args, pool="tier")[0]
+
+    prompts = [list(range(20000 + 1000 * k, 20000 + 1000 * k + 4 * BS + 3)) for k in range(8)]
+    engines = [Engine(model_dir, url, f"chaos-{i}") for i in range(4)]
+    thread = threading.Thread(target=chaos, daemon=True)
+    checked = blocks_checked = steps = 0
+    slowest = 0.0
+    try:
+        thread.start()
+        verified: set = set()
+        t_end = time.monotonic() + CHAOS_S
+        while time.monotonic() < t_end:
+            for e in engines:
+                if len(e.scheduler.requests) < 2 and rng.random() < 0.5:
+                    e.add(rng.choice(prompts))
+                t0 = time.monotonic()
+                out = e.step()
+                slowest = max(slowest, time.monotonic() - t0)
+                steps += 1
+                for rid, n in out.num_scheduled_tokens.items():
+                    key = (e.cfg.kv_transfer_config.engine_id, rid)
+                    if key in verified:
+                        continue
+                    verified.add(key)
+                    req = e.scheduler.requests[rid]
+                    had = (req.num_computed_tokens - n) // BS  # blocks it started with
+                    ids = e.scheduler.kv_cache_manager.get_block_ids(rid)[0]
+                    for i in range(had):
+                        for got in e.block_bytes(ids[i]):
+                            assert torch.equal(got, pattern(bytes(req.block_hashes[i]) + b"\0",
+                                                            e.page)), \
+                                f"{key} block {i}: wrong bytes after faults {faults}"
+                        blocks_checked += 1
+                    checked += 1
+        done.set()
+        thread.join()
+        with lock:
+            if daemon["stopped"]:
+                daemon["proc"].send_signal(signal.SIGCONT)
+        # Idle: every engine finishes what it has and renews a suspect session.
+        t_idle = time.monotonic() + 60
+        for e in engines:
+            while (e.scheduler.requests or e.conn._jobs or e.manager.has_pending_work()) and \
+                    time.monotonic() < t_idle:
+                e.step()
+                time.sleep(0.01)
+        time.sleep(2.0)
+        with kvpool.Client(url, pool="tier") as c:
+            st = c.stats()
+            held = c.info["num_blocks"] - 1 - st["num_free"]
+        print(f"chaos: {CHAOS_S:.0f} s, faults {faults}, {steps} steps, {checked} requests "
+              f"started with {blocks_checked} blocks checked, slowest step {slowest:.2f} s, "
+              f"{held} rows held when idle")
+        assert sum(faults.values()) >= 3, faults
+        assert held == 0, f"{held} rows held 2 s after the engines went idle"
+        assert blocks_checked > 0
+        # one call's timeout (1 s) at most, with some slack for a loaded machine
+        assert slowest < 1.0 + 0.3, f"a step waited {slowest:.2f} s on the tier"
+    finally:
+        done.set()
+        thread.join(timeout=30)
+        for e in engines:
+            try:
+                e.close()
+            except Exception:  # noqa: BLE001: the daemon may be gone
+                pass
+        with lock:
+            p = daemon["proc"]
+            if daemon["stopped"]:
+                p.send_signal(signal.SIGCONT)
+            if p.poll() is None:
+                stop(p)
