@@ -90,7 +90,9 @@ static void
 test_limits_refs_over_every_session_are_bounded(void **state)
 {
 	(void)state;
-	const char *extra[] = {"--max-refs", "100", "--pool", "name=default,blocks=64,block_size=4",
+	/* session_refs: one session may hold them all; its own quota is tested in test_region */
+	const char *extra[] = {"--max-refs", "100", "--pool",
+	                       "name=default,blocks=64,block_size=4,session_refs=100",
 	                       NULL};
 	start("refs", extra);
 	struct kvp_client *a = open_client(NULL), *b = open_client(NULL);
