@@ -54,11 +54,11 @@
 	X(COPY_BLOCKS,         copy_blocks,         29, 0,      N) \
 	X(WRITE_TOKENS,        write_tokens,        30, 0,      N) \
 	X(REGION,              region,              31, 0,      N) \
-	X(RESERVE,             reserve,             32, KVPD_M, N) \
-	X(COMMIT,              commit,              33, KVPD_M, N) \
-	X(ABORT,               abort,               34, KVPD_M, N) \
-	X(LOOKUP_AND_LOCK,     lookup_and_lock,     35, KVPD_M, N) \
-	X(UNLOCK,              unlock,              36, KVPD_M, N) \
+	X(RESERVE,             reserve,             32, KVPD_M, Y) \
+	X(COMMIT,              commit,              33, KVPD_M, Y) \
+	X(ABORT,               abort,               34, KVPD_M, Y) \
+	X(LOOKUP_AND_LOCK,     lookup_and_lock,     35, KVPD_M, Y) \
+	X(UNLOCK,              unlock,              36, KVPD_M, Y) \
 	X(CACHE_PARTIAL,       cache_partial,       37, KVPD_M, N) \
 	X(MOVE_HASHES,         move_hashes,         38, KVPD_M, N) \
 	X(REPORT_CACHED,       report_cached,       39, KVPD_M, N)

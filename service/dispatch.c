@@ -42,9 +42,14 @@ run_one(struct call *c, const Kvpool__V1__BatchCall *bc, Kvpool__V1__Reply *sub)
 {
 	/* BatchCall's oneof numbers are the Request's (asserted in calls.c). */
 	const struct kvpd_call_op *op = kvpd_call_lookup((int)bc->call_case);
+	/* The daemon's own checksums are taken outside the lock: for a Commit sent alone. */
+	bool crc_here = bc->call_case == KVPOOL__V1__BATCH_CALL__CALL_COMMIT && bc->commit != NULL &&
+	                bc->commit->n_crc32c == 0 && !bc->commit->no_checksum;
 	int rv = op == NULL ? kvpd_fail(c, KVP_EINVAL, NO_CALL)
 	         : !op->batchable ? kvpd_fail(c, KVP_EINVAL, "%s cannot be batched", op->name)
-	                          : op->run(c, bc->allocate, sub);
+	         : crc_here ? kvpd_fail(c, KVP_EINVAL, "a Commit in a batch carries its checksums "
+	                                "or no_checksum (the daemon's are for a Commit sent alone)")
+	                    : op->run(c, bc->allocate, sub);
 	if (rv != KVP_OK) /* a failed call's reply carries its own detail and no result */
 		sub->result_case = KVPOOL__V1__REPLY__RESULT__NOT_SET;
 	return rv;

@@ -635,6 +635,65 @@ test_region_renew_replaces_the_session_in_one_call(void **state)
 	kvp_client_close(a);
 }
 
+/*
+ * The region's calls in a batch (a scheduler step in one round trip): each
+ * has its own status and results; a Commit there carries its checksums
+ * or none, since the daemon's own are taken outside the lock.
+ */
+static void
+test_region_calls_batch_in_one_round_trip(void **state)
+{
+	(void)state;
+	struct kvp_client *a = open_client("q", NULL, 0);
+	struct kvp_batch *b = NULL;
+	struct kvp_batch_result r;
+	uint8_t keys[3 * KL];
+	uint32_t crcs[3] = {7, 8, 9};
+	size_t kl = kvp_client_key_len(a);
+
+	assert_int_equal(kl, KL);
+	make_keys(keys, 64, 3);
+	assert_ok(kvp_batch_create(&b));
+	assert_ok(kvp_batch_set_flags(b, KVP_BATCH_CONTINUE));
+	assert_status(kvp_batch_reserve(b, NULL, 3, kl), KVP_EINVAL);
+	assert_status(kvp_batch_reserve(b, keys, 3, 3), KVP_EINVAL);
+	assert_ok(kvp_batch_reserve(b, keys, 3, kl));
+	assert_ok(kvp_batch_lookup_lock(b, keys, 3, kl, false)); /* reserved: not visible */
+	assert_ok(kvp_batch_commit(b, keys, 2, kl, crcs));
+	assert_ok(kvp_batch_abort(b, keys + 2 * KL, 1, kl));
+	assert_ok(kvp_batch_lookup_lock(b, keys, 3, kl, false));
+	size_t ran = 0;
+	assert_ok(kvp_client_batch(a, b, &ran));
+	assert_int_equal(ran, 5);
+	assert_ok(kvp_batch_result(b, 0, &r));
+	assert_int_equal(r.status, KVP_OK);
+	assert_int_equal(r.num_block_ids, 3);
+	assert_true(r.block_ids[0] > 0 && r.block_ids[1] > 0 && r.block_ids[2] > 0);
+	assert_ok(kvp_batch_result(b, 1, &r));
+	assert_int_equal(r.count, 0);
+	assert_ok(kvp_batch_result(b, 2, &r));
+	assert_int_equal(r.count, 2);
+	assert_ok(kvp_batch_result(b, 4, &r));
+	assert_int_equal(r.count, 2);
+	assert_int_equal(r.num_block_ids, 3);
+	assert_non_null(r.ref_cnts);
+	assert_int_equal(r.ref_cnts[0], 7); /* the CRC32C given at commit */
+	assert_int_equal(r.ref_cnts[1], 8);
+	assert_int_equal(r.block_ids[2], -1); /* aborted */
+	/* The unlocks of the same step, and a Commit of nothing reserved: its own status. */
+	kvp_batch_clear(b);
+	assert_ok(kvp_batch_unlock(b, keys, 2, kl));
+	assert_ok(kvp_batch_commit(b, keys, 1, kl, NULL));
+	assert_status(kvp_client_batch(a, b, &ran), KVP_ENOTFOUND);
+	assert_int_equal(ran, 2);
+	assert_ok(kvp_batch_result(b, 0, &r));
+	assert_int_equal(r.status, KVP_OK);
+	assert_ok(kvp_batch_result(b, 1, &r));
+	assert_int_equal(r.status, KVP_ENOTFOUND);
+	kvp_batch_destroy(b);
+	kvp_client_close(a);
+}
+
 /* kvpoolctl region [ROW]: the region's shape, and a row's checksum as the reader sees it. */
 static void
 test_region_kvpoolctl_shows_region_and_row(void **state)
@@ -843,6 +902,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_region_maps_only_the_daemons_region),
 		cmocka_unit_test(test_region_session_quota_leaves_room_for_others),
 		cmocka_unit_test(test_region_renew_replaces_the_session_in_one_call),
+		cmocka_unit_test(test_region_calls_batch_in_one_round_trip),
 		cmocka_unit_test(test_region_crash_before_commit_leaves_nothing),
 		cmocka_unit_test(test_region_locked_row_survives_pressure),
 		cmocka_unit_test(test_region_abort_publishes_nothing),

@@ -468,3 +468,107 @@ kvp_batch_stats(struct kvp_batch *b)
 	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_STATS, m);
 }
 
+
+/*
+ * Reserve, Commit, Abort, LookupAndLock and Unlock: a bytes field of keys
+ * first (field 1 of each request). The keys are the batch's own (or the
+ * caller's under KVP_BATCH_BORROW); msg is the request, initialised.
+ */
+static int
+batch_keys(struct kvp_batch *b, Kvpool__V1__BatchCall *call, int which, void *msg,
+           ProtobufCBinaryData *field, const uint8_t *keys, size_t n, size_t key_len)
+{
+	uint8_t *copy;
+	if (n > 0 && (copy = ref(b, keys, n * key_len)) == NULL)
+		return KVP_ENOMEM;
+	field->data = n > 0 ? copy : NULL;
+	field->len = n * key_len;
+	return push(b, call, which, msg);
+}
+
+static bool
+keys_ok(const struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
+{
+	return b != NULL && (keys != NULL || n == 0) && key_len > 4 && key_len <= 68 &&
+	       n <= SIZE_MAX / key_len;
+}
+
+int
+kvp_batch_reserve(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__ReserveRequest *m;
+	if (!keys_ok(b, keys, n, key_len))
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__reserve_request__init(m);
+	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_RESERVE, m, &m->keys, keys, n,
+	                  key_len);
+}
+
+int
+kvp_batch_commit(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len,
+                 const uint32_t *crc32c)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__CommitRequest *m;
+	if (!keys_ok(b, keys, n, key_len))
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__commit_request__init(m);
+	if (crc32c != NULL && n > 0) {
+		if ((m->crc32c = ref(b, crc32c, n * sizeof(*crc32c))) == NULL)
+			return KVP_ENOMEM;
+		m->n_crc32c = n;
+	} else {
+		m->no_checksum = true;
+	}
+	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_COMMIT, m, &m->keys, keys, n,
+	                  key_len);
+}
+
+int
+kvp_batch_abort(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__AbortRequest *m;
+	if (!keys_ok(b, keys, n, key_len))
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__abort_request__init(m);
+	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_ABORT, m, &m->keys, keys, n,
+	                  key_len);
+}
+
+int
+kvp_batch_lookup_lock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len,
+                      bool prefix)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__LookupAndLockRequest *m;
+	if (!keys_ok(b, keys, n, key_len))
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__lookup_and_lock_request__init(m);
+	m->prefix = prefix;
+	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_LOOKUP_AND_LOCK, m, &m->keys, keys,
+	                  n, key_len);
+}
+
+int
+kvp_batch_unlock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
+{
+	Kvpool__V1__BatchCall *call;
+	Kvpool__V1__UnlockRequest *m;
+	if (!keys_ok(b, keys, n, key_len))
+		return KVP_EINVAL;
+	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+		return KVP_ENOMEM;
+	kvpool__v1__unlock_request__init(m);
+	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_UNLOCK, m, &m->keys, keys, n,
+	                  key_len);
+}

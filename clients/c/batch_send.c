@@ -362,6 +362,25 @@ kvp_batch_result(const struct kvp_batch *b, size_t i, struct kvp_batch_result *o
 		out->has_stats = true;
 		kvp_client_stats_from_(r->stats, &out->stats);
 		break;
+	case KVPOOL__V1__REPLY__RESULT_RESERVE:
+		out->has_block_ids = true;
+		out->block_ids = r->reserve->rows;
+		out->num_block_ids = r->reserve->n_rows;
+		out->hashes = r->reserve->evicted_keys.data;
+		out->num_hashes =
+			r->reserve->evicted_keys.len / ((b->hash_len ? b->hash_len : KVP_HASH_LEN) + 4);
+		break;
+	case KVPOOL__V1__REPLY__RESULT_LOOKUP_AND_LOCK:
+		out->has_block_ids = true;
+		out->block_ids = r->lookup_and_lock->rows;
+		out->num_block_ids = r->lookup_and_lock->n_rows;
+		out->count = r->lookup_and_lock->num_hits;
+		if (r->lookup_and_lock->n_crc32c == r->lookup_and_lock->n_rows)
+			out->ref_cnts = r->lookup_and_lock->crc32c;
+		break;
+	case KVPOOL__V1__REPLY__RESULT_COMMIT:
+		out->count = r->commit->num_committed;
+		break;
 	default:
 		break;
 	}

@@ -505,6 +505,24 @@ int kvp_batch_free_request(struct kvp_batch *b, uint64_t request_id, bool preemp
 int kvp_batch_get_computed_blocks(struct kvp_batch *b, uint64_t request_id);
 int kvp_batch_stats(struct kvp_batch *b);
 /*
+ * The shared region's calls by key (as kvp_client_reserve and the rest):
+ * n keys of key_len bytes each (kvp_client_key_len). A Commit in a batch
+ * carries its checksums (crc32c, one per key) or records none (NULL): the
+ * daemon's own are taken outside the pool's lock, for a Commit sent alone.
+ * Results: reserve, block_ids the rows (-1: no row needed) and hashes the
+ * evicted keys (num_hashes keys of hash_len + 4 bytes); lookup_lock,
+ * block_ids the rows, ref_cnts their CRC32C, count the hits; commit, count
+ * the keys committed. A scheduler's step sends its releases, stores and
+ * lookups in one round trip this way.
+ */
+int kvp_batch_reserve(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len);
+int kvp_batch_commit(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len,
+                     const uint32_t *crc32c);
+int kvp_batch_abort(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len);
+int kvp_batch_lookup_lock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len,
+                          bool prefix);
+int kvp_batch_unlock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len);
+/*
  * Sends the batch. Returns KVP_OK if every call succeeded, else the status
  * of the first call that failed (transport errors as for any call; the
  * detail names the call and gives its reason); *num_run gets how many calls

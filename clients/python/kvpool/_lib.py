@@ -257,6 +257,12 @@ kvp_batch_allocate_slots = _fn("kvp_batch_allocate_slots", c_int, BATCH, POINTER
 kvp_batch_free_request = _fn("kvp_batch_free_request", c_int, BATCH, c_uint64, c_bool)
 kvp_batch_get_computed_blocks = _fn("kvp_batch_get_computed_blocks", c_int, BATCH, c_uint64)
 kvp_batch_stats = _fn("kvp_batch_stats", c_int, BATCH)
+kvp_batch_reserve = _fn("kvp_batch_reserve", c_int, BATCH, c_void_p, c_size_t, c_size_t)
+kvp_batch_commit = _fn("kvp_batch_commit", c_int, BATCH, c_void_p, c_size_t, c_size_t, c_void_p)
+kvp_batch_abort = _fn("kvp_batch_abort", c_int, BATCH, c_void_p, c_size_t, c_size_t)
+kvp_batch_lookup_lock = _fn("kvp_batch_lookup_lock", c_int, BATCH, c_void_p, c_size_t, c_size_t,
+                            c_bool)
+kvp_batch_unlock = _fn("kvp_batch_unlock", c_int, BATCH, c_void_p, c_size_t, c_size_t)
 kvp_client_batch = _fn("kvp_client_batch", c_int, CLIENT, BATCH, POINTER(c_size_t))
 kvp_batch_result = _fn("kvp_batch_result", c_int, BATCH, c_size_t, POINTER(BatchResult))
 kvp_batch_allocate_slots_n = _fn("kvp_batch_allocate_slots_n", c_int, BATCH, c_size_t,

@@ -12,6 +12,8 @@ from . import _lib as L
 from .client import SlotsResult, _hashes, _ids, _keys, _raise, _tokens
 from ._types import Hashes, Ids, MMFeatures
 from .errors import BY_STATUS, KvpoolError, NotSupported
+from .region import Keys
+from .region import _keys as _region_keys
 
 if TYPE_CHECKING:
     from .client import Client
@@ -109,6 +111,39 @@ class Batch:
 
     def stats(self) -> int:
         return self._add("stats", L.kvp_batch_stats(self._b))
+
+    # ---- the shared region's calls by key (as Client.reserve and the rest) ----
+    def _region(self, kind, fn, keys, *extra):
+        kl = self._client.key_len
+        arr, n = _region_keys(keys, kl)
+        return self._add(kind, fn(self._b, arr, n, kl, *extra), arr)
+
+    def reserve(self, keys: Keys) -> int:
+        """Result: block_ids, a row per key (-1: none needed); hashes, the evicted keys."""
+        return self._region("reserve", L.kvp_batch_reserve, keys)
+
+    def commit(self, keys: Keys, crcs: Optional[Sequence[int]] = None) -> int:
+        """Reserved keys made visible with their CRC32C (crcs), or none recorded:
+        the daemon's own checksums are for a Commit sent alone."""
+        kl = self._client.key_len
+        arr, n = _region_keys(keys, kl)
+        c = None
+        if crcs is not None:
+            if len(crcs) != n:
+                raise ValueError(f"kvpool: {len(crcs)} checksums for {n} keys")
+            c = (c_uint32 * max(n, 1))(*crcs)
+        return self._add("commit", L.kvp_batch_commit(self._b, arr, n, kl, c), arr, c)
+
+    def abort(self, keys: Keys) -> int:
+        return self._region("abort", L.kvp_batch_abort, keys)
+
+    def lookup_and_lock(self, keys: Keys, prefix: bool = False) -> int:
+        """Result: block_ids, a row per key looked up (-1: a miss, not locked);
+        ref_cnts, each row's CRC32C; count, the hits."""
+        return self._region("lookup_and_lock", L.kvp_batch_lookup_lock, keys, prefix)
+
+    def unlock(self, keys: Keys) -> int:
+        return self._region("unlock", L.kvp_batch_unlock, keys)
 
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
               num_cached_blocks: int = 0, lora_name: Optional[str] = None,
@@ -250,7 +285,7 @@ class Batch:
         if r.ref_cnts:
             out.ref_cnts = r.ref_cnts[:n]
         if r.num_hashes:
-            hl = self._client.info["hash_len"]
+            hl = self._client.info["hash_len"] + (4 if self._kinds[i] == "reserve" else 0)
             raw = ctypes.string_at(r.hashes, r.num_hashes * hl)
             out.hashes = [raw[k * hl:(k + 1) * hl] for k in range(r.num_hashes)]
         if r.has_stats:
