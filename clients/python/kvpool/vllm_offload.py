@@ -236,6 +236,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         self._load_epochs: dict[OffloadKey, deque[int]] = {}  # per key, its loads' lives
         self._epoch_loads: Counter[int] = Counter()            # loads in flight per life
         self._pending_lookup: dict[OffloadKey, None] = {}
+        self._batch: Optional[kvpool.Batch] = None  # the step's calls, reused step after step
+        self._batch_client: Optional[kvpool.Client] = None
         self._pending_store: list[KVPoolRowsSpec] = []
         self._storing: set[OffloadKey] = set()
         self._reserved: set[OffloadKey] = set()
@@ -354,7 +356,8 @@ class KVPoolOffloadingManager(OffloadingManager):
             self._error_logged = now
             logger.warning("kvpool: %s on the tier at %s failed (%s: %s; %d such failure(s) so "
                            "far): lookups miss and stores are skipped meanwhile",
-                           getattr(fn, "__name__", fn), self._extra.get("kvpool_url"),
+                           fn if isinstance(fn, str) else getattr(fn, "__name__", fn),
+                           self._extra.get("kvpool_url"),
                            type(e).__name__, e, self.errors)
         if not self._suspect:
             self._suspect, self._suspect_since = True, now
@@ -492,87 +495,93 @@ class KVPoolOffloadingManager(OffloadingManager):
                     (self._suspect and time.monotonic() - self._suspect_since < _LEASE_S))
 
     def on_schedule_end(self, context: Any = None) -> None:
-        """The step's round trips: commits, aborts and unlocks; the step's
-        reservations (filling the rows of the specs vLLM is about to send to
-        the workers); the step's lookups, each hit locked."""
+        """The step's calls, in one round trip (a batch, each call with its
+        own status), none on a step with nothing to ask: commits, aborts and
+        unlocks; the step's reservations (filling the rows of the specs vLLM
+        is about to send to the workers); the step's lookups, each hit locked."""
         self._step += 1
         self._expire()
-        self._flush_releases()
-        self._flush_stores()
-        self._flush_lookups()
+        commits, self._to_commit = self._to_commit, []
+        aborts, self._to_abort = self._to_abort, []
+        # A lock no load holds and no lookup or load used in two steps goes.
+        idle = [k for k, st in self._used.items()
+                if st < self._step - 2 and not self._loading[k]]
+        for k in idle:
+            del self._used[k]
+            del self._rows[k]
+        specs, self._pending_store = self._pending_store, []
+        stores = [k for sp in specs for k in sp.keys]  # distinct: prepare_store saw to that
+        lookups = [k for k in self._pending_lookup if k not in self._rows]  # one lock per key
+        self._pending_lookup = {}
+        res: dict[str, Any] = {}
+        if commits or aborts or idle or stores or lookups:
+            try:
+                res = self._call(self._step_batch, commits, aborts, idle, stores, lookups)
+            except _TierDown:
+                pass  # no tier: releases go with the session, stores skipped, lookups miss
+        self._stored(specs, stores, res.get("reserve"))
+        self._looked_up(lookups, res.get("lookup_and_lock"))
         self._release_regions()
+
+    def _step_batch(self, client: kvpool.Client, commits, aborts, idle, stores, lookups):
+        """The step's calls in one Batch on client: {kind: its CallResult}.
+        An error a call site cannot use is counted as _failed's are; the
+        expected ones (a renewed session's keys, no room, the quota) are
+        the call sites'."""
+        if self._batch is None or self._batch_client is not client:
+            if self._batch is not None:
+                self._batch.close()
+            self._batch, self._batch_client = client.batch(keep_going=True), client
+        b = self._batch
+        b.clear()
+        kinds = []
+        adders: list[tuple[str, list, Any]] = [
+            ("commit", commits, b.commit), ("abort", aborts, b.abort), ("unlock", idle, b.unlock),
+            ("reserve", stores, b.reserve), ("lookup_and_lock", lookups, b.lookup_and_lock)]
+        for kind, keys, add in adders:
+            if keys:
+                add(keys)
+                kinds.append(kind)
+        results = dict(zip(kinds, b.send()))
+        for kind, r in results.items():
+            if r.error is not None and not isinstance(r.error, _HANDLED):
+                self._failed(kind, r.error)
+        return results
+
+    def _stored(self, specs, keys, r) -> None:
+        """The step's reservations: each spec's rows, or -1 (stored by someone
+        already, no room, this engine at its quota, or no tier)."""
+        if not specs:
+            return
+        rows = r.block_ids if r is not None and r.ok else [-1] * len(keys)
+        row_of = dict(zip(keys, rows))
+        for k, row in row_of.items():
+            if row > 0:
+                self._reserved.add(k)
+            else:
+                self._storing.discard(k)
+                self._stored_elsewhere[k] = self._step
+        epoch = self._epoch()  # the session that answered: a renewed one's, if _call renewed it
+        ref = self._region_ref()
+        for sp in specs:
+            sp.rows[:] = [row_of[k] for k in sp.keys]
+            sp.epoch, sp.region = epoch, ref
+
+    def _looked_up(self, keys, r) -> None:
+        """The step's lookups: each hit locked, each miss valid for a step."""
+        rows = r.block_ids if r is not None and r.ok else [-1] * len(keys)
+        for k, row in zip(keys, rows):
+            if row > 0:
+                self._rows[k] = row
+                self._used[k] = self._step
+            else:
+                self._missed[k] = self._step
 
     def _expire(self) -> None:
         """Misses go stale; so do keys seen stored elsewhere, after a step."""
         self._missed.clear()
         for k in [k for k, st in self._stored_elsewhere.items() if st < self._step - 1]:
             del self._stored_elsewhere[k]
-
-    def _flush_releases(self) -> None:
-        if self._to_commit:
-            keys, self._to_commit = self._to_commit, []
-            try:
-                self._call(kvpool.Client.commit, keys, None, False)
-            except (kvpool.NotFound, _TierDown):
-                pass  # the session was renewed, or is lost: its reservations go with it
-        if self._to_abort:
-            keys, self._to_abort = self._to_abort, []
-            try:
-                self._call(kvpool.Client.abort, keys)
-            except (kvpool.NotFound, _TierDown):
-                pass
-        # A lock no load holds and no lookup or load used in two steps goes.
-        idle = [k for k, st in self._used.items()
-                if st < self._step - 2 and not self._loading[k]]
-        if idle:
-            for k in idle:
-                del self._used[k]
-                del self._rows[k]
-            try:
-                self._call(kvpool.Client.unlock, idle)
-            except (kvpool.NotOwner, _TierDown):
-                pass  # the session was renewed, or is lost: its locks go with it
-
-    def _flush_stores(self) -> None:
-        if not self._pending_store:
-            return
-        specs, self._pending_store = self._pending_store, []
-        keys = [k for s in specs for k in s.keys]  # distinct: prepare_store saw to that
-        try:
-            rows, _ = self._call(kvpool.Client.reserve, keys)
-        except (kvpool.NoSpace, kvpool.QuotaExceeded, _TierDown):
-            # every row locked or reserved, this engine at its quota, or no tier: nothing stored
-            rows = [-1] * len(keys)
-        row_of = dict(zip(keys, rows))
-        for k, r in row_of.items():
-            if r > 0:
-                self._reserved.add(k)
-            else:
-                self._storing.discard(k)  # stored by someone already, or no room
-                self._stored_elsewhere[k] = self._step
-        epoch = self._epoch()  # the session that answered: a renewed one's, if _call renewed it
-        ref = self._region_ref()
-        for s in specs:
-            s.rows[:] = [row_of[k] for k in s.keys]
-            s.epoch, s.region = epoch, ref
-
-    def _flush_lookups(self) -> None:
-        if not self._pending_lookup:
-            return
-        keys = [k for k in self._pending_lookup if k not in self._rows]  # one lock per key
-        self._pending_lookup = {}
-        if not keys:
-            return
-        try:
-            rows, _ = self._call(kvpool.Client.lookup_and_lock, keys)
-        except (kvpool.QuotaExceeded, _TierDown):
-            rows = [-1] * len(keys)  # no tier, or this engine at its quota: every key misses
-        for k, r in zip(keys, rows):
-            if r > 0:
-                self._rows[k] = r
-                self._used[k] = self._step
-            else:
-                self._missed[k] = self._step
 
     def reset_cache(self) -> None:
         self._missed.clear()  # the shared tier is not this engine's to clear
