@@ -588,6 +588,9 @@ class KVPoolOffloadingManager(OffloadingManager):
 
     def shutdown(self) -> None:
         self._shut = True
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = self._batch_client = None
         if self._client is not None:
             try:
                 self._client.close()  # Goodbye: every reservation and lock goes
