@@ -16,8 +16,9 @@ worker) holds the KV, kvpoold's pool decides what is cached, evicted and
 leased, and kvpoold publishes the tier's BlockStored/BlockRemoved (medium
 CPU) on its event streams.
 
-Scheduler side (KVPoolOffloadingManager), per engine step, in at most four
-round trips at the step's end (on_schedule_end):
+Scheduler side (KVPoolOffloadingManager), per engine step, in one round
+trip at the step's end (on_schedule_end: a batch), none on a step with
+nothing to ask:
   - lookup(key) answers from what the last round trip locked; a key not yet
     asked about answers RETRY (vLLM's "ask again next step") and is looked up,
     and its hit locked, at the step's end. A HIT is therefore always a row
