@@ -228,7 +228,9 @@ main(int argc, char **argv)
 	if (mkdir(dir, 0700) != 0)
 		return 1;
 	snprintf(url, sizeof(url), "ipc://%s/rpc.ipc", dir);
-	snprintf(pool, sizeof(pool), "name=kv,blocks=%d,block_size=16,executor=cpu", 3 * MAX_BATCH + 8);
+	/* session_rows: one writer and one reader may each hold every row */
+	snprintf(pool, sizeof(pool), "name=kv,blocks=%d,block_size=16,executor=cpu,session_rows=%d",
+	         3 * MAX_BATCH + 8, 3 * MAX_BATCH + 8);
 	snprintf(sl, sizeof(sl), "%zu", layers);
 	snprintf(sh, sizeof(sh), "%zu", heads);
 	snprintf(shs, sizeof(shs), "%zu", head);

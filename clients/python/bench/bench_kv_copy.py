@@ -101,9 +101,11 @@ def run(page, slices, programs, record):
     bb = LAYERS * page
     heads = page // (2 * 16 * 128 * 2)
     rdir = "/dev/shm" if os.access("/dev/shm", os.W_OK) else d  # kvpoold's default
+    # session_rows: this one client reserves nearly every row
     proc, url, _ = start(d, "--region-dir", rdir, "--pool",
                          f"name=tier,blocks={NBLK + 4},block_size=16,executor=cpu,"
-                         f"layers={LAYERS},heads={heads},head_size=128,dtype=bf16", pool="tier")
+                         f"layers={LAYERS},heads={heads},head_size=128,dtype=bf16,"
+                         f"session_rows={NBLK + 4}", pool="tier")
     try:
         c = kvpool.Client(url, pool="tier")
         keys = [kvpool.offload_key(i.to_bytes(4, "little") * 8, 0) for i in range(NBLK)]
