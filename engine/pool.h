@@ -341,6 +341,13 @@ int32_t kvp_pool_ref_cnt(const struct kvp_pool *p, int32_t id);
 const uint8_t *kvp_pool_block_key(const struct kvp_pool *p, int32_t id, size_t *len);
 /* Free-queue order head to tail: writes up to cap ids, returns the count. */
 size_t kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap);
+/*
+ * The same from the block after `after` (0: from the head), a page of up
+ * to cap ids, O(cap): KVP_OK with *n written and *more (blocks follow);
+ * KVP_ENOTFOUND if after is not a free block now; KVP_EINVAL on bad args.
+ */
+int kvp_pool_free_queue_page(const struct kvp_pool *p, int32_t after, int32_t *out, size_t cap,
+                             size_t *n, bool *more);
 uint32_t kvp_pool_hash_block_size(const struct kvp_pool *p);
 uint32_t kvp_pool_hash_len(const struct kvp_pool *p);
 uint32_t kvp_pool_max_hash_len(const struct kvp_pool *p);

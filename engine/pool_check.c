@@ -96,6 +96,24 @@ kvp_pool_free_queue(const struct kvp_pool *p, int32_t *out, size_t cap)
 	return n;
 }
 
+int
+kvp_pool_free_queue_page(const struct kvp_pool *p, int32_t after, int32_t *out, size_t cap,
+                         size_t *n, bool *more)
+{
+	if (p == NULL || n == NULL || more == NULL || (out == NULL && cap > 0) || after < 0 ||
+	    (uint32_t)after >= p->n)
+		return KVP_EINVAL;
+	if (after > 0 && (p->blocks[after].ref_cnt != 0))
+		return KVP_ENOTFOUND;
+	int32_t id = after > 0 ? kvp_queue_next(&p->queue, after) : kvp_queue_first(&p->queue);
+	size_t k = 0;
+	for (; id >= 0 && k < cap; id = kvp_queue_next(&p->queue, id))
+		out[k++] = id;
+	*n = k;
+	*more = id >= 0;
+	return KVP_OK;
+}
+
 size_t
 kvp_pool_metadata_bytes(const struct kvp_pool *p, size_t *map_bytes)
 {

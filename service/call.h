@@ -92,6 +92,8 @@ int kvpd_h_lookup(struct call *c, const Kvpool__V1__LookupRequest *m, Kvpool__V1
 int kvpd_h_evict(struct call *c, const Kvpool__V1__EvictRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_reset(struct call *c, const Kvpool__V1__ResetRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__Reply *out);
+int kvpd_h_free_queue(struct call *c, const Kvpool__V1__FreeQueueRequest *m,
+                      Kvpool__V1__Reply *out);
 
 /* Request-level calls (calls_requests.c). */
 int kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,

@@ -469,6 +469,37 @@ kvpd_h_reset(struct call *c, const Kvpool__V1__ResetRequest *m, Kvpool__V1__Repl
 }
 
 int
+kvpd_h_free_queue(struct call *c, const Kvpool__V1__FreeQueueRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__FreeQueueReply *r =
+		NEW(c, Kvpool__V1__FreeQueueReply, kvpool__v1__free_queue_reply__descriptor);
+	uint32_t cap = m->max_ids == 0 || m->max_ids > c->p->limits.max_ids ? c->p->limits.max_ids
+	                                                                     : m->max_ids;
+	int32_t *ids = kvpd_scratch(c, ((size_t)cap + 1) * sizeof(*ids));
+	size_t n = 0;
+	bool more = false;
+	int rv;
+
+	if (r == NULL || ids == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (m->after < 0 || (uint32_t)m->after >= kvp_pool_num_blocks(c->p->pool))
+		return kvpd_fail(c, KVP_ERANGE, "block id %d is outside the pool", m->after);
+	rv = kvp_pool_free_queue_page(c->p->pool, m->after, ids, cap, &n, &more);
+	if (rv == KVP_ENOTFOUND)
+		return kvpd_fail(c, rv, "block %d is no longer free: the queue moved on (start again "
+		                 "from the head)", m->after);
+	if (rv != KVP_OK)
+		return kvpd_fail(c, rv, "free queue: %s", kvp_strerror(rv));
+	r->block_ids = ids;
+	r->n_block_ids = n;
+	r->more = more;
+	r->num_free = kvp_pool_num_free(c->p->pool);
+	out->result_case = KVPOOL__V1__REPLY__RESULT_FREE_QUEUE;
+	out->free_queue = r;
+	return KVP_OK;
+}
+
+int
 kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__StatsReply *r = NEW(c, Kvpool__V1__StatsReply, kvpool__v1__stats_reply__descriptor);

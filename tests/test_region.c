@@ -694,6 +694,37 @@ test_region_calls_batch_in_one_round_trip(void **state)
 	kvp_client_close(a);
 }
 
+/* The free queue's read-only view: pages, and a cursor that is no longer free. */
+static void
+test_region_free_queue_view(void **state)
+{
+	(void)state;
+	struct kvp_client *c = open_client("other", NULL, 0);
+	int32_t ids[8], got[8];
+	size_t n = 0;
+	bool more = false;
+
+	assert_status(kvp_client_free_queue(NULL, 0, ids, 8, &n, &more), KVP_EINVAL);
+	assert_status(kvp_client_free_queue(c, -1, ids, 8, &n, &more), KVP_EINVAL);
+	assert_status(kvp_client_free_queue(c, 0, NULL, 8, &n, &more), KVP_EINVAL);
+	assert_status(kvp_client_free_queue(c, 1000, ids, 8, &n, &more), KVP_ERANGE);
+	assert_ok(kvp_client_free_queue(c, 0, ids, 8, &n, &more));
+	assert_int_equal(n, 3); /* 4 blocks, the null one never free */
+	assert_false(more);
+	assert_ok(kvp_client_free_queue(c, 0, got, 2, &n, &more));
+	assert_int_equal(n, 2);
+	assert_true(more);
+	assert_ok(kvp_client_free_queue(c, got[1], got + 2, 2, &n, &more));
+	assert_int_equal(n, 1);
+	assert_false(more);
+	assert_memory_equal(got, ids, 3 * sizeof(*ids));
+	int32_t b;
+	assert_ok(kvp_client_allocate(c, 1, &b));
+	assert_status(kvp_client_free_queue(c, b, got, 2, &n, &more), KVP_ENOTFOUND);
+	assert_ok(kvp_client_free(c, &b, 1));
+	kvp_client_close(c);
+}
+
 /* kvpoolctl region [ROW]: the region's shape, and a row's checksum as the reader sees it. */
 static void
 test_region_kvpoolctl_shows_region_and_row(void **state)
@@ -903,6 +934,7 @@ main(int argc, char **argv)
 		cmocka_unit_test(test_region_session_quota_leaves_room_for_others),
 		cmocka_unit_test(test_region_renew_replaces_the_session_in_one_call),
 		cmocka_unit_test(test_region_calls_batch_in_one_round_trip),
+		cmocka_unit_test(test_region_free_queue_view),
 		cmocka_unit_test(test_region_crash_before_commit_leaves_nothing),
 		cmocka_unit_test(test_region_locked_row_survives_pressure),
 		cmocka_unit_test(test_region_abort_publishes_nothing),

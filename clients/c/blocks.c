@@ -392,3 +392,31 @@ kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
 }
+
+int
+kvp_client_free_queue(struct kvp_client *c, int32_t after, int32_t *ids, size_t cap, size_t *n,
+                      bool *more)
+{
+	Kvpool__V1__FreeQueueRequest m = KVPOOL__V1__FREE_QUEUE_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+
+	if (c == NULL || n == NULL || more == NULL || (ids == NULL && cap > 0) || after < 0 ||
+	    cap > UINT32_MAX)
+		return KVP_EINVAL;
+	m.after = after;
+	m.max_ids = (uint32_t)(cap ? cap : 1);
+	KVP_CLIENT_CALL(c, free_queue, FREE_QUEUE, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_FREE_QUEUE ||
+	    r->free_queue->n_block_ids > cap) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "free queue: unexpected reply", NULL);
+	}
+	*n = r->free_queue->n_block_ids;
+	if (*n > 0)
+		memcpy(ids, r->free_queue->block_ids, *n * sizeof(*ids));
+	*more = r->free_queue->more;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}

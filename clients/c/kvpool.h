@@ -255,6 +255,16 @@ int kvp_client_find_hit(struct kvp_client *c, const uint8_t *hashes, size_t num_
 int kvp_client_evict(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_evicted);
 int kvp_client_reset(struct kvp_client *c);
 int kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out);
+/*
+ * A read-only view of the pool's free queue, head to tail, a page at a
+ * time (tests and debugging, as vLLM's free_block_queue.get_all_free_blocks;
+ * never the hot path): up to cap ids (at most the daemon's max-ids) after
+ * block `after` (0: from the head) into ids, *n of them, and *more when
+ * blocks follow. KVP_ENOTFOUND when `after` is no longer free (the queue
+ * moved on: start again from 0); KVP_EINVAL; transport statuses.
+ */
+int kvp_client_free_queue(struct kvp_client *c, int32_t after, int32_t *ids, size_t cap, size_t *n,
+                          bool *more);
 int kvp_client_heartbeat(struct kvp_client *c);
 /*
  * The pool's event stream position now (a Heartbeat): its epoch and the seq

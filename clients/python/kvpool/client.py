@@ -13,7 +13,7 @@ from ._types import Buffer, Hashes, Ids, MMFeatures
 
 if TYPE_CHECKING:
     from .batch import Batch
-from .errors import BY_STATUS, Internal, KvpoolError, NotSupported
+from .errors import BY_STATUS, Internal, KvpoolError, NotFound, NotSupported
 from .region import RegionCalls
 
 
@@ -315,6 +315,27 @@ class Client(RegionCalls):
         st = L.Stats()
         self._check(L.kvp_client_stats(self._live(), byref(st)))
         return {name: getattr(st, name) for name, _ in L.Stats._fields_}
+
+    def free_queue(self, page: int = 4096) -> list[int]:
+        """The pool's free queue, head to tail (a read-only view for tests and
+        debugging, never the hot path), read a page at a time. A page whose
+        last block left the queue meanwhile starts the walk again; after a
+        few such restarts the pages read so far are returned as they are."""
+        ids = (c_int32 * page)()
+        n, more = c_size_t(), c_bool()
+        for _ in range(4):
+            out: list[int] = []
+            after = 0
+            while True:
+                rv = L.kvp_client_free_queue(self._live(), after, ids, page, byref(n), byref(more))
+                if rv == NotFound.status:
+                    break  # the queue moved on: start again
+                self._check(rv)
+                out.extend(ids[:n.value])
+                if not more.value or n.value == 0:
+                    return out
+                after = out[-1]
+        return out
 
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,
               num_cached_blocks: int = 0, lora_name: Optional[str] = None,

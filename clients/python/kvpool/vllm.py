@@ -576,8 +576,9 @@ class RemoteBlockPool(_Remote):
     @property
     def free_block_queue(self) -> _RemoteFreeQueue:
         """vLLM's free queue as callers read it: num_free_blocks, the daemon's
-        count now. Its order and links stay in the daemon (kvpoolctl stats)."""
-        return _RemoteFreeQueue(self.client)
+        count now, and get_all_free_blocks(), its order read from the daemon
+        (a view for tests and debugging). Its links stay in the daemon."""
+        return _RemoteFreeQueue(self)
 
     @property
     def cached_block_hash_to_block(self) -> _RemoteHashMap:
@@ -595,14 +596,18 @@ class RemoteBlockPool(_Remote):
 
 
 class _RemoteFreeQueue:
-    __slots__ = ("_client",)
+    __slots__ = ("_pool",)
 
-    def __init__(self, client):
-        self._client = client
+    def __init__(self, pool):
+        self._pool = pool
 
     @property
     def num_free_blocks(self) -> int:
-        return self._client.stats()["num_free"]
+        return self._pool.client.stats()["num_free"]
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        """The free queue head to tail, as vLLM's: this adapter's block objects."""
+        return [self._pool._block(i) for i in self._pool.client.free_queue()]
 
 
 class _RemoteHashMap:
@@ -618,6 +623,18 @@ class _RemoteHashMap:
         """The first block cached under key (hash || 4-byte group), or None."""
         got = self._pool.get_cached_block(key[:-4], [int.from_bytes(key[-4:], "big")])
         return got[0] if got else None
+
+    def _keys(self) -> list[bytes]:
+        """Every key cached now (hash || 4-byte group), from one Snapshot."""
+        _, _, entries = self._pool.client.snapshot()
+        return [h + g.to_bytes(4, "big") for (h, g) in entries]
+
+    def __iter__(self):
+        """The keys cached now (a view for tests and debugging: one Snapshot)."""
+        return iter(self._keys())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, (bytes, bytearray)) and self.get_one_block(bytes(key)) is not None
 
 
 @dataclass

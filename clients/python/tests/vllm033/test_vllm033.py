@@ -111,6 +111,8 @@ def test_free_order_is_vllms_test_prefill(daemon):
             pool.free_blocks(reversed(blocks))
         want = [b.block_id for b in theirs.free_block_queue.get_all_free_blocks()]
         assert want == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]  # vLLM's test_prefill
+        # the read-only view, as vLLM's own tests read it, then by allocating
+        assert [b.block_id for b in ours.free_block_queue.get_all_free_blocks()] == want
         assert _drain(ours) == want
 
 
@@ -151,7 +153,28 @@ def test_random_block_pool_runs_match_vllms(daemon, caching):
             theirs.free_blocks(reversed(bt))
             ours.free_blocks(reversed(bo))
         want = [b.block_id for b in theirs.free_block_queue.get_all_free_blocks()]
+        assert [b.block_id for b in ours.free_block_queue.get_all_free_blocks()] == want
+        # the prefix-cache map's keys, iterated as vLLM's tests read its map
+        assert set(ours.cached_block_hash_to_block) == set(theirs.cached_block_hash_to_block._cache)
         assert _drain(ours) == want
+
+
+def test_free_queue_view_pages_and_refuses_a_moved_cursor(daemon):
+    """Client.free_queue reads the queue a page at a time; a page after a
+    block that is no longer free is refused NOT_FOUND (the walk restarts)."""
+    url = daemon("name=fq,blocks=40,block_size=4,executor=none")
+    with kvpool.Client(url, pool="fq") as c:
+        ids = c.allocate(10)
+        c.free(ids)
+        whole = c.free_queue()
+        assert len(whole) == 39 and c.free_queue(page=3) == whole
+        got = c.allocate(1)  # the head leaves the queue
+        from ctypes import byref, c_bool, c_int32, c_size_t
+        buf, n, more = (c_int32 * 4)(), c_size_t(), c_bool()
+        rv = kvpool._lib.kvp_client_free_queue(c._live(), got[0], buf, 4, byref(n), byref(more))
+        assert rv == kvpool.NotFound.status
+        assert c.free_queue() == whole[1:]
+        c.free(got)
 
 
 def test_coarse_blocks_are_keyed_as_vllms(daemon):
