@@ -4,7 +4,9 @@
 # linker actually used, so a header reached indirectly is caught too:
 #   common/              includes only common/ (the leaf layer)
 #   proto/ gpu/          common/ and themselves; never engine/ or service/
-#   clients/c/           common/, proto/ and itself; never engine/, gpu/, service/
+#   clients/c/           common/, proto/ and itself; never engine/, gpu/, service/;
+#                        the library (clients/c/*) never includes its programs
+#                        (clients/c/tools/), which may include the library
 #   engine/              common/ and itself
 #   service/             anything but clients/c/
 # Usage: check_layers.sh SOURCE_DIR BUILD_DIR. Prints each breach; exit 1 if any.
@@ -34,6 +36,16 @@ out=$(
 )
 [ -z "$out" ] || { echo "$out"; bad=1; }
 
+# The library's own files never include its programs'.
+out=$(
+	for f in $(cd "$src" && ls clients/c/*.c clients/c/*.h 2>/dev/null); do
+		grep -nE '#include "clients/c/tools/' "$src/$f" | while IFS= read -r l; do
+			echo "layering: $f:$l (the library includes one of its programs)"
+		done
+	done
+)
+[ -z "$out" ] || { echo "$out"; bad=1; }
+
 # The compiler's dependency lists: every header each object really read.
 # $1: target directory under the build tree, $2: forbidden source folders.
 check_deps() {
@@ -54,7 +66,7 @@ check_deps engine/CMakeFiles/kvp_engine.dir  'gpu|proto|service|clients'
 
 # The link lines: client programs never link the engine, executor or daemon.
 for t in kvpoolctl kvpool-demo; do
-	l="$bld/clients/c/CMakeFiles/$t.dir/link.txt"
+	l="$bld/clients/c/tools/CMakeFiles/$t.dir/link.txt"
 	[ -e "$l" ] || { breach "$l missing (build first)"; continue; }
 	! grep -qE 'libkvp_engine|libkvp_exec|libkvpd_core' "$l" || breach "$t links $(grep -oE 'libkvp_engine[^ ]*|libkvp_exec[^ ]*|libkvpd_core[^ ]*' "$l" | tr '\n' ' ')"
 done

@@ -7,7 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
-#include "clients/c/vllm_watch.h"
+#include "clients/c/tools/vllm_watch.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/c/kvpoolctl.h"
+#include "clients/c/tools/kvpoolctl.h"
 #include "clients/c/subscriber.h"
-#include "clients/c/vllm_watch.h"
+#include "clients/c/tools/vllm_watch.h"
 #include "proto/wire.h"
 
 void

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/c/kvpoolctl.h"
+#include "clients/c/tools/kvpoolctl.h"
 #include "common/crc32c.h"
 
 int32_t *

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clients/c/kvpoolctl.h"
+#include "clients/c/tools/kvpoolctl.h"
 #include "common/kvp_version.h"
 #include "proto/wire.h"
 
