@@ -14,21 +14,12 @@
 #include "clients/c/tools/vllm_watch.h"
 #include "proto/wire.h"
 
-void
-ctl_hex_into(char *dst, const uint8_t *b, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		snprintf(dst + 2 * i, 3, "%02x", b[i]);
-	dst[2 * n] = '\0';
-}
-
 /* ---- events ---- */
 
 struct follow {
 	const char *pool;
 	unsigned long printed, max;
 };
-
 
 static void
 print_event(struct follow *f, const char *pool, uint64_t epoch, uint64_t seq, uint64_t ts,

@@ -75,9 +75,6 @@ bad:
 	return -1;
 }
 
-
-
-
 static char *
 read_token_file(const char *path)
 {
@@ -93,59 +90,6 @@ read_token_file(const char *path)
 		buf[--n] = '\0';
 	return buf;
 }
-
-static const char *const exit_kind[] = {"ok", "refused", "usage", "unreachable", "local"};
-
-
-
-
-
-/* One error, as a line on stderr or, with --json, one object on stdout. Returns code. */
-int
-fail(struct ctl *x, int code, int status, const char *fmt, ...)
-{
-	char msg[1024];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	x->reported = code;
-	if (x->json) {
-		cJSON *o = cJSON_CreateObject();
-		cJSON_AddStringToObject(o, "command", x->cmd_name ? x->cmd_name : "");
-		cJSON_AddStringToObject(o, "status", kvp_status_wire_name(status));
-		cJSON_AddStringToObject(o, "error", exit_kind[code]);
-		cJSON_AddNumberToObject(o, "exit_code", code);
-		cJSON_AddStringToObject(o, "detail", msg);
-		char *s = cJSON_PrintUnformatted(o);
-		if (s)
-			printf("%s\n", s);
-		free(s);
-		cJSON_Delete(o);
-	} else {
-		fprintf(stderr, "kvpoolctl: %s\n", msg);
-		if (code == EXIT_USAGE)
-			fprintf(stderr, "kvpoolctl: see kvpoolctl --help\n");
-	}
-	return code;
-}
-
-
-/* The exit code of a status from the library or the daemon. */
-int
-exit_of(int status)
-{
-	return status == KVP_OK ? EXIT_OK : status == KVP_EUNAVAILABLE ? EXIT_UNREACHABLE : EXIT_REFUSED;
-}
-
-/* A failed call: the daemon's (or library's) status and detail. */
-int
-refused(struct ctl *x, int status, const char *detail)
-{
-	return fail(x, exit_of(status), status, "%s: %s%s%s", kvp_status_wire_name(status),
-	            kvp_strerror(status), detail && detail[0] ? ": " : "", detail ? detail : "");
-}
-
 
 enum opt_kind { O_FLAG, O_STR, O_U32, O_U64 };
 static const struct opt {
@@ -205,8 +149,6 @@ static const struct opt {
 	{"--from", "SEQ", NULL, NULL, O_U64, F(from), C_VLLM, 0, UINT64_MAX},
 #undef F
 };
-
-
 
 /* Commands that dial on their own (or not at all) have no run. */
 static const struct command commands[] = {
