@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import _lib as L
-from .client import SlotsResult, _hashes, _ids, _keys, _raise, _tokens
+from ._args import SlotsResult, _hashes, _ids, _keys, _raise, _tokens
 from ._types import Hashes, Ids, MMFeatures
 from .errors import BY_STATUS, KvpoolError, NotSupported
 from .region import Keys

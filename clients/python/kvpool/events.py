@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 from . import _lib as L
-from .client import _raise
+from ._args import _raise
 from .errors import WrongState
 
 #: A block hash in an event: an int (vLLM's default, the last 8 bytes) or the bytes.

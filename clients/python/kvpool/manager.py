@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 from .errors import NoSpace, NotSupported
 from ._types import RequestLike
 from .coordinator import RemoteCoordinator
+from .step import Step, _released
 from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, RemoteBlockPool,
                    _Remote, _Req, _check_shape, _coarse_hash, _concat_keys, _request_keys)
 
@@ -687,14 +688,6 @@ class RemoteKVCacheManager(_Remote):
         row[i] = self.null_block
 
 
-def _check_reserved(reserved_blocks):
-    if reserved_blocks:
-        raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
-                           "Step.allocate_slots(reserved_blocks > 0): a step's calls go in "
-                           "one Batch, with no free count to check them against first; use "
-                           "RemoteKVCacheManager.allocate_slots")
-
-
 def _skipped_blocks(spec, num_computed):
     """get_num_skipped_tokens(num_computed) // block_size: a window's or a
     chunk's tokens before it, a Mamba group's before the last token."""
@@ -707,17 +700,3 @@ def _skipped_blocks(spec, num_computed):
         chunk = spec["attention_chunk_size"]
         return (num_computed // chunk * chunk) // bs
     return 0
-
-
-def _released(req):
-    """The mirror's side of FreeRequest: each held block loses a reference."""
-    for row in req.blocks:
-        for b in row:
-            if not b.is_null:
-                b.ref_cnt -= 1
-    req.blocks = []
-
-
-# Step (one scheduler step as one Batch) lives in kvpool.step, which uses the
-# helpers above; imported here last so that both modules load in either order.
-from .step import Step  # noqa: E402

@@ -10,14 +10,30 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _lib as L
 from ._types import RequestLike
-from .client import _raise
-from .errors import NoSpace
-from .manager import _check_reserved, _released
+from ._args import _raise
+from .errors import NoSpace, NotSupported
 from .vllm import KVCacheBlocks
 
 if TYPE_CHECKING:
     from .batch import Batch
     from .manager import RemoteKVCacheManager
+
+def _check_reserved(reserved_blocks):
+    if reserved_blocks:
+        raise NotSupported(NotSupported.status, "NOT_SUPPORTED",
+                           "Step.allocate_slots(reserved_blocks > 0): a step's calls go in "
+                           "one Batch, with no free count to check them against first; use "
+                           "RemoteKVCacheManager.allocate_slots")
+
+
+def _released(req):
+    """The mirror's side of FreeRequest: each held block loses a reference."""
+    for row in req.blocks:
+        for b in row:
+            if not b.is_null:
+                b.ref_cnt -= 1
+    req.blocks = []
+
 
 _all_tokens, _sent, _wire_id = (attrgetter(a) for a in ("all_token_ids", "sent", "wire_id"))
 _last = itemgetter(-1)
