@@ -121,9 +121,8 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 	}
 	ec.shape.num_blocks = pc->num_blocks;
 	/*
-	 * --region-dir auto: /dev/shm when it has room for the region and this
-	 * user may write there, else private memory (a container's /dev/shm is
-	 * often 64 MiB; a chroot's may be root's), said in the log.
+	 * --region-dir auto: /dev/shm when it has room for the region and this user may write
+	 * there, else private memory (a container's /dev/shm is often 64 MiB), said in the log.
 	 */
 	char region_why[192] = "";
 	if (ec.region_dir != NULL && strcmp(cfg->region_dir, "auto") == 0) {
@@ -133,20 +132,18 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 		uint64_t need = kvp_kv_block_stride(&rs) * pc->num_blocks;
 		uint64_t room = statvfs("/dev/shm", &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
 		ec.region_dir = "/dev/shm";
-		if (access("/dev/shm", W_OK | X_OK) != 0) {
-			int e = errno;
-			ec.region_dir = NULL;
-			ec.shape.rows = 0;
+		if (access("/dev/shm", W_OK | X_OK) != 0)
 			snprintf(region_why, sizeof(region_why),
 			         ", no shared region: /dev/shm: %s (--region-dir names a place)",
-			         strerror(e));
-		} else if (room < need) {
-			ec.region_dir = NULL;
-			ec.shape.rows = 0;
+			         strerror(errno));
+		else if (room < need)
 			snprintf(region_why, sizeof(region_why),
 			         ", no shared region: /dev/shm has %llu MiB free, the pool needs %llu MiB "
 			         "(--region-dir names a place)",
 			         (unsigned long long)(room >> 20), (unsigned long long)(need >> 20));
+		if (region_why[0] != '\0') {
+			ec.region_dir = NULL;
+			ec.shape.rows = 0;
 		}
 	}
 	if ((rv = kvp_exec_open(&ec, &p->exec, why, sizeof(why))) != KVP_OK) {
@@ -249,18 +246,12 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	p->limits.max_ids = cfg->max_ids;
 	p->limits.lease_ms = cfg->lease_ms;
 	p->limits.max_sessions = cfg->max_sessions;
-	p->limits.max_refs = cfg->max_refs != 0 ? cfg->max_refs
-	                     : (uint64_t)p->cfg.num_blocks * 16 > (1u << 20)
-	                           ? (uint64_t)p->cfg.num_blocks * 16
-	                           : 1u << 20;
-	/*
-	 * One session's quota: half the pool, so that however a session misbehaves
-	 * (reserving every row, touching one block a million times) the others
-	 * still find room.
-	 */
-	p->limits.session_refs = pc->session_refs != 0 ? pc->session_refs : p->limits.max_refs / 2;
-	p->limits.session_rows = pc->session_rows != 0 ? pc->session_rows
-	                         : p->cfg.num_blocks / 2 > 0 ? p->cfg.num_blocks / 2 : 1;
+	uint64_t refs16 = (uint64_t)p->cfg.num_blocks * 16;
+	p->limits.max_refs = cfg->max_refs ? cfg->max_refs : refs16 > (1u << 20) ? refs16 : 1u << 20;
+	/* One session's quota: half the pool, so a misbehaving one leaves room for the rest. */
+	p->limits.session_refs = pc->session_refs ? pc->session_refs : p->limits.max_refs / 2;
+	p->limits.session_rows = pc->session_rows ? pc->session_rows
+	                         : p->cfg.num_blocks / 2 ? p->cfg.num_blocks / 2 : 1;
 	p->limits.max_session_requests = cfg->max_session_requests;
 	p->limits.reply_cache_bytes = (size_t)cfg->reply_cache_mib << 20;
 	p->limits.max_reply_bytes = (size_t)cfg->max_msg_bytes;
