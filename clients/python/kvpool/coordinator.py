@@ -96,3 +96,17 @@ class RemoteCoordinator:
 
     def pop_blocks_for_free(self, request_id: Any) -> list[KVCacheBlock]:
         return self._mgr._pop_blocks(request_id)
+
+
+def _skipped_blocks(spec, num_computed):
+    """get_num_skipped_tokens(num_computed) // block_size: a window's or a
+    chunk's tokens before it, a Mamba group's before the last token."""
+    bs = spec["block_size"]
+    if spec["kind"] == "mamba":
+        return max(num_computed - 1, 0) // bs
+    if spec["kind"] == "sliding_window":
+        return max(0, num_computed - spec["sliding_window"] + 1) // bs
+    if spec["kind"] == "chunked_local_attention":
+        chunk = spec["attention_chunk_size"]
+        return (num_computed // chunk * chunk) // bs
+    return 0

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from .errors import NoSpace, NotSupported
 from ._types import RequestLike
-from .coordinator import RemoteCoordinator
+from .coordinator import RemoteCoordinator, _skipped_blocks
 from .step import Step, _released
 from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, RemoteBlockPool,
                    _Remote, _Req, _check_shape, _coarse_hash, _concat_keys, _request_keys)
@@ -686,17 +686,3 @@ class RemoteKVCacheManager(_Remote):
     def _to_null(self, row, i):
         row[i].ref_cnt -= 1
         row[i] = self.null_block
-
-
-def _skipped_blocks(spec, num_computed):
-    """get_num_skipped_tokens(num_computed) // block_size: a window's or a
-    chunk's tokens before it, a Mamba group's before the last token."""
-    bs = spec["block_size"]
-    if spec["kind"] == "mamba":
-        return max(num_computed - 1, 0) // bs
-    if spec["kind"] == "sliding_window":
-        return max(0, num_computed - spec["sliding_window"] + 1) // bs
-    if spec["kind"] == "chunked_local_attention":
-        chunk = spec["attention_chunk_size"]
-        return (num_computed // chunk * chunk) // bs
-    return 0
