@@ -46,34 +46,22 @@ one extra step (RETRY) while they are answered.
 """
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections import Counter, deque
 from typing import Any, Iterable, Optional
 
-import numpy as np
-
-from vllm.v1.kv_offload.base import (
-    CanonicalKVCaches,
-    GPULoadStoreSpec,
-    LoadStoreSpec,
-    LookupResult,
-    OffloadingManager,
-    OffloadingSpec,
-    OffloadingWorker,
-    OffloadKey,
-    PrepareStoreOutput,
-    ReqContext,
-    RequestOffloadingContext,
-    TransferResult,
-)
 from vllm.logger import init_logger
+from vllm.v1.kv_offload.base import (CanonicalKVCaches, LoadStoreSpec, LookupResult,
+                                     OffloadingManager, OffloadingSpec, OffloadingWorker,
+                                     OffloadKey, PrepareStoreOutput, ReqContext,
+                                     RequestOffloadingContext)
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvpool
-from kvpool.kv_copy import PageCopier, RegionMap
+from kvpool._offload_tier import (KVPoolRowsSpec, _check_tier, _connect,  # noqa: F401
+                                  _engine_pod, check_hashing)
+from kvpool.vllm_offload_worker import KVPoolOffloadingWorker
 
 logger = init_logger(__name__)
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
@@ -81,28 +69,6 @@ _LEASE_S = 30.0  # kvpoold's default session lease
 
 __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
            "KVPoolRowsSpec"]
-
-
-class KVPoolRowsSpec(LoadStoreSpec):
-    """Rows of kvpoold's shared region, one per offloaded block, in the order
-    of the job's GPU blocks; -1 (stores only): the key needs no write (it
-    was stored by someone else meanwhile, or the pool had no room). epoch
-    names the pool's life the rows belong to (Hello's event_epoch, new at
-    each kvpoold start, whose region is a new file); None: the worker's
-    current one. region: that life's region as the scheduler holds it open
-    (kvpool.RegionRef), so a worker that has not mapped it yet maps it
-    through the scheduler's descriptor, even with kvpoold gone."""
-
-    def __init__(self, keys: list[OffloadKey], rows: Optional[list[int]] = None,
-                 epoch: Optional[int] = None, region: Optional[kvpool.RegionRef] = None):
-        self.keys = list(keys)
-        self.rows = np.full(len(self.keys), -1, dtype=np.int32) if rows is None else \
-            np.asarray(rows, dtype=np.int32)
-        self.epoch = epoch
-        self.region = region
-
-    def __repr__(self) -> str:
-        return f"KVPoolRowsSpec({self.rows.tolist()}, epoch={self.epoch})"
 
 
 class _TierDown(Exception):
@@ -115,95 +81,6 @@ class _TierDown(Exception):
 # exception out of vLLM's scheduler, which would end the engine.
 _HANDLED = (kvpool.NotFound, kvpool.NotOwner, kvpool.NoSpace, kvpool.QuotaExceeded)
 _ERROR_LOG_S = 60.0  # one warning a minute for answers the tier cannot use
-
-
-def _connect(extra: dict[str, Any], name: str, vllm_pod: Optional[str] = None,
-             timeout_ms: int = 5000, retries: int = 2) -> kvpool.Client:
-    url = extra.get("kvpool_url")
-    if not url:
-        raise ValueError("kvpool: kv_connector_extra_config needs kvpool_url "
-                         "(kvpoold's ipc:// URL on this host)")
-    token = extra.get("kvpool_token")
-    tf = extra.get("kvpool_token_file")
-    if token is None and tf:
-        with open(tf, encoding="utf-8") as f:
-            token = f.read().strip()
-    return kvpool.Client(url, pool=extra.get("kvpool_pool", "default"), token=token,
-                         client_name=name,
-                         timeout_ms=int(extra.get("kvpool_timeout_ms", timeout_ms)),
-                         retries=retries,
-                         vllm_pod=vllm_pod)
-
-
-def _engine_pod(extra: dict[str, Any]) -> Optional[str]:
-    """The pod the tier's events are credited to: kvpool_vllm_pod, else $POD_IP
-    (llm-d's {pod}, from the downward API), else none."""
-    return extra.get("kvpool_vllm_pod") or os.environ.get("POD_IP") or None
-
-
-def _engine_hash_algo() -> Optional[str]:
-    """vLLM's --prefix-caching-hash-algo for the engine being built, where
-    vLLM has its config current (None where not)."""
-    try:
-        from vllm.config import get_current_vllm_config_or_none
-    except ImportError:
-        return None
-    cfg = get_current_vllm_config_or_none()
-    return getattr(getattr(cfg, "cache_config", None), "prefix_caching_hash_algo", None)
-
-
-def check_hashing(info: dict, algo: Optional[str],
-                  hash_seed: Optional[str] = None) -> Optional[str]:
-    """Refuses (ValueError naming both settings) an engine whose block
-    hashes can never be the pool's keys: another algorithm, so another key
-    length, on which every lookup would fail. Returns a warning, or None,
-    when they match but engines cannot share: vLLM's xxhash algorithms draw
-    a random NONE_HASH in each engine unless PYTHONHASHSEED (hash_seed) is
-    set, so no engine hits another's blocks."""
-    pool = info["hash_algorithm"]
-    if algo is not None and algo != pool:
-        raise ValueError(
-            f"kvpool: vLLM hashes blocks with --prefix-caching-hash-algo {algo}, pool "
-            f"{info['pool']} with hash_algo={pool}: no key could ever match. Start vLLM with "
-            f"--prefix-caching-hash-algo {pool}, or the pool with hash_algo={algo}")
-    if (algo or pool).startswith("xxhash") and not hash_seed:
-        return (f"kvpool: vLLM's {algo or pool} draws a random NONE_HASH in each engine "
-                "unless PYTHONHASHSEED is set: engines on this tier will not hit each other's "
-                "blocks. Set PYTHONHASHSEED to one value in every engine that shares it")
-    return None
-
-
-def _check_tier(c: kvpool.Client, config: OffloadingConfig, blocks_per_chunk: int,
-                need: Optional[int] = None) -> None:
-    """The pool must be a region whose shard can hold one worker's block
-    (need bytes: the worker's own count, else the config's, 0 if unknown),
-    keyed by the engine's hash algorithm."""
-    info = c.info
-    warning = check_hashing(info, _engine_hash_algo(), os.environ.get("PYTHONHASHSEED"))
-    if warning:
-        logger.warning("%s", warning)
-    if not info.get("region"):
-        raise ValueError(f"kvpool: pool {info['pool']} has no shared region (a cpu pool "
-                         "with prefix caching, and kvpoold's --region-dir)")
-    if blocks_per_chunk != 1:
-        raise ValueError("kvpool: one offloaded block per GPU block only (leave the "
-                         "OffloadingConnector's block_size at the GPU block size)")
-    if config.canonical_layout or config.replicated_layout:
-        raise ValueError("kvpool: the direct layout only (no canonical_layout or "
-                         "replicated_layout)")
-    ex = info["executor"] or {}
-    world = max(1, config.parallel.world_size)
-    if need is None:
-        need = config.worker_kv_bytes_per_block
-    with c.region() as reg:
-        shards, shard_bytes = reg.shards, reg.shard_bytes
-    if shards != world or (need and shard_bytes < need):
-        raise ValueError(
-            f"kvpool: pool {info['pool']} has {shards} shard(s) of {shard_bytes} bytes a row; "
-            f"this engine has {world} worker(s) of {need} KV bytes a block: give the pool "
-            f"shards={world} and a KV shape of at least {need * world} bytes a block "
-            f"(layers x 2 x block_size x KV heads x head_size x dtype size; now "
-            f"{ex.get('block_bytes')})")
 
 
 class KVPoolOffloadingManager(OffloadingManager):
@@ -601,199 +478,6 @@ class KVPoolOffloadingManager(OffloadingManager):
         for r in self._regions.values():
             r.close()
         self._regions.clear()
-
-
-class KVPoolOffloadingWorker(OffloadingWorker):
-    """Copies between vLLM's KV cache tensors and this worker's shard of
-    kvpoold's region rows (kvpool.kv_copy). CPU tensors are copied when
-    submitted; CUDA tensors on a side stream, after the model's stream, by
-    cudaMemcpyBatchAsync (as vLLM's own CPU tier) to and from the pinned
-    region, completed by event.
-
-    A restarted kvpoold has a new region (another file): a job names its
-    pool life (KVPoolRowsSpec.epoch), and the worker maps the new region the
-    first time a job names it, keeping the one before for the jobs issued
-    before the scheduler renewed its session. It maps it through the
-    scheduler's descriptor (KVPoolRowsSpec.region), with no call to kvpoold,
-    so a HIT granted by a kvpoold that died before this step still loads
-    the right bytes; only where that cannot be had (another user, no /proc)
-    does it ask kvpoold, for at most kvpool_timeout_ms once. A job whose
-    region cannot be had is never run against other rows: a store is done
-    with nothing written, a load reported failed (which vLLM 0.33 turns
-    into the engine's end: the descriptor is what keeps that from
-    happening)."""
-
-    def __init__(self, extra: dict[str, Any], config: OffloadingConfig,
-                 kv_caches: CanonicalKVCaches):
-        import torch
-        self._torch = torch
-        self._extra, self._config = dict(extra), config
-        self._name = f"vllm-worker {config.engine_id}/{config.parallel.rank}"
-        # per group: (tensor index, page bytes, offset in the shard)
-        layout = []
-        for refs in kv_caches.group_data_refs:
-            off, lay = 0, []
-            for ref in refs:
-                lay.append((ref.tensor_idx, ref.page_size_bytes, off))
-                off += ref.page_size_bytes
-            layout.append(lay)
-        self._copier = PageCopier([t.tensor for t in kv_caches.tensors], layout,
-                                  rank=config.parallel.rank)
-        self._cuda = self._copier.cuda
-        self._stream = torch.cuda.Stream() if self._cuda else None
-        self._maps: list[RegionMap] = [self._map()]  # newest last; at most two
-        # (job, CUDA event, or None: done, or False: not run; bytes, start, its map)
-        self._inflight: list[tuple[int, Any, int, float, Optional[RegionMap]]] = []
-        self._lock = threading.Lock()
-
-    # ---- the region of each pool life ----
-    def _map(self, timeout_ms: Optional[int] = None, retries: int = 2) -> RegionMap:
-        """A session with the pool as it runs now, and its region mapped."""
-        client = _connect(self._extra, self._name, timeout_ms=timeout_ms or 5000, retries=retries)
-        try:
-            _check_tier(client, self._config, 1, self._copier.shard_need())
-            return RegionMap(client, pin=self._cuda)
-        except BaseException:
-            client.close()
-            raise
-
-    def _unmap(self, m: RegionMap) -> None:
-        m.close()
-        if m.client is None:
-            return
-        try:
-            m.client.close()
-        except kvpool.KvpoolError:
-            pass  # its kvpoold is gone: so is the session
-
-    def _mapping(self, epoch: Optional[int],
-                 ref: Optional[kvpool.RegionRef] = None) -> Optional[RegionMap]:
-        """The mapping of the pool life epoch names (None: the newest): a new
-        life's region mapped through ref, else through the running kvpoold;
-        None if it cannot be had."""
-        for m in reversed(self._maps):
-            if epoch is None or m.epoch == epoch:
-                return m
-        new = None
-        if ref is not None and epoch is not None:
-            try:
-                new = RegionMap(None, pin=self._cuda, ref=(ref, epoch))
-            except (OSError, ValueError) as e:
-                logger.warning("kvpool: cannot map pool life %#x's region through the "
-                               "scheduler's descriptor (%s): asking kvpoold", epoch, e)
-        if new is None:
-            try:
-                # One short try: this runs inside an engine step.
-                new = self._map(timeout_ms=int(self._extra.get("kvpool_timeout_ms", 1000)),
-                                retries=0)
-            except kvpool.KvpoolError as e:
-                logger.error("kvpool: a transfer names pool life %#x, and kvpoold does not "
-                             "answer (%s): not copied (a load fails, a store is dropped)",
-                             epoch, e)
-                return None
-        if any(m.epoch == new.epoch for m in self._maps):
-            self._unmap(new)  # kvpoold has not restarted: epoch names no life of it we can map
-        else:
-            with self._lock:
-                # Keep the newest two; an older one goes once its CUDA jobs are done.
-                old = self._maps[:-1]
-                self._maps = self._maps[-1:] + [new]
-                events = [ev for _, ev, _, _, jm in self._inflight
-                          if any(jm is m for m in old) and ev is not None and ev is not False]
-            for ev in events:
-                ev.synchronize()
-            for m in old:
-                self._unmap(m)
-        if new.epoch != epoch:
-            logger.error("kvpool: a transfer names pool life %#x, whose region is gone (kvpoold "
-                         "now runs %#x): not copied (a load fails, a store is dropped)", epoch,
-                         new.epoch)
-            return None
-        return new
-
-    def _run(self, job_id: int, gpu: GPULoadStoreSpec, spec: KVPoolRowsSpec, store: bool) -> bool:
-        """One job: per group, every page of its blocks to or from this worker's
-        slice of their rows (rows -1, stores only: nothing to write)."""
-        torch = self._torch
-        t0 = time.perf_counter()
-        nbytes = 0
-        rows = np.asarray(spec.rows, dtype=np.int64)
-        blocks = np.asarray(gpu.block_ids, dtype=np.int64)
-        if not store and (rows <= 0).any():
-            raise RuntimeError(f"kvpool: load job {job_id} has a block with no row")
-        m = self._mapping(getattr(spec, "epoch", None), getattr(spec, "region", None))
-        if m is None:
-            # Nothing copied. A load fails: its blocks hold no KV. A store is
-            # done: its rows went with that pool life, so nothing it would have
-            # written can be seen, and vLLM 0.33 ends the engine on any failed
-            # job (it asserts).
-            with self._lock:
-                self._inflight.append((job_id, None if store else False, 0, t0, None))
-            return True
-        stream_ctx: Any = _nullctx()
-        if self._stream is not None:
-            # After what the model's stream has queued: a store reads KV the
-            # forward pass writes, a load writes blocks it may be zeroing.
-            self._stream.wait_stream(torch.cuda.current_stream())
-            stream_ctx = torch.cuda.stream(self._stream)
-        with stream_ctx:
-            start = 0
-            for g, n in enumerate(gpu.group_sizes):
-                r, b = rows[start:start + n], blocks[start:start + n]
-                start += n
-                keep = r > 0
-                if len(r) and keep.any():
-                    nbytes += self._copier.copy(m, g, b[keep], r[keep], store)
-        event: Any = None
-        if self._cuda:
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        with self._lock:
-            self._inflight.append((job_id, event, nbytes, t0, m))
-        return True
-
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
-        return self._run(job_id, src_spec, dst_spec, True)
-
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec,
-                    expedited: bool = False) -> bool:
-        return self._run(job_id, dst_spec, src_spec, False)
-
-    def get_finished(self) -> list[TransferResult]:
-        """Jobs done since the last call; event False: a job not run (its region is gone)."""
-        out = []
-        with self._lock:
-            keep = []
-            for job_id, event, nbytes, t0, m in self._inflight:
-                if event is None or event is False or event.query():
-                    out.append(TransferResult(job_id=job_id, success=event is not False,
-                                              transfer_size=nbytes,
-                                              transfer_time=time.perf_counter() - t0))
-                else:
-                    keep.append((job_id, event, nbytes, t0, m))
-            self._inflight = keep
-        return out
-
-    def wait(self, job_ids: set[int]) -> None:
-        with self._lock:
-            events = [e for j, e, _, _, _ in self._inflight
-                      if j in job_ids and e is not None and e is not False]
-        for e in events:
-            e.synchronize()
-
-    def shutdown(self) -> None:
-        self.wait({j for j, _, _, _, _ in self._inflight})
-        maps, self._maps = self._maps, []
-        for m in maps:
-            self._unmap(m)
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class KVPoolOffloadingSpec(OffloadingSpec):
