@@ -470,20 +470,28 @@ kvp_batch_stats(struct kvp_batch *b)
 
 
 /*
- * Reserve, Commit, Abort, LookupAndLock and Unlock: a bytes field of keys
- * first (field 1 of each request). The keys are the batch's own (or the
- * caller's under KVP_BATCH_BORROW); msg is the request, initialised.
+ * Reserve, Commit, Abort, LookupAndLock and Unlock: each request's field 1
+ * is its keys (bytes). A new call and its request of desc's type with n
+ * keys of key_len bytes (the batch's own, or the caller's under
+ * KVP_BATCH_BORROW); NULL in *call on ENOMEM. The caller sets the rest and
+ * push()es.
  */
-static int
-batch_keys(struct kvp_batch *b, Kvpool__V1__BatchCall *call, int which, void *msg,
-           ProtobufCBinaryData *field, const uint8_t *keys, size_t n, size_t key_len)
+static void *
+keys_call(struct kvp_batch *b, Kvpool__V1__BatchCall **call, const ProtobufCMessageDescriptor *desc,
+          const uint8_t *keys, size_t n, size_t key_len)
 {
-	uint8_t *copy;
-	if (n > 0 && (copy = ref(b, keys, n * key_len)) == NULL)
-		return KVP_ENOMEM;
-	field->data = n > 0 ? copy : NULL;
+	void *m;
+	uint8_t *copy = NULL;
+	if ((*call = new_call(b)) == NULL || (m = own(b, NULL, desc->sizeof_message)) == NULL ||
+	    (n > 0 && (copy = ref(b, keys, n * key_len)) == NULL)) {
+		*call = NULL;
+		return NULL;
+	}
+	protobuf_c_message_init(desc, m);
+	ProtobufCBinaryData *field = (ProtobufCBinaryData *)((char *)m + desc->fields[0].offset);
+	field->data = copy;
 	field->len = n * key_len;
-	return push(b, call, which, msg);
+	return m;
 }
 
 static bool
@@ -493,18 +501,39 @@ keys_ok(const struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len
 	       n <= SIZE_MAX / key_len;
 }
 
+/* Reserve, Abort and Unlock: the keys and nothing else. */
+static int
+keys_only(struct kvp_batch *b, int which, const ProtobufCMessageDescriptor *desc,
+          const uint8_t *keys, size_t n, size_t key_len)
+{
+	Kvpool__V1__BatchCall *call;
+	void *m;
+	if (!keys_ok(b, keys, n, key_len))
+		return KVP_EINVAL;
+	if ((m = keys_call(b, &call, desc, keys, n, key_len)) == NULL)
+		return KVP_ENOMEM;
+	return push(b, call, which, m);
+}
+
 int
 kvp_batch_reserve(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
 {
-	Kvpool__V1__BatchCall *call;
-	Kvpool__V1__ReserveRequest *m;
-	if (!keys_ok(b, keys, n, key_len))
-		return KVP_EINVAL;
-	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
-		return KVP_ENOMEM;
-	kvpool__v1__reserve_request__init(m);
-	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_RESERVE, m, &m->keys, keys, n,
-	                  key_len);
+	return keys_only(b, KVPOOL__V1__BATCH_CALL__CALL_RESERVE,
+	                 &kvpool__v1__reserve_request__descriptor, keys, n, key_len);
+}
+
+int
+kvp_batch_abort(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
+{
+	return keys_only(b, KVPOOL__V1__BATCH_CALL__CALL_ABORT, &kvpool__v1__abort_request__descriptor,
+	                 keys, n, key_len);
+}
+
+int
+kvp_batch_unlock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
+{
+	return keys_only(b, KVPOOL__V1__BATCH_CALL__CALL_UNLOCK,
+	                 &kvpool__v1__unlock_request__descriptor, keys, n, key_len);
 }
 
 int
@@ -515,32 +544,16 @@ kvp_batch_commit(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_
 	Kvpool__V1__CommitRequest *m;
 	if (!keys_ok(b, keys, n, key_len))
 		return KVP_EINVAL;
-	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+	if ((m = keys_call(b, &call, &kvpool__v1__commit_request__descriptor, keys, n, key_len)) ==
+	    NULL)
 		return KVP_ENOMEM;
-	kvpool__v1__commit_request__init(m);
-	if (crc32c != NULL && n > 0) {
-		if ((m->crc32c = ref(b, crc32c, n * sizeof(*crc32c))) == NULL)
-			return KVP_ENOMEM;
-		m->n_crc32c = n;
-	} else {
+	if (crc32c == NULL || n == 0)
 		m->no_checksum = true;
-	}
-	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_COMMIT, m, &m->keys, keys, n,
-	                  key_len);
-}
-
-int
-kvp_batch_abort(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
-{
-	Kvpool__V1__BatchCall *call;
-	Kvpool__V1__AbortRequest *m;
-	if (!keys_ok(b, keys, n, key_len))
-		return KVP_EINVAL;
-	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+	else if ((m->crc32c = ref(b, crc32c, n * sizeof(*crc32c))) == NULL)
 		return KVP_ENOMEM;
-	kvpool__v1__abort_request__init(m);
-	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_ABORT, m, &m->keys, keys, n,
-	                  key_len);
+	else
+		m->n_crc32c = n;
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_COMMIT, m);
 }
 
 int
@@ -551,24 +564,9 @@ kvp_batch_lookup_lock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t
 	Kvpool__V1__LookupAndLockRequest *m;
 	if (!keys_ok(b, keys, n, key_len))
 		return KVP_EINVAL;
-	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
+	if ((m = keys_call(b, &call, &kvpool__v1__lookup_and_lock_request__descriptor, keys, n,
+	                   key_len)) == NULL)
 		return KVP_ENOMEM;
-	kvpool__v1__lookup_and_lock_request__init(m);
 	m->prefix = prefix;
-	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_LOOKUP_AND_LOCK, m, &m->keys, keys,
-	                  n, key_len);
-}
-
-int
-kvp_batch_unlock(struct kvp_batch *b, const uint8_t *keys, size_t n, size_t key_len)
-{
-	Kvpool__V1__BatchCall *call;
-	Kvpool__V1__UnlockRequest *m;
-	if (!keys_ok(b, keys, n, key_len))
-		return KVP_EINVAL;
-	if ((call = new_call(b)) == NULL || (m = own(b, NULL, sizeof(*m))) == NULL)
-		return KVP_ENOMEM;
-	kvpool__v1__unlock_request__init(m);
-	return batch_keys(b, call, KVPOOL__V1__BATCH_CALL__CALL_UNLOCK, m, &m->keys, keys, n,
-	                  key_len);
+	return push(b, call, KVPOOL__V1__BATCH_CALL__CALL_LOOKUP_AND_LOCK, m);
 }
