@@ -95,6 +95,10 @@ int kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__
 int kvpd_h_free_queue(struct call *c, const Kvpool__V1__FreeQueueRequest *m,
                       Kvpool__V1__Reply *out);
 
+/* The cluster tier's agent (calls_cluster.c). */
+int kvpd_h_cluster_fill(struct call *c, const Kvpool__V1__ClusterFillRequest *m,
+                        Kvpool__V1__Reply *out);
+
 /* Request-level calls (calls_requests.c). */
 int kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
                           Kvpool__V1__Reply *out);

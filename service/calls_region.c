@@ -356,6 +356,10 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	for (; looked < n; looked++) {
 		ids[looked] = cached_row(c, m->keys.data, looked);
+		/* A miss the cluster tier may hold: pending (-2) while its agent fills it. */
+		if (ids[looked] < 0 && kvpd_fill_ask(&c->p->fill, m->keys.data + looked * key_len(c),
+		                                     c->now_ms) == KVPD_FILL_PENDING)
+			ids[looked] = -2;
 		if (ids[looked] < 0 && m->prefix)
 			break;
 		if (ids[looked] > 0)

@@ -46,6 +46,8 @@ struct kvpd_exec_settings {
  * written with a '.'. 0 or -1.
  */
 int kvpd_parse_memory(const char *s, uint64_t *bytes, double *fraction);
+/* Physical memory in bytes, for a cpu executor's fractional budget; 0 if unknown. */
+uint64_t kvpd_host_memory(void);
 
 struct kvpd_pool_config {
 	char name[KVPD_NAME_MAX];
@@ -68,6 +70,9 @@ struct kvpd_pool_config {
 	uint32_t session_refs;     /* references one session may hold; 0: half of max-refs */
 	uint32_t session_rows;     /* region rows one session may reserve or lock; 0: half */
 	bool clear_on_alloc;       /* clear=alloc: zero every block as it is handed out */
+	uint32_t cluster_wait_ms;  /* a missed key waits this long on the cluster tier; 0: none */
+	uint32_t cluster_miss_ms;  /* a key the cluster lacks misses this long unasked */
+	uint32_t cluster_wants;    /* keys waiting on the cluster tier at most */
 	struct kvpd_exec_settings exec;
 };
 

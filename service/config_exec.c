@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/executor.h"
 #include "service/config.h"
@@ -107,4 +108,11 @@ kvpd_cfg_resolve_exec(const struct kvpd_config *c, struct kvpd_pool_config *p, F
 		return -1;
 	}
 	return 0;
+}
+
+uint64_t
+kvpd_host_memory(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }

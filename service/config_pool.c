@@ -163,6 +163,12 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_parse_u32(v, 0, 1u << 30, &p->session_refs);
 	if (strcmp(k, "session_rows") == 0)
 		return kvpd_cfg_parse_u32(v, 0, 1u << 30, &p->session_rows);
+	if (strcmp(k, "cluster_wait_ms") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 60000, &p->cluster_wait_ms);
+	if (strcmp(k, "cluster_miss_ms") == 0)
+		return kvpd_cfg_parse_u32(v, 0, 3600000, &p->cluster_miss_ms);
+	if (strcmp(k, "cluster_wants") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 20, &p->cluster_wants);
 	if (strcmp(k, "clear") == 0) {
 		bool alloc = strcmp(v, "alloc") == 0;
 		if (!alloc && strcmp(v, "none") != 0)
@@ -187,6 +193,8 @@ kvpd_cfg_parse_pool(const char *spec, struct kvpd_pool_config *out, FILE *err)
 	p.max_model_len = 8192;
 	p.caching = true;
 	p.hash_algo = KVP_HASH_SHA256; /* vLLM's default */
+	p.cluster_miss_ms = 1000;
+	p.cluster_wants = 4096;
 	if (kvpd_cfg_copy_str(buf, sizeof(buf), spec) != 0)
 		rv = -1;
 	else if (strchr(buf, '=') == NULL)

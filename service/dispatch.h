@@ -20,6 +20,7 @@
 #include "common/events.h"
 #include "kvpool.pb-c.h"
 #include "service/envelope.h"
+#include "service/fill.h"
 #include "service/server.h"
 #include "service/u64map.h"
 #include "service/session.h"
@@ -76,6 +77,7 @@ struct kvpd_pool {
 	struct kvp_mgr *mgr;
 	struct kvp_exec *exec;          /* the KV memory; NULL with executor=none */
 	uint32_t *row_crc;              /* with a region: each row's CRC32C at its commit; else NULL */
+	struct kvpd_fill fill;          /* with a region and cluster_wait_ms: keys the cluster fills */
 	uint8_t *zeros;                 /* clear=alloc: one block of zeros to write over each new one */
 	struct kvpd_pool_pods pods;     /* read by the vLLM wire's publisher, under the lock */
 	char exec_note[512];            /* how the executor was chosen and sized, for the log */

@@ -187,6 +187,10 @@ render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_
 	        c[i].limit_refusals);
 	COUNTER("quota_refusals_total", "Calls refused QUOTA_EXCEEDED: a session at its quota "
 	        "(the pool's session_refs or session_rows).", c[i].quota_refusals);
+	COUNTER("cluster_pending_total", "Region lookups of a missed key answered pending while "
+	        "the cluster tier's agent fills it (docs/cluster.md).", c[i].cluster_pending);
+	COUNTER("cluster_dropped_total", "Missed keys the cluster-fill table had no room for "
+	        "(answered a miss; the pool's cluster_wants).", c[i].cluster_dropped);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

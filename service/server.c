@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/crc32c.h"
+#include "common/map_key.h"
 #include "service/decode_arena.h"
 #include "service/dispatch.h"
 #include "service/envelope.h"
@@ -49,6 +50,7 @@ pool_fini(struct kvpd_pool *p)
 	kvp_pool_destroy(p->pool);
 	kvp_exec_close(p->exec);
 	free(p->row_crc);
+	kvpd_fill_fini(&p->fill);
 	free(p->zeros);
 	kvp_hasher_destroy(p->hasher);
 	kvp_event_batch_fini(&p->events);
@@ -57,14 +59,6 @@ pool_fini(struct kvpd_pool *p)
 	if (p->lock)
 		nng_mtx_free(p->lock);
 	memset(p, 0, sizeof(*p));
-}
-
-/* Physical memory, for a cpu executor's fractional budget. */
-static uint64_t
-host_memory(void)
-{
-	long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-	return pages > 0 && size > 0 ? (uint64_t)pages * (uint64_t)size : 0;
 }
 
 /*
@@ -109,7 +103,7 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 		if (frac > 0) {
 			bool device = ec.backend != KVP_EXEC_CPU &&
 			              kvp_exec_device_memory(x->device, &free_b, &total_b) == KVP_OK;
-			uint64_t base = device ? free_b : host_memory();
+			uint64_t base = device ? free_b : kvpd_host_memory();
 			budget = (uint64_t)(frac * (double)base);
 		}
 		if ((rv = kvp_kv_fit_blocks(&ec.shape, budget, &pc->num_blocks)) != KVP_OK) {
@@ -275,7 +269,10 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	                                                      ? KVP_KEYS_PLAIN
 	                                                      : KVP_KEYS_TAGGED)) != KVP_OK ||
 	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
-	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK) {
+	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK ||
+	    (p->row_crc && pc->cluster_wait_ms &&
+	     (rv = kvpd_fill_init(&p->fill, kvp_pool_hash_len(p->pool) + KVP_MAP_KEY_GROUP_LEN,
+	                          pc->cluster_wants, pc->cluster_wait_ms, pc->cluster_miss_ms)))) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
 		return rv;
 	}
@@ -651,6 +648,8 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	out->replay_bytes = s->pools[i].stream.ring.bytes;
 	out->reply_cache_bytes = s->pools[i].reply_cache_used;
 	out->refs_held = s->pools[i].refs_held;
+	out->cluster_pending = s->pools[i].fill.pending;
+	out->cluster_dropped = s->pools[i].fill.dropped;
 	out->replay_dropped_for_bytes = s->pools[i].stream.ring.dropped_for_bytes;
 	out->vllm_on = s->pools[i].stream.on_events != NULL;
 	nng_mtx_unlock(s->pools[i].lock);

@@ -46,6 +46,7 @@ struct kvpd_pool_counters {
 	uint64_t reply_cache_bytes, replies_forgotten;     /* stored replies: held now, dropped */
 	uint64_t limit_refusals;                           /* --max-refs, --max-session-requests */
 	uint64_t quota_refusals;                           /* the pool's session_refs */
+	uint64_t cluster_pending, cluster_dropped;         /* fill.h: pending answers, no room */
 	uint64_t refs_held;                                /* every session's references, now */
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call table row][status] */
 	/* Handling time by call (table row), lock wait included, not the network. */

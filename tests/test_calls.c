@@ -80,7 +80,8 @@ test_calls_mutating_set_is_the_documented_one(void **state)
 	static const char *const want[] = {"allocate", "touch", "free", "cache", "evict", "reset",
 	                                   "allocate_slots", "free_request", "batch",
 	                                   "reserve", "commit", "abort", "lookup_and_lock", "unlock",
-	                                   "cache_partial", "move_hashes", "report_cached"};
+	                                   "cache_partial", "move_hashes", "report_cached",
+	                                   "cluster_fill"};
 	const ProtobufCMessageDescriptor *d = &kvpool__v1__request__descriptor;
 	size_t n = 0;
 	for (unsigned i = 0; i < d->n_fields; i++) {

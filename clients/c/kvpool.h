@@ -399,6 +399,8 @@ const struct kvp_region_info *kvp_region_info(const struct kvp_region *r);
 void *kvp_region_row(const struct kvp_region *r, int32_t row);
 /* Whether row's payload has checksum crc (a CRC32C of row_bytes bytes). */
 bool kvp_region_check(const struct kvp_region *r, int32_t row, uint32_t crc);
+/* Row's CRC32C (of row_bytes bytes) into *crc: KVP_OK, or KVP_EINVAL for a bad row. */
+int kvp_region_crc(const struct kvp_region *r, int32_t row, uint32_t *crc);
 /*
  * Copies n pieces, src[i] to dst[i], len[i] bytes each (a job's pages to or
  * from their rows), split over up to threads threads (0 or 1: this one) by
@@ -433,8 +435,9 @@ int kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n);
 /*
  * Looks keys up and locks each hit's row against eviction and reuse until
  * kvp_client_unlock or the session's end. rows[i] (n entries) is the row or
- * -1 (a miss, not locked); crcs (may be NULL) the CRC32C recorded at commit
- * (0: none recorded).
+ * -1 (a miss, not locked), or -2 (pending: the pool's cluster tier is
+ * filling it; ask again, docs/cluster.md); crcs (may be NULL) the CRC32C
+ * recorded at commit (0: none recorded).
  * With prefix, the lookup stops at the first miss: *num_looked (may be NULL)
  * is how many keys were looked up, *num_hits (may be NULL) how many hit.
  * Keys must be distinct (KVP_EINVAL).
@@ -443,6 +446,17 @@ int kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, 
                            int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits);
 /* Releases this session's lock on each key's row. KVP_ENOTOWNER if one is not locked by it. */
 int kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n);
+/*
+ * The cluster tier's agent (docs/cluster.md): reports n_absent keys the
+ * cluster lacks (lookups then miss them for the pool's cluster_miss_ms)
+ * and takes up to max_wants of the keys lookups have missed since, into
+ * wanted (max_wants keys' room), *n_wanted of them; *waiting (may be NULL)
+ * gets how many stay queued. Fill a wanted key with reserve, a write into
+ * its row, and commit. KVP_ENOTSUP on a pool without a cluster tier.
+ */
+int kvp_client_cluster_fill(struct kvp_client *c, const uint8_t *absent, size_t n_absent,
+                            uint8_t *wanted, size_t max_wants, size_t *n_wanted,
+                            uint32_t *waiting);
 
 /* Copies block src[i] to dst[i] (copy-on-write); dst held by this session, not cached. */
 int kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32_t *dst,

@@ -191,6 +191,16 @@ kvp_region_check(const struct kvp_region *r, int32_t row, uint32_t crc)
 	return p != NULL && kvp_crc32c(0, p, (size_t)r->info.row_bytes) == crc;
 }
 
+int
+kvp_region_crc(const struct kvp_region *r, int32_t row, uint32_t *crc)
+{
+	const void *p = kvp_region_row(r, row);
+	if (p == NULL || crc == NULL)
+		return KVP_EINVAL;
+	*crc = kvp_crc32c(0, p, (size_t)r->info.row_bytes);
+	return KVP_OK;
+}
+
 /* A key list's checks: KVP_OK and the bytes field, or KVP_EINVAL. */
 static int
 key_list(struct kvp_client *c, const uint8_t *keys, size_t n, ProtobufCBinaryData *out)
@@ -322,6 +332,39 @@ int
 kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n)
 {
 	return keys_call(c, KVPOOL__V1__REQUEST__CALL_UNLOCK, keys, n);
+}
+
+int
+kvp_client_cluster_fill(struct kvp_client *c, const uint8_t *absent, size_t n_absent,
+                        uint8_t *wanted, size_t max_wants, size_t *n_wanted, uint32_t *waiting)
+{
+	Kvpool__V1__ClusterFillRequest m = KVPOOL__V1__CLUSTER_FILL_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	size_t kl;
+	int e;
+
+	if (n_wanted == NULL || (wanted == NULL && max_wants > 0) || max_wants > UINT32_MAX)
+		return KVP_EINVAL;
+	if ((e = key_list(c, absent, n_absent, &m.absent_keys)) != KVP_OK)
+		return e;
+	kl = kvp_client_key_len(c);
+	m.max_wants = (uint32_t)max_wants;
+	KVP_CLIENT_CALL(c, cluster_fill, CLUSTER_FILL, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	const Kvpool__V1__ClusterFillReply *x = r->cluster_fill;
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_CLUSTER_FILL || x->wanted_keys.len % kl ||
+	    x->wanted_keys.len / kl > max_wants) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed ClusterFill reply");
+	}
+	*n_wanted = x->wanted_keys.len / kl;
+	if (x->wanted_keys.len > 0)
+		memcpy(wanted, x->wanted_keys.data, x->wanted_keys.len);
+	if (waiting != NULL)
+		*waiting = x->waiting;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
 }
 
 struct copy_part {

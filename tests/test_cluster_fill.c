@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The cluster tier's fill path through a real kvpoold over ipc
+ * (docs/cluster.md): a region pool with cluster_wait_ms answers a missed
+ * key -2 (pending) only while an agent calls ClusterFill; the agent takes
+ * the key, fills its row (Reserve, write, Commit) and the lookup hits with
+ * the agent's checksum; a key the agent reports absent misses at once; a
+ * key the agent never answers misses after cluster_wait_ms; a pool without
+ * the setting refuses ClusterFill; every answer counts in /metrics.
+ */
+#include "daemon_util.h"
+
+#include "kvp_test.h"
+
+#include "clients/c/kvpool.h"
+#include "common/crc32c.h"
+
+#define KL 36
+#define WAIT_MS 400
+
+static char ipc_url[128], tcp_url[128], admin[64];
+static pid_t daemon_pid;
+
+static void
+make_key(uint8_t *k, uint32_t i)
+{
+	for (int j = 0; j < 32; j++)
+		k[j] = (uint8_t)(i * 131u + (uint32_t)j * 7u + 3u);
+	memset(k + 32, 0, 4);
+}
+
+static struct kvp_client *
+open_client(const char *pool, const char *name)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = pool, .timeout_ms = 5000,
+	                               .retries = 1, .client_name = name};
+	struct kvp_client *c = NULL;
+	int rv = kvp_client_open(&o, &c);
+	if (rv != KVP_OK)
+		fail_msg("open %s: %s (%s)", pool, kvp_status_name(rv), kvp_client_open_detail());
+	return c;
+}
+
+static int32_t
+lookup(struct kvp_client *c, const uint8_t *k, uint32_t *crc)
+{
+	int32_t row = 0;
+	assert_int_equal(kvp_client_lookup_lock(c, k, 1, false, &row, crc, NULL, NULL), KVP_OK);
+	return row;
+}
+
+static void
+test_cluster_fill_pending_then_hit(void **state)
+{
+	struct kvp_client *engine = open_client("c", "engine"), *agent = open_client("c", "agent");
+	struct kvp_region *reg = NULL;
+	uint8_t k[KL], got[8 * KL];
+	size_t n = 0;
+	uint32_t crc = 0, waiting = 0;
+	int32_t row;
+	(void)state;
+
+	make_key(k, 1);
+	assert_int_equal(lookup(engine, k, NULL), -1); /* no agent has called: a plain miss */
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 0, &n, NULL), KVP_OK);
+	assert_int_equal(lookup(engine, k, NULL), -2);
+	assert_int_equal(lookup(engine, k, NULL), -2); /* asked again: still one want */
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 8, &n, &waiting), KVP_OK);
+	assert_int_equal(n, 1);
+	assert_int_equal(waiting, 0);
+	assert_memory_equal(got, k, KL);
+
+	/* The agent fills the row as any writer does. */
+	assert_int_equal(kvp_region_open(agent, &reg), KVP_OK);
+	const struct kvp_region_info *ri = kvp_region_info(reg);
+	assert_int_equal(kvp_client_reserve(agent, k, 1, &row, NULL, NULL), KVP_OK);
+	assert_true(row > 0);
+	unsigned char *dst = kvp_region_row(reg, row);
+	assert_non_null(dst);
+	for (size_t j = 0; j < ri->row_bytes; j++)
+		dst[j] = (unsigned char)(j * 31u + 5u);
+	uint32_t want = kvp_crc32c(0, dst, ri->row_bytes);
+	assert_int_equal(kvp_client_commit(agent, k, 1, &want, false), KVP_OK);
+	assert_int_equal(lookup(engine, k, &crc), row);
+	assert_int_equal(crc, want);
+	assert_int_equal(kvp_client_unlock(engine, k, 1), KVP_OK);
+	kvp_region_close(reg);
+	kvp_client_close(agent);
+	kvp_client_close(engine);
+}
+
+static void
+test_cluster_fill_absent_and_unanswered_keys_miss(void **state)
+{
+	struct kvp_client *engine = open_client("c", "engine"), *agent = open_client("c", "agent");
+	uint8_t k[2][KL], got[8 * KL];
+	size_t n = 0;
+	(void)state;
+
+	make_key(k[0], 10);
+	make_key(k[1], 11);
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 0, &n, NULL), KVP_OK);
+	assert_int_equal(lookup(engine, k[0], NULL), -2);
+	assert_int_equal(lookup(engine, k[1], NULL), -2);
+	assert_int_equal(kvp_client_cluster_fill(agent, k[0], 1, got, 8, &n, NULL), KVP_OK);
+	assert_int_equal(n, 1); /* k[1]: k[0] was reported absent before the take */
+	assert_memory_equal(got, k[1], KL);
+	assert_int_equal(lookup(engine, k[0], NULL), -1); /* absent: a miss at once */
+	assert_int_equal(lookup(engine, k[1], NULL), -2); /* taken, not answered yet */
+	nanosleep(&(struct timespec){0, (WAIT_MS + 100) * 1000000L}, NULL);
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 0, &n, NULL), KVP_OK);
+	assert_int_equal(lookup(engine, k[1], NULL), -1); /* its wait is over: a miss */
+
+	/* /metrics counts the pending answers. */
+	char cmd[256], line[512];
+	snprintf(cmd, sizeof(cmd), "curl -sf %s/metrics", admin);
+	FILE *p = popen(cmd, "r");
+	bool seen = false;
+	assert_non_null(p);
+	while (fgets(line, sizeof(line), p))
+		if (strncmp(line, "kvpool_cluster_pending_total{pool=\"c\"} ", 39) == 0)
+			seen = strtoull(line + 39, NULL, 10) >= 4;
+	pclose(p);
+	assert_true(seen);
+	kvp_client_close(agent);
+	kvp_client_close(engine);
+}
+
+static void
+test_cluster_fill_refused_without_the_setting(void **state)
+{
+	struct kvp_client *agent = open_client("plain", "agent");
+	uint8_t got[KL], k[KL];
+	size_t n = 0;
+	(void)state;
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 1, &n, NULL), KVP_ENOTSUP);
+	make_key(k, 20);
+	assert_int_equal(lookup(agent, k, NULL), -1);
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, NULL, 1, &n, NULL), KVP_EINVAL);
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 1, NULL, NULL), KVP_EINVAL);
+	kvp_client_close(agent);
+}
+
+static int
+setup(void **state)
+{
+	char wait[160];
+	(void)state;
+	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	snprintf(wait, sizeof(wait), "name=c,blocks=16,block_size=16,executor=cpu,"
+	         "cluster_wait_ms=%d,cluster_miss_ms=60000", WAIT_MS);
+	const char *args[] = {"--rpc", ipc_url, "--admin", admin,
+	                      "--kv-layers", "2", "--kv-heads", "4", "--kv-head-size", "32",
+	                      "--region-dir", getenv("TMPDIR") && *getenv("TMPDIR")
+	                                          ? getenv("TMPDIR") : "/tmp",
+	                      "--pool", wait, "--pool", "name=plain,blocks=8,executor=cpu", NULL};
+	daemon_pid = daemon_start(args);
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_cluster_fill_pending_then_hit),
+		cmocka_unit_test(test_cluster_fill_absent_and_unanswered_keys_miss),
+		cmocka_unit_test(test_cluster_fill_refused_without_the_setting),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
