@@ -201,6 +201,7 @@ kvp_region_info = _fn("kvp_region_info", POINTER(RegionInfo), c_void_p)
 kvp_region_row = _fn("kvp_region_row", c_void_p, c_void_p, c_int32)
 kvp_region_check = _fn("kvp_region_check", c_bool, c_void_p, c_int32, c_uint32)
 kvp_region_fd = _fn("kvp_region_fd", c_int, c_void_p)
+kvp_region_crc = _fn("kvp_region_crc", c_int, c_void_p, c_int32, POINTER(c_uint32))
 kvp_copy_many = _fn("kvp_copy_many", c_int, c_void_p, c_void_p, c_void_p, c_size_t, ctypes.c_uint)
 kvp_client_key_len = _fn("kvp_client_key_len", c_size_t, CLIENT)
 kvp_client_reserve = _fn("kvp_client_reserve", c_int, CLIENT, U8P, c_size_t, I32P, U8P,
@@ -210,6 +211,8 @@ kvp_client_abort = _fn("kvp_client_abort", c_int, CLIENT, U8P, c_size_t)
 kvp_client_lookup_lock = _fn("kvp_client_lookup_lock", c_int, CLIENT, U8P, c_size_t, c_bool, I32P,
                              U32P, POINTER(c_size_t), POINTER(c_uint32))
 kvp_client_unlock = _fn("kvp_client_unlock", c_int, CLIENT, U8P, c_size_t)
+kvp_client_cluster_fill = _fn("kvp_client_cluster_fill", c_int, CLIENT, U8P, c_size_t, U8P,
+                              c_size_t, POINTER(c_size_t), POINTER(c_uint32))
 kvp_client_copy_blocks = _fn("kvp_client_copy_blocks", c_int, CLIENT, I32P, I32P, c_size_t)
 kvp_hasher_create = _fn("kvp_hasher_create", c_int, c_char_p, POINTER(c_void_p))
 kvp_hasher_create_algo = _fn("kvp_hasher_create_algo", c_int, c_char_p, c_int, POINTER(c_void_p))

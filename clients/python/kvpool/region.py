@@ -96,6 +96,23 @@ class Region(_Rows):
         """Whether the row's bytes have the CRC32C `crc` (from lookup_and_lock)."""
         return bool(self._h) and bool(L.kvp_region_check(self._h, row, crc))
 
+    def crc(self, row: int) -> int:
+        """The row's CRC32C, as Commit records it."""
+        out = c_uint32(0)
+        if not self._h or L.kvp_region_crc(self._h, row, byref(out)) != 0:
+            raise IndexError(f"kvpool: row {row} is outside 1..{self.num_rows - 1}")
+        return out.value
+
+    def address(self, row: int) -> int:
+        """Row `row`'s address in this process (for a transfer engine that
+        reads or writes it in place; the mapping lives until close())."""
+        if not self._h:
+            raise ValueError("kvpool: the region is closed")
+        p = L.kvp_region_row(self._h, row)
+        if not p:
+            raise IndexError(f"kvpool: row {row} is outside 1..{self.num_rows - 1}")
+        return int(p)
+
     def ref(self) -> RegionRef:
         """This mapping's file, for another process of this host and user to
         map (adopt_region) while this Region is open, even after kvpoold is gone."""
@@ -243,7 +260,8 @@ class RegionCalls:
 
     def lookup_and_lock(self, keys: Keys, prefix: bool = False) -> tuple[list[int], list[int]]:
         """(rows, crcs) per key: the row, locked until unlock(), or -1 for a
-        miss (not locked); the CRC32C recorded at commit. With prefix, keys
+        miss (not locked), or -2 (pending: the pool's cluster tier is filling
+        it, ask again); the CRC32C recorded at commit. With prefix, keys
         after the first miss are not looked up (-1)."""
         arr, n = _keys(keys, self.key_len)
         rows = (c_int32 * max(n, 1))()
@@ -256,3 +274,19 @@ class RegionCalls:
         """Releases this session's lock on each key's row."""
         arr, n = _keys(keys, self.key_len)
         self._check(L.kvp_client_unlock(self._live(), arr, n))
+
+    def cluster_fill(self, absent: Keys = (), max_wants: int = 0) -> tuple[list[bytes], int]:
+        """The cluster tier's agent (docs/cluster.md): reports the keys the
+        cluster lacks and takes up to max_wants keys lookups missed since;
+        (those keys, how many stay queued). NotSupported on a pool without
+        cluster_wait_ms."""
+        if not 0 <= max_wants < 1 << 32:
+            raise ValueError(f"kvpool: max_wants {max_wants} is not a 32-bit count")
+        arr, n = _keys(absent, self.key_len)
+        kl = self.key_len
+        out = (c_uint8 * max(max_wants * kl, 1))()
+        got, waiting = c_size_t(0), c_uint32(0)
+        self._check(L.kvp_client_cluster_fill(self._live(), arr, n, out, max_wants, byref(got),
+                                              byref(waiting)))
+        raw = bytes(out)
+        return [raw[i * kl:(i + 1) * kl] for i in range(got.value)], waiting.value

@@ -66,6 +66,7 @@ from kvpool.vllm_offload_worker import KVPoolOffloadingWorker
 logger = init_logger(__name__)
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
 _LEASE_S = 30.0  # kvpoold's default session lease
+_FILLING = -2  # a lookup's row while the pool's cluster tier fills the key (docs/cluster.md)
 
 __all__ = ["KVPoolOffloadingSpec", "KVPoolOffloadingManager", "KVPoolOffloadingWorker",
            "KVPoolRowsSpec"]
@@ -446,13 +447,14 @@ class KVPoolOffloadingManager(OffloadingManager):
             sp.epoch, sp.region = epoch, ref
 
     def _looked_up(self, keys, r) -> None:
-        """The step's lookups: each hit locked, each miss valid for a step."""
+        """The step's lookups: each hit locked, each miss valid for a step; a
+        key the cluster tier is filling (-2) stays RETRY and is asked again."""
         rows = r.block_ids if r is not None and r.ok else [-1] * len(keys)
         for k, row in zip(keys, rows):
             if row > 0:
                 self._rows[k] = row
                 self._used[k] = self._step
-            else:
+            elif row != _FILLING:
                 self._missed[k] = self._step
 
     def _expire(self) -> None:
