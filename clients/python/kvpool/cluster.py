@@ -26,19 +26,21 @@ restarts is followed to its new region.
 from __future__ import annotations
 
 import argparse
-import ctypes
+import json
 import logging
+import mmap
+import os
 import signal
 import sys
 import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import kvpool
 from kvpool.events import BlockStored, Reset
-from kvpool.cluster_store import (TRAILER, ClusterStore, Namespace, StoreConfig, StoreDown,
+from kvpool.cluster_store import (TRAILER, Namespace, StoreConfig, StoreDown, StoreWorker,
                                   check_trailer, pack_trailer, private_address)
 
 log = logging.getLogger("kvpool.cluster")
@@ -59,7 +61,7 @@ class TierConfig:
     write_behind: bool = True     # put every committed row (the "all" policy)
     batch: int = 64               # keys per store call
     poll_s: float = 0.002         # between ClusterFill calls while keys wait
-    idle_poll_s: float = 0.02     # between them while none did
+    idle_poll_s: float = 0.005    # between them while none did
     queue: int = 65536            # committed keys waiting to be put, at most
     allow_public: bool = False
 
@@ -82,36 +84,54 @@ class _Recent:
 
 
 class _Node:
-    """One kvpoold life: a session for each loop, the region, the trailers."""
+    """One kvpoold life: a session for each loop, the region, the trailers,
+    and a store worker for each loop (fill: gets, lending no memory; put:
+    puts, lending the node's segment) mapping both through descriptors."""
 
-    def __init__(self, cfg: TierConfig, batch: int) -> None:
+    def __init__(self, cfg: TierConfig) -> None:
         self.fill = kvpool.Client(cfg.url, cfg.pool, cfg.token, timeout_ms=2000, retries=0,
                                   client_name="kvpool-cluster fill")
+        self.put: Optional[kvpool.Client] = None
+        self.region: Optional[kvpool.Region] = None
+        self.workers: list[StoreWorker] = []
+        self._tfd = -1
         try:
             self.put = kvpool.Client(cfg.url, cfg.pool, cfg.token, timeout_ms=2000, retries=0,
                                      client_name="kvpool-cluster put")
             self.region = self.fill.region()
+            self.epoch = int(self.fill.info["event_epoch"])
+            self.key_len = self.fill.key_len
+            # Trailers: slots [0, batch) for fills, [batch, 2 batch) for puts.
+            self._tfd = os.memfd_create("kvpool-cluster-trailers")
+            size = 2 * cfg.batch * TRAILER
+            os.ftruncate(self._tfd, size)
+            self.trailers = mmap.mmap(self._tfd, size, mmap.MAP_SHARED)
+            r, fd = self.region, self.region.ref().fd
+            args = (fd, r.bytes, r.row_stride, self._tfd, size)
+            self.fill_store = StoreWorker(cfg.store, "fill worker", 0, *args,
+                                          timeout_s=cfg.store.timeout_s)
+            self.workers.append(self.fill_store)
+            self.put_store = StoreWorker(cfg.store, "put worker", cfg.store.segment_bytes,
+                                         *args, timeout_s=cfg.store.put_timeout_s)
+            self.workers.append(self.put_store)
         except BaseException:
-            self.fill.close()
+            self.close()
             raise
-        self.epoch = int(self.fill.info["event_epoch"])
-        r = self.region
-        self.base = r.address(1) - r.row_stride  # row i at base + i * row_stride
-        self.key_len = self.fill.key_len
-        # Two trailer areas (fill, put), batch trailers each, registered with the store.
-        self.trailers = (ctypes.c_uint8 * (2 * batch * TRAILER))()
-        self.trailers_addr = ctypes.addressof(self.trailers)
-
-    def buffers(self) -> list[tuple[int, int]]:
-        return [(self.base, self.region.bytes), (self.trailers_addr, len(self.trailers))]
 
     def close(self) -> None:
+        for w in self.workers:  # first: once they are gone nothing touches the rows
+            w.close()
         for c in (self.fill, self.put):
             try:
-                c.close()
+                if c is not None:
+                    c.close()
             except kvpool.KvpoolError:
                 pass
-        self.region.close()
+        if self.region is not None:
+            self.region.close()
+        if self._tfd >= 0:
+            os.close(self._tfd)
+            self._tfd = -1
 
 
 class ClusterTier:
@@ -130,22 +150,24 @@ class ClusterTier:
         self.stats = dict(filled=0, absent=0, corrupt=0, fill_errors=0, put=0, put_errors=0,
                           dropped=0, store_down=0, node_restarts=0)
         self._stop = threading.Event()
-        self._node = _Node(cfg, cfg.batch)
-        reg = self._node.region
+        self._node = _Node(cfg)
+        reg = cast(kvpool.Region, self._node.region)
         self.ns = Namespace(cfg.tenant, cfg.model, cfg.layout, reg.row_bytes, reg.shards,
                             self._node.key_len)
-        try:
-            self.store = ClusterStore(cfg.store, self._node.buffers())
-        except BaseException:
-            self._node.close()
-            raise
         self._filled = _Recent(1 << 16)   # keys this agent filled: already in the store
         self._put = _Recent(1 << 16)      # keys this agent put
+        self._put_restarts = 0
         self._todo: deque[bytes] = deque()  # committed keys to put
-        self._late: deque[tuple[str, _Node, list[bytes]]] = deque()  # releases after overruns
         self._node_lock = threading.Lock()
-        self._retired: list[tuple[ClusterStore, _Node]] = []
         self._threads: list[threading.Thread] = []
+
+    def store_up(self) -> bool:
+        return all(w.up() for w in self._node.workers)
+
+    def store_counts(self) -> dict[str, int]:
+        w = self._node.workers
+        return dict(store_timeouts=sum(x.timeouts for x in w),
+                    store_restarts=sum(x.restarts for x in w))
 
     # ---- the agent's life ----
     def start(self) -> "ClusterTier":
@@ -161,13 +183,7 @@ class ClusterTier:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
-        self.store.close()
-        if not self.store.busy():
-            self._node.close()
-        for store, node in self._retired:
-            store.close()
-            if not store.busy():
-                node.close()
+        self._node.close()
 
     def __enter__(self) -> "ClusterTier":
         return self.start()
@@ -184,68 +200,32 @@ class ClusterTier:
                     kvpool.DeadlineExceeded) as e:
                 log.warning("kvpool cluster: kvpoold does not answer (%s): following it", e)
                 self._stop.wait(0.5)
-                self._renew_node()
+                try:
+                    self._renew_node()
+                except Exception as e2:  # noqa: BLE001: tried again after the next failure
+                    log.warning("kvpool cluster: following kvpoold failed (%s)", e2)
             except Exception:  # noqa: BLE001: a loop never dies; it says why and goes on
                 log.exception("kvpool cluster: %s failed; going on", fn.__name__)
                 self._stop.wait(0.5)
 
     def _renew_node(self) -> None:
-        """A new session pair and region after kvpoold restarted. The old
-        region stays mapped until no store call uses it (a stuck get may
-        still write into it)."""
+        """Sessions, region and store workers of kvpoold's new life."""
         with self._node_lock:
             old = self._node
-            try:
-                probe = kvpool.Client(self.cfg.url, pool=self.cfg.pool, token=self.cfg.token,
-                                      timeout_ms=2000, retries=0)
-            except kvpool.KvpoolError:
-                return
-            try:
-                same = int(probe.info["event_epoch"]) == old.epoch
-            finally:
-                probe.close()
-            if same:
-                return
-            new = _Node(self.cfg, self.cfg.batch)
-            try:
-                store = ClusterStore(self.cfg.store, new.buffers())
-            except BaseException:
-                new.close()
-                raise
-            self._retired.append((self.store, old))
-            self.store, self._node = store, new
+            with kvpool.Client(self.cfg.url, self.cfg.pool, self.cfg.token, timeout_ms=2000,
+                               retries=0) as probe:
+                if int(probe.info["event_epoch"]) == old.epoch:
+                    return
+            self._node = _Node(self.cfg)
             self.stats["node_restarts"] += 1
+            old.close()
             log.warning("kvpool cluster: kvpoold restarted: following its new region")
-        self._close_retired()
-
-    def _close_retired(self) -> None:
-        """Closes old lives' stores and regions once no call of theirs is
-        stuck: a get that returns late may still write into its rows."""
-        for store, node in list(self._retired):
-            if not store.busy():
-                self._retired.remove((store, node))
-                store.close()
-                node.close()
-
-    def _release_late(self, node: _Node) -> None:
-        """Rows whose store call overran, released now that it returned."""
-        while self._late:
-            what, n, keys = self._late.popleft()
-            if n is not node:
-                continue  # that life's session is gone, and its rows with it
-            try:
-                (n.fill.abort if what == "abort" else n.put.unlock)(keys)
-            except kvpool.KvpoolError:
-                pass
 
     # ---- fill: the store's objects into region rows ----
     def _fill_loop(self) -> None:
         absent: list[bytes] = []
         while not self._stop.is_set():
             node = self._node
-            self._release_late(node)
-            if self._retired:
-                self._close_retired()
             wants, _ = node.fill.cluster_fill(absent, self.cfg.batch)
             absent = []
             if not wants:
@@ -257,12 +237,15 @@ class ClusterTier:
     def _fill(self, node: _Node, wants: list[bytes]) -> list[bytes]:
         """Fills what the store holds; returns the keys to report absent."""
         names = [self.ns.name(k) for k in wants]
+        region = cast(kvpool.Region, node.region)
         try:
-            held = self.store.exists(names)
+            held = node.fill_store.call("exists", names=names)
         except StoreDown:
             self.stats["store_down"] += 1
             self.stats["absent"] += len(wants)
             return wants
+        if held and all(h < 0 for h in held):  # the store answers nothing: a new client
+            node.fill_store.restart(f"every lookup failed ({held[0]})")
         absent = [k for k, h in zip(wants, held) if h != 1]
         have = [(k, n) for k, n, h in zip(wants, names, held) if h == 1]
         if not have:
@@ -276,27 +259,22 @@ class ClusterTier:
         todo = [(k, n, r) for (k, n), r in zip(have, rows) if r > 0]  # -1: stored meanwhile
         if not todo:
             return absent
-        t0 = node.trailers_addr
-        ptrs = [[node.base + r * node.region.row_stride, t0 + i * TRAILER]
-                for i, (_, _, r) in enumerate(todo)]
-        sizes = [[node.region.row_bytes, TRAILER]] * len(todo)
         keys = [k for k, _, _ in todo]
-
-        def late() -> None:  # the get returned after its deadline: now the rows can go
-            self._late.append(("abort", node, keys))
         try:
-            got = self.store.get_into([n for _, n, _ in todo], ptrs, sizes, late=late)
-        except StoreDown as e:
+            got = node.fill_store.call("get", names=[n for _, n, _ in todo],
+                                       rows=[r for _, _, r in todo],
+                                       slots=list(range(len(todo))),
+                                       row_bytes=region.row_bytes)
+        except StoreDown:  # the worker is gone: nothing writes into the rows any more
             self.stats["store_down"] += 1
-            if not e.pending:  # else the rows stay reserved until the get returns (late)
-                node.fill.abort(keys)
+            node.fill.abort(keys)
             return absent + keys
         good, crcs, bad = [], [], []
-        want = node.region.row_bytes + TRAILER
+        want = region.row_bytes + TRAILER
         for i, ((k, _, r), n) in enumerate(zip(todo, got)):
-            trailer = ctypes.string_at(t0 + i * TRAILER, TRAILER)
+            trailer = node.trailers[i * TRAILER:(i + 1) * TRAILER]
             crc = check_trailer(self.ns, k, trailer) if n == want else None
-            if crc is not None and node.region.check(r, crc):
+            if crc is not None and region.check(r, crc):
                 good.append(k)
                 crcs.append(crc)
             else:
@@ -306,9 +284,9 @@ class ClusterTier:
         if bad:
             node.fill.abort(bad)
         if good:
-            node.fill.commit(good, crcs)
-            for k in good:
+            for k in good:  # before the commit: its BlockStored must find them here
                 self._filled.add(k)
+            node.fill.commit(good, crcs)
             self.stats["filled"] += len(good)
         self.stats["absent"] += len(absent) + len(bad)
         return absent + bad
@@ -348,29 +326,37 @@ class ClusterTier:
             self._todo.append(k)
 
     def _put_rows(self, node: _Node, keys: list[bytes]) -> None:
-        rows, crcs = node.put.lookup_and_lock(keys)
+        region, put = cast(kvpool.Region, node.region), cast(kvpool.Client, node.put)
+        if node.put_store.restarts != self._put_restarts:  # its segment went with it
+            self._put_restarts = node.put_store.restarts
+            self._put = _Recent(1 << 16)
+            self._filled = _Recent(1 << 16)
+        rows, crcs = put.lookup_and_lock(keys)
         held = [(k, r, c) for k, r, c in zip(keys, rows, crcs) if r > 0]
         if not held:
             return
         locked = [k for k, _, _ in held]
-        t0 = node.trailers_addr + self.cfg.batch * TRAILER
+        base = self.cfg.batch
         for i, (k, r, c) in enumerate(held):
-            ctypes.memmove(t0 + i * TRAILER, pack_trailer(self.ns, k, c or node.region.crc(r)),
-                           TRAILER)
-        ptrs = [[node.base + r * node.region.row_stride, t0 + i * TRAILER]
-                for i, (_, r, _) in enumerate(held)]
-        sizes = [[node.region.row_bytes, TRAILER]] * len(held)
-
-        def late() -> None:  # the put returned after its deadline: now the locks can go
-            self._late.append(("unlock", node, locked))
+            at = (base + i) * TRAILER
+            node.trailers[at:at + TRAILER] = pack_trailer(self.ns, k, c or region.crc(r))
         try:
-            out = self.store.put_from([self.ns.name(k) for k in locked], ptrs, sizes, late=late)
-        except StoreDown as e:
+            out = node.put_store.call("put", names=[self.ns.name(k) for k in locked],
+                                      rows=[r for _, r, _ in held],
+                                      slots=[base + i for i in range(len(held))],
+                                      row_bytes=region.row_bytes)
+        except StoreDown:  # the worker is gone: the rows are free to go; the keys wait
             self.stats["store_down"] += 1
-            if not e.pending:  # else locked until the put returns (late)
-                node.put.unlock(locked)
+            put.unlock(locked)
+            self._todo.extendleft(reversed(locked))
+            while len(self._todo) > self.cfg.queue:
+                self._todo.pop()
+                self.stats["dropped"] += 1
+            self._stop.wait(0.1)
             return
-        node.put.unlock(locked)
+        put.unlock(locked)
+        if out and all(rc < 0 for rc in out):  # the store answers nothing: a new client
+            node.put_store.restart(f"every put failed ({out[0]})")
         for k, rc in zip(locked, out):
             if rc == 0:
                 self._put.add(k)
@@ -379,7 +365,7 @@ class ClusterTier:
                 self.stats["put_errors"] += 1
 
 
-def _parse(argv: Optional[list[str]]) -> TierConfig:
+def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
     p = argparse.ArgumentParser(prog="python -m kvpool.cluster",
                                 description="kvpool's cluster tier agent (docs/cluster.md)")
     p.add_argument("--url", required=True, help="kvpoold's rpc url on this host (ipc://...)")
@@ -396,6 +382,8 @@ def _parse(argv: Optional[list[str]]) -> TierConfig:
                    help="the KV layout (dtype, heads, head size, layers, block size, TP shard)")
     p.add_argument("--timeout-ms", type=int, default=500, help="one store lookup or get at most")
     p.add_argument("--no-write-behind", action="store_true", help="fill only")
+    p.add_argument("--stats-file", help="a JSON file of the agent's counters, rewritten each "
+                   "half second (for a node exporter's textfile collector or a test)")
     p.add_argument("--allow-public-address", action="store_true",
                    help="run on a non-private network (the store has no authentication)")
     a = p.parse_args(argv)
@@ -408,15 +396,15 @@ def _parse(argv: Optional[list[str]]) -> TierConfig:
                       allow_public=a.allow_public_address,
                       store=StoreConfig(master=a.master, metadata=a.metadata, host=a.host,
                                         segment_bytes=a.segment_mib << 20,
-                                        timeout_s=a.timeout_ms / 1000))
+                                        timeout_s=a.timeout_ms / 1000)), a.stats_file
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        cfg = _parse(argv)
+        cfg, stats_file = _parse(argv)
         tier = ClusterTier(cfg)
-    except (ValueError, OSError, StoreDown, kvpool.KvpoolError) as e:
+    except (ValueError, OSError, kvpool.KvpoolError) as e:
         print(f"kvpool cluster: {e}", file=sys.stderr)
         return 2
     done = threading.Event()
@@ -426,12 +414,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     log.info("kvpool cluster: pool %s at %s joined the store at %s as %s (namespace %s)",
              cfg.pool, cfg.url, cfg.store.master, cfg.store.host, tier.ns.digest[:8].hex())
     last = time.monotonic()
-    while not done.wait(1.0):
+    while not done.wait(0.5):
+        if stats_file:
+            _write_stats(stats_file, tier)
         if time.monotonic() - last >= 30:
             last = time.monotonic()
             log.info("kvpool cluster: %s", " ".join(f"{k}={v}" for k, v in tier.stats.items()))
     tier.stop()
     return 0
+
+
+def _write_stats(path: str, tier: ClusterTier) -> None:
+    st = dict(tier.stats, store_up=tier.store_up(), **tier.store_counts(), time=time.time())
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(st, f)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -9,28 +9,35 @@ and checks (docs/cluster.md).
   whole namespace digest, the key's CRC, the row's CRC32C and length) that
   a fill checks before any byte becomes a row: a torn, foreign or stale
   object is a miss, never KV.
-- Nothing waits on the store past its deadline: every store call runs on a
-  small pool of threads and the caller waits at most timeout_s. A call
-  that overruns keeps its rows (reserved or locked by the caller) until it
-  truly returns, since Mooncake may still write into or read from them:
-  `late` callbacks release them then. A store that overruns or reports a
-  transport error is marked down; calls fail at once (StoreDown) while a
-  background thread sets up a new client (Mooncake's does not recover from
-  a restarted master by itself), with a backoff from 0.5 s to 5 s.
+- Nothing waits on the store past its deadline. Mooncake's client holds
+  Python's GIL inside some calls (its setup blocks every thread of the
+  process for tens of seconds while the master is down), so it never runs
+  in the agent's process: each StoreWorker is a child process with its own
+  client, mapping the region and the trailers through descriptors the agent
+  passes it, and answering commands on a pipe. A call that overruns its
+  deadline kills the child (SIGKILL, waited for): once it is gone nothing
+  can write into a row, so the caller releases its rows at once. A new
+  child is started in the background, with a backoff from 0.5 s to 5 s,
+  and calls fail at once (StoreDown: a miss) meanwhile.
 """
 from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import logging
+import os
+import select
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, Optional, cast
 
 log = logging.getLogger("kvpool.cluster")
 
@@ -43,13 +50,8 @@ _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0
 
 
 class StoreDown(Exception):
-    """The store did not answer in time, or is being reconnected: a miss.
-    pending: the call was made and has not returned (its `late` callback
-    runs when it does); otherwise the call is over, or was never made."""
-
-    def __init__(self, why: str, pending: bool = False) -> None:
-        super().__init__(why)
-        self.pending = pending
+    """The store did not answer in time, or is being restarted: a miss.
+    The call is over either way (its worker answered or was killed)."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +97,15 @@ def check_trailer(ns: Namespace, key: bytes, trailer: bytes) -> Optional[int]:
 
 
 def private_address(host: str) -> bool:
-    """Whether host (a name or an address, a port allowed) is loopback,
-    private or link-local: Mooncake Store has no authentication."""
-    h = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-    h = h.strip("[]")
+    """Whether host (a name or an address, a port or a URL allowed) is
+    loopback, private or link-local: Mooncake Store has no authentication."""
+    h = host
     if "//" in h:
-        h = h.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)[0]
+        h = h.split("//", 1)[1].split("/", 1)[0]
+    if h.startswith("["):
+        h = h[1:].split("]", 1)[0]
+    elif h.count(":") == 1:
+        h = h.rsplit(":", 1)[0]
     try:
         addrs = {ipaddress.ip_address(h)}
     except ValueError:
@@ -114,170 +119,225 @@ def private_address(host: str) -> bool:
 @dataclass
 class StoreConfig:
     """Where the store is, and what this node lends it."""
-    master: str                 # host:port of mooncake_master's RPC
-    metadata: str               # its metadata server: http://host:port/metadata
-    host: str                   # this node's address the other nodes reach
-    segment_bytes: int = 1 << 30  # memory this node lends the store
-    buffer_bytes: int = 16 << 20  # the client's own staging buffer
+    master: str                   # host:port of mooncake_master's RPC
+    metadata: str                 # its metadata server: http://host:port/metadata
+    host: str                     # this node's address the other nodes reach
+    segment_bytes: int = 1 << 30  # memory this node lends the store (the put worker's)
+    buffer_bytes: int = 16 << 20  # each client's own staging buffer
     protocol: str = "tcp"
-    timeout_s: float = 0.5      # one get or lookup at most
-    put_timeout_s: float = 5.0  # one put at most (write-behind: never on a step's path)
-    workers: int = 4
-    setup: Optional[Callable[[], Any]] = field(default=None, repr=False)  # tests: a factory
+    timeout_s: float = 0.5        # one lookup or get at most
+    put_timeout_s: float = 5.0    # one put at most (write-behind: never on a step's path)
+    start_timeout_s: float = 15.0  # a worker joining the store at most
+    python: str = sys.executable  # the workers' Python (it imports mooncake)
 
 
-class ClusterStore:
-    """Mooncake Store's client with deadlines and reconnection (see the
-    module's doc). buffers: (address, bytes) ranges to register, the
-    region's mapping and the caller's trailers."""
+class StoreWorker:
+    """One child process with its own Mooncake client (see the module's
+    doc). Rows and trailers are named by index; the child maps the region
+    (region_fd) and the trailer area (trailers_fd) itself. Thread-safe: one
+    call at a time."""
 
-    def __init__(self, cfg: StoreConfig, buffers: Sequence[tuple[int, int]]) -> None:
-        self.cfg = cfg
-        self._buffers = list(buffers)
+    def __init__(self, cfg: StoreConfig, name: str, segment_bytes: int, region_fd: int,
+                 region_bytes: int, row_stride: int, trailers_fd: int, trailers_bytes: int,
+                 timeout_s: float) -> None:
+        self.cfg, self.name, self.timeout_s = cfg, name, timeout_s
+        self._spawn_args = dict(master=cfg.master, metadata=cfg.metadata, host=cfg.host,
+                                segment=segment_bytes, buffer=cfg.buffer_bytes,
+                                protocol=cfg.protocol, region_fd=region_fd,
+                                region_bytes=region_bytes, row_stride=row_stride,
+                                trailers_fd=trailers_fd, trailers_bytes=trailers_bytes)
+        self._fds = (region_fd, trailers_fd)
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="kvpool-mc")
-        self._store: Any = None
-        self._stuck = 0                # calls past their deadline, not yet returned
+        self._p: Optional[subprocess.Popen] = None
         self._down_until = 0.0
         self._backoff = _BACKOFF_S
-        self._reconnecting = False
+        self._starting = False
         self._closed = False
-        self.timeouts = self.errors = self.reconnects = 0
-        self._store = self._connect()
+        self.timeouts = self.restarts = 0
+        self._start_async()
 
-    # ---- the client's life ----
-    def _connect(self) -> Any:
-        if self.cfg.setup is not None:
-            return self.cfg.setup()
-        from mooncake.store import MooncakeDistributedStore  # type: ignore
-        s = MooncakeDistributedStore()
-        rc = s.setup(self.cfg.host, self.cfg.metadata, self.cfg.segment_bytes,
-                     self.cfg.buffer_bytes, self.cfg.protocol, "", self.cfg.master)
-        if rc != 0:
-            raise StoreDown(f"Mooncake Store setup failed ({rc}): master {self.cfg.master}, "
-                            f"metadata {self.cfg.metadata}")
-        for addr, size in self._buffers:
-            if s.register_buffer(addr, size) != 0:
-                s.close()
-                raise StoreDown(f"Mooncake Store refused to register {size} bytes")
-        return s
-
-    def _down(self, why: str) -> None:
-        """Marks the store down and starts one reconnection in the background."""
+    # ---- the child's life ----
+    def _start_async(self) -> None:
         with self._lock:
-            now = time.monotonic()
-            first = now >= self._down_until and not self._reconnecting
-            self._down_until = now + self._backoff
-            if self._reconnecting or self._closed:
+            if self._starting or self._closed:
                 return
-            self._reconnecting = True
-        if first:
-            log.warning("kvpool cluster: the store is down (%s): lookups miss and stores are "
-                        "skipped until a new client is set up", why)
-        threading.Thread(target=self._reconnect, name="kvpool-mc-reconnect", daemon=True).start()
+            self._starting = True
+        threading.Thread(target=self._start, name=f"kvpool-{self.name}-start",
+                         daemon=True).start()
 
-    def _reconnect(self) -> None:
-        old = self._store
-        while True:
-            time.sleep(self._backoff)
-            if self._closed:
-                break
-            try:
-                new = self._connect()
-            except Exception as e:  # noqa: BLE001: the store's any failure is a retry
-                log.info("kvpool cluster: reconnecting to the store failed (%s)", e)
-                self._backoff = min(2 * self._backoff, _BACKOFF_MAX_S)
+    def _start(self) -> None:
+        while not self._closed:
+            pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            path = os.pathsep.join(x for x in (pkg, os.environ.get("PYTHONPATH")) if x)
+            p = subprocess.Popen([self.cfg.python, "-m", "kvpool.cluster_store", "--worker",
+                                  json.dumps(self._spawn_args)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 pass_fds=self._fds, start_new_session=True,
+                                 env=dict(os.environ, PYTHONPATH=path))
+            line = _readline(p, self.cfg.start_timeout_s)
+            if line is not None and line.get("ready"):
                 with self._lock:
-                    self._down_until = time.monotonic() + self._backoff
-                continue
-            with self._lock:
-                self._store, self._down_until = new, 0.0
-                self._backoff = _BACKOFF_S
-                self.reconnects += 1
-            log.warning("kvpool cluster: the store answers again (a new client)")
-            break
+                    if self._closed:
+                        _kill(p)
+                        break
+                    self._p, self._down_until, self._backoff = p, 0.0, _BACKOFF_S
+                    self._starting = False
+                log.info("kvpool cluster: %s joined the store at %s", self.name,
+                         self.cfg.master)
+                return
+            why = (line or {}).get("error", "no answer in time")
+            _kill(p)
+            log.warning("kvpool cluster: %s could not join the store (%s); again in %.1f s",
+                        self.name, why, self._backoff)
+            time.sleep(self._backoff)
+            self._backoff = min(2 * self._backoff, _BACKOFF_MAX_S)
         with self._lock:
-            self._reconnecting = False
-        if old is not None:  # its calls may still be stuck: close it on its own time
-            threading.Thread(target=_quiet_close, args=(old,), daemon=True).start()
+            self._starting = False
+
+    def _fail(self, why: str) -> None:
+        """Kills the child (its calls can touch no row after this returns)
+        and starts another in the background."""
+        with self._lock:
+            p, self._p = self._p, None
+        if p is not None:
+            _kill(p)
+            self.restarts += 1
+            log.warning("kvpool cluster: %s: %s: restarting it (misses meanwhile)", self.name,
+                        why)
+        self._start_async()
 
     def up(self) -> bool:
-        return not self._closed and time.monotonic() >= self._down_until
+        return self._p is not None
 
-    def busy(self) -> bool:
-        """Whether a call that overran its deadline has not returned yet."""
-        return self._stuck > 0
+    def restart(self, why: str) -> None:
+        """A new child for one that answers but cannot work (Mooncake's
+        client does not recover from a restarted master by itself)."""
+        self._fail(why)
 
     def close(self) -> None:
         self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        s, self._store = self._store, None
-        if s is not None and self._stuck == 0:
-            _quiet_close(s)
-
-    # ---- calls under a deadline ----
-    def _run(self, timeout_s: float, fn: Callable[..., Any], *args: Any,
-             late: Optional[Callable[[], None]] = None) -> Any:
-        """fn(store, *args) within timeout_s, or StoreDown. On a timeout,
-        late() runs when fn truly returns (the caller's rows stay held till
-        then); on any other outcome the caller releases them itself."""
         with self._lock:
-            if self._closed or time.monotonic() < self._down_until or self._store is None:
-                raise StoreDown("the store is down")
-            if self._stuck >= self.cfg.workers - 1:  # keep a worker for calls that can answer
-                raise StoreDown(f"{self._stuck} store calls have not returned")
-            store = self._store
-        fut = self._pool.submit(fn, store, *args)
-        try:
-            return fut.result(timeout=timeout_s)
-        except FutureTimeout:
-            self.timeouts += 1
-            with self._lock:
-                self._stuck += 1
+            p, self._p = self._p, None
+        if p is not None:
+            _kill(p)
 
-            def done(_f: Any) -> None:
-                with self._lock:
-                    self._stuck -= 1
-                if late is not None:
-                    late()
-            fut.add_done_callback(done)
-            self._down(f"a call took over {timeout_s * 1000:.0f} ms")
-            raise StoreDown("the store did not answer in time", pending=True) from None
-        except StoreDown:
-            raise
-        except Exception as e:  # noqa: BLE001: the store's exceptions are misses
-            self.errors += 1
-            self._down(f"{type(e).__name__}: {e}")
-            raise StoreDown(str(e)) from e
-
-    def exists(self, names: list[str]) -> list[int]:
-        """Per name: 1 held, 0 not held, negative: an error."""
-        out = self._run(self.cfg.timeout_s, lambda s, n: list(s.batch_is_exist(n)), names)
-        if names and all(r < 0 for r in out):
-            self._down(f"lookups failed ({out[0]})")
-        return out
-
-    def get_into(self, names: list[str], ptrs: list[list[int]], sizes: list[list[int]],
-                 late: Optional[Callable[[], None]] = None) -> list[int]:
-        """Each object into its buffers in place: bytes read, or a negative code."""
-        out = self._run(self.cfg.timeout_s,
-                        lambda s, a, b, c: list(s.batch_get_into_multi_buffers(a, b, c)),
-                        names, ptrs, sizes, late=late)
-        if names and all(r < 0 and r != NOT_FOUND for r in out):
-            self._down(f"gets failed ({out[0]})")
-        return out
-
-    def put_from(self, names: list[str], ptrs: list[list[int]], sizes: list[list[int]],
-                 late: Optional[Callable[[], None]] = None) -> list[int]:
-        """Each object from its buffers in place: 0, or a negative code."""
-        out = self._run(self.cfg.put_timeout_s,
-                        lambda s, a, b, c: list(s.batch_put_from_multi_buffers(a, b, c)),
-                        names, ptrs, sizes, late=late)
-        return out
+    # ---- calls ----
+    def call(self, op: str, timeout_s: Optional[float] = None, **args: Any) -> list[int]:
+        """The child's answer to one command, or StoreDown (the child killed
+        if it overran; nothing it did after counts)."""
+        with self._lock:
+            p = self._p
+            if p is None:
+                raise StoreDown(f"{self.name} is not running")
+            try:
+                w = cast(IO[bytes], p.stdin)
+                w.write((json.dumps(dict(args, op=op)) + "\n").encode())
+                w.flush()
+            except OSError as e:
+                ans: Optional[dict] = None
+                why = f"its pipe broke ({e})"
+            else:
+                ans = _readline(p, timeout_s or self.timeout_s)
+                why = "no answer in time" if ans is None else ans.get("error", "")
+        if ans is None or "out" not in ans:
+            if ans is None:
+                self.timeouts += 1
+            self._fail(why or "a bad answer")
+            raise StoreDown(why)
+        return list(ans["out"])
 
 
-def _quiet_close(s: Any) -> None:
+def _readline(p: subprocess.Popen, timeout_s: float) -> Optional[dict]:
+    """The child's next line as JSON, or None (timeout, exit, garbage)."""
+    fd = cast(IO[bytes], p.stdout).fileno()
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return None
+        buf += chunk
     try:
-        s.close()
-    except Exception:  # noqa: BLE001: closing a dead client
+        return json.loads(buf)
+    except ValueError:
+        return None
+
+
+def _kill(p: subprocess.Popen) -> None:
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
         pass
+    p.wait()
+    for f in (p.stdin, p.stdout):
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+
+
+# ---- the child (python -m kvpool.cluster_store --worker ARGS) ----
+def _worker(args: dict) -> None:
+    import ctypes
+    import mmap
+
+    # The answers go on a private copy of stdout; whatever Mooncake or Python
+    # print on descriptor 1 goes to stderr instead, so it cannot garble them.
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def say(d: dict) -> None:
+        proto.write(json.dumps(d) + "\n")
+        proto.flush()
+    try:
+        from mooncake.store import MooncakeDistributedStore  # type: ignore
+    except ImportError as e:
+        say({"error": f"no Mooncake client ({e}): pip install mooncake-transfer-engine"})
+        return
+    region = mmap.mmap(args["region_fd"], args["region_bytes"], mmap.MAP_SHARED)
+    trailers = mmap.mmap(args["trailers_fd"], args["trailers_bytes"], mmap.MAP_SHARED)
+    rbase = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    tbase = ctypes.addressof(ctypes.c_char.from_buffer(trailers))
+    stride = args["row_stride"]
+    s = MooncakeDistributedStore()
+    rc = s.setup(args["host"], args["metadata"], args["segment"], args["buffer"],
+                 args["protocol"], "", args["master"])
+    if rc != 0:
+        say({"error": f"setup failed ({rc})"})
+        return
+    for addr, size in ((rbase, args["region_bytes"]), (tbase, args["trailers_bytes"])):
+        if s.register_buffer(addr, size) != 0:
+            say({"error": "register_buffer failed"})
+            return
+    say({"ready": True})
+    for line in sys.stdin:
+        try:
+            c = json.loads(line)
+            op = c["op"]
+            if op == "exists":
+                res = s.batch_is_exist(c["names"])
+            else:
+                ptrs = [[rbase + r * stride, tbase + t * TRAILER]
+                        for r, t in zip(c["rows"], c["slots"])]
+                sizes = [[c["row_bytes"], TRAILER]] * len(ptrs)
+                if op == "get":
+                    res = s.batch_get_into_multi_buffers(c["names"], ptrs, sizes)
+                elif op == "put":
+                    res = s.batch_put_from_multi_buffers(c["names"], ptrs, sizes)
+                else:
+                    raise ValueError(f"unknown op {op!r}")
+            say({"out": [int(x) for x in res]})
+        except Exception as e:  # noqa: BLE001: a bad command is an answer, not an exit
+            say({"error": f"{type(e).__name__}: {e}"})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        _worker(json.loads(sys.argv[2]))
+    else:
+        sys.exit("usage: python -m kvpool.cluster_store --worker ARGS (the agent starts it)")
