@@ -17,10 +17,13 @@ else
 fi
 # vLLM 0.33 from PyPI in a cached environment, for the tests against vLLM
 # (KVP_NO_VLLM=1 leaves them out: they then report themselves skipped).
+# Mooncake Store beside it, for the cluster tier's test (docs/cluster.md).
 vllm_py=""
+mooncake=""
 if [ "${KVP_NO_VLLM:-0}" != 1 ] && [ "${KVP_SANITIZE:-0}" != 1 ]; then
 	vllm_py="$(sh tests/vllm/env.sh)/bin/python"
+	mooncake="$(sh tests/cluster/env.sh)"
 fi
-cmake -S . -B "$dir" -DKVP_VLLM_PYTHON="$vllm_py" "$@"
+cmake -S . -B "$dir" -DKVP_VLLM_PYTHON="$vllm_py" -DKVP_MOONCAKE_VENV="$mooncake" "$@"
 cmake --build "$dir" -j "$(nproc)"
 ctest --test-dir "$dir" --output-on-failure -j "$(nproc)" 2>&1

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The cluster tier (docs/cluster.md) across hosts made of network
+namespaces: Mooncake's master in one, nodes a, b and c each with its own
+kvpoold and kvpool.cluster agent, and vLLM 0.33 engines (its Scheduler and
+OffloadingConnector on kvpool's spec, CPU tensors) on the nodes' pools.
+
+An engine on b serves a prompt prefilled on a, loading every full block
+from the cluster with a's bytes; a decode engine on c takes the same
+prefill; the master killed and restarted, then node a killed: no engine
+exception, no wrong bytes, misses meanwhile, hits again after."""
+import os
+import time
+
+import pytest
+
+import cluster_net
+
+why = cluster_net.available()
+if why:
+    pytest.skip(why, allow_module_level=True)
+
+import torch  # noqa: E402
+
+from test_offload import BS, PROMPT, Engine, model_dir, pattern, tier_args  # noqa: E402,F401
+
+WAIT_MS = 2000  # a missed key waits this long on the cluster (plenty here)
+STEP_LIMIT_S = 1.1  # kvpool_timeout_ms (the scheduler's 1000) + 100 ms
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = cluster_net.Cluster(str(tmp_path), ["a", "b", "c"])
+    try:
+        c.start_master()
+        for n in "abc":
+            c.start_node(n, list(tier_args(
+                tmp_path / n, blocks=64,
+                extra=f",cluster_wait_ms={WAIT_MS},cluster_miss_ms=100")))
+            c.agent(n)
+        for n in "abc":  # each agent joined the store and calls ClusterFill
+            c.wait_joined(n)
+        yield c
+    finally:
+        for n in "abc":
+            print(f"--- agent {n}: {c.stats(n)}\n{c.log(f'agent-{n}', 1500)}")
+        c.close()
+
+
+def prefill(engine, prompt, limit_s=30.0):
+    """Steps engine until it served prompt (its lookups may wait on the
+    cluster up to cluster_wait_ms: a fill, or the store's deadline)."""
+    req = engine.add(prompt)
+    deadline = time.monotonic() + limit_s
+    while not (req.is_finished() and not engine.conn._jobs and
+               not engine.manager.has_pending_work()):
+        assert time.monotonic() < deadline, "the request did not finish"
+        engine.step()
+    return [bytes(h) for h in req.block_hashes[:len(prompt) // BS]]
+
+
+def served_from_cluster(engine, prompt, hashes, steps=20000):
+    """The engine serves prompt: every full block loaded, each with the
+    bytes the prefilling engine computed. Returns the tokens it computed."""
+    req = engine.add(prompt)
+    step, longest = engine.step, [0.0]
+
+    def timed(*a, **kw):
+        t = time.monotonic()
+        try:
+            return step(*a, **kw)
+        finally:
+            longest[0] = max(longest[0], time.monotonic() - t)
+    engine.step = timed
+    try:
+        first, loaded = engine.serve(req, steps=steps)
+    finally:
+        del engine.step
+    assert req.is_finished(), "the request did not finish"
+    # No step waits on the cluster: kvpoold answers (pending) at once.
+    assert longest[0] < STEP_LIMIT_S, f"a step took {longest[0] * 1000:.0f} ms"
+    n = min(len(hashes), 4)
+    for i in range(n):
+        for got in loaded[i]:
+            assert torch.equal(got, pattern(hashes[i] + b"\0", engine.page)), \
+                f"block {i}'s bytes differ from the prefilling engine's"
+    return first
+
+
+def test_a_prompt_prefilled_on_one_node_is_a_hit_on_the_others(model_dir, cluster):
+    a = Engine(model_dir, cluster.urls["a"][0], "engine-a")
+    hashes = prefill(a, PROMPT)
+    cluster.wait_stats("a", "put", len(hashes))  # a's agent put every committed block
+    b = Engine(model_dir, cluster.urls["b"][0], "engine-b")
+    t0 = time.monotonic()
+    first = served_from_cluster(b, PROMPT, hashes)
+    took = time.monotonic() - t0
+    assert first == len(PROMPT) - 4 * BS, f"b computed {first} tokens, not only the tail"
+    st = cluster.wait_stats("b", "filled", 4)
+    assert st["corrupt"] == 0
+    print(f"cross-node: b served a's 4 blocks from the cluster in {took * 1000:.1f} ms")
+    # P/D: a decode-only engine on c takes the prefill a handed over, the same way.
+    c = Engine(model_dir, cluster.urls["c"][0], "engine-c-decode")
+    first = served_from_cluster(c, PROMPT, hashes)
+    assert first == len(PROMPT) - 4 * BS
+    for e in (a, b, c):
+        e.close()
+
+
+def test_master_and_node_faults_never_fail_an_engine(model_dir, cluster):
+    a = Engine(model_dir, cluster.urls["a"][0], "engine-a")
+    b = Engine(model_dir, cluster.urls["b"][0], "engine-b")
+    prompts = [list(range(k * 7000, k * 7000 + 4 * BS + 3)) for k in range(6)]
+
+    # The master killed: b's lookups miss (it computes everything), nothing raises.
+    cluster.kill("master")
+    hashes = prefill(a, prompts[0])
+    t0 = time.monotonic()
+    first = served_from_cluster(b, prompts[0], [])
+    assert first == len(prompts[0]), "a hit while the store's master was down"
+    assert time.monotonic() - t0 < WAIT_MS / 1000 + 5
+
+    # Restarted: the agents set up new clients; a new prefill is a hit on b again.
+    cluster.start_master()
+    deadline = time.monotonic() + 60
+    k = 1
+    while True:
+        hashes = prefill(a, prompts[k])
+        try:
+            cluster.wait_stats("a", "put", 4, timeout=5)
+        except TimeoutError:
+            pass
+        first = served_from_cluster(b, prompts[k], hashes)
+        if first == len(prompts[k]) - 4 * BS:
+            break
+        assert time.monotonic() < deadline, "no cross-node hit within 60 s of the restart"
+        k = min(k + 1, 3)
+    before = cluster.wait_stats("b", "filled", 4)["filled"]  # that hit was a fill
+
+    # Node a killed (its agent and kvpoold, and the store's objects in its
+    # segment): b misses or hits with a's bytes, never wrong ones, never raises.
+    cluster.kill("agent-a")
+    cluster.kill("kvpoold-a")
+    for p in prompts[4:6]:
+        served_from_cluster(b, p, [])
+    assert cluster.procs["kvpoold-b"].poll() is None
+    # b's new blocks still go to the cluster and come back on c (once the
+    # master has dropped a's segment, puts place them on the living nodes).
+    c = Engine(model_dir, cluster.urls["c"][0], "engine-c")
+    deadline = time.monotonic() + 60
+    for k in range(100, 1000):
+        fresh = list(range(k * 300, k * 300 + 4 * BS + 3))
+        hashes = prefill(b, fresh)
+        try:
+            cluster.wait_stats("b", "put", cluster.stats("b").get("put", 0) + 4, timeout=3)
+        except TimeoutError:
+            pass
+        if served_from_cluster(c, fresh, hashes) == len(fresh) - 4 * BS:
+            break
+        assert time.monotonic() < deadline, "no hit on c from b's blocks within 60 s"
+    assert cluster.wait_stats("c", "filled", 4)["corrupt"] == 0
+    assert cluster.stats("b")["corrupt"] == 0 and cluster.stats("b")["filled"] >= before
+    for e in (b, c):
+        e.close()
+    a.manager.shutdown()
