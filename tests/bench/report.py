@@ -48,6 +48,10 @@ AREAS = {
                "./build/tests/bench/kvp-bench-events"),
     "region": ("The shared region against memcpy, and against WriteBlocks/ReadBlocks",
                "./build/tests/bench/kvp-bench-region"),
+    "cluster": ("The cluster tier's fill between two namespaces against Mooncake Store's own get, "
+                "a raw TCP stream and ReadBlocks over tcp (root)",
+                "KVP_MOONCAKE_VENV=$(sh tests/cluster/env.sh) "
+                "python3 clients/python/bench/bench_cluster.py build"),
     "executor": ("The executor (cpu backend) and the data plane's calls against memcpy and raw "
                  "nng", "./build/tests/bench/kvp-bench-executor"),
     "floors": ("The batched cycle against what nng leaves a daemon (placed: clients on one CPU, "
