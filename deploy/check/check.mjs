@@ -163,7 +163,10 @@ for (const file of files) {
     check(Boolean(gpu) === (get("executor")[0] === "cuda"),
           `${where}: an nvidia.com/gpu limit exactly when the executor is cuda`);
     // Services route to the named ports; the headless one carries all three.
-    for (const svc of byKind("Service")) {
+    // (Only the pool pods' Services and policies: cluster mode adds the master's.)
+    const pools = (sel) => Object.entries(sts.spec.selector.matchLabels)
+      .every(([k, v]) => sel?.[k] === v);
+    for (const svc of byKind("Service").filter((s) => pools(s.spec.selector))) {
       for (const p of svc.spec.ports)
         check(c.ports.some((cp) => cp.name === p.targetPort) && want[p.targetPort] === p.port,
               `${where}: Service ${svc.metadata.name} port ${p.name} -> ${p.targetPort}`);
@@ -173,8 +176,8 @@ for (const file of files) {
               `${where}: the StatefulSet's headless Service exposes rpc, events, admin` +
               ` and the vLLM-wire ports`);
     }
-    for (const np of byKind("NetworkPolicy")) {
-      const ports = new Set(np.spec.ingress.flatMap((r) => r.ports.map((p) => p.port)));
+    for (const np of byKind("NetworkPolicy").filter((n) => pools(n.spec.podSelector.matchLabels))) {
+      const ports = new Set(np.spec.ingress.flatMap((r) => (r.ports ?? []).map((p) => p.port)));
       for (const p of Object.values(want))
         check(ports.has(p), `${where}: NetworkPolicy admits port ${p}`);
     }

@@ -51,6 +51,15 @@ $helm template kvpool ../helm/kvpool -n inference \
 $helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
 	--set 'pools[0].name=tier,pools[0].blocks=4096,pools[0].shards=2' > out/helm-nodelocal.yaml
 cp ../helm/kvpool/examples/vllm-node-local.yaml out/example-vllm-node-local.yaml
+# Cluster mode: each node's agent beside kvpoold, Mooncake's master and its policy.
+$helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
+	--set cluster.enabled=true,cluster.model=meta-llama/Llama-3.1-8B \
+	--set cluster.layout=bf16-h8-d128-l32-b16-tp0of1 \
+	--set 'pools[0].name=tier,pools[0].blocks=4096' > out/helm-cluster.yaml
+for want in 'name: cluster-agent' 'cluster_wait_ms=200' 'kvpool-mooncake:50051' \
+	'kind: Deployment' 'app.kubernetes.io/name: kvpool-mooncake'; do
+	grep -q "$want" out/helm-cluster.yaml || { echo "FAIL: cluster mode lacks $want"; exit 1; }
+done
 $helm template kvpool ../helm/kvpool -n inference --set podLabels.team=inference \
 	--set priorityClassName=high --set 'extraArgs[0]=--log-level=debug' \
 	--set 'extraEnv[0].name=KVPOOL_LEASE_MS' --set-string 'extraEnv[0].value=20000' \
@@ -88,7 +97,8 @@ for bad in daemon.drainMs=60000 executor.dtype=fp8 ports.rpc=0 pools[0].name=bad
 	'pools[0].groups=full:16\,blocks=9' 'pools[0].groups=sliding window:16:8' \
 	vllmEvents.format=json vllmEvents.port=0 pools[0].hashAlgo=md5 pools[0].shards=0 \
 	nodeLocal.socketDir=relative preStopSleepSeconds=20 vllmEvents.hwm=0 prometheusRule.poolFullRatio=2 'extraEnv[0].name=X,extraEnv[0].value=1' \
-	tls.enabled=true auth.existingSecret= tls.certManager.duration=90days; do
+	tls.enabled=true auth.existingSecret= tls.certManager.duration=90days \
+	cluster.enabled=true cluster.tenant=a/b; do
 	if $helm template kvpool ../helm/kvpool --set "$bad" > /dev/null 2>&1; then
 		echo "FAIL: the chart accepted $bad"
 		exit 1
@@ -100,7 +110,7 @@ echo "== lint"
 # (The dashboard's ConfigMap embeds the JSON, one long line per panel query: parsed, not linted.)
 yamllint -c ../.yamllint ../k8s ../helm/kvpool/Chart.yaml ../helm/kvpool/values.yaml \
 	../helm/kvpool/values-gpu.yaml $(ls out/*.yaml | grep -v /helm-dashboard.yaml)
-node_modules/.bin/dockerfilelint ../docker/Dockerfile ../docker/Dockerfile.cuda
+node_modules/.bin/dockerfilelint ../docker/Dockerfile ../docker/Dockerfile.cuda ../docker/Dockerfile.cluster
 node -e 'JSON.parse(require("fs").readFileSync("../helm/kvpool/dashboards/kvpool-dashboard.json", "utf8"))'
 
 echo "== validate (Kubernetes API schemas)"

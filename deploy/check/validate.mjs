@@ -16,6 +16,7 @@ const models = {
   "v1/Pod": "kubernetes-models/v1/Pod",
   "apps/v1/StatefulSet": "kubernetes-models/apps/v1/StatefulSet",
   "apps/v1/DaemonSet": "kubernetes-models/apps/v1/DaemonSet",
+  "apps/v1/Deployment": "kubernetes-models/apps/v1/Deployment",
   "policy/v1/PodDisruptionBudget": "kubernetes-models/policy/v1/PodDisruptionBudget",
   "networking.k8s.io/v1/NetworkPolicy": "kubernetes-models/networking.k8s.io/v1/NetworkPolicy",
   "monitoring.coreos.com/v1/PrometheusRule":

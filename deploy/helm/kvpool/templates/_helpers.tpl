@@ -12,6 +12,12 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The master's pods: not the pools' selector (a DaemonSet or StatefulSet would claim them). */}}
+{{- define "kvpool.masterSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-mooncake
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
 {{- define "kvpool.labels" -}}
 {{ include "kvpool.selectorLabels" . }}
 app.kubernetes.io/part-of: kvpool
@@ -66,6 +72,11 @@ region-dir = {{ .Values.nodeLocal.regionDir }}
 events = {{ include "kvpool.scheme" . }}://0.0.0.0:{{ int64 .Values.ports.events }}
 admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- $memory := include "kvpool.memory" . }}
+{{- $clusterPool := "" }}
+{{- if .Values.cluster.enabled }}
+{{- $clusterPool = include "kvpool.clusterPool" . }}
+{{- end }}
+{{- $cluster := .Values.cluster }}
 {{- range .Values.pools }}
 {{- if and (not .blocks) (not $memory) }}
 {{- fail (printf "pool %s: give blocks, or executor.memory (gpu.memory with gpu.enabled)" .name) }}
@@ -73,7 +84,7 @@ admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- if and .groups (not (regexMatch "^[a-z_]+:[0-9]+(:[0-9a-z]+)?(\\+[a-z_]+:[0-9]+(:[0-9a-z]+)?)*$" .groups)) }}
 {{- fail (printf "pool %s: groups %q is not KIND:BLOCK_SIZE[:PARAM] joined by '+' (kvpoold --help)" .name .groups) }}
 {{- end }}
-pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }}{{ if .groups }},groups={{ .groups }}{{ if .blockSize }},block_size={{ int64 .blockSize }}{{ end }}{{ else }},block_size={{ int64 (.blockSize | default 16) }}{{ end }}{{ if .hashBlockSize }},hash_block_size={{ int64 .hashBlockSize }}{{ end }}{{ if hasKey . "caching" }},caching={{ ternary "on" "off" .caching }}{{ end }}{{ if .hashAlgo }},hash_algo={{ .hashAlgo }}{{ end }}{{ if hasKey . "seed" }},seed={{ if kindIs "string" .seed }}{{ .seed }}{{ else }}{{ int64 .seed }}{{ end }}{{ end }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}{{ if .shards }},shards={{ int64 .shards }}{{ end }}
+pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }}{{ if .groups }},groups={{ .groups }}{{ if .blockSize }},block_size={{ int64 .blockSize }}{{ end }}{{ else }},block_size={{ int64 (.blockSize | default 16) }}{{ end }}{{ if .hashBlockSize }},hash_block_size={{ int64 .hashBlockSize }}{{ end }}{{ if hasKey . "caching" }},caching={{ ternary "on" "off" .caching }}{{ end }}{{ if .hashAlgo }},hash_algo={{ .hashAlgo }}{{ end }}{{ if hasKey . "seed" }},seed={{ if kindIs "string" .seed }}{{ .seed }}{{ else }}{{ int64 .seed }}{{ end }}{{ end }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}{{ if .shards }},shards={{ int64 .shards }}{{ end }}{{ if eq .name $clusterPool }},cluster_wait_ms={{ int64 $cluster.waitMs }},cluster_miss_ms={{ int64 $cluster.missMs }}{{ end }}
 {{- end }}
 {{- with .Values.vllmEvents }}
 {{- if .enabled }}
@@ -135,4 +146,44 @@ vllm-rep-{{ $i }} {{ add $v.replayPort $rank }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* Cluster mode: the pool under the tier (cluster.pool, or the first), after its checks. */}}
+{{- define "kvpool.clusterPool" -}}
+{{- $c := .Values.cluster }}
+{{- if not .Values.nodeLocal.enabled }}
+{{- fail "cluster.enabled needs nodeLocal.enabled: the tier sits under a node's shared region (docs/cluster.md)" }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- fail "cluster.enabled with tls.enabled: the agent does not speak TLS to the event stream yet (docs/cluster.md)" }}
+{{- end }}
+{{- if or (not $c.model) (not $c.layout) }}
+{{- fail "cluster.enabled needs cluster.model and cluster.layout: they keep two models' or layouts' bytes apart" }}
+{{- end }}
+{{- if and (not $c.master.enabled) (or (not $c.master.address) (not $c.master.metadata)) }}
+{{- fail "cluster.master.enabled false needs cluster.master.address and cluster.master.metadata" }}
+{{- end }}
+{{- $name := $c.pool | default (index .Values.pools 0).name }}
+{{- $found := false }}
+{{- range .Values.pools }}{{ if eq .name $name }}{{ $found = true }}{{ end }}{{ end }}
+{{- if not $found }}
+{{- fail (printf "cluster.pool %q is not one of pools" $name) }}
+{{- end }}
+{{- $name }}
+{{- end -}}
+
+{{/* Mooncake's master RPC address and metadata URL, for the agents. */}}
+{{- define "kvpool.clusterMaster" -}}
+{{- if .Values.cluster.master.enabled -}}
+{{ include "kvpool.fullname" . }}-mooncake:{{ int64 .Values.cluster.master.rpcPort }}
+{{- else -}}
+{{ .Values.cluster.master.address }}
+{{- end -}}
+{{- end -}}
+{{- define "kvpool.clusterMetadata" -}}
+{{- if .Values.cluster.master.enabled -}}
+http://{{ include "kvpool.fullname" . }}-mooncake:{{ int64 .Values.cluster.master.metadataPort }}/metadata
+{{- else -}}
+{{ .Values.cluster.master.metadata }}
+{{- end -}}
 {{- end -}}

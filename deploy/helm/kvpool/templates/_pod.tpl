@@ -160,6 +160,64 @@ spec:
         - name: host-region
           mountPath: {{ .Values.nodeLocal.regionDir }}
         {{- end }}
+    {{- if .Values.cluster.enabled }}
+    # The cluster tier's agent (docs/cluster.md): kvpoold's pool over ipc, its
+    # region mapped from the same host directory, Mooncake Store on the pod network.
+    - name: cluster-agent
+      image: "{{ .Values.cluster.image.repository }}:{{ .Values.cluster.image.tag }}"
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        - --url
+        - ipc://{{ .Values.nodeLocal.socketDir }}/kvpool.ipc
+        - --events
+        - tcp://127.0.0.1:{{ int64 .Values.ports.events }}
+        - --pool
+        - {{ include "kvpool.clusterPool" . | quote }}
+        {{- if .Values.auth.enabled }}
+        - --token-file
+        - /etc/kvpool/secret/{{ .Values.auth.tokenKey }}
+        {{- end }}
+        - --master
+        - {{ include "kvpool.clusterMaster" . | quote }}
+        - --metadata
+        - {{ include "kvpool.clusterMetadata" . | quote }}
+        - --host
+        - $(POD_IP)
+        - --segment-mib
+        - {{ int64 .Values.cluster.segmentMib | quote }}
+        - --tenant
+        - {{ .Values.cluster.tenant | quote }}
+        - --model
+        - {{ .Values.cluster.model | quote }}
+        - --layout
+        - {{ .Values.cluster.layout | quote }}
+        - --timeout-ms
+        - {{ int64 .Values.cluster.timeoutMs | quote }}
+      env:
+        - name: POD_IP
+          valueFrom:
+            fieldRef:
+              fieldPath: status.podIP
+      resources:
+        {{- toYaml .Values.cluster.resources | nindent 8 }}
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: ["ALL"]
+      volumeMounts:
+        {{- if .Values.auth.enabled }}
+        - name: auth
+          mountPath: /etc/kvpool/secret
+          readOnly: true
+        {{- end }}
+        - name: tmp
+          mountPath: /tmp
+        - name: host-socket
+          mountPath: {{ .Values.nodeLocal.socketDir }}
+        - name: host-region
+          mountPath: {{ .Values.nodeLocal.regionDir }}
+    {{- end }}
   {{- $nodeSelector := .Values.nodeSelector }}
   {{- if .Values.gpu.enabled }}
   {{- $nodeSelector = merge (deepCopy .Values.nodeSelector) .Values.gpu.nodeSelector }}
