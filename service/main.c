@@ -18,16 +18,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "service/admin.h"
-#include "service/config.h"
+#include "service/net/admin.h"
+#include "service/config/config.h"
 #include "common/kvp_status.h"
 #include "common/kvp_version.h"
-#include "service/fdlimit.h"
-#include "service/memtune.h"
+#include "service/net/fdlimit.h"
+#include "service/net/memtune.h"
 #include "service/log.h"
-#include "service/server.h"
-#include "service/transport.h"
-#include "service/vllm_pub.h"
+#include "service/pool/server.h"
+#include "service/net/transport.h"
+#include "service/streams/vllm_pub.h"
 
 static atomic_bool stopping;
 static atomic_bool ready;

@@ -8,7 +8,12 @@
 #                        the library (clients/c/*) never includes its programs
 #                        (clients/c/tools/), which may include the library
 #   engine/              common/ and itself
-#   service/             anything but clients/c/
+#   service/             anything but clients/c/; inside it (service/README.md):
+#     config/            only config/ (and the layers below service/)
+#     rpc/               never net/ or handlers/ (handlers implement what rpc/ declares)
+#     handlers/          only rpc/ and handlers/ (the pool's state comes through rpc/)
+#     pool/              never net/ or handlers/
+#     streams/           never rpc/ or handlers/
 # Usage: check_layers.sh SOURCE_DIR BUILD_DIR. Prints each breach; exit 1 if any.
 set -u
 src=$1
@@ -33,6 +38,11 @@ out=$(
 	check_includes clients 'engine|gpu|service'
 	check_includes engine  'gpu|proto|service|clients'
 	check_includes service 'clients'
+	check_includes service/config   'service/(net|rpc|handlers|pool|streams)'
+	check_includes service/rpc      'service/(net|handlers)'
+	check_includes service/handlers 'service/(net|pool|streams|config)'
+	check_includes service/pool     'service/(net|handlers)'
+	check_includes service/streams  'service/(rpc|handlers)'
 )
 [ -z "$out" ] || { echo "$out"; bad=1; }
 

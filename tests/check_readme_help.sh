@@ -1,7 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # The docs' copy of `kvpoold --help` (docs/service.md) must be the daemon's
-# own: a setting added, removed or reworded in service/config.c fails here
+# own: a setting added, removed or reworded in service/config/config.c fails here
 # until the page says the same. With --write, the page's block is rewritten
 # from the daemon's help instead (then review and commit the change).
 # Usage: check_readme_help.sh KVPOOLD PAGE [--write]

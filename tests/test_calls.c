@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The call table (service/calls.h) against the wire contract: every call the
+ * The call table (service/rpc/calls.h) against the wire contract: every call the
  * .proto defines has a row of the same name and number, a row is batchable
  * exactly when BatchCall carries it, and every row is counted in /metrics
  * under its name. A call added to kvpool.proto without a row fails here.
@@ -9,7 +9,7 @@
 
 #include <stdbool.h>
 
-#include "service/calls.h"
+#include "service/rpc/calls.h"
 
 static bool
 is_oneof(const ProtobufCFieldDescriptor *f)
@@ -29,7 +29,7 @@ test_calls_every_request_field_has_a_row(void **state)
 			continue;
 		const struct kvpd_call_op *op = kvpd_call_lookup((int)f->id);
 		if (op == NULL)
-			fail_msg("Request field %s (%u) has no row in service/calls.h", f->name, f->id);
+			fail_msg("Request field %s (%u) has no row in service/rpc/calls.h", f->name, f->id);
 		assert_string_equal(op->name, f->name);
 		assert_string_equal(kvpd_call_name(kvpd_call_index(op)), f->name);
 		n++;

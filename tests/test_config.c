@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "service/config.h"
+#include "service/config/config.h"
 #include "service/log.h"
 
 static FILE *sink;

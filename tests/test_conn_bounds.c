@@ -2,14 +2,14 @@
 /*
  * The transport's bounds on what non-reading peers may hold (issue #49),
  * as pure decisions over the contexts holding unread replies
- * (service/conn_bounds.c): one connection, one unauthenticated address,
+ * (service/net/conn_bounds.c): one connection, one unauthenticated address,
  * all unauthenticated peers, and the pressure watch's choice.
  */
 #include "kvp_test.h"
 
 #include <arpa/inet.h>
 
-#include "service/conn_bounds.h"
+#include "service/net/conn_bounds.h"
 
 /* The clock of every check below, and the wait that makes a reply stale. */
 #define NOW 1000

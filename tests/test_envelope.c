@@ -18,7 +18,7 @@
 
 #include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
-#include "service/envelope.h"
+#include "service/rpc/envelope.h"
 
 #define CALLS (4u << 20)
 

@@ -15,7 +15,7 @@
 
 #include "spawn.h"
 
-#include "service/config.h"
+#include "service/config/config.h"
 #include "service/log.h"
 
 /* 2026-11-22T10:00:00.123Z */

@@ -16,9 +16,9 @@
 #include <string.h>
 
 #include "kvpool.pb-c.h"
-#include "service/config.h"
-#include "service/dispatch.h"
-#include "service/server.h"
+#include "service/config/config.h"
+#include "service/rpc/dispatch.h"
+#include "service/pool/server.h"
 
 enum { N = 3 * KVPD_EXPIRE_SCAN + 17, LEASE = 1000 };
 

@@ -9,11 +9,11 @@
 
 #include <stdlib.h>
 
-#include "service/config.h"
+#include "service/config/config.h"
 #include "common/crc32c.h"
 #include "kvpool.pb-c.h"
-#include "service/dispatch.h"
-#include "service/server.h"
+#include "service/rpc/dispatch.h"
+#include "service/pool/server.h"
 
 static struct kvpd_server *srv;
 static uint64_t session;
@@ -164,7 +164,7 @@ sink_malloc(void *ctx, size_t len)
 	return *buf;
 }
 
-/* Batch replies are written by hand (service/reply_pack.c): protobuf-c's bytes, exactly. */
+/* Batch replies are written by hand (service/rpc/reply_pack.c): protobuf-c's bytes, exactly. */
 static void
 batch_reply_is_protobuf_c_bytes(void **state)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The replay ring (service/ring.c): its count bound, its byte bound (the
+ * The replay ring (service/streams/ring.c): its count bound, its byte bound (the
  * oldest go first, the newest always stays), lost seqs, and a seeded run
  * against a plain model of what it must hold, with its byte total exact.
  */
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/kvp_status.h"
-#include "service/ring.h"
+#include "service/streams/ring.h"
 
 static uint8_t *
 batch(size_t len, uint8_t fill)

@@ -22,7 +22,7 @@
 #include "clients/c/kvpool.h"
 #include "raw_peer.h"
 
-/* service/admin.h's KVPD_ADMIN_MAX_REQUEST (the test does not include the daemon's headers). */
+/* service/net/admin.h's KVPD_ADMIN_MAX_REQUEST (the test does not include the daemon's headers). */
 #define KVP_ADMIN_MAX_REQUEST_TEST 8192
 
 static char ipc_url[256], tcp_url[256], admin[64];
@@ -335,7 +335,7 @@ admin_status(const char *req, size_t len)
 }
 
 /*
- * The admin endpoint bounds what a peer can hold (service/admin.h): headers
+ * The admin endpoint bounds what a peer can hold (service/net/admin.h): headers
  * past the size limit get 431; slow senders holding every slot cannot keep
  * probes out (a newcomer takes the oldest sender's slot, which gets 408),
  * even while they keep coming back; a half-sent request left alone is

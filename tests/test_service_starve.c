@@ -7,7 +7,7 @@
  * hold every context for the whole bound. The daemon closes a connection
  * that sends a request while half the contexts hold replies it has not
  * taken (and, behind that, any connection once half the contexts have
- * waited SLOW_SEND_MS on their peers: service/transport.c), so the client
+ * waited SLOW_SEND_MS on their peers: service/net/transport.c), so the client
  * is served at its usual latency. Peers at several addresses (127.0.0.2-5)
  * that each hold one context are bounded as unauthenticated peers: a
  * client that shows its pool's token keeps half the contexts.

@@ -1,18 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * A session's request table (service/session.c): an open-addressing map
+ * A session's request table (service/rpc/session.c): an open-addressing map
  * from the client's request ids to the manager's, against a plain array
  * model through 200,000 seeded adds, removes and lookups (ids chosen to
  * collide), and the newest-first order a session's end releases them in;
  * its block references against a model through log compactions and takes;
  * and the
- * map under it (service/u64map.h) at its edges.
+ * map under it (service/rpc/u64map.h) at its edges.
  */
 #include "kvp_test.h"
 
 #include <stdlib.h>
 
-#include "service/session.h"
+#include "service/rpc/session.h"
 
 #define MODEL 512
 

@@ -21,8 +21,8 @@
 
 #include "clients/c/kvpool.h"
 #include "kvpool.pb-c.h"
-#include "service/config.h"
-#include "service/server.h"
+#include "service/config/config.h"
+#include "service/pool/server.h"
 
 #define POOL_ARGS "blocks=40,seed=0,groups=full:4+sliding_window:4:8"
 enum { NREQ = 6, MAX_IDS = 16 };

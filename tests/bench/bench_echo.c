@@ -5,7 +5,7 @@
  * the daemon's CPU so that the raw baseline crosses CPUs and processes as the
  * remote calls do. It serves as kvpoold's transport does: a REP socket on URL
  * with eight contexts, each an aio whose callback does the work and sends the
- * reply (service/transport.c), so its round trips pay the same thread
+ * reply (service/net/transport.c), so its round trips pay the same thread
  * handoffs. Each request's first 16 bytes say what to answer: the reply's
  * length (u64, little-endian), then how long to spin first, in ns of the
  * thread's CPU time (u64). It replies with that many zero bytes, built as the

@@ -47,8 +47,8 @@
 #include "clients/c/kvpool.h"
 #include "common/crc32c.h"
 #include "kvpool.pb-c.h"
-#include "service/config.h"
-#include "service/server.h"
+#include "service/config/config.h"
+#include "service/pool/server.h"
 
 #define MAX_CLIENTS 8
 

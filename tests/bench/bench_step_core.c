@@ -15,8 +15,8 @@
 #include "bench_util.h"
 #include "common/kvp_status.h"
 #include "kvpool.pb-c.h"
-#include "service/config.h"
-#include "service/server.h"
+#include "service/config/config.h"
+#include "service/pool/server.h"
 
 /* ---- core: the daemon's handling of the encoded step, in process ---- */
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libFuzzer target: arbitrary bytes at kvpoold's admin HTTP endpoint
- * (service/admin.c over nng's HTTP server), the way a scanner or a broken
+ * (service/net/admin.c over nng's HTTP server), the way a scanner or a broken
  * probe reaches it. One endpoint on 127.0.0.1 lives for the whole run; each
  * input is written to a fresh connection, which is then half-closed. The
  * endpoint must answer or close that connection within 5 s, and after
@@ -22,9 +22,9 @@
 #include <unistd.h>
 
 #include "common/kvp_status.h"
-#include "service/admin.h"
-#include "service/config.h"
-#include "service/server.h"
+#include "service/net/admin.h"
+#include "service/config/config.h"
+#include "service/pool/server.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

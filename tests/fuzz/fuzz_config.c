@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "service/config.h"
+#include "service/config/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

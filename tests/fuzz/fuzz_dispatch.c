@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "service/config.h"
+#include "service/config/config.h"
 #include "common/kvp_status.h"
 #include "kvpool.pb-c.h"
-#include "service/server.h"
+#include "service/pool/server.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
