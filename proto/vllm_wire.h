@@ -4,7 +4,7 @@
  * vLLM's example subscriber decode (reference section 7.3 and
  * vllm-events-wire-now.md): the msgpack payload of a KVEventBatch, the
  * 8-byte big-endian seq frame, and vLLM's endpoint rules (bind or connect,
- * the data-parallel port offset). No I/O: service/vllm_pub.c sends what
+ * the data-parallel port offset). No I/O: service/streams/vllm_pub.c sends what
  * this encodes; clients/c decodes it for `kvpoolctl vllm-events`.
  *
  * Payload: the batch is always an array [ts (float64), [events], dp_rank].

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * vllm_zmq.h: the libzmq side that both ends of vLLM's event wire share
- * (service/vllm_pub.c's replay server, clients/c/tools/vllm_watch.c's follower).
+ * (service/streams/vllm_pub.c's replay server, clients/c/tools/vllm_watch.c's follower).
  * A header of static functions: its two users link libzmq, the wire
  * library (vllm_wire.h, no I/O) does not.
  */
