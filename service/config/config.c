@@ -16,31 +16,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int
-kvpd_cfg_parse_u32(const char *v, uint32_t min, uint32_t max, uint32_t *out)
-{
-	char *end;
-	unsigned long long x;
-
-	if (v == NULL || !isdigit((unsigned char)v[0]))
-		return -1;
-	errno = 0;
-	x = strtoull(v, &end, 10);
-	if (errno != 0 || *end != '\0' || x < min || x > max)
-		return -1;
-	*out = (uint32_t)x;
-	return 0;
-}
-
-int
-kvpd_cfg_copy_str(char *dst, size_t cap, const char *v)
-{
-	if (v == NULL || strlen(v) >= cap)
-		return -1;
-	memcpy(dst, v, strlen(v) + 1);
-	return 0;
-}
-
 struct state {
 	bool pools_replaced; /* the first pool from a higher source drops earlier ones */
 	bool rpc_replaced;

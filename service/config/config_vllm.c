@@ -10,20 +10,6 @@
 #include "service/config/config.h"
 #include "service/config/config_impl.h"
 
-int
-kvpd_cfg_parse_bool(const char *v, bool *out)
-{
-	if (v == NULL)
-		return -1;
-	if (strcmp(v, "1") == 0 || strcmp(v, "true") == 0 || strcmp(v, "on") == 0)
-		*out = true;
-	else if (strcmp(v, "0") == 0 || strcmp(v, "false") == 0 || strcmp(v, "off") == 0)
-		*out = false;
-	else
-		return -1;
-	return 0;
-}
-
 static int
 parse_choice(const char *v, const char *no, const char *yes, bool *out)
 {
