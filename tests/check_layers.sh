@@ -81,5 +81,9 @@ for t in kvpoolctl kvpool-demo; do
 	! grep -qE 'libkvp_engine|libkvp_exec|libkvpd_core' "$l" || breach "$t links $(grep -oE 'libkvp_engine[^ ]*|libkvp_exec[^ ]*|libkvpd_core[^ ]*' "$l" | tr '\n' ' ')"
 done
 
+# No circles between the files of a library or program (tests/check_cycles.py:
+# who uses whose functions, from the objects), but those issue #61 still lists.
+python3 "$src/tests/check_cycles.py" "$src" "$bld" || bad=1
+
 [ $bad = 0 ] && echo "layering: ok"
 exit $bad
