@@ -394,6 +394,53 @@ kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out)
 }
 
 int
+kvp_client_block_keys(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_keys,
+                      uint8_t *keys, size_t keys_cap, uint32_t *key_lens, size_t lens_cap,
+                      size_t *total)
+{
+	Kvpool__V1__BlockKeysRequest m = KVPOOL__V1__BLOCK_KEYS_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	size_t at = 0, want = 0;
+
+	if (c == NULL || total == NULL || (n > 0 && (ids == NULL || num_keys == NULL)) ||
+	    (keys == NULL && keys_cap > 0) || (key_lens == NULL && lens_cap > 0))
+		return KVP_EINVAL;
+	m.block_ids = (int32_t *)ids;
+	m.n_block_ids = n;
+	KVP_CLIENT_CALL(c, block_keys, BLOCK_KEYS, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	const Kvpool__V1__BlockKeysReply *x = r->block_keys;
+	for (size_t i = 0; r->result_case == KVPOOL__V1__REPLY__RESULT_BLOCK_KEYS && i < x->n_num_keys;
+	     i++)
+		want += x->num_keys[i];
+	if (r->result_case != KVPOOL__V1__REPLY__RESULT_BLOCK_KEYS || x->n_num_keys != n ||
+	    want != x->n_keys) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed BlockKeys reply");
+	}
+	if (x->n_keys > lens_cap) {
+		kvpool__v1__reply__free_unpacked(r, NULL);
+		return KVP_ETOOLARGE;
+	}
+	for (size_t j = 0; j < x->n_keys; j++) {
+		if (x->keys[j].len > keys_cap - at) {
+			kvpool__v1__reply__free_unpacked(r, NULL);
+			return KVP_ETOOLARGE;
+		}
+		if (x->keys[j].len > 0)
+			memcpy(keys + at, x->keys[j].data, x->keys[j].len);
+		key_lens[j] = (uint32_t)x->keys[j].len;
+		at += x->keys[j].len;
+	}
+	if (n > 0)
+		memcpy(num_keys, x->num_keys, n * sizeof(*num_keys));
+	*total = x->n_keys;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
+int
 kvp_client_free_queue(struct kvp_client *c, int32_t after, int32_t *ids, size_t cap, size_t *n,
                       bool *more)
 {

@@ -265,6 +265,17 @@ int kvp_client_stats(struct kvp_client *c, struct kvp_client_stats *out);
  */
 int kvp_client_free_queue(struct kvp_client *c, int32_t after, int32_t *ids, size_t cap, size_t *n,
                           bool *more);
+/*
+ * Each of n blocks' prefix-cache keys (hash || 4-byte group; tests and
+ * debugging, as vLLM 0.33's cached_block_hashes_by_block): num_keys[i] keys
+ * of block ids[i], its primary first, then its partial entries; the keys
+ * back to back in keys (keys_cap bytes), their lengths in key_lens
+ * (lens_cap entries), *total of them. KVP_ETOOLARGE (nothing written past
+ * the caps) when they do not fit; KVP_ERANGE for an id outside the pool.
+ */
+int kvp_client_block_keys(struct kvp_client *c, const int32_t *ids, size_t n, uint32_t *num_keys,
+                          uint8_t *keys, size_t keys_cap, uint32_t *key_lens, size_t lens_cap,
+                          size_t *total);
 int kvp_client_heartbeat(struct kvp_client *c);
 /*
  * The pool's event stream position now (a Heartbeat): its epoch and the seq

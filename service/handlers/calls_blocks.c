@@ -500,6 +500,51 @@ kvpd_h_free_queue(struct call *c, const Kvpool__V1__FreeQueueRequest *m, Kvpool_
 }
 
 int
+kvpd_h_block_keys(struct call *c, const Kvpool__V1__BlockKeysRequest *m, Kvpool__V1__Reply *out)
+{
+	Kvpool__V1__BlockKeysReply *r =
+		NEW(c, Kvpool__V1__BlockKeysReply, kvpool__v1__block_keys_reply__descriptor);
+	uint32_t nb = kvp_pool_num_blocks(c->p->pool), *counts;
+	size_t total = 0, k = 0, len;
+	ProtobufCBinaryData *keys;
+
+	if (r == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	if (m->n_block_ids > c->p->limits.max_ids)
+		return kvpd_fail(c, KVP_EINVAL, "%zu blocks in one call; the limit is %u",
+		                 m->n_block_ids, c->p->limits.max_ids);
+	for (size_t i = 0; i < m->n_block_ids; i++) {
+		if (m->block_ids[i] < 0 || (uint32_t)m->block_ids[i] >= nb)
+			return kvpd_fail(c, KVP_ERANGE, "block id %d is outside the pool", m->block_ids[i]);
+	}
+	/* Count first, then copy: the reply points into the pool's keys (read under the lock). */
+	for (size_t i = 0; i < m->n_block_ids; i++)
+		for (size_t j = 0; kvp_pool_block_key_at(c->p->pool, m->block_ids[i], j, &len); j++)
+			total++;
+	counts = kvpd_scratch(c, (m->n_block_ids + 1) * sizeof(*counts));
+	keys = kvpd_scratch(c, (total + 1) * sizeof(*keys));
+	if (counts == NULL || keys == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
+	for (size_t i = 0; i < m->n_block_ids; i++) {
+		const uint8_t *key;
+		counts[i] = 0;
+		for (size_t j = 0; (key = kvp_pool_block_key_at(c->p->pool, m->block_ids[i], j, &len));
+		     j++) {
+			keys[k].data = (uint8_t *)key;
+			keys[k++].len = len;
+			counts[i]++;
+		}
+	}
+	r->num_keys = counts;
+	r->n_num_keys = m->n_block_ids;
+	r->keys = keys;
+	r->n_keys = k;
+	out->result_case = KVPOOL__V1__REPLY__RESULT_BLOCK_KEYS;
+	out->block_keys = r;
+	return KVP_OK;
+}
+
+int
 kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__Reply *out)
 {
 	Kvpool__V1__StatsReply *r = NEW(c, Kvpool__V1__StatsReply, kvpool__v1__stats_reply__descriptor);

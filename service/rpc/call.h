@@ -94,6 +94,8 @@ int kvpd_h_reset(struct call *c, const Kvpool__V1__ResetRequest *m, Kvpool__V1__
 int kvpd_h_stats(struct call *c, const Kvpool__V1__StatsRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_free_queue(struct call *c, const Kvpool__V1__FreeQueueRequest *m,
                       Kvpool__V1__Reply *out);
+int kvpd_h_block_keys(struct call *c, const Kvpool__V1__BlockKeysRequest *m,
+                      Kvpool__V1__Reply *out);
 
 /* The cluster tier's agent (calls_cluster.c). */
 int kvpd_h_cluster_fill(struct call *c, const Kvpool__V1__ClusterFillRequest *m,

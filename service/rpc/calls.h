@@ -63,7 +63,8 @@
 	X(MOVE_HASHES,         move_hashes,         38, KVPD_M, N) \
 	X(REPORT_CACHED,       report_cached,       39, KVPD_M, N) \
 	X(FREE_QUEUE,          free_queue,          41, 0,      N) \
-	X(CLUSTER_FILL,        cluster_fill,        42, KVPD_M, N)
+	X(CLUSTER_FILL,        cluster_fill,        42, KVPD_M, N) \
+	X(BLOCK_KEYS,          block_keys,          43, 0,      N)
 
 /* KVPD_CALL_<UPPER>: a call's row in the table; KVPD_NUM_CALLS rows. */
 enum kvpd_call_index {

@@ -6,7 +6,7 @@
 #include "common/kvp_status.h"
 
 /* Request's field numbers (proto/kvpool.proto). */
-enum { F_CALL_ID = 1, F_POOL = 2, F_SESSION_ID = 3, F_TOKEN = 4, F_FIRST_CALL = 10, F_LAST_CALL = 42,
+enum { F_CALL_ID = 1, F_POOL = 2, F_SESSION_ID = 3, F_TOKEN = 4, F_FIRST_CALL = 10, F_LAST_CALL = 43,
        F_BATCH = 22, F_BATCH_CALLS = 1 };
 enum { WT_VARINT = 0, WT_I64 = 1, WT_LEN = 2, WT_I32 = 5 };
 
