@@ -183,6 +183,9 @@ kvp_client_lookup = _fn("kvp_client_lookup", c_int, CLIENT, POINTER(Lookup), I32
 kvp_client_evict = _fn("kvp_client_evict", c_int, CLIENT, I32P, c_size_t, POINTER(c_uint32))
 kvp_client_reset = _fn("kvp_client_reset", c_int, CLIENT)
 kvp_client_stats = _fn("kvp_client_stats", c_int, CLIENT, POINTER(Stats))
+kvp_client_block_keys = _fn("kvp_client_block_keys", c_int, CLIENT, POINTER(c_int32), c_size_t,
+                            POINTER(c_uint32), U8P, c_size_t, POINTER(c_uint32), c_size_t,
+                            POINTER(c_size_t))
 kvp_client_free_queue = _fn("kvp_client_free_queue", c_int, CLIENT, c_int32, POINTER(c_int32),
                             c_size_t, POINTER(c_size_t), POINTER(c_bool))
 kvp_client_heartbeat = _fn("kvp_client_heartbeat", c_int, CLIENT)

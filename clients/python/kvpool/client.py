@@ -10,7 +10,7 @@ from . import _lib as L
 from ._types import Buffer, Hashes, Ids, MMFeatures
 from ._args import (SlotsResult, _buffer, _group, _hashes, _ids, _keys, _raise,  # noqa: F401
                     _tokens)
-from .errors import Internal, KvpoolError, NotFound, NotSupported
+from .errors import Internal, KvpoolError, MessageTooLarge, NotFound, NotSupported
 from .region import RegionCalls
 
 if TYPE_CHECKING:
@@ -217,6 +217,33 @@ class Client(RegionCalls):
                 if not more.value or n.value == 0:
                     return out
                 after = out[-1]
+        return out
+
+    def block_keys(self, ids: Ids) -> list[list[bytes]]:
+        """Each block's prefix-cache keys (hash || 4-byte group), its primary
+        first, then its partial entries (a view for tests and debugging, as
+        vLLM 0.33's cached_block_hashes_by_block); [] for a block with none."""
+        arr, n = _ids(ids)
+        cap = 8 * n + 64
+        while True:
+            counts = (c_uint32 * max(n, 1))()
+            lens = (c_uint32 * cap)()
+            buf = (c_uint8 * (cap * 132))()  # the longest key: 4 x 32-byte hashes and a group
+            total = c_size_t()
+            rv = L.kvp_client_block_keys(self._live(), arr, n, counts, buf, len(buf), lens, cap,
+                                         byref(total))
+            if rv != MessageTooLarge.status or cap > 1 << 20:
+                break
+            cap *= 4
+        self._check(rv)
+        raw, at, j, out = bytes(buf), 0, 0, []
+        for i in range(n):
+            keys = []
+            for _ in range(counts[i]):
+                keys.append(raw[at:at + lens[j]])
+                at += lens[j]
+                j += 1
+            out.append(keys)
         return out
 
     def cache(self, block_ids: Ids, tokens: Ids, num_full_blocks: int, *,

@@ -25,6 +25,7 @@ from typing import (TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, U
                     overload)
 
 from .client import Client
+from ._views import _RemoteExtraKeys, _RemoteFreeQueue, _RemoteHashMap
 from .errors import NoSpace, NotSupported, WrongState
 from .events import BlockStored, EventBatch, Subscriber
 from ._types import RequestLike  # noqa: F401 (public here: what the adapters read)
@@ -581,6 +582,12 @@ class RemoteBlockPool(_Remote):
         return _RemoteFreeQueue(self)
 
     @property
+    def cached_block_hashes_by_block(self) -> _RemoteExtraKeys:
+        """vLLM 0.33's: each block's partial prefix-cache entries (keys beyond
+        its primary one), block id -> set of keys; a read-only view."""
+        return _RemoteExtraKeys(self)
+
+    @property
     def cached_block_hash_to_block(self) -> _RemoteHashMap:
         """vLLM's prefix-cache map as callers read it: len() (the daemon's
         key count) and get_one_block(key), a Lookup. Insert and pop are the
@@ -593,48 +600,6 @@ class RemoteBlockPool(_Remote):
     def take_events(self) -> list[KVCacheEvent]:
         """The pool's events since the last call (see the class docstring)."""
         return self._take_queued()
-
-
-class _RemoteFreeQueue:
-    __slots__ = ("_pool",)
-
-    def __init__(self, pool):
-        self._pool = pool
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._pool.client.stats()["num_free"]
-
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        """The free queue head to tail, as vLLM's: this adapter's block objects."""
-        return [self._pool._block(i) for i in self._pool.client.free_queue()]
-
-
-class _RemoteHashMap:
-    __slots__ = ("_pool",)
-
-    def __init__(self, pool):
-        self._pool = pool
-
-    def __len__(self) -> int:
-        return self._pool.client.stats()["num_cached_keys"]
-
-    def get_one_block(self, key: bytes) -> Optional[KVCacheBlock]:
-        """The first block cached under key (hash || 4-byte group), or None."""
-        got = self._pool.get_cached_block(key[:-4], [int.from_bytes(key[-4:], "big")])
-        return got[0] if got else None
-
-    def _keys(self) -> list[bytes]:
-        """Every key cached now (hash || 4-byte group), from one Snapshot."""
-        _, _, entries = self._pool.client.snapshot()
-        return [h + g.to_bytes(4, "big") for (h, g) in entries]
-
-    def __iter__(self):
-        """The keys cached now (a view for tests and debugging: one Snapshot)."""
-        return iter(self._keys())
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, (bytes, bytearray)) and self.get_one_block(bytes(key)) is not None
 
 
 @dataclass

@@ -8,6 +8,7 @@ import hashlib
 import pytest
 
 import kvpool
+from kvpool.vllm import RemoteBlockPool
 
 
 def _hashes(n, salt=b""):
@@ -38,6 +39,16 @@ def test_partial_entry_is_found_and_snapshotted(pool):
         assert pool.cache_partial(b, 16, hs, block_size=64) is True
         _, _, entries = pool.snapshot()
         assert entries.get((hs[3], 0)) == 1 and entries.get((hs[0], 0)) == 1
+        # each block's keys, its primary first (vLLM 0.33's cached_block_hashes_by_block)
+        g0 = (0).to_bytes(4, "big")
+        (other,) = pool.allocate(1)
+        assert pool.block_keys([b, other]) == [[hs[3] + g0, hs[0] + g0], []]
+        pool.free([other])
+        with pytest.raises(kvpool.OutOfRange):
+            pool.block_keys([1 << 20])
+        view = RemoteBlockPool(pool).cached_block_hashes_by_block
+        assert view == {b: {hs[0] + g0}} and view.get(b) == {hs[0] + g0}
+        assert view.get(other) is None and other not in view and len(view) == 1
     finally:
         pool.free([b])
 
