@@ -46,7 +46,6 @@ from kvpool.cluster_store import (TRAILER, Namespace, StoreConfig, StoreDown, St
 log = logging.getLogger("kvpool.cluster")
 
 __all__ = ["ClusterTier", "TierConfig", "main"]
-_FILL_CHUNKS = 4  # a fill's gets, pipelined with the checks and commits of the ones before
 
 
 @dataclass
@@ -260,42 +259,21 @@ class ClusterTier:
         todo = [(k, n, r) for (k, n), r in zip(have, rows) if r > 0]  # -1: stored meanwhile
         if not todo:
             return absent
-        # In chunks, pipelined: while the worker gets chunk i + 1 into its rows
-        # (trailers in the other half of the fill slots), chunk i is checked
-        # and committed, so its rows are hits a get earlier.
-        size = max(1, -(-len(todo) // _FILL_CHUNKS))
-        chunks = [todo[i:i + size] for i in range(0, len(todo), size)]
-        bad: list[bytes] = []
-        c = 0
+        keys = [k for k, _, _ in todo]
         try:
-            self._get_chunk(node, chunks[0], 0)
-            for c, chunk in enumerate(chunks):
-                got = node.fill_store.receive()
-                if c + 1 < len(chunks):
-                    self._get_chunk(node, chunks[c + 1], ((c + 1) % 2) * size)
-                bad += self._commit_chunk(node, chunk, got, (c % 2) * size)
+            got = node.fill_store.call("get", names=[n for _, n, _ in todo],
+                                       rows=[r for _, _, r in todo],
+                                       slots=list(range(len(todo))),
+                                       row_bytes=region.row_bytes)
         except StoreDown:  # the worker is gone: nothing writes into the rows any more
             self.stats["store_down"] += 1
-            left = [k for chunk in chunks[c:] for k, _, _ in chunk]
-            node.fill.abort(left)
-            bad += left
-        self.stats["absent"] += len(absent) + len(bad)
-        return absent + bad
-
-    def _get_chunk(self, node: _Node, chunk: list, slot0: int) -> None:
-        region = cast(kvpool.Region, node.region)
-        node.fill_store.send("get", names=[n for _, n, _ in chunk], rows=[r for _, _, r in chunk],
-                             slots=[slot0 + i for i in range(len(chunk))],
-                             row_bytes=region.row_bytes)
-
-    def _commit_chunk(self, node: _Node, chunk: list, got: list[int], slot0: int) -> list[bytes]:
-        """Commits the rows whose objects check out; aborts and returns the rest."""
-        region = cast(kvpool.Region, node.region)
+            node.fill.abort(keys)
+            return absent + keys
         good, crcs, bad = [], [], []
         want = region.row_bytes + TRAILER
-        for i, ((k, _, r), n) in enumerate(zip(chunk, got)):
-            at = (slot0 + i) * TRAILER
-            crc = check_trailer(self.ns, k, node.trailers[at:at + TRAILER]) if n == want else None
+        for i, ((k, _, r), n) in enumerate(zip(todo, got)):
+            trailer = node.trailers[i * TRAILER:(i + 1) * TRAILER]
+            crc = check_trailer(self.ns, k, trailer) if n == want else None
             if crc is not None and region.check(r, crc):
                 good.append(k)
                 crcs.append(crc)
@@ -310,7 +288,8 @@ class ClusterTier:
                 self._filled.add(k)
             node.fill.commit(good, crcs)
             self.stats["filled"] += len(good)
-        return bad
+        self.stats["absent"] += len(absent) + len(bad)
+        return absent + bad
 
     # ---- write-behind: committed rows into the store ----
     def _put_loop(self) -> None:

@@ -149,7 +149,6 @@ class StoreWorker:
         self._fds = (region_fd, trailers_fd)
         self._lock = threading.Lock()
         self._p: Optional[subprocess.Popen] = None
-        self._sent: Optional[subprocess.Popen] = None  # the child a command waits on
         self._down_until = 0.0
         self._backoff = _BACKOFF_S
         self._starting = False
@@ -226,37 +225,24 @@ class StoreWorker:
     def call(self, op: str, timeout_s: Optional[float] = None, **args: Any) -> list[int]:
         """The child's answer to one command, or StoreDown (the child killed
         if it overran; nothing it did after counts)."""
-        self.send(op, **args)
-        return self.receive(timeout_s)
-
-    def send(self, op: str, **args: Any) -> None:
-        """Starts one command; receive() waits for its answer (one command
-        in flight per worker, from one thread: each loop has its own)."""
         with self._lock:
             p = self._p
-        if p is None:
-            raise StoreDown(f"{self.name} is not running")
-        try:
-            w = cast(IO[bytes], p.stdin)
-            w.write((json.dumps(dict(args, op=op)) + "\n").encode())
-            w.flush()
-        except OSError as e:
-            self._fail(f"its pipe broke ({e})")
-            raise StoreDown(f"{self.name}'s pipe broke") from None
-        self._sent = p
-
-    def receive(self, timeout_s: Optional[float] = None) -> list[int]:
-        """The answer to the command send() started, within timeout_s (the
-        worker's own by default), or StoreDown with the child killed."""
-        p, self._sent = self._sent, None
-        if p is None:
-            raise StoreDown(f"{self.name}: no command in flight")
-        ans = _readline(p, timeout_s or self.timeout_s)
+            if p is None:
+                raise StoreDown(f"{self.name} is not running")
+            try:
+                w = cast(IO[bytes], p.stdin)
+                w.write((json.dumps(dict(args, op=op)) + "\n").encode())
+                w.flush()
+            except OSError as e:
+                ans: Optional[dict] = None
+                why = f"its pipe broke ({e})"
+            else:
+                ans = _readline(p, timeout_s or self.timeout_s)
+                why = "no answer in time" if ans is None else ans.get("error", "")
         if ans is None or "out" not in ans:
-            why = "no answer in time" if ans is None else ans.get("error", "") or "a bad answer"
             if ans is None:
                 self.timeouts += 1
-            self._fail(why)
+            self._fail(why or "a bad answer")
             raise StoreDown(why)
         return list(ans["out"])
 
