@@ -354,29 +354,6 @@ kvp_pool_free_blocks(struct kvp_pool *p, const int32_t *ids, size_t n)
 	return KVP_OK;
 }
 
-int
-kvp_pool__extra_room(struct kvp_pool *p, const struct kvp_request_keys *k)
-{
-	size_t per = kvp_extra_keys_max_len(k);
-	if (per <= p->extra_cap)
-		return KVP_OK;
-	uint8_t *nb = realloc(p->extra_buf, per);
-	if (nb == NULL)
-		return KVP_ENOMEM;
-	p->extra_buf = nb;
-	p->extra_cap = per;
-	return KVP_OK;
-}
-
-void
-kvp_pool__token_window(const struct kvp_cache_args *a, size_t *t0, size_t *t1)
-{
-	size_t w0 = *t0 > a->first_token ? *t0 - a->first_token : 0;
-	size_t w1 = *t1 > a->first_token ? *t1 - a->first_token : 0;
-	*t0 = w0 < a->num_tokens ? w0 : a->num_tokens;
-	*t1 = w1 < a->num_tokens ? w1 : a->num_tokens;
-}
-
 /* Writes block id's key (hash h, group gbe) into its slot of the map's key slab, and its hash. */
 static inline __attribute__((always_inline)) void
 stage_key(struct kvp_pool *p, int32_t id, const uint8_t *h, size_t hlen, const uint8_t *gbe)

@@ -250,10 +250,3 @@ kvp_pool_abort(struct kvp_pool *p, const int32_t *ids, size_t n)
 	p->num_pending -= (uint32_t)n;
 	return kvp_pool_free_blocks(p, ids, n);
 }
-
-void
-kvp_pool__drop_pending(struct kvp_pool *p, int32_t id)
-{
-	kvp_map_remove_id(&p->pending, id);
-	p->num_pending--;
-}
