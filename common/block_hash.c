@@ -41,47 +41,6 @@ struct kvp_hasher {
 	uint8_t none_hash[KVP_HASH_LEN];
 };
 
-/* One table: the algorithm, vLLM's name for it, its encoding, its digest. */
-static const struct {
-	const char *name;
-	bool pickle;
-	size_t len;
-} algos[] = {
-	[KVP_HASH_SHA256_CBOR] = {"sha256_cbor", false, 32},
-	[KVP_HASH_SHA256] = {"sha256", true, 32},
-	[KVP_HASH_XXHASH] = {"xxhash", true, 16},
-	[KVP_HASH_XXHASH_CBOR] = {"xxhash_cbor", false, 16},
-};
-#define NUM_ALGOS (sizeof(algos) / sizeof(algos[0]))
-
-const char *
-kvp_hash_algo_name(enum kvp_hash_algo algo)
-{
-	if ((unsigned)algo >= NUM_ALGOS)
-		return NULL;
-	return algos[algo].name;
-}
-
-size_t
-kvp_hash_algo_len(enum kvp_hash_algo algo)
-{
-	return (unsigned)algo < NUM_ALGOS ? algos[algo].len : 0;
-}
-
-int
-kvp_hash_algo_parse(const char *name, enum kvp_hash_algo *out)
-{
-	if (name == NULL || out == NULL)
-		return KVP_EINVAL;
-	for (size_t i = 0; i < NUM_ALGOS; i++) {
-		if (strcmp(name, algos[i].name) == 0) {
-			*out = (enum kvp_hash_algo)i;
-			return KVP_OK;
-		}
-	}
-	return KVP_EINVAL;
-}
-
 /* Grows the hasher's scratch buffer to at least n bytes. */
 static int
 scratch_reserve(struct kvp_hasher *h, size_t n)
@@ -201,8 +160,8 @@ kvp_hasher_create_algo(const char *seed, enum kvp_hash_algo algo, struct kvp_has
 	if ((h = calloc(1, sizeof(*h))) == NULL)
 		return KVP_ENOMEM;
 	h->algo = algo;
-	h->len = algos[algo].len;
-	h->pickle = algos[algo].pickle;
+	h->len = kvp_hash_algo_len(algo);
+	h->pickle = kvp_hash_algo_pickle(algo);
 	if (h->len == 16) {
 		if ((h->xx = XXH3_createState()) == NULL) {
 			kvp_hasher_destroy(h);

@@ -33,6 +33,7 @@
 #ifndef KVP_BLOCK_HASH_H
 #define KVP_BLOCK_HASH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,6 +86,8 @@ enum kvp_hash_algo {
 const char *kvp_hash_algo_name(enum kvp_hash_algo algo);
 /* An algorithm's digest length in bytes (32 or 16), or 0 if not one of ours. */
 size_t kvp_hash_algo_len(enum kvp_hash_algo algo);
+/* Whether an algorithm hashes vLLM's pickle bytes (sha256, xxhash), not CBOR. */
+bool kvp_hash_algo_pickle(enum kvp_hash_algo algo);
 /* Parses vLLM's name; KVP_EINVAL for anything else; *out only on success. */
 int kvp_hash_algo_parse(const char *name, enum kvp_hash_algo *out);
 
