@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from .errors import OutOfRange
+
 if TYPE_CHECKING:
     from .vllm import KVCacheBlock
 
@@ -68,10 +70,8 @@ class _RemoteExtraKeys(Mapping):
             raise KeyError(block_id)
         try:
             keys = self._pool.client.block_keys([block_id])[0]
-        except Exception as e:  # an id outside the pool is no key here, as in a dict
-            if type(e).__name__ == "OutOfRange":
-                raise KeyError(block_id) from None
-            raise
+        except OutOfRange:  # an id outside the pool is no key here, as in a dict
+            raise KeyError(block_id) from None
         if len(keys) < 2:
             raise KeyError(block_id)
         return set(keys[1:])
@@ -92,9 +92,3 @@ class _RemoteExtraKeys(Mapping):
 
     def __len__(self) -> int:
         return len(self._all())
-
-    def get(self, block_id: Any, default: Optional[Any] = None) -> Any:
-        try:
-            return self[block_id]
-        except KeyError:
-            return default
