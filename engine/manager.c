@@ -169,7 +169,7 @@ kvp_mgr_add_request(struct kvp_mgr *m, uint64_t req_id, const struct kvp_request
 	r->tok_cap = want;
 	r->hash_cap = r->hashes ? want / m->hash_bs : 0;
 	memcpy(r->tokens, d->prompt, d->num_prompt * sizeof(int64_t));
-	r->num_tokens = d->num_prompt;
+	r->num_tokens = r->num_prompt = d->num_prompt;
 	if ((rv = extend_hashes(m, r)) != KVP_OK) {
 		kvp_mreq_destroy(r);
 		return rv;
@@ -312,6 +312,32 @@ reserve_step(struct kvp_mgr *m, struct kvp_mreq *r, const struct kvp_grp_plan *p
 	return kvp_mgr_grow((void **)&m->cache_mask, &m->mask_cap, mask_need, sizeof(bool));
 }
 
+/*
+ * vLLM 0.33's FullAttentionManager._cache_partial_tail_block: in a
+ * full-attention group of blocks coarser than the hash blocks, the prompt's
+ * last hash boundary below its final token, when it falls inside a block
+ * the request holds and is cached (to_cache), becomes a partial entry of
+ * that block (one BlockStored the first time). 9aaf83ef5 pools had none.
+ */
+static int
+cache_partial_tail(struct kvp_mgr *m, struct kvp_mreq *r, uint32_t g, size_t to_cache,
+                   const struct kvp_cache_args *ca)
+{
+	uint32_t bs = m->spec[g].block_size;
+	size_t limit = r->num_prompt - 1, nh = limit / m->hash_bs;
+	size_t boundary, idx;
+
+	if (m->spec[g].kind != KVP_GROUP_FULL || bs == m->hash_bs ||
+	    kvp_pool_semantics(m->pool) != KVP_VLLM_0_33)
+		return KVP_OK;
+	boundary = (nh < r->num_hashes ? nh : r->num_hashes) * m->hash_bs;
+	if (boundary == 0 || boundary > to_cache || boundary % bs == 0 ||
+	    (idx = boundary / bs) >= r->groups[g].n)
+		return KVP_OK;
+	return kvp_pool_cache_partial_block(m->pool, r->groups[g].ids[idx], (uint32_t)boundary,
+	                                    false, ca, NULL);
+}
+
 /* cache_blocks: every group up to the same LCM-aligned token count. */
 static int
 cache_step(struct kvp_mgr *m, struct kvp_mreq *r, size_t to_cache)
@@ -323,8 +349,16 @@ cache_step(struct kvp_mgr *m, struct kvp_mreq *r, size_t to_cache)
 		struct kvp_grp_blocks *gb = &r->groups[g];
 		uint32_t bs = m->spec[g].block_size;
 		/* Most decode steps complete no block: decided without dividing. */
-		if ((size_t)(gb->num_cached + 1) * bs > to_cache)
+		if ((size_t)(gb->num_cached + 1) * bs > to_cache) {
+			if (bs != m->hash_bs && (rv = cache_partial_tail(m, r, g, to_cache,
+			    &(struct kvp_cache_args){
+				.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
+				.token_ids = r->tokens, .num_tokens = r->num_tokens,
+				.keys = kvp_mreq_keys(r), .has_lora_id = r->has_lora_id,
+				.lora_id = r->lora_id, .block_size = bs, .group_id = g})))
+				return rv;
 			continue;
+		}
 		uint32_t full = (uint32_t)(to_cache / bs);
 		bool masked = !m->all_full && kvp_grp_cache_mask(&m->spec[g], m->lcm, gb->num_cached,
 		                                                 full, m->cache_mask);
@@ -339,6 +373,8 @@ cache_step(struct kvp_mgr *m, struct kvp_mreq *r, size_t to_cache)
 			return rv;
 		gb->num_cached = full;
 		gb->started = true;
+		if (bs != m->hash_bs && (rv = cache_partial_tail(m, r, g, to_cache, &ca)) != KVP_OK)
+			return rv;
 	}
 	return KVP_OK;
 }
@@ -375,7 +411,9 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 	}
 	/* vLLM frees what left the window first, even if the step is refused. */
 	for (uint32_t g = 0; g < m->num_groups && !m->all_full; g++)
-		kvp_grp_remove_skipped(&m->spec[g], &r->groups[g], m->pool, total_computed);
+		kvp_grp_remove_skipped(&m->spec[g], &r->groups[g], m->pool,
+		                       total_computed - (a->num_in_flight_tokens < total_computed ?
+		                                         a->num_in_flight_tokens : total_computed));
 	if (to_allocate > kvp_pool_num_free(m->pool)) {
 		m->stats.alloc_failures++;
 		return KVP_ENOSPACE;

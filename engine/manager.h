@@ -105,6 +105,12 @@ struct kvp_alloc_args {
 	 */
 	uint32_t num_external_computed_tokens;
 	size_t *num_external_blocks;
+	/*
+	 * Tokens of earlier steps still in flight (vLLM 0.33's
+	 * num_in_flight_tokens): skipped blocks are freed below the computed
+	 * tokens less these (vLLM frees on the processed-token basis).
+	 */
+	uint32_t num_in_flight_tokens;
 };
 
 struct kvp_mgr_stats {

@@ -27,6 +27,7 @@ struct kvp_mreq {
 	uint8_t *hashes;       /* fine hashes, one digest each */
 	size_t num_hashes, hash_cap;
 	size_t num_computed;
+	size_t num_prompt;     /* vLLM's num_prompt_tokens: the tokens it was added with */
 	uint32_t num_preemptions;
 	bool skip_reading;
 	bool has_lora_id;

@@ -16,17 +16,17 @@ struct env {
 	uint32_t ngroups;
 };
 
-/* n blocks, hash block size hash_bs, groups such as "full:16+sliding_window:16:32". */
+/* env_open with the pool's vLLM semantics (and that vLLM's extra-key form). */
 static inline void
-env_open(struct env *e, uint32_t n, uint32_t hash_bs, const char *groups, bool caching)
+env_open_as(struct env *e, uint32_t n, uint32_t hash_bs, const char *groups, bool caching,
+            enum kvp_vllm_semantics sem)
 {
 	struct kvp_group_spec g[KVP_MAX_GROUPS];
 	size_t ng = 0;
 	char err[160];
-	/* The scenarios these tests pin were written against vLLM 9aaf83ef5. */
 	struct kvp_pool_config pc = {.num_blocks = n, .hash_block_size = hash_bs,
 	                             .max_hash_len = 128, .enable_caching = caching,
-	                             .enable_events = true, .semantics = KVP_VLLM_9AAF83EF5};
+	                             .enable_events = true, .semantics = sem};
 
 	if (kvp_group_specs_parse(groups, g, KVP_MAX_GROUPS, &ng, err, sizeof(err)) != KVP_OK)
 		fail_msg("%s", err);
@@ -34,10 +34,22 @@ env_open(struct env *e, uint32_t n, uint32_t hash_bs, const char *groups, bool c
 	                            .max_model_len = 8192, .max_requests = 16};
 	assert_ok(kvp_pool_create(&pc, &e->pool));
 	assert_ok(kvp_hasher_create("0", &e->hasher));
-	assert_ok(kvp_hasher_set_keys_form(e->hasher, KVP_KEYS_PLAIN)); /* 9aaf83ef5's keys */
+	if (sem == KVP_VLLM_9AAF83EF5)
+		assert_ok(kvp_hasher_set_keys_form(e->hasher, KVP_KEYS_PLAIN)); /* its keys */
 	assert_ok(kvp_mgr_create(e->pool, e->hasher, &mc, &e->mgr));
 	kvp_event_batch_init(&e->ev);
 	e->ngroups = (uint32_t)ng;
+}
+
+/*
+ * n blocks, hash block size hash_bs, groups such as
+ * "full:16+sliding_window:16:32"; the scenarios these tests pin were
+ * written against vLLM 9aaf83ef5.
+ */
+static inline void
+env_open(struct env *e, uint32_t n, uint32_t hash_bs, const char *groups, bool caching)
+{
+	env_open_as(e, n, hash_bs, groups, caching, KVP_VLLM_9AAF83EF5);
 }
 
 /* Checks the pool, destroys the manager and checks it released every block. */

@@ -16,6 +16,10 @@
  * free-queue order and events (the engine's carry the group's kind and
  * window as vLLM's manager annotates them).
  *
+ * Under vLLM 0.33's rules the model also caches the prompt's partial tail in
+ * a coarse full-attention group, and steps run with tokens in flight (async
+ * scheduling: skipped blocks are freed below what is not in flight).
+ *
  * Configurations: gpt-oss-like (full + sliding window, one block size);
  * coarse full-attention blocks under an LCM that masks the window group's
  * caching (full:8 + sliding_window:4:5, hash block size 4); the first with
@@ -71,7 +75,7 @@ struct mreq {
 	bool live;
 	uint64_t id;
 	int64_t tok[MAXTOK];
-	size_t ntok, computed;
+	size_t ntok, computed, nprompt;
 	uint8_t fine[MAXTOK / HBS * KVP_HASH_LEN]; /* request.block_hashes, HL bytes each */
 	size_t nfine;
 	int32_t tbl[NG][MAXBLK]; /* req_to_blocks */
@@ -249,6 +253,32 @@ m_to_allocate(const struct mreq *r, uint32_t g, const int32_t *hits, size_t nh, 
 	return (req > floor ? req - floor : 0) + ev;
 }
 
+/*
+ * vLLM 0.33's FullAttentionManager._cache_partial_tail_block: the prompt's
+ * last hash boundary below its final token, inside a block of a group
+ * coarser than the hash blocks, once cached, is a partial entry.
+ */
+static void
+m_partial_tail(struct mreq *r, uint32_t g, size_t tokens)
+{
+	const struct kvp_group_spec *s = &C->g[g];
+	size_t nh = (r->nprompt - 1) / HBS, boundary;
+
+	if (SEM != KVP_VLLM_0_33 || s->kind != KVP_GROUP_FULL || s->block_size == HBS)
+		return;
+	boundary = (nh < r->nfine ? nh : r->nfine) * HBS;
+	if (boundary == 0 || boundary > tokens || boundary % s->block_size == 0 ||
+	    boundary / s->block_size >= r->n[g])
+		return;
+	struct kvp_cache_args a = {
+		.block_hashes = r->fine, .num_block_hashes = r->nfine,
+		.token_ids = r->tok, .num_tokens = r->ntok,
+		.block_size = s->block_size, .group_id = g,
+	};
+	assert_ok(kvp_pool_cache_partial_block(PB, r->tbl[g][boundary / s->block_size],
+	                                       (uint32_t)boundary, false, &a, NULL));
+}
+
 static void
 m_cache(struct mreq *r, size_t tokens)
 {
@@ -259,8 +289,10 @@ m_cache(struct mreq *r, size_t tokens)
 		size_t tail = s->kind == KVP_GROUP_SLIDING_WINDOW ? cdiv(s->window - 1, s->block_size)
 		                                                  : per;
 		bool mask[MAXBLK];
-		if (r->ncached[g] >= full)
+		if (r->ncached[g] >= full) {
+			m_partial_tail(r, g, tokens);
 			continue;
+		}
 		for (size_t i = r->ncached[g]; i < full; i++)
 			mask[i - r->ncached[g]] = tail >= per || i % per >= per - tail;
 		struct kvp_cache_args a = {
@@ -272,13 +304,15 @@ m_cache(struct mreq *r, size_t tokens)
 		assert_ok(kvp_pool_cache_full_blocks(PB, r->tbl[g], r->n[g], &a));
 		r->ncached[g] = (uint32_t)full;
 		r->started[g] = true;
+		m_partial_tail(r, g, tokens);
 	}
 }
 
 /* allocate_slots; new blocks per group to out/counts. */
 static int
 m_allocate_slots(struct mreq *r, size_t nnew, size_t hit, int32_t hits[NG][MAXBLK],
-                 size_t lookahead, bool delay, int32_t out[NG][MAXBLK], size_t *counts)
+                 size_t lookahead, bool delay, size_t in_flight, int32_t out[NG][MAXBLK],
+                 size_t *counts)
 {
 	size_t total = r->computed + hit, main, need, n = 0;
 
@@ -286,8 +320,8 @@ m_allocate_slots(struct mreq *r, size_t nnew, size_t hit, int32_t hits[NG][MAXBL
 		total = MAXTOK;
 	main = total + nnew;
 	need = main + lookahead < MAXTOK ? main + lookahead : MAXTOK;
-	for (uint32_t g = 0; g < NG; g++)
-		m_remove_skipped(r, g, total);
+	for (uint32_t g = 0; g < NG; g++) /* vLLM 0.33: on what is not in flight */
+		m_remove_skipped(r, g, total - (in_flight < total ? in_flight : total));
 	for (uint32_t g = 0; g < NG; g++)
 		n += m_to_allocate(r, g, hits[g], hit / C->g[g].block_size, total, need);
 	if (n > kvp_pool_num_free(PB))
@@ -434,6 +468,7 @@ op_add(struct kvp_mgr *m, uint64_t *next_id)
 	memcpy(r->tok, tmpl[rnd(NTMPL)], r->ntok * sizeof(int64_t));
 	if (rnd(3) == 0)
 		r->tok[rnd((uint32_t)r->ntok)] = (int64_t)rnd(ALPHA);
+	r->nprompt = r->ntok;
 	struct kvp_request_desc d = {.prompt = r->tok, .num_prompt = r->ntok};
 	assert_ok(kvp_mgr_add_request(m, r->id, &d));
 	r->live = true;
@@ -478,15 +513,18 @@ op_step(struct kvp_mgr *m, struct mreq *r)
 	}
 	size_t lookahead = rnd(4) == 0 ? rnd(3) : 0;
 	bool delay = rnd(8) == 0;
+	/* Async scheduling: some of what was computed may be in flight (0.33 only). */
+	size_t in_flight = SEM == KVP_VLLM_0_33 && rnd(4) == 0 ? rnd(12) : 0;
 	for (uint32_t g = 0; g < NG; g++)
 		pa[g] = hit ? ha[g] : NULL;
 	struct kvp_alloc_args a = {
 		.num_new_tokens = (uint32_t)nnew, .num_new_computed_tokens = (uint32_t)hit,
 		.computed_blocks = (const int32_t *const *)pa,
 		.num_lookahead_tokens = (uint32_t)lookahead, .delay_cache_blocks = delay,
+		.num_in_flight_tokens = (uint32_t)in_flight,
 	};
 	int sa = kvp_mgr_allocate_slots(m, r->id, &a, pna, MAXBLK, ca);
-	int sb = m_allocate_slots(r, nnew, hit, hb, lookahead, delay, nb, cb);
+	int sb = m_allocate_slots(r, nnew, hit, hb, lookahead, delay, in_flight, nb, cb);
 	if (sa != sb)
 		fail_at("allocate_slots %s, model %s", kvp_strerror(sa), kvp_strerror(sb));
 	for (uint32_t g = 0; sa == KVP_OK && g < NG; g++)
