@@ -128,7 +128,8 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 	                           .delay_cache_blocks = m->delay_cache_blocks,
 	                           .full_sequence_must_fit = m->full_sequence_must_fit,
 	                           .num_external_computed_tokens = (uint32_t)ext,
-	                           .num_external_blocks = ext_blocks};
+	                           .num_external_blocks = ext_blocks,
+	                           .num_in_flight_tokens = m->num_in_flight_tokens};
 	rv = kvp_mgr_allocate_slots(mgr, mid, &a, fresh_row, cap, counts);
 	if (rv == KVP_EINVAL && num_new == 0 && ext == 0)
 		return kvpd_fail(c, rv, "allocate_slots: nothing to schedule (every token is computed)");
