@@ -139,7 +139,8 @@ class Slots(Structure):
                 ("num_new_tokens", c_uint32), ("token_budget", c_uint32),
                 ("num_lookahead_tokens", c_uint32), ("use_prefix_cache", c_bool),
                 ("delay_cache_blocks", c_bool), ("full_sequence_must_fit", c_bool),
-                ("num_external_computed_tokens", c_uint32), ("no_new_tokens", c_bool)]
+                ("num_external_computed_tokens", c_uint32), ("no_new_tokens", c_bool),
+                ("num_in_flight_tokens", c_uint32)]
 
 
 class SlotsResult(Structure):

@@ -482,15 +482,18 @@ class Client(RegionCalls):
                        mm: MMFeatures = None, full_sequence_must_fit: bool = False,
                        num_external_computed_tokens: int = 0,
                        no_new_tokens: bool = False,
-                       session_id: Optional[str] = None) -> SlotsResult:
-        """AllocateSlots; NoSpace when vLLM's allocate_slots returns None."""
+                       session_id: Optional[str] = None,
+                       lora_id: Optional[int] = None, num_in_flight_tokens: int = 0) -> SlotsResult:
+        """AllocateSlots; NoSpace when vLLM's allocate_slots returns None.
+        lora_id: the LoRA adapter's int id, for the request's events only."""
         p, np_ = _tokens(prompt or [])
         t, nt = _tokens(new_tokens or [])
         keys, keep = _keys(lora_name, cache_salt, mm, session_id, lora_path)
         a = L.Slots(request_id, p if prompt else None, np_, ctypes.pointer(keys) if keys else None,
-                    False, 0, t if new_tokens else None, nt, num_new_tokens, token_budget,
-                    num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
-                    full_sequence_must_fit, num_external_computed_tokens, no_new_tokens)
+                    lora_id is not None, lora_id or 0, t if new_tokens else None, nt,
+                    num_new_tokens, token_budget, num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
+                    full_sequence_must_fit, num_external_computed_tokens, no_new_tokens,
+                    num_in_flight_tokens)
         cap = self.info["max_ids_per_call"]
         out = (c_int32 * cap)()
         res = L.SlotsResult()

@@ -48,6 +48,21 @@ class GroupView:
         self._mgr, self.kv_cache_group_id = mgr, g
         self.block_size = mgr.groups[g]["block_size"]
         self.kv_cache_spec = _SpecKind(mgr.groups[g])
+        # (source, copy) block pairs for the workers, as vLLM 0.33's
+        # manager queues them; this adapter makes no partial entries, so
+        # only a caller queues any (vLLM's tests do).
+        self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """Drain the queued copy-on-write pairs, as vLLM 0.33's does."""
+        pending, self._pending_cow_copies = self._pending_cow_copies, []
+        return pending
+
+    @property
+    def _null_block(self) -> KVCacheBlock:
+        """The null block that stands where a group dropped blocks (vLLM's
+        manager's private member, which vLLM's own tests read)."""
+        return self._mgr.null_block
 
     @property
     def req_to_blocks(self) -> dict[Any, list[KVCacheBlock]]:

@@ -11,7 +11,8 @@ from ._types import RequestLike
 from .coordinator import RemoteCoordinator, _skipped_blocks
 from .step import Step, _released
 from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, RemoteBlockPool,
-                   _Remote, _Req, _check_shape, _coarse_hash, _concat_keys, _request_keys)
+                   _Remote, _Req, _block_copy_cls, _check_shape, _coarse_hash, _concat_keys,
+                   _request_keys)
 
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 
@@ -279,7 +280,15 @@ class RemoteKVCacheManager(_Remote):
     # blocks only and serves full-attention lookups), and the new blocks to
     # zero (needs_kv_cache_zeroing, which this adapter does not record).
     def take_kv_cache_block_copies(self) -> tuple[list[Any], list[KVCacheBlock]]:
-        return [], []
+        """vLLM 0.33's: drain the groups' queued copy-on-write pairs as
+        (copies, the endpoints the Scheduler keeps until the copy ran)."""
+        pairs = [pair for view in self.coordinator.single_type_managers
+                 for pair in view.take_pending_cow_copies()]
+        if not pairs:
+            return [], []
+        copy_cls = _block_copy_cls()
+        return ([copy_cls(src.block_id, dst.block_id) for src, dst in pairs],
+                [b for pair in pairs for b in pair])
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         return {}
@@ -477,8 +486,8 @@ class RemoteKVCacheManager(_Remote):
         try:
             res = self.client.allocate_slots(req.wire_id, **kw)
         except NoSpace:
-            self._refused(request, req,
-                          num_new_computed_tokens + kw["num_external_computed_tokens"])
+            self._refused(request, req, num_new_computed_tokens +
+                          kw["num_external_computed_tokens"] - kw.get("num_in_flight_tokens", 0))
             return None
         return self._slots_done(request, req, kw, res, num_new_computed_tokens,
                                 new_computed_blocks)
@@ -562,15 +571,20 @@ class RemoteKVCacheManager(_Remote):
               "full_sequence_must_fit": full_sequence_must_fit,
               "num_external_computed_tokens": num_external_computed_tokens,
               "no_new_tokens": num_new_tokens == 0}
+        if not self._plain:  # vLLM 0.33 frees skipped blocks below what is not in flight
+            kw["num_in_flight_tokens"] = getattr(request, "num_in_flight_tokens", 0) or 0
         if req.sent == 0:
-            kw["prompt"] = tokens  # converted (copied) as the call is added
+            # The prompt as vLLM counts it (num_prompt_tokens: its partial
+            # tail entries), then what a preempted request generated since.
+            n = getattr(request, "num_prompt_tokens", None) or len(tokens)
+            kw["prompt"] = tokens if n >= len(tokens) else tokens[:n]  # copied as it is added
+            if n < len(tokens):
+                kw["new_tokens"] = tokens[n:]
             if (getattr(request, "lora_request", None) is not None
                     or getattr(request, "cache_salt", None) is not None
                     or getattr(request, "mm_features", None)
                     or getattr(request, "session_id", None) is not None):
-                keys = _request_keys(request)
-                keys.pop("lora_id")
-                kw.update(keys)
+                kw.update(_request_keys(request))
         elif len(tokens) > req.sent:
             kw["new_tokens"] = tokens[req.sent:]
         return kw, req
@@ -595,7 +609,7 @@ class RemoteKVCacheManager(_Remote):
             # Full attention only: nothing to drop or pad, one row of new blocks.
             return self._plain_done(req, res, kw)
         total_computed = req.computed + num_new_computed_tokens + ext
-        self._drop_skipped(req, total_computed)
+        self._drop_skipped(req, total_computed - kw.get("num_in_flight_tokens", 0))
         if fresh and ext:
             # vLLM pads a new request's table with nulls for every skipped
             # block, past its hit too when external tokens reach further.
@@ -644,7 +658,8 @@ class RemoteKVCacheManager(_Remote):
         return self._blocks_cls((row[lead:],)) if len(row) > lead else self.empty_kv_cache_blocks
 
     def _refused(self, request, req, num_new_computed_tokens):
-        # num_new_computed_tokens: the hit and the external tokens, as vLLM's total_computed
+        # num_new_computed_tokens: the hit and the external tokens, as vLLM's
+        # total_computed, less the tokens in flight
         """The mirror's side of a NoSpace: a registered request keeps the
         tokens it brought (the daemon appended them before it refused), and
         its skipped blocks are dropped (vLLM frees them even when the step is

@@ -41,7 +41,8 @@ _last = itemgetter(-1)
 
 class _Run:
     """Consecutive decode-shaped allocate_slots calls of a Step (a request
-    the daemon has, no prefix hit, lookahead or delay), added to the batch
+    the daemon has, no prefix hit, lookahead or delay, and on a pool with
+    sparse groups no tokens in flight), added to the batch
     with one C call and read back with one. Kept as parallel lists so that
     queueing one is three appends and each pass over them runs in C (map)."""
     __slots__ = ("requests", "reqs", "nnew", "targets", "ntok", "first")
@@ -119,7 +120,8 @@ class Step:
         req = self._mgr._reqs.get(rid)
         if req is not None and req.sent and num_new_tokens > 0 and not (
                 num_new_computed_tokens or num_lookahead_tokens or delay_cache_blocks
-                or num_external_computed_tokens or full_sequence_must_fit):
+                or num_external_computed_tokens or full_sequence_must_fit or (
+                    not self._mgr._plain and bool(getattr(request, "num_in_flight_tokens", None)))):
             run = self._run
             if run is None:
                 self._live()  # once per run: a closed Step has none
@@ -197,7 +199,8 @@ class Step:
                 k += 1
                 _, request, req, kw, nhit, hit_blocks = op
                 if isinstance(err, NoSpace):
-                    self._mgr._refused(request, req, nhit + kw["num_external_computed_tokens"])
+                    self._mgr._refused(request, req, nhit + kw["num_external_computed_tokens"]
+                                       - kw.get("num_in_flight_tokens", 0))
                     out.append(None)
                 elif err is not None:
                     raise err

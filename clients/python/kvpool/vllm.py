@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import (TYPE_CHECKING, Any, Iterable, Literal, Optional, Sequence, Union, cast,
+from typing import (TYPE_CHECKING, Any, Iterable, Literal, NamedTuple, Optional, Sequence, Union, cast,
                     overload)
 
 from .client import Client
@@ -124,6 +124,24 @@ def _classes() -> tuple[type, type, type]:
         except ImportError:
             pass
     return _CLASSES
+
+
+class KVCacheBlockCopy(NamedTuple):
+    """A copy-on-write job (vLLM 0.33's KVCacheBlockCopy where vLLM is absent)."""
+    src_block_id: int
+    dst_block_id: int
+
+
+def _block_copy_cls() -> type:
+    """vLLM 0.33's KVCacheBlockCopy where it is installed, this module's otherwise."""
+    try:
+        import vllm
+        if vllm.__version__.startswith("0.33."):
+            from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy as Copy
+            return Copy  # type: ignore[no-any-return]
+    except ImportError:
+        pass
+    return KVCacheBlockCopy
 
 
 def _group_key(h, gid):
