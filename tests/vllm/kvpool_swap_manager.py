@@ -6,14 +6,15 @@ vLLM's tests make through tests/v1/core/utils.create_scheduler gets, by
 one assignment as docs/python.md shows, a RemoteKVCacheManager over a pool of
 the same shape on a kvpoold of its own (real process, ipc:// socket).
 Schedulers the tests build another way keep vLLM's manager; the report
-header says so. Schedulers with more than one KV cache group, or groups
-other than full attention, are refused (KVPoolUnsupported): the adapter's
-get_computed_blocks serves one full-attention group."""
+header says so. Schedulers with a group the pool has no kind for (Mamba,
+cross-attention, MLA) are refused (KVPoolUnsupported): a pool's groups
+are full attention, sliding window and chunked local."""
 import sys
 
 import swap_daemon  # puts clients/python on sys.path
 from kvpool.vllm import RemoteKVCacheManager
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
+                                        SlidingWindowSpec)
 
 _procs = []    # (kvpoold, its client), stopped after each test: client first
 _swapped = {}  # nodeid -> passed, for tests whose Scheduler got the adapter
@@ -29,18 +30,36 @@ def remote_manager_for(scheduler):
     scheduler's own manager (blocks, block size, caching, events, stats)."""
     mine = scheduler.kv_cache_manager
     cfg = mine.kv_cache_config
-    groups = cfg.kv_cache_groups
-    if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
-        raise KVPoolUnsupported("kvpool_swap_manager: only one full-attention group")
-    bs = groups[0].kv_cache_spec.block_size
+    groups = [_group(g.kv_cache_spec) for g in cfg.kv_cache_groups]
+    bs = cfg.kv_cache_groups[0].kv_cache_spec.block_size
+    shape = f"block_size={bs}" if groups == [f"full:{bs}"] else f"groups={'+'.join(groups)}"
     events = bool(getattr(mine, "enable_kv_cache_events", False))
     proc, client, ev = swap_daemon.start(
-        f"blocks={cfg.num_blocks},block_size={bs},"
+        f"blocks={cfg.num_blocks},{shape},"
         f"caching={'on' if mine.enable_caching else 'off'},executor=none,"
         f"max_model_len={max(mine.max_model_len, 16)}", events=events)
     _procs.append((proc, client))
     return RemoteKVCacheManager(client, events, events_url=ev if events else None,
                                 log_stats=mine.log_stats)
+
+
+def _group(spec):
+    """A pool's group for a vLLM KVCacheSpec (kvpoold's groups= syntax);
+    KVPoolUnsupported for kinds the pool has no group for (Mamba,
+    cross-attention, MLA, ...)."""
+    bs = spec.block_size
+    if type(spec) is FullAttentionSpec and spec.sliding_window is None \
+            and spec.attention_chunk_size is None:
+        return f"full:{bs}"
+    if type(spec) is SlidingWindowSpec:
+        return f"sliding_window:{bs}:{spec.sliding_window}"
+    if type(spec) is ChunkedLocalAttentionSpec:
+        return f"chunked_local:{bs}:{spec.attention_chunk_size}"
+    return _unsupported(spec)
+
+
+def _unsupported(spec):
+    raise KVPoolUnsupported(f"kvpool_swap_manager: no pool group for {type(spec).__name__}")
 
 
 def _install():

@@ -20,16 +20,28 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cp -r "$src" "$work/vt"
 chmod -R u+w "$work/vt"
-# A local config.json where the tests name a hub model (no network here).
-snap="$work/hf/hub/models--facebook--opt-125m"
-mkdir -p "$snap/refs" "$snap/snapshots/0000000000000000000000000000000000000000"
-printf 0000000000000000000000000000000000000000 > "$snap/refs/main"
-cp "$here/hf/facebook--opt-125m/config.json" "$snap/snapshots/0000000000000000000000000000000000000000/"
+# A local config.json where the tests name a hub model (no network here):
+# hf/ORG--NAME/config.json stands for the hub's ORG/NAME (its shape only).
+for cfg in "$here"/hf/*/config.json; do
+	name=$(basename "$(dirname "$cfg")")
+	snap="$work/hf/hub/models--$name"
+	mkdir -p "$snap/refs" "$snap/snapshots/0000000000000000000000000000000000000000"
+	printf 0000000000000000000000000000000000000000 > "$snap/refs/main"
+	cp "$cfg" "$snap/snapshots/0000000000000000000000000000000000000000/"
+done
 export HF_HOME="$work/hf" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_TARGET_DEVICE=cpu
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 unset PYTHONHASHSEED
 status=0
 : > "$work/lost"
+# Every test file of tests/v1/core (prefix_cache/ as one suite) is in floors.txt.
+for f in "$work/vt/tests/v1/core"/test_*.py "$work/vt/tests/v1/core/prefix_cache"; do
+	suite=$(basename "$f")
+	if ! grep -qE "^$suite " "$here/floors.txt"; then
+		echo "run_own_tests.sh: tests/v1/core/$suite is not in floors.txt" >&2
+		status=1
+	fi
+done
 while read -r suite floor; do
 	case $suite in ''|'#'*) continue ;; esac
 	base="$work/$(echo "$suite" | tr / _)"
