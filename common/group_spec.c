@@ -120,14 +120,16 @@ parse_item(char *item, struct kvp_group_spec *g, char *err, size_t err_len)
 	memset(g, 0, sizeof(*g));
 	if (kvp_group_kind_parse(field[0], &g->kind) != KVP_OK)
 		return fail(err, err_len, "unknown group kind '%s' (full, sliding_window, "
-		                          "chunked_local, mamba)", field[0]);
+		                          "chunked_local, mamba, cross_attention)", field[0]);
 	if (nf < 2 || parse_u32(field[1], 1, 1u << 16, &g->block_size) != 0)
 		return fail(err, err_len, "group '%s': a block size 1..65536 must follow the kind",
 		            field[0]);
 	switch (g->kind) {
 	case KVP_GROUP_FULL:
+	case KVP_GROUP_CROSS_ATTENTION:
 		if (nf != 2)
-			return fail(err, err_len, "group full: takes only a block size (full:16)");
+			return fail(err, err_len, "group %s: takes only a block size (%s:16)", field[0],
+			            field[0]);
 		return KVP_OK;
 	case KVP_GROUP_SLIDING_WINDOW:
 	case KVP_GROUP_CHUNKED_LOCAL:
@@ -290,6 +292,9 @@ kvp_group_specs_validate(const struct kvp_group_spec *groups, size_t n, uint32_t
 			            kvp_group_kind_name(g->kind));
 		if ((unsigned)g->mamba_mode > KVP_MAMBA_NONE)
 			return fail(err, err_len, "group %zu: unknown Mamba cache mode", i);
+		if (g->kind == KVP_GROUP_CROSS_ATTENTION && enable_caching)
+			return fail(err, err_len, "group %zu (cross_attention): vLLM turns prefix caching "
+			            "off for encoder-decoder models; the pool needs caching=off", i);
 		if (!enable_caching)
 			continue;
 		if (g->block_size % hash_block_size != 0)

@@ -14,10 +14,14 @@
  *   chunked_local:16:8192    chunked local attention, chunk of 8192 tokens
  *   mamba:16[:align|all|none] Mamba state; vLLM's cache mode (default: align
  *                            with prefix caching, none without, as vLLM)
+ *   cross_attention:16       an encoder-decoder model's cross-attention: one
+ *                            static allocation for the encoder's tokens;
+ *                            only in a pool with caching off (vLLM turns
+ *                            prefix caching off for such models)
  *
  * The kinds' long names are vLLM's (KVCacheSpecKind values, as BlockStored
  * events carry them): "full_attention", "sliding_window",
- * "chunked_local_attention", "mamba"; either name parses.
+ * "chunked_local_attention", "mamba", "cross_attention"; either name parses.
  *
  * Pure: no I/O, no allocation; thread-safe.
  */
@@ -35,7 +39,8 @@
 	X(FULL, "full", "full_attention")                          \
 	X(SLIDING_WINDOW, "sliding_window", "sliding_window")      \
 	X(CHUNKED_LOCAL, "chunked_local", "chunked_local_attention") \
-	X(MAMBA, "mamba", "mamba")
+	X(MAMBA, "mamba", "mamba")                                 \
+	X(CROSS_ATTENTION, "cross_attention", "cross_attention")
 
 enum kvp_group_kind {
 #define KVP_X_(id, s, l) KVP_GROUP_##id,

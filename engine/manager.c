@@ -79,9 +79,11 @@ kvp_mgr_create(struct kvp_pool *pool, struct kvp_hasher *hasher,
 	m->hasher = hasher;
 	m->num_groups = cfg->num_groups;
 	memcpy(m->spec, spec, cfg->num_groups * sizeof(*spec));
-	for (uint32_t g = 0; g < cfg->num_groups; g++)
+	for (uint32_t g = 0; g < cfg->num_groups; g++) {
 		m->has_mamba_align |= spec[g].kind == KVP_GROUP_MAMBA &&
 		                      spec[g].mamba_mode == KVP_MAMBA_ALIGN;
+		m->has_cross |= spec[g].kind == KVP_GROUP_CROSS_ATTENTION;
+	}
 	m->lcm = kvp_group_specs_lcm(spec, cfg->num_groups);
 	split_attention_groups(m);
 	m->hash_bs = hbs;
@@ -234,6 +236,12 @@ check_hits(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g, const 
 	return KVP_OK;
 }
 
+static bool
+cross(const struct kvp_mgr *m, uint32_t g)
+{
+	return m->spec[g].kind == KVP_GROUP_CROSS_ATTENTION;
+}
+
 /* Validates the step and plans every group; changes nothing. */
 static int
 plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_args *a,
@@ -253,11 +261,22 @@ plan_step(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_ar
 	/* A connector computes tokens the request has; an unstarted table is vLLM's assert. */
 	if (ext > 0 && (unstarted || (uint64_t)r->num_computed + hit + ext > r->num_tokens))
 		return KVP_EINVAL;
-	if (ext > 0 && m->has_mamba_align) /* Mamba align's external path is not here */
+	if (ext > 0 && (m->has_mamba_align || m->has_cross)) /* their external paths are not here */
 		return KVP_ENOTSUP;
 	*to_allocate = 0;
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		uint32_t bs = m->spec[g].block_size;
+		if (cross(m, g)) { /* one static allocation for the encoder's tokens */
+			if (((size_t)a->num_encoder_tokens + bs - 1) / bs > kvp_pool_num_blocks(m->pool))
+				return KVP_ENOSPACE;
+			kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, NULL, 0, 0, 0,
+			             a->num_encoder_tokens, a->num_encoder_tokens, &plan[g]);
+			if (plan[g].num_returned > cap ||
+			    (plan[g].num_returned > 0 && (new_blocks == NULL || new_blocks[g] == NULL)))
+				return KVP_EINVAL;
+			*to_allocate += plan[g].to_allocate;
+			continue;
+		}
 		size_t nh = hit > 0 ? hit / bs : 0; /* a decode step has no hit: no division */
 		const int32_t *hits = nh ? a->computed_blocks[g] : NULL;
 		if ((hit > 0 && hit % bs != 0) || (nh > 0 && hits == NULL))
@@ -285,9 +304,11 @@ whole_fits(struct kvp_mgr *m, const struct kvp_mreq *r, const struct kvp_alloc_a
 
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		struct kvp_grp_plan p;
-		size_t nh = hit > 0 ? hit / m->spec[g].block_size : 0;
+		size_t nh = hit > 0 && !cross(m, g) ? hit / m->spec[g].block_size : 0;
+		size_t want = cross(m, g) ? a->num_encoder_tokens : full;
 		kvp_grp_plan(&m->spec[g], &r->groups[g], m->pool, nh ? a->computed_blocks[g] : NULL,
-		             nh, total, a->num_external_computed_tokens, full, full, &p);
+		             nh, cross(m, g) ? 0 : total, a->num_external_computed_tokens, want, want,
+		             &p);
 		n += p.to_allocate;
 	}
 	return n <= kvp_pool_num_free(m->pool);
@@ -431,7 +452,9 @@ kvp_mgr_allocate_slots(struct kvp_mgr *m, uint64_t req_id, const struct kvp_allo
 			return rv;
 	for (uint32_t g = 0; g < m->num_groups; g++) {
 		size_t e = plan[g].num_external;
-		if ((rv = kvp_grp_allocate(&m->spec[g], &r->groups[g], m->pool, need, main,
+		size_t gneed = cross(m, g) ? a->num_encoder_tokens : need;
+		size_t gmain = cross(m, g) ? a->num_encoder_tokens : main;
+		if ((rv = kvp_grp_allocate(&m->spec[g], &r->groups[g], m->pool, gneed, gmain,
 		                           plan[g].num_returned ? new_blocks[g] + e : NULL, &counts[g])))
 			return rv;
 		counts[g] += e;

@@ -14,7 +14,9 @@
  * and replaced by the null block as the request advances; a hit needs only
  * the window's last cdiv(window - 1, bs) blocks); chunked local attention
  * (blocks before the current chunk are null); Mamba in modes align (vLLM's
- * default with caching: one running state block per step), all and none.
+ * default with caching: one running state block per step), all and none;
+ * cross-attention (an encoder-decoder model's: blocks for the encoder's
+ * tokens, allocated once, never cached, only with caching off).
  * One group is vLLM's unitary coordinator; several are its hybrid one:
  * identical specs merge into one attention group, full attention first,
  * and the hit is the fixed point every attention group agrees on, a
@@ -28,7 +30,7 @@
  * allocate_new_computed_blocks gives them (kvp_alloc_args).
  *
  * Not supported: eagle's last-block drop, Mamba speculative blocks,
- * external tokens beside a Mamba align group, cross-attention and sink
+ * external tokens beside a Mamba align or a cross-attention group, sink
  * groups, prompt-embeds extra keys, and vLLM's newer per-request admission
  * cap for recycling groups (issue #39734), watermark and reserved_blocks.
  *
@@ -101,7 +103,8 @@ struct kvp_alloc_args {
 	 * with them (an asynchronous load). A request holding no blocks gets new
 	 * blocks for those still in its window (nulls for the rest); they lead
 	 * new_blocks[g], and *num_external_blocks (per group, NULL: not asked)
-	 * says how many. Not with a Mamba align group (KVP_ENOTSUP).
+	 * says how many. Not with a Mamba align or cross-attention group
+	 * (KVP_ENOTSUP).
 	 */
 	uint32_t num_external_computed_tokens;
 	size_t *num_external_blocks;
@@ -111,6 +114,13 @@ struct kvp_alloc_args {
 	 * tokens less these (vLLM frees on the processed-token basis).
 	 */
 	uint32_t num_in_flight_tokens;
+	/*
+	 * The encoder's tokens (vLLM's num_encoder_tokens): a cross-attention
+	 * group holds blocks for these, allocated once (a later call with as
+	 * many or fewer adds none); other groups ignore it. More blocks than
+	 * the pool has: KVP_ENOSPACE.
+	 */
+	uint32_t num_encoder_tokens;
 };
 
 struct kvp_mgr_stats {

@@ -32,6 +32,7 @@ struct kvp_mgr {
 	bool simple_hybrid;            /* 1 full + 1 other: one pass of the fixed point */
 	bool all_full;                 /* only full attention: nothing skipped or masked */
 	bool has_mamba_align;          /* refuses external tokens */
+	bool has_cross;                /* a cross-attention group: refuses external tokens too */
 	uint32_t lcm;
 	bool *cache_mask;              /* cache_full_blocks mask scratch */
 	size_t mask_cap;

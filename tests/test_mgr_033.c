@@ -5,13 +5,16 @@
  * (and checked against the installed vLLM by
  * clients/python/tests/vllm033/test_differential.py): skipped blocks freed
  * on the processed-token basis (tokens in flight), and the prompt's partial
- * tail entry in a full-attention group of blocks coarser than the hash's.
+ * tail entry in a full-attention group of blocks coarser than the hash's;
+ * and a cross-attention group (encoder-decoder models), which 9aaf83ef5's
+ * manager had too but kvpool did not.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "mgr_util.h"
 
+#include "common/group_spec.h"
 #include "engine/manager.h"
 
 static void
@@ -155,12 +158,70 @@ test_mgr033_coarse_full_group_caches_the_prompts_partial_tail(void **state)
 	}
 }
 
+/*
+ * An encoder-decoder model (vLLM's CrossAttentionManager): the cross group
+ * gets blocks for the encoder's tokens once, the self-attention group for
+ * the decoder's; never with prefix caching, never with external tokens.
+ */
+static void
+test_mgr033_cross_attention_allocates_the_encoders_blocks_once(void **state)
+{
+	struct kvp_group_spec g[KVP_MAX_GROUPS];
+	size_t ng = 0, n;
+	char err[160];
+	int64_t tok[40];
+	struct env e;
+	int32_t rows[KVP_MAX_GROUPS][64], *out[KVP_MAX_GROUPS];
+	size_t counts[KVP_MAX_GROUPS];
+
+	(void)state;
+	assert_ok(kvp_group_specs_parse("full:16+cross_attention:16", g, KVP_MAX_GROUPS, &ng, err,
+	                                sizeof(err)));
+	assert_status(kvp_group_specs_validate(g, ng, 16, true, err, sizeof(err)), KVP_EINVAL);
+	assert_non_null(strstr(err, "caching=off"));
+	assert_ok(kvp_group_specs_validate(g, ng, 16, false, err, sizeof(err)));
+	assert_status(kvp_group_specs_parse("cross_attention:16:4", g, KVP_MAX_GROUPS, &ng, err,
+	                                    sizeof(err)), KVP_EINVAL);
+
+	for (int i = 0; i < 40; i++)
+		tok[i] = i;
+	for (uint32_t k = 0; k < KVP_MAX_GROUPS; k++)
+		out[k] = rows[k];
+	env_open_as(&e, 12, 16, "full:16+cross_attention:16", false, KVP_VLLM_0_33);
+	add(&e, 1, tok, 20);
+	/* More encoder blocks than the pool has: refused, nothing taken. */
+	struct kvp_alloc_args a = {.num_new_tokens = 20, .num_encoder_tokens = 16 * 12};
+	assert_status(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, counts), KVP_ENOSPACE);
+	assert_int_equal(kvp_pool_num_free(e.pool), 11);
+	a.num_encoder_tokens = 40;
+	assert_ok(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, counts));
+	assert_ids(rows[0], counts[0], 1, 2);
+	assert_ids(rows[1], counts[1], 3, 4, 5);
+	/* Decode: the encoder's blocks stay, none added (with or without its count). */
+	decode(&e, 1, 20, 0);
+	a = (struct kvp_alloc_args){.num_new_tokens = 1, .num_encoder_tokens = 40};
+	assert_ok(kvp_mgr_append_tokens(e.mgr, 1, &(int64_t){21}, 1));
+	assert_ok(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, counts));
+	assert_int_equal(counts[1], 0);
+	const int32_t *tbl = table(&e, 1, 1, &n);
+	assert_ids(tbl, n, 3, 4, 5);
+	/* External tokens beside a cross group: not supported, nothing changed. */
+	add(&e, 2, tok, 40);
+	a = (struct kvp_alloc_args){.num_new_tokens = 8, .num_external_computed_tokens = 16};
+	assert_status(kvp_mgr_allocate_slots(e.mgr, 2, &a, out, 64, counts), KVP_ENOTSUP);
+	assert_int_equal(kvp_pool_num_free(e.pool), 11 - 5);
+	assert_ok(kvp_mgr_free_request(e.mgr, 1));
+	assert_ok(kvp_mgr_free_request(e.mgr, 2));
+	env_close(&e);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_mgr033_window_waits_for_tokens_in_flight),
 		cmocka_unit_test(test_mgr033_coarse_full_group_caches_the_prompts_partial_tail),
+		cmocka_unit_test(test_mgr033_cross_attention_allocates_the_encoders_blocks_once),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
