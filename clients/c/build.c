@@ -88,5 +88,6 @@ kvp_build_slots_(Kvpool__V1__AllocateSlotsRequest *m, const struct kvp_client_sl
 	m->num_external_computed_tokens = a->num_external_computed_tokens;
 	m->no_new_tokens = a->no_new_tokens;
 	m->num_in_flight_tokens = a->num_in_flight_tokens;
+	m->num_encoder_tokens = a->num_encoder_tokens;
 	return KVP_OK;
 }

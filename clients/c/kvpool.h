@@ -308,6 +308,7 @@ struct kvp_client_slots {
 	uint32_t num_external_computed_tokens; /* a KV connector's tokens after the hit */
 	bool no_new_tokens;             /* schedule none (an async load): num_new_tokens ignored */
 	uint32_t num_in_flight_tokens;  /* earlier steps' tokens still in flight (async scheduling) */
+	uint32_t num_encoder_tokens;    /* a cross-attention group's tokens (encoder-decoder) */
 };
 struct kvp_client_slots_result {
 	uint32_t hit_tokens;

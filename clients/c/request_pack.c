@@ -205,7 +205,8 @@ inner_len(const Kvpool__V1__BatchCall *c, size_t *a, int prompt_u32)
 		       bool_field(10, m->full_sequence_must_fit) +
 		       kvp_pb_varint_field(11, m->num_external_computed_tokens) +
 		       bool_field(12, m->no_new_tokens) +
-		       kvp_pb_varint_field(14, m->num_in_flight_tokens);
+		       kvp_pb_varint_field(14, m->num_in_flight_tokens) +
+		       kvp_pb_varint_field(15, m->num_encoder_tokens);
 	}
 	case KVPOOL__V1__BATCH_CALL__CALL_FREE_REQUEST:
 		return kvp_pb_varint_field(1, c->free_request->request_id) +
@@ -277,6 +278,7 @@ put_inner(uint8_t *p, const Kvpool__V1__BatchCall *c, const size_t *a)
 		p = kvp_pb_put_varint_field(p, 11, m->num_external_computed_tokens);
 		p = put_bool(p, 12, m->no_new_tokens);
 		p = kvp_pb_put_varint_field(p, 14, m->num_in_flight_tokens);
+		p = kvp_pb_put_varint_field(p, 15, m->num_encoder_tokens);
 		return a[2] ? put_u32_ids(p, F_PROMPT_U32, m->prompt_token_ids, m->n_prompt_token_ids)
 		            : p;
 	}

@@ -116,7 +116,9 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 		num_new = (uint32_t)remaining;
 	}
 	size_t need = ncomp + hit + ext + num_new + m->num_lookahead_tokens;
-	size_t cap = need / mbs + 2, ext_blocks[KVP_MGR_MAX_GROUPS] = {0};
+	/* A cross-attention group's row holds the encoder's tokens' blocks. */
+	size_t rows = need > m->num_encoder_tokens ? need : m->num_encoder_tokens;
+	size_t cap = rows / mbs + 2, ext_blocks[KVP_MGR_MAX_GROUPS] = {0};
 	int32_t *fresh = group_rows(c, ng, cap, fresh_row);
 	uint32_t *per_group = kvpd_scratch(c, 2 * ng * sizeof(*per_group));
 	if (fresh == NULL || per_group == NULL)
@@ -129,13 +131,14 @@ schedule(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m, uint64_t mid
 	                           .full_sequence_must_fit = m->full_sequence_must_fit,
 	                           .num_external_computed_tokens = (uint32_t)ext,
 	                           .num_external_blocks = ext_blocks,
-	                           .num_in_flight_tokens = m->num_in_flight_tokens};
+	                           .num_in_flight_tokens = m->num_in_flight_tokens,
+	                           .num_encoder_tokens = m->num_encoder_tokens};
 	rv = kvp_mgr_allocate_slots(mgr, mid, &a, fresh_row, cap, counts);
 	if (rv == KVP_EINVAL && num_new == 0 && ext == 0)
 		return kvpd_fail(c, rv, "allocate_slots: nothing to schedule (every token is computed)");
 	if (rv == KVP_ENOTSUP)
 		return kvpd_fail(c, rv, "allocate_slots: external tokens on a pool with a Mamba align "
-		                 "group are not supported");
+		                 "or cross-attention group are not supported");
 	if ((rv = mgr_status(c, rv, "allocate_slots")))
 		return rv;
 	(void)kvp_mgr_request_info(mgr, mid, NULL, &ncomp, NULL);
@@ -184,7 +187,8 @@ kvpd_h_allocate_slots(struct call *c, const Kvpool__V1__AllocateSlotsRequest *m,
 		                 "prompt_token_ids_u32 (send one)");
 	if (nprompt > c->p->limits.max_ids || m->n_new_token_ids > c->p->limits.max_ids ||
 	    m->num_new_tokens > c->p->limits.max_ids || m->num_lookahead_tokens > c->p->limits.max_ids ||
-	    m->num_external_computed_tokens > c->p->limits.max_ids)
+	    m->num_external_computed_tokens > c->p->limits.max_ids ||
+	    m->num_encoder_tokens > c->p->limits.max_ids)
 		return kvpd_fail(c, KVP_EINVAL, "too many tokens in one call; the limit is %u",
 		            c->p->limits.max_ids);
 	if (mid == 0) {
