@@ -6,15 +6,15 @@ vLLM's tests make through tests/v1/core/utils.create_scheduler gets, by
 one assignment as docs/python.md shows, a RemoteKVCacheManager over a pool of
 the same shape on a kvpoold of its own (real process, ipc:// socket).
 Schedulers the tests build another way keep vLLM's manager; the report
-header says so. Schedulers with a group the pool has no kind for (Mamba,
-cross-attention, MLA) are refused (KVPoolUnsupported): a pool's groups
-are full attention, sliding window and chunked local."""
+header says so. Schedulers with a group the swap does not shape (Mamba,
+MLA, sinks) are refused (KVPoolUnsupported): it makes full-attention,
+sliding-window, chunked-local and cross-attention groups."""
 import sys
 
 import swap_daemon  # puts clients/python on sys.path
 from kvpool.vllm import RemoteKVCacheManager
-from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec,
-                                        SlidingWindowSpec)
+from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, CrossAttentionSpec,
+                                        FullAttentionSpec, SlidingWindowSpec)
 
 _procs = []    # (kvpoold, its client), stopped after each test: client first
 _swapped = {}  # nodeid -> passed, for tests whose Scheduler got the adapter
@@ -45,8 +45,8 @@ def remote_manager_for(scheduler):
 
 def _group(spec):
     """A pool's group for a vLLM KVCacheSpec (kvpoold's groups= syntax);
-    KVPoolUnsupported for kinds the pool has no group for (Mamba,
-    cross-attention, MLA, ...)."""
+    KVPoolUnsupported for kinds the pool has no group for (MLA, sinks,
+    ...) or that the swap does not shape (Mamba)."""
     bs = spec.block_size
     if type(spec) is FullAttentionSpec and spec.sliding_window is None \
             and spec.attention_chunk_size is None:
@@ -55,6 +55,8 @@ def _group(spec):
         return f"sliding_window:{bs}:{spec.sliding_window}"
     if type(spec) is ChunkedLocalAttentionSpec:
         return f"chunked_local:{bs}:{spec.attention_chunk_size}"
+    if type(spec) is CrossAttentionSpec:
+        return f"cross_attention:{bs}"
     return _unsupported(spec)
 
 

@@ -62,7 +62,8 @@ class Executor(Structure):
 
 
 MAX_GROUPS = 8
-GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba")
+GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba",
+               "cross_attention")
 MAMBA_MODES = ("auto", "align", "all", "none")
 
 
@@ -140,7 +141,7 @@ class Slots(Structure):
                 ("num_lookahead_tokens", c_uint32), ("use_prefix_cache", c_bool),
                 ("delay_cache_blocks", c_bool), ("full_sequence_must_fit", c_bool),
                 ("num_external_computed_tokens", c_uint32), ("no_new_tokens", c_bool),
-                ("num_in_flight_tokens", c_uint32)]
+                ("num_in_flight_tokens", c_uint32), ("num_encoder_tokens", c_uint32)]
 
 
 class SlotsResult(Structure):

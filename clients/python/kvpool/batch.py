@@ -185,7 +185,8 @@ class Batch:
                        mm: MMFeatures = None, full_sequence_must_fit: bool = False,
                        num_external_computed_tokens: int = 0,
                        no_new_tokens: bool = False, session_id: Optional[str] = None,
-                       lora_id: Optional[int] = None, num_in_flight_tokens: int = 0) -> int:
+                       lora_id: Optional[int] = None, num_in_flight_tokens: int = 0,
+                       num_encoder_tokens: int = 0) -> int:
         """Client.allocate_slots' call; a refusal is this call's NoSpace."""
         p, np_ = _tokens(prompt) if prompt is not None else (None, 0)
         t, nt = _tokens(new_tokens) if new_tokens is not None else (None, 0)
@@ -194,7 +195,7 @@ class Batch:
                     lora_id is not None, lora_id or 0, t if nt else None, nt, num_new_tokens,
                     token_budget, num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
                     full_sequence_must_fit, num_external_computed_tokens, no_new_tokens,
-                    num_in_flight_tokens)
+                    num_in_flight_tokens, num_encoder_tokens)
         return self._add("allocate_slots", L.kvp_batch_allocate_slots(self._b, byref(a)), p, t,
                          keep, a)
 

@@ -483,7 +483,8 @@ class Client(RegionCalls):
                        num_external_computed_tokens: int = 0,
                        no_new_tokens: bool = False,
                        session_id: Optional[str] = None,
-                       lora_id: Optional[int] = None, num_in_flight_tokens: int = 0) -> SlotsResult:
+                       lora_id: Optional[int] = None, num_in_flight_tokens: int = 0,
+                       num_encoder_tokens: int = 0) -> SlotsResult:
         """AllocateSlots; NoSpace when vLLM's allocate_slots returns None.
         lora_id: the LoRA adapter's int id, for the request's events only."""
         p, np_ = _tokens(prompt or [])
@@ -493,7 +494,7 @@ class Client(RegionCalls):
                     lora_id is not None, lora_id or 0, t if new_tokens else None, nt,
                     num_new_tokens, token_budget, num_lookahead_tokens, use_prefix_cache, delay_cache_blocks,
                     full_sequence_must_fit, num_external_computed_tokens, no_new_tokens,
-                    num_in_flight_tokens)
+                    num_in_flight_tokens, num_encoder_tokens)
         cap = self.info["max_ids_per_call"]
         out = (c_int32 * cap)()
         res = L.SlotsResult()

@@ -95,11 +95,13 @@ class RemoteCoordinator:
         rule per group: its missing blocks, plus each evictable hit it would
         take from the free queue. Sparse groups (sliding window,
         chunked-local, Mamba) are counted as full attention: an upper
-        bound, where vLLM's skips the blocks outside the window."""
+        bound, where vLLM's skips the blocks outside the window; a
+        cross-attention group needs num_encoder_tokens' blocks."""
         req = self._mgr._reqs.get(request_id)
         total = 0
         for g, view in enumerate(self.single_type_managers):
-            need = -(-num_tokens // view.block_size)
+            cross = self._mgr.groups[g]["kind"] == "cross_attention"  # encoder tokens, once
+            need = -(-(num_encoder_tokens if cross else num_tokens) // view.block_size)
             held = len(req.blocks[g]) if req is not None and req.blocks else 0
             hits = list(new_computed_blocks[g]) if g < len(new_computed_blocks) else []
             if held:

@@ -36,8 +36,8 @@ class RemoteKVCacheManager(_Remote):
     reports can be evicted by another session before allocate_slots takes
     it; allocate_slots then undoes its call and returns None (as vLLM does
     when a request does not fit), and the scheduler retries it next step.
-    num_encoder_tokens is accepted and ignored, as vLLM's non-cross-attention
-    groups ignore it (a pool has no cross-attention group);
+    num_encoder_tokens sizes a cross-attention group (an encoder-decoder
+    model's, on a pool with caching off), once, as vLLM's;
     full_sequence_must_fit is vLLM's admission gate, checked in the daemon.
     External (connector) tokens get their blocks in the daemon as vLLM's
     allocate_new_computed_blocks gives them: they join the request's table
@@ -555,8 +555,6 @@ class RemoteKVCacheManager(_Remote):
     def _slots_call(self, request, num_new_tokens, num_new_computed_tokens, num_lookahead_tokens,
                     num_external_computed_tokens, delay_cache_blocks, num_encoder_tokens,
                     full_sequence_must_fit) -> tuple[dict[str, Any], _Req]:
-        # num_encoder_tokens only sizes vLLM's cross-attention groups, which a
-        # kvpool pool cannot have: every group here ignores it, as vLLM's do.
         if num_new_tokens == 0 and num_external_computed_tokens == 0:
             raise ValueError("num_new_tokens must be greater than 0 when there are no "
                              "external computed tokens")
@@ -571,6 +569,8 @@ class RemoteKVCacheManager(_Remote):
               "full_sequence_must_fit": full_sequence_must_fit,
               "num_external_computed_tokens": num_external_computed_tokens,
               "no_new_tokens": num_new_tokens == 0}
+        if num_encoder_tokens:  # sizes a cross-attention group; the others ignore it
+            kw["num_encoder_tokens"] = num_encoder_tokens
         if not self._plain:  # vLLM 0.33 frees skipped blocks below what is not in flight
             kw["num_in_flight_tokens"] = getattr(request, "num_in_flight_tokens", 0) or 0
         if req.sent == 0:

@@ -120,8 +120,9 @@ class Step:
         req = self._mgr._reqs.get(rid)
         if req is not None and req.sent and num_new_tokens > 0 and not (
                 num_new_computed_tokens or num_lookahead_tokens or delay_cache_blocks
-                or num_external_computed_tokens or full_sequence_must_fit or (
-                    not self._mgr._plain and bool(getattr(request, "num_in_flight_tokens", None)))):
+                or num_external_computed_tokens or full_sequence_must_fit
+                or num_encoder_tokens or (not self._mgr._plain and
+                                          bool(getattr(request, "num_in_flight_tokens", None)))):
             run = self._run
             if run is None:
                 self._live()  # once per run: a closed Step has none

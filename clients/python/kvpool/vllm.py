@@ -232,7 +232,8 @@ def _env_token() -> Optional[str]:
 
 #: vLLM's KVCacheSpec class names by the group kinds a pool reports (its Hello).
 SPEC_KINDS = {"FullAttentionSpec": "full_attention", "SlidingWindowSpec": "sliding_window",
-              "ChunkedLocalAttentionSpec": "chunked_local_attention", "MambaSpec": "mamba"}
+              "ChunkedLocalAttentionSpec": "chunked_local_attention", "MambaSpec": "mamba",
+              "CrossAttentionSpec": "cross_attention"}
 
 
 def _spec_kind(spec) -> str:

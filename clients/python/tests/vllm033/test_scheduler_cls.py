@@ -306,3 +306,70 @@ def test_without_kvpool_url_the_error_says_what_to_set(env, monkeypatch):
     monkeypatch.delenv("KVPOOL_URL")
     with pytest.raises(ValueError, match="KVPOOL_URL"):
         RemoteKVCacheManager(kv_cache_config=_kv_config())
+
+
+def test_encoder_decoder_gets_cross_attention_blocks_as_on_vllms_manager(env, tmp_path,
+                                                                        monkeypatch):
+    """vLLM's Scheduler set up for an encoder-decoder model as its own
+    test_variable_length_cross_attn_block_allocation does (self-attention
+    plus a CrossAttentionSpec group, prefix caching off), once with vLLM's
+    KVCacheManager and once with RemoteKVCacheManager on a
+    full:16+cross_attention:16 pool: each request gets cdiv(encoder tokens,
+    16) cross-attention blocks and the same tables, step for step."""
+    from tests.v1.core.utils import create_requests
+    from vllm.multimodal.inputs import PlaceholderRange
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import CrossAttentionSpec
+
+    model, _ = env
+    d = tmp_path / "encdec"
+    d.mkdir()
+    monkeypatch.delenv("KVPOOL_POOL")  # the daemon would read it as its own pool
+    proc, url, _ = start(d, "--pool", f"name=w,blocks={BLOCKS},executor=none,caching=off,"
+                         "groups=full:16+cross_attention:16,max_model_len=4096", pool="w")
+    spec = dict(block_size=BS, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    kvc = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["self_attn"], FullAttentionSpec(**spec)),
+        KVCacheGroupSpec(["cross_attn"], CrossAttentionSpec(**spec))])
+    encoder = [120, 250, 40]
+
+    def run(remote):
+        cfg = create_vllm_config(model=model, block_size=BS, max_num_batched_tokens=1000)
+        cfg.kv_transfer_config = None
+        cfg.cache_config.enable_prefix_caching = False
+        cfg.cache_config.num_gpu_blocks = BLOCKS
+        sched = Scheduler(vllm_config=cfg, kv_cache_config=kvc, block_size=BS,
+                          hash_block_size=BS, structured_output_manager=StructuredOutputManager(cfg))
+        sched.is_encoder_decoder = True  # as vLLM's own test patches it
+        sched.max_num_encoder_input_tokens = 1000
+        sched.encoder_cache_manager = EncoderDecoderCacheManager(cache_size=1000)
+        client = None
+        if remote:
+            client = kvpool.Client(url, pool="w")
+            sched.kv_cache_manager = RemoteKVCacheManager(client, kv_cache_config=kvc)
+        tables = []
+        try:
+            reqs = [create_requests(num_requests=1, num_tokens=30, mm_hashes_list=[[f"enc{i}"]],
+                                    mm_positions=[[PlaceholderRange(offset=0, length=n)]],
+                                    req_ids=[f"r{i}"])[0] for i, n in enumerate(encoder)]
+            for r in reqs:
+                sched.add_request(r)
+            for _ in range(3):
+                out = sched.schedule()
+                tables.append({r.request_id: sched.kv_cache_manager.get_block_ids(r.request_id)
+                               for r in reqs})
+                sched.update_from_output(out, create_model_runner_output(
+                    reqs=sched.running, token_id=0))
+            return tables
+        finally:
+            if client is not None:
+                sched.kv_cache_manager.close()
+                client.close()
+            sched.shutdown()
+    try:
+        theirs, ours = run(False), run(True)
+        assert [len(theirs[0][f"r{i}"][1]) for i in range(3)] == [8, 16, 3]
+        assert ours == theirs
+    finally:
+        stop(proc)
