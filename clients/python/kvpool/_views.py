@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from .errors import OutOfRange
 
 if TYPE_CHECKING:
-    from .vllm import KVCacheBlock
+    from .block_pool import KVCacheBlock
 
 
 class _RemoteFreeQueue:

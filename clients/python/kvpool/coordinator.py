@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:
     from .manager import RemoteKVCacheManager
-    from .vllm import KVCacheBlock
+    from .block_pool import KVCacheBlock
 
 
 def _vllm_spec(group: dict) -> Optional[Any]:

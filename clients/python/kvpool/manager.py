@@ -10,9 +10,9 @@ from .errors import NoSpace, NotSupported
 from ._types import RequestLike
 from .coordinator import RemoteCoordinator, _skipped_blocks
 from .step import Step, _released
-from .vllm import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats, RemoteBlockPool,
-                   _Remote, _Req, _block_copy_cls, _check_shape, _coarse_hash, _concat_keys,
-                   _request_keys)
+from .block_pool import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats,
+                         RemoteBlockPool, _Remote, _Req, _block_copy_cls, _check_shape,
+                         _coarse_hash, _concat_keys, _request_keys)
 
 _GROUP0 = (0).to_bytes(4, "big")  # a block hash's group id suffix, group 0
 

@@ -12,7 +12,7 @@ from . import _lib as L
 from ._types import RequestLike
 from ._args import _raise
 from .errors import NoSpace, NotSupported
-from .vllm import KVCacheBlocks
+from .block_pool import KVCacheBlocks
 
 if TYPE_CHECKING:
     from .batch import Batch
