@@ -14,6 +14,7 @@
 #     handlers/          only rpc/ and handlers/ (the pool's state comes through rpc/)
 #     pool/              never net/ or handlers/
 #     streams/           never rpc/ or handlers/
+#   clients/python/kvpool no module imports another that imports it back
 # Usage: check_layers.sh SOURCE_DIR BUILD_DIR. Prints each breach; exit 1 if any.
 set -u
 src=$1
@@ -84,6 +85,9 @@ done
 # No circles between the files of a library or program (tests/check_cycles.py:
 # who uses whose functions, from the objects), but those issue #61 still lists.
 python3 "$src/tests/check_cycles.py" "$src" "$bld" || bad=1
+# Nor between the Python package's modules (tests/check_py_imports.py: the
+# imports that run, not those for the type checker).
+python3 "$src/tests/check_py_imports.py" "$src" || bad=1
 
 [ $bad = 0 ] && echo "layering: ok"
 exit $bad
