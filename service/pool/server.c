@@ -540,17 +540,6 @@ kvpd_server_expire(struct kvpd_server *s, uint64_t now_ms)
 	return n;
 }
 
-void
-kvpd_sink_refusal(struct kvpd_sink *sink, enum kvpd_refusal kind, const char *pool,
-                  const char *why)
-{
-	if (sink == NULL)
-		return;
-	sink->refusal = (uint8_t)kind;
-	snprintf(sink->refusal_pool, sizeof(sink->refusal_pool), "%s", pool ? pool : "");
-	snprintf(sink->refusal_why, sizeof(sink->refusal_why), "%s", why ? why : "");
-}
-
 size_t
 kvpd_server_gone(struct kvpd_server *s, size_t i, uint64_t *cursor,
                  struct kvpd_gone_session *out, size_t cap)

@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/kvp_status.h"
 #include "service/rpc/calls.h"
@@ -107,9 +108,21 @@ struct kvpd_sink {
 enum kvpd_refusal { KVPD_REFUSED_AUTH = 1, KVPD_REFUSED_SESSION_LIMIT, KVPD_REFUSED_TOO_LARGE };
 #define KVPD_NUM_REFUSALS 4
 
-/* Records a refusal in the sink for the transport's log. */
-void kvpd_sink_refusal(struct kvpd_sink *sink, enum kvpd_refusal kind, const char *pool,
-                       const char *why);
+/*
+ * Records a refusal in the sink for the transport's log. Inline: the
+ * dispatcher and the session calls record refusals, and neither may call
+ * back into the server (no circle between the files).
+ */
+static inline void
+kvpd_sink_refusal(struct kvpd_sink *sink, enum kvpd_refusal kind, const char *pool,
+                  const char *why)
+{
+	if (sink == NULL)
+		return;
+	sink->refusal = (uint8_t)kind;
+	snprintf(sink->refusal_pool, sizeof(sink->refusal_pool), "%s", pool ? pool : "");
+	snprintf(sink->refusal_why, sizeof(sink->refusal_why), "%s", why ? why : "");
+}
 
 /* kvpd_server_handle with the reply written through sink. KVP_OK or KVP_ENOMEM. */
 int kvpd_server_handle_to(struct kvpd_server *s, const uint8_t *req, size_t len, uint64_t now_ms,

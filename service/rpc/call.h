@@ -36,6 +36,8 @@ struct call {
 	struct kvpd_sink *sink;  /* where the reply goes */
 	bool replied;            /* a handler wrote the whole reply into the sink itself */
 	const struct kvpd_precomputed *pre; /* computed before the lock; NULL: nothing */
+	/* The call table's row for a wire call number (kvpd_call_lookup): Batch's way in. */
+	const struct kvpd_call_op *(*lookup)(int wire);
 };
 
 /* Sets the call's status and detail; returns the status. */
@@ -51,8 +53,6 @@ void *kvpd_new_msg(struct call *c, const ProtobufCMessageDescriptor *d);
 #define NEW(c, type, desc) ((type *)kvpd_new_msg((c), &(desc)))
 /* Zeroes what the last call used, keeping the arena's chunks (dispatch.c). */
 void kvpd_scratch_reset(struct kvpd_pool *p);
-/* The pool's session with this id, and its slot in *index; NULL if none. */
-struct kvpd_session *kvpd_pool_find_session(struct kvpd_pool *p, uint64_t id, size_t *index);
 
 /* A call's extra-key sources, decoded from the wire. */
 struct call_keys {
@@ -77,7 +77,7 @@ int kvpd_fine_hashes(struct call *c, ProtobufCBinaryData given, const int64_t *t
                      const struct kvp_request_keys *keys, const uint8_t **out, size_t *n,
                      bool *computed);
 
-/* Sessions (calls_session.c) and Batch (dispatch.c). */
+/* Sessions (calls_session.c) and Batch (calls_batch.c). */
 int kvpd_h_hello(struct call *c, const Kvpool__V1__HelloRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_heartbeat(struct call *c, const Kvpool__V1__HeartbeatRequest *m, Kvpool__V1__Reply *out);
 int kvpd_h_goodbye(struct call *c, const Kvpool__V1__GoodbyeRequest *m, Kvpool__V1__Reply *out);

@@ -2,8 +2,9 @@
 /*
  * The dispatcher: finds a request's row in the call table (calls.h), checks
  * its session, answers retries from the reply cache, runs the handler,
- * counts it and packs the reply. Also the Batch call, which runs rows of the
- * same table in order.
+ * counts it and packs the reply. A call it runs can find rows too
+ * (call.h: c->lookup), which is how Batch (handlers/calls_batch.c) runs
+ * rows of the same table without naming it.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -19,102 +20,9 @@
 #include "engine/pool.h"
 #include "service/rpc/call.h"
 #include "service/rpc/calls.h"
-#include "service/rpc/calls_run.h"
 #include "proto/wire.h"
 
 #define NO_CALL "no call in the request, or one this daemon does not know"
-
-/* A batch's calls, a slots run counting as its calls. */
-static size_t
-batch_calls(const Kvpool__V1__BatchRequest *m)
-{
-	size_t n = 0;
-	for (size_t i = 0; i < m->n_calls; i++)
-		n += m->calls[i]->call_case == KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN
-		             ? kvpd_run_calls(m->calls[i]->slots_run)
-		             : 1;
-	return n;
-}
-
-/* One batch call (not a run) into sub: its status. */
-static int
-run_one(struct call *c, const Kvpool__V1__BatchCall *bc, Kvpool__V1__Reply *sub)
-{
-	/* BatchCall's oneof numbers are the Request's (asserted in calls.c). */
-	const struct kvpd_call_op *op = kvpd_call_lookup((int)bc->call_case);
-	/* The daemon's own checksums are taken outside the lock: for a Commit sent alone. */
-	bool crc_here = bc->call_case == KVPOOL__V1__BATCH_CALL__CALL_COMMIT && bc->commit != NULL &&
-	                bc->commit->n_crc32c == 0 && !bc->commit->no_checksum;
-	int rv = op == NULL ? kvpd_fail(c, KVP_EINVAL, NO_CALL)
-	         : !op->batchable ? kvpd_fail(c, KVP_EINVAL, "%s cannot be batched", op->name)
-	         : crc_here ? kvpd_fail(c, KVP_EINVAL, "a Commit in a batch carries its checksums "
-	                                "or no_checksum (the daemon's are for a Commit sent alone)")
-	                    : op->run(c, bc->allocate, sub);
-	if (rv != KVP_OK) /* a failed call's reply carries its own detail and no result */
-		sub->result_case = KVPOOL__V1__REPLY__RESULT__NOT_SET;
-	return rv;
-}
-
-int
-kvpd_h_batch(struct call *c, const Kvpool__V1__BatchRequest *m, Kvpool__V1__Reply *out)
-{
-	Kvpool__V1__BatchReply *r = NEW(c, Kvpool__V1__BatchReply, kvpool__v1__batch_reply__descriptor);
-	Kvpool__V1__Reply **replies = kvpd_scratch(c, m->n_calls * sizeof(*replies));
-	size_t total = batch_calls(m);
-
-	if (r == NULL || replies == NULL)
-		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if (total > c->p->limits.max_ids)
-		return kvpd_fail(c, KVP_EINVAL, "%zu calls in one batch", total);
-	out->result_case = KVPOOL__V1__REPLY__RESULT_BATCH;
-	out->batch = r;
-	r->replies = replies;
-	int first_rv = KVP_OK;
-	size_t first = 0, failed = 0, base = 0; /* base: the call index of calls[i] */
-	for (size_t i = 0; i < m->n_calls; i++) {
-		const Kvpool__V1__BatchCall *bc = m->calls[i];
-		Kvpool__V1__Reply *sub = NEW(c, Kvpool__V1__Reply, kvpool__v1__reply__descriptor);
-		struct kvpd_run_tally t = {0};
-		if (sub == NULL)
-			return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-		replies[r->n_replies++] = sub;
-		int rv;
-		if (bc->call_case == KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN) {
-			rv = kvpd_h_slots_run(c, bc->slots_run, m->continue_on_error, sub, &t);
-		} else {
-			rv = run_one(c, bc, sub);
-			t.failed = rv != KVP_OK;
-			t.first_rv = rv;
-		}
-		sub->status = (Kvpool__V1__Status)rv;
-		if (rv != KVP_OK) {
-			/* A run's calls carry their own details (the run's is only for a malformed one). */
-			bool said = bc->call_case == KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN && !t.whole;
-			char *d = said ? NULL : kvpd_scratch_str(c, c->detail);
-			if (d != NULL)
-				sub->detail = d;
-			if (failed == 0) {
-				first_rv = rv;
-				first = base + t.first;
-			}
-			failed += t.failed;
-			/* Stop at the first failure (always when memory ran out or a run was malformed). */
-			if (!m->continue_on_error || rv == KVP_ENOMEM || t.whole)
-				break;
-		}
-		base += bc->call_case == KVPOOL__V1__BATCH_CALL__CALL_SLOTS_RUN
-		                ? kvpd_run_calls(bc->slots_run)
-		                : 1;
-	}
-	if (failed == 0)
-		return KVP_OK;
-	if (m->continue_on_error)
-		snprintf(c->detail, sizeof(c->detail), "%zu of %zu calls failed, the first at call %zu",
-		         failed, total, first);
-	else
-		snprintf(c->detail, sizeof(c->detail), "batch stopped at call %zu", first);
-	return first_rv;
-}
 
 /* Why a call's session is not there: never opened, ended, or its lease ran out. */
 static int
@@ -260,6 +168,7 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t reque
               uint64_t now_ms, const struct kvpd_precomputed *pre, struct kvpd_sink *sink)
 {
 	struct call c = {.p = p, .call_id = rq->call_id, .sink = sink, .now_ms = now_ms,
+	                 .lookup = kvpd_call_lookup,
 	                 .pre = pre};
 	Kvpool__V1__Reply out = KVPOOL__V1__REPLY__INIT;
 	const struct kvpd_call_op *op = kvpd_call_lookup((int)rq->call_case);
@@ -326,83 +235,4 @@ kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t reque
 	kvpd_scratch_reset(p);
 	kvpd_pool_publish(p); /* one batch per call that produced events */
 	return rv;
-}
-
-void
-kvpd_pool_publish(struct kvpd_pool *p)
-{
-	struct timespec ts;
-
-	/* The manager's take also names each BlockStored's spec kind. */
-	if (kvp_mgr_take_events(p->mgr, &p->events) != KVP_OK ||
-	    kvp_event_batch_count(&p->events) == 0)
-		return;
-	p->counters.events_emitted += kvp_event_batch_count(&p->events);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	uint64_t ts_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-	(void)kvpd_stream_emit(&p->stream, p->cfg.name, &p->events, ts_ns);
-	if (p->stream.on_events)
-		p->stream.on_events(p->stream.on_events_ctx, &p->events, ts_ns);
-}
-
-void
-kvpd_pool_gauges(struct kvpd_pool *p, struct kvpd_pool_gauges *out)
-{
-	struct kvp_pool_stats ps;
-	struct kvp_mgr_stats ms;
-
-	memset(out, 0, sizeof(*out));
-	kvp_pool_get_stats(p->pool, &ps);
-	kvp_mgr_get_stats(p->mgr, &ms);
-	out->num_blocks = kvp_pool_num_blocks(p->pool);
-	out->num_free = kvp_pool_num_free(p->pool);
-	out->num_cached_blocks = kvp_pool_num_cached_blocks(p->pool);
-	out->num_cached_keys = kvp_pool_num_cached_keys(p->pool);
-	out->usage = kvp_pool_usage(p->pool);
-	out->blocks_allocated = ps.blocks_allocated;
-	out->blocks_evicted = ps.blocks_evicted;
-	out->alloc_failures = ps.alloc_failures + ms.alloc_failures;
-	out->blocks_stored = ps.blocks_stored;
-	out->resets = ps.resets;
-	out->prefix_requests = ms.requests;
-	out->prefix_queries = ms.queries;
-	out->prefix_hits = ms.hits;
-	out->active_requests = ms.active_requests;
-}
-
-int
-kvpd_pool_check(struct kvpd_pool *p, char *detail, size_t len)
-{
-	int rv = kvp_pool_check(p->pool, detail, len);
-	if (rv != KVP_OK)
-		return rv;
-	/*
-	 * No block may be held by sessions more often than its ref count: one
-	 * pass over each session's table, then one over the blocks, O(blocks +
-	 * sessions' tables) where a lookup per block and session was
-	 * O(blocks x sessions) (1.2 s at exit with 200 sessions on 2M blocks).
-	 */
-	uint32_t nb = kvp_pool_num_blocks(p->pool);
-	uint64_t *held = calloc(nb, sizeof(*held));
-	if (held == NULL) {
-		snprintf(detail, len, "no memory to check the sessions' references");
-		return KVP_ENOMEM;
-	}
-	for (size_t k = 0; k < p->num_sessions + p->num_ending; k++) {
-		const struct kvpd_session *ss =
-			k < p->num_sessions ? p->sessions[k] : p->ending[k - p->num_sessions];
-		for (uint32_t i = 0; i < ss->cap; i++)
-			if (ss->refs[i].id >= 0 && (uint32_t)ss->refs[i].id < nb)
-				held[ss->refs[i].id] += ss->refs[i].count;
-	}
-	for (uint32_t id = 1; id < nb; id++) {
-		if (held[id] > (uint64_t)kvp_pool_ref_cnt(p->pool, (int32_t)id)) {
-			snprintf(detail, len, "block %u: sessions hold %llu references, ref_cnt %d", id,
-			         (unsigned long long)held[id], kvp_pool_ref_cnt(p->pool, (int32_t)id));
-			free(held);
-			return KVP_EINTERNAL;
-		}
-	}
-	free(held);
-	return KVP_OK;
 }

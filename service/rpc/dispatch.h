@@ -151,8 +151,20 @@ int kvpd_dispatch(struct kvpd_pool *p, const Kvpool__V1__Request *rq, uint32_t r
 int kvpd_dispatch_precheck(struct kvpd_pool *p, const struct kvpd_envelope *e, uint64_t now_ms,
                            struct kvpd_sink *sink, int *pack_rv);
 
+/* The pool's session with this id, and its slot in *index; NULL if none. */
+struct kvpd_session *kvpd_pool_find_session(struct kvpd_pool *p, uint64_t id, size_t *index);
+
 /* Whether got (len bytes) is the token want, compared in constant time. */
 bool kvpd_token_matches(const char *want, const uint8_t *got, size_t len);
+
+/*
+ * Ends session index of p now (why: Goodbye or expiry): it leaves the
+ * table, its requests end, its stored replies go, its pod's count drops;
+ * its references join the pool's pending releases (or, out of memory, are
+ * released at once). Publishes nothing.
+ */
+void kvpd_pool_drop_session(struct kvpd_pool *p, size_t index, enum kvpd_gone_why why,
+                            uint64_t now_ms);
 
 /* Ends a session's requests and releases every reference it holds, newest first. */
 size_t kvpd_pool_release_session(struct kvpd_pool *p, struct kvpd_session *s);
