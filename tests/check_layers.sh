@@ -10,7 +10,8 @@
 #   engine/              common/ and itself
 #   service/             anything but clients/c/; inside it (service/README.md):
 #     config/            only config/ (and the layers below service/)
-#     rpc/               never net/ or handlers/ (handlers implement what rpc/ declares)
+#     rpc/               never net/, handlers/ or pool/ (handlers implement what rpc/
+#                        declares; pool/ builds the pools rpc/ describes)
 #     handlers/          only rpc/ and handlers/ (the pool's state comes through rpc/)
 #     pool/              never net/ or handlers/
 #     streams/           never rpc/ or handlers/
@@ -40,7 +41,7 @@ out=$(
 	check_includes engine  'gpu|proto|service|clients'
 	check_includes service 'clients'
 	check_includes service/config   'service/(net|rpc|handlers|pool|streams)'
-	check_includes service/rpc      'service/(net|handlers)'
+	check_includes service/rpc      'service/(net|handlers|pool)'
 	check_includes service/handlers 'service/(net|pool|streams|config)'
 	check_includes service/pool     'service/(net|handlers)'
 	check_includes service/streams  'service/(rpc|handlers)'

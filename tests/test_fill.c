@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The cluster-fill table (service/pool/fill.h) on a clock the test moves: no
+ * The cluster-fill table (service/rpc/fill.h) on a clock the test moves: no
  * pending answer before an agent calls or after it stops; a missed key
  * pending until its wait ends, then a miss for cluster_miss_ms, then asked
  * again; keys taken once, oldest first; absent keys missing for their
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "common/kvp_status.h"
-#include "service/pool/fill.h"
+#include "service/rpc/fill.h"
 
 #define KL 36
 #define WAIT 200

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The cluster-fill table (fill.h). */
-#include "service/pool/fill.h"
+#include "service/rpc/fill.h"
 
 #include <stdlib.h>
 #include <string.h>
