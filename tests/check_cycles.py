@@ -3,6 +3,7 @@
 function or variable file B defines, and B (directly or around a loop)
 uses one of A's. Read from what the linker sees (nm of each object), so a
 circle through a shared header's declarations counts as it really is.
+Also files that #include each other around a loop.
 
     python3 tests/check_cycles.py SOURCE_DIR BUILD_DIR
 
@@ -11,6 +12,7 @@ on a known one that changed, so the list stays true."""
 import collections
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -87,6 +89,60 @@ def circles(src, bld):
     return found, bool(objs)
 
 
+def include_circles(src):
+    """Files that include each other around a loop (headers: a loop means
+    one of them cannot be read alone), over every C and CUDA source."""
+    inc = re.compile(r'\s*#\s*include\s+"([^"]+)"')
+    graph = {}
+    for top in FOLDERS + ("common", "proto", "gpu"):
+        for f in glob.glob(os.path.join(src, top, "**", "*.[ch]"), recursive=True) + \
+                glob.glob(os.path.join(src, top, "**", "*.cu*"), recursive=True):
+            rel = os.path.relpath(f, src)
+            edges = graph.setdefault(rel, set())
+            with open(f, errors="replace") as fh:
+                for line in fh:
+                    m = inc.match(line)
+                    if m is None:
+                        continue
+                    for cand in (m.group(1), os.path.join(os.path.dirname(rel), m.group(1))):
+                        cand = os.path.normpath(cand)
+                        if os.path.exists(os.path.join(src, cand)):
+                            edges.add(cand)
+                            break
+    return strong_components(graph)
+
+
+def strong_components(graph):
+    """Tarjan's components of more than one node."""
+    index, low, on, stack, found, n = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(comp)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
 def main():
     src, bld = sys.argv[1], sys.argv[2]
     found, any_obj = circles(src, bld)
@@ -94,6 +150,9 @@ def main():
         print(f"cycles: no objects under {bld} (build first)")
         return 1
     bad = 0
+    for c in include_circles(src):
+        print(f"cycles: files include each other: {' <-> '.join(sorted(c))}")
+        bad += 1
     for c in found:
         known = c in KNOWN
         print(f"cycles: {'known (issue #61)' if known else 'NEW'}: {' <-> '.join(sorted(c))}")
