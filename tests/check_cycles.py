@@ -60,33 +60,7 @@ def circles(src, bld):
             o = owner.get((target[s], x))
             if o is not None and o != s:
                 edges[s].add(o)
-    index, low, stack, on, found = {}, {}, [], set(), []
-    sys.setrecursionlimit(100000)
-
-    def visit(v):
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in edges.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = set()
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.add(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                found.append(comp)
-    for v in sorted(edges):
-        if v not in index:
-            visit(v)
-    return found, bool(objs)
+    return strong_components(edges), bool(objs)
 
 
 def include_circles(src):
@@ -112,13 +86,14 @@ def include_circles(src):
     return strong_components(graph)
 
 
-def strong_components(graph):
-    """Tarjan's components of more than one node."""
-    index, low, on, stack, found, n = {}, {}, set(), [], [], [0]
+def strong_components(graph, self_loops=False):
+    """Tarjan's strongly connected components of more than one node (and,
+    with self_loops, a node with an edge to itself): each a set."""
+    index, low, on, stack, found = {}, {}, set(), [], []
+    sys.setrecursionlimit(100000)
 
     def visit(v):
-        index[v] = low[v] = n[0]
-        n[0] += 1
+        index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
         for w in sorted(graph.get(v, ())):
@@ -135,7 +110,7 @@ def strong_components(graph):
                 comp.add(w)
                 if w == v:
                     break
-            if len(comp) > 1:
+            if len(comp) > 1 or (self_loops and v in graph.get(v, ())):
                 found.append(comp)
     for v in sorted(graph):
         if v not in index:

@@ -14,6 +14,9 @@ import ast
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_cycles import strong_components  # noqa: E402
+
 
 def _type_checking(node):
     t = node.test
@@ -54,38 +57,6 @@ def _edges(path, mods):
     return out
 
 
-def _circles(graph):
-    """Tarjan's strongly connected components of more than one module, or
-    a module importing itself."""
-    index, low, on, stack, found, n = {}, {}, set(), [], [], [0]
-
-    def strong(v):
-        index[v] = low[v] = n[0]
-        n[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in graph[v]:
-                found.append(sorted(comp))
-    for v in sorted(graph):
-        if v not in index:
-            strong(v)
-    return found
-
-
 def main(argv):
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
@@ -95,7 +66,7 @@ def main(argv):
     mods = set(files) - {"__init__"}
     graph = {m: _edges(p, mods) - ({m} if m == "__init__" else set())
              for m, p in files.items()}
-    circles = _circles(graph)
+    circles = [sorted(c) for c in strong_components(graph, self_loops=True)]
     for c in circles:
         print("check_py_imports: kvpool modules import each other in a circle: " +
               " -> ".join(c + c[:1]), file=sys.stderr)
