@@ -64,4 +64,21 @@ env_close(struct env *e)
 	kvp_event_batch_fini(&e->ev);
 }
 
+/* Adds request id with these tokens as its prompt (no keys). */
+static inline void
+add_tokens(struct env *e, uint64_t id, const int64_t *tok, size_t n)
+{
+	struct kvp_request_desc d = {.prompt = tok, .num_prompt = n};
+	assert_ok(kvp_mgr_add_request(e->mgr, id, &d));
+}
+
+/* The request's block table in group g, its length in *n. */
+static inline const int32_t *
+table(struct env *e, uint64_t id, uint32_t g, size_t *n)
+{
+	const int32_t *ids;
+	assert_ok(kvp_mgr_request_blocks(e->mgr, id, g, &ids, n));
+	return ids;
+}
+
 #endif /* KVP_MGR_UTIL_H */

@@ -269,13 +269,6 @@ test_hybrid_num_blocks_to_allocate_skips_null_hits(void **state)
 
 /* ---- the manager with hybrid groups ---- */
 
-static void
-add_tokens(struct env *e, uint64_t id, const int64_t *tok, size_t n)
-{
-	struct kvp_request_desc d = {.prompt = tok, .num_prompt = n};
-	assert_ok(kvp_mgr_add_request(e->mgr, id, &d));
-}
-
 /* Per-group output rows. */
 struct rows {
 	int32_t ids[KVP_MAX_GROUPS][64];
@@ -312,14 +305,6 @@ static void
 append1(struct env *e, uint64_t id, int64_t tok)
 {
 	assert_ok(kvp_mgr_append_tokens(e->mgr, id, &tok, 1));
-}
-
-static const int32_t *
-table(struct env *e, uint64_t id, uint32_t g, size_t *n)
-{
-	const int32_t *ids;
-	assert_ok(kvp_mgr_request_blocks(e->mgr, id, g, &ids, n));
-	return ids;
 }
 
 /* test_prefill_hybrid_model's pool: 1 full + 2 sliding-window (window 32) groups. */

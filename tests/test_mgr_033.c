@@ -18,13 +18,6 @@
 #include "engine/manager.h"
 
 static void
-add(struct env *e, uint64_t id, const int64_t *tok, size_t n)
-{
-	struct kvp_request_desc d = {.prompt = tok, .num_prompt = n};
-	assert_ok(kvp_mgr_add_request(e->mgr, id, &d));
-}
-
-static void
 step(struct env *e, uint64_t id, uint32_t n, uint32_t in_flight)
 {
 	int32_t rows[KVP_MAX_GROUPS][64], *out[KVP_MAX_GROUPS];
@@ -40,14 +33,6 @@ decode(struct env *e, uint64_t id, int64_t tok, uint32_t in_flight)
 {
 	assert_ok(kvp_mgr_append_tokens(e->mgr, id, &tok, 1));
 	step(e, id, 1, in_flight);
-}
-
-static const int32_t *
-table(struct env *e, uint64_t id, uint32_t g, size_t *n)
-{
-	const int32_t *ids;
-	assert_ok(kvp_mgr_request_blocks(e->mgr, id, g, &ids, n));
-	return ids;
 }
 
 /*
@@ -69,7 +54,7 @@ test_mgr033_window_waits_for_tokens_in_flight(void **state)
 		tok[i] = i;
 	for (int in_flight = 1; in_flight >= 0; in_flight--) {
 		env_open_as(&e, 30, 4, "sliding_window:4:8", true, KVP_VLLM_0_33);
-		add(&e, 1, tok, 16);
+		add_tokens(&e, 1, tok, 16);
 		step(&e, 1, 16, 0);
 		free0 = kvp_pool_num_free(e.pool);
 		decode(&e, 1, 16, in_flight ? 16 : 0); /* 16 computed; 16 in flight, or none */
@@ -134,7 +119,7 @@ test_mgr033_coarse_full_group_caches_the_prompts_partial_tail(void **state)
 	for (size_t s = 0; s < N_ELEMS(sems); s++) {
 		struct env e;
 		env_open_as(&e, 40, 16, "full:32+sliding_window:16:32", true, sems[s]);
-		add(&e, 1, tok, 50);
+		add_tokens(&e, 1, tok, 50);
 		step(&e, 1, 50, 0);
 		assert_int_equal(group0_stored(&e, bs, first, 8), 1); /* block 0, 32 tokens */
 		assert_int_equal(bs[0], 32);
@@ -188,7 +173,7 @@ test_mgr033_cross_attention_allocates_the_encoders_blocks_once(void **state)
 	for (uint32_t k = 0; k < KVP_MAX_GROUPS; k++)
 		out[k] = rows[k];
 	env_open_as(&e, 12, 16, "full:16+cross_attention:16", false, KVP_VLLM_0_33);
-	add(&e, 1, tok, 20);
+	add_tokens(&e, 1, tok, 20);
 	/* More encoder blocks than the pool has: refused, nothing taken. */
 	struct kvp_alloc_args a = {.num_new_tokens = 20, .num_encoder_tokens = 16 * 12};
 	assert_status(kvp_mgr_allocate_slots(e.mgr, 1, &a, out, 64, counts), KVP_ENOSPACE);
@@ -206,7 +191,7 @@ test_mgr033_cross_attention_allocates_the_encoders_blocks_once(void **state)
 	const int32_t *tbl = table(&e, 1, 1, &n);
 	assert_ids(tbl, n, 3, 4, 5);
 	/* External tokens beside a cross group: not supported, nothing changed. */
-	add(&e, 2, tok, 40);
+	add_tokens(&e, 2, tok, 40);
 	a = (struct kvp_alloc_args){.num_new_tokens = 8, .num_external_computed_tokens = 16};
 	assert_status(kvp_mgr_allocate_slots(e.mgr, 2, &a, out, 64, counts), KVP_ENOTSUP);
 	assert_int_equal(kvp_pool_num_free(e.pool), 11 - 5);
