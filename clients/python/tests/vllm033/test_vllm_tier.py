@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: Apache-2.0
+"""kvpool as a secondary tier under vLLM 0.33's own tiering: vLLM's
+TieringOffloadingManager with its CPU primary tier (CPUPrimaryTierOffloadingManager)
+over KVPoolSecondaryTier, loaded by vLLM's SecondaryTierFactory from a tier
+config alone, on a real kvpoold. Two such engines share the tier: a chunk
+one spilled is promoted into the other's primary tier with its bytes, and a
+chunk the primary tier evicted comes back from the tier."""
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm")
+if not vllm.__version__.startswith("0.33."):
+    pytest.skip(f"these tests pin vLLM 0.33, not {vllm.__version__}", allow_module_level=True)
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from vllm.v1.kv_offload.base import (LookupResult, ReqContext, ScheduleEndContext,  # noqa: E402
+                                     make_offload_key)
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
+from vllm.v1.kv_offload.tiering.manager import (CPUPrimaryTierOffloadingManager,  # noqa: E402
+                                                TieringOffloadingManager)
+
+import kvpool  # noqa: E402
+from kvpool.vllm_tier import KVPoolSecondaryTier  # noqa: E402
+
+from conftest import start, stop  # noqa: E402
+
+PRIMARY_CHUNKS = 4
+
+
+class _Region:
+    """What CPUPrimaryTierOffloadingManager reads of vLLM's SharedOffloadRegion."""
+
+    def __init__(self, chunks, row_bytes):
+        self.kv = np.zeros((chunks, row_bytes), dtype=np.uint8)
+
+    def create_kv_memoryview(self):
+        return memoryview(self.kv)
+
+    def cleanup(self):
+        pass
+
+
+class _Engine:
+    """One engine's tiering manager: its private primary tier over our tier."""
+
+    def __init__(self, url, row_bytes, name):
+        self.region = _Region(PRIMARY_CHUNKS, row_bytes)
+        primary = CPUPrimaryTierOffloadingManager(PRIMARY_CHUNKS, self.region)
+        tier = SecondaryTierFactory.create_secondary_tier(
+            {"type": "KVPoolSecondaryTier", "module_path": "kvpool.vllm_tier",
+             "kvpool_url": url, "kvpool_pool": "t"},
+            primary.get_kv_memoryview(), None)
+        assert isinstance(tier, KVPoolSecondaryTier)
+        self.tier = tier
+        self.m = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+        self.ctx = ReqContext(req_id=name)
+        self.m.on_new_request(self.ctx)
+
+    def step(self):
+        self.m.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+        list(self.m.take_events())
+
+    def store(self, keys, payloads):
+        """Stores keys into the primary tier (as the GPU workers would write
+        the chunks), then lets the tiering manager cascade them to ours."""
+        out = self.m.prepare_store(keys, self.ctx)
+        assert out is not None and list(out.keys_to_store) == list(keys)
+        for c, data in zip(out.store_spec.chunk_ids, payloads):
+            self.region.kv[c] = data
+        self.m.complete_store(keys, self.ctx, success=True)
+        self.settle()
+
+    def settle(self, deadline_s=5.0):
+        """Steps until the tier has no job in flight."""
+        end = time.monotonic() + deadline_s
+        while True:
+            self.step()
+            if not self.tier.has_pending_work() or time.monotonic() > end:
+                return
+
+    def load(self, key, deadline_s=5.0):
+        """Looks key up as vLLM's scheduler does (RETRY, HIT_PENDING: ask
+        again next step) until HIT, then the primary tier's bytes."""
+        end = time.monotonic() + deadline_s
+        while True:
+            r = self.m.lookup(key, self.ctx)
+            if r is LookupResult.HIT:
+                break
+            assert r is not LookupResult.MISS, key
+            assert time.monotonic() < end, f"no HIT for {key!r} ({r})"
+            self.step()
+            time.sleep(0.01)
+        spec = self.m.prepare_load([key], self.ctx)
+        data = self.region.kv[spec.chunk_ids[0]].copy()
+        self.m.complete_load([key], self.ctx)
+        return data
+
+    def close(self):
+        self.m.shutdown()
+
+
+def _key(i):
+    return make_offload_key(i.to_bytes(32, "big"), 0)
+
+
+@pytest.fixture
+def daemon(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVPOOL_POOL", raising=False)
+    proc, url, _ = start(tmp_path, "--pool", "name=t,executor=cpu,blocks=64,block_size=4,"
+                         "layers=2,heads=1,head_size=8,dtype=fp32,shards=1", pool="t")
+    with kvpool.Client(url, pool="t") as c:
+        with c.region() as r:
+            row_bytes = r.row_bytes
+    yield url, row_bytes
+    stop(proc)
+
+
+def test_engines_share_chunks_through_the_tier(daemon):
+    url, row_bytes = daemon
+    rng = np.random.default_rng(20261129)
+    payload = {i: rng.integers(0, 256, row_bytes, dtype=np.uint8) for i in range(8)}
+    a = _Engine(url, row_bytes, "a")
+    b = _Engine(url, row_bytes, "b")
+    try:
+        # Engine A spills chunks 0-1; engine B, which never computed them, loads them.
+        a.store([_key(0), _key(1)], [payload[0], payload[1]])
+        for i in (0, 1):
+            assert np.array_equal(b.load(_key(i)), payload[i]), i
+        # A's primary tier holds 4 chunks: storing 4 more evicts 0 and 1 from it,
+        # and the tier refills them with their bytes.
+        for i in range(2, 6):
+            a.store([_key(i)], [payload[i]])
+        assert a.m.primary_tier.lookup(_key(0), a.ctx) is LookupResult.MISS
+        assert np.array_equal(a.load(_key(0)), payload[0])
+        # A key nobody stored is a miss, not an error, once asked.
+        b.m.lookup(_key(7), b.ctx)
+        b.step()
+        assert b.m.lookup(_key(7), b.ctx) is LookupResult.MISS
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_tier_whose_rows_are_not_the_chunks_is_refused(daemon):
+    url, row_bytes = daemon
+    region = _Region(PRIMARY_CHUNKS, row_bytes + 8)
+    with pytest.raises(ValueError, match=f"rows of {row_bytes} bytes"):
+        KVPoolSecondaryTier(None, region.create_kv_memoryview(), "KVPoolSecondaryTier",
+                            kvpool_url=url, kvpool_pool="t")
+    with pytest.raises(ValueError, match="unknown settings"):
+        KVPoolSecondaryTier(None, region.create_kv_memoryview(), "KVPoolSecondaryTier",
+                            kvpool_url=url, kvpool_pool="t", poool="x")
+
+
+def test_a_restart_never_loads_the_old_lifes_bytes(tmp_path, monkeypatch):
+    """kvpoold is killed and started again under two engines. A chunk stored
+    in the new life is loaded by the engine whose session and mapping were
+    the old life's, with its bytes: the row the new session hands out is
+    the new region's (the same row number held other bytes in the old one);
+    what the old life held is a miss."""
+    monkeypatch.delenv("KVPOOL_POOL", raising=False)
+    args = ("--pool", "name=t,executor=cpu,blocks=64,block_size=4,layers=2,heads=1,"
+            "head_size=8,dtype=fp32,shards=1")
+    proc, url, _ = start(tmp_path, *args, pool="t")
+    a = b = None
+    try:
+        with kvpool.Client(url, pool="t") as c:
+            with c.region() as r:
+                row_bytes = r.row_bytes
+        p0 = np.full(row_bytes, 7, dtype=np.uint8)
+        p1 = np.arange(row_bytes, dtype=np.uint32).astype(np.uint8)
+        a = _Engine(url, row_bytes, "a")
+        b = _Engine(url, row_bytes, "b")
+        a.store([_key(0)], [p0])
+        assert np.array_equal(b.load(_key(0)), p0)
+        proc.kill()
+        proc.wait()
+        proc, url2, _ = start(tmp_path, *args, pool="t")
+        assert url2 == url
+        a.store([_key(1)], [p1])
+        assert np.array_equal(b.load(_key(1)), p1)
+        # key 0 was the old life's: gone with it (b still has it in its primary tier).
+        assert a.m.primary_tier.lookup(_key(0), a.ctx) is LookupResult.HIT
+        c2 = _Engine(url, row_bytes, "c")
+        try:
+            c2.m.lookup(_key(0), c2.ctx)
+            c2.step()
+            assert c2.m.lookup(_key(0), c2.ctx) is LookupResult.MISS
+        finally:
+            c2.close()
+    finally:
+        for e in (a, b):
+            if e is not None:
+                e.close()
+        stop(proc)
