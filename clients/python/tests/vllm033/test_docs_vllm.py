@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The `vllm serve --kv-transfer-config` the docs show (README.md and
 docs/vllm.md) is one vLLM 0.33 takes: its JSON is a KVTransferConfig,
-whose extra config names kvpool's spec to vLLM's own factory, and every
-kvpool_* key it sets is one the spec reads. (Serving a model needs a GPU;
+whose extra config names kvpool's spec to vLLM's own factory (or vLLM's
+TieringOffloadingSpec with kvpool's secondary tier, resolved by vLLM's
+SecondaryTierFactory), and every kvpool_* key it sets is one kvpool reads. (Serving a model needs a GPU;
 tests/check_docs.py requires this test for the block.)"""
 import json
 import os
@@ -18,7 +19,11 @@ if not vllm.__version__.startswith("0.33."):
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
 
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+
 from kvpool.vllm_offload import KVPoolOffloadingSpec  # noqa: E402
+from kvpool.vllm_tier import KVPoolSecondaryTier  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.dirname(os.path.abspath(__file__))))))
@@ -47,6 +52,13 @@ def test_the_page_kv_transfer_config_loads_kvpool(page):
         ktc = KVTransferConfig(**cfg)
         assert ktc.kv_connector == "OffloadingConnector"
         extra = ktc.kv_connector_extra_config
-        assert OffloadingSpecFactory.get_spec_cls(extra) is KVPoolOffloadingSpec
+        spec = OffloadingSpecFactory.get_spec_cls(extra)
+        if spec is TieringOffloadingSpec:  # kvpool as a secondary tier
+            tiers = [t for t in extra["secondary_tiers"]
+                     if SecondaryTierFactory.get_tier_class(t) is KVPoolSecondaryTier]
+            assert len(tiers) == 1 and int(extra["cpu_bytes_to_use"]) > 0
+            extra = tiers[0]
+        else:
+            assert spec is KVPoolOffloadingSpec
         kvpool_keys = {k for k in extra if k.startswith("kvpool_")}
         assert "kvpool_url" in kvpool_keys and kvpool_keys <= SPEC_KEYS
