@@ -22,8 +22,8 @@ for byte (checked at start, naming both sizes).
 The scheduler's calls never wait on a copy: lookup answers from what the
 last step's end locked (a key not asked about yet answers RETRY, and is
 looked up, its hit locked, in one round trip at on_schedule_end); loads and
-stores copy on a thread of their own, between the primary tier's memory and
-region rows, with no socket on the data path (the region is this host's
+stores copy on threads of their own (stores on one, loads on four),
+between the primary tier's memory and region rows, with no socket on the data path (the region is this host's
 memory). Stores reserve and commit on that thread's own session (a
 reservation belongs to the session that made it); a key someone else stored
 meanwhile is skipped. Every error of the tier is a miss or a skipped store
@@ -52,6 +52,7 @@ _ERROR_LOG_S = 60.0  # one warning a minute for a tier that does not answer
 _KEEP_STEPS = 2      # a lock no lookup or load used for this many steps is released
 _FILLING = -2        # a lookup's row while the pool's cluster tier fills the key
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
+_LOAD_THREADS = 4
 
 
 class _Down(Exception):
@@ -104,7 +105,11 @@ class KVPoolSecondaryTier(SecondaryTierManager):
             self._client.close()
             raise
         self._key_len = self._client.key_len
-        self._copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpool-tier")
+        # Stores on one thread (they use the writer's session), loads on several
+        # (they only copy); numpy copies without the GIL.
+        self._storer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpool-tier-st")
+        self._loader = ThreadPoolExecutor(max_workers=_LOAD_THREADS,
+                                          thread_name_prefix="kvpool-tier-ld")
         self._futures: set[Future] = set()
         self._done: list[JobResult] = []
         self._done_lock = threading.Lock()
@@ -249,17 +254,18 @@ class KVPoolSecondaryTier(SecondaryTierManager):
             self._used[k] = self._step
         self._life_loads[life] += 1
         self._loads[job_metadata.job_id] = (life, keys)
-        self._submit(self._load, job_metadata.job_id, region, [h[0] for h in held if h],
-                     list(job_metadata.chunk_ids))
+        self._submit(self._loader, self._load, job_metadata.job_id, region,
+                     [h[0] for h in held if h], list(job_metadata.chunk_ids))
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         keys = [k for k in job_metadata.keys if len(k) == self._key_len]
         if len(keys) != len(job_metadata.keys):
             self._finish(JobResult(job_metadata.job_id, False))
             return
-        self._submit(self._store, job_metadata.job_id, keys, list(job_metadata.chunk_ids))
+        self._submit(self._storer, self._store, job_metadata.job_id, keys,
+                     list(job_metadata.chunk_ids))
 
-    def _submit(self, fn: Any, job_id: int, *args: Any) -> None:
+    def _submit(self, pool: ThreadPoolExecutor, fn: Any, job_id: int, *args: Any) -> None:
         def run() -> None:
             t0 = time.monotonic()
             try:
@@ -270,7 +276,7 @@ class KVPoolSecondaryTier(SecondaryTierManager):
                 self._warn("copy", e)
                 res = JobResult(job_id, False)
             self._finish(res)
-        fut = self._copier.submit(run)
+        fut = pool.submit(run)
         self._futures.add(fut)
         fut.add_done_callback(self._futures.discard)
 
@@ -297,7 +303,7 @@ class KVPoolSecondaryTier(SecondaryTierManager):
             mine = [(k, r, c) for k, r, c in zip(keys, rows, chunks) if r > 0]
             try:
                 for _, r, c in mine:
-                    region.row(r)[:] = self._primary[c].data
+                    np.copyto(np.frombuffer(region.row(r), dtype=np.uint8), self._primary[c])
             except BaseException:
                 w.abort([k for k, _, _ in mine])
                 raise
@@ -341,7 +347,8 @@ class KVPoolSecondaryTier(SecondaryTierManager):
 
     def shutdown(self) -> None:
         self.drain_jobs()
-        self._copier.shutdown(wait=True)
+        self._storer.shutdown(wait=True)
+        self._loader.shutdown(wait=True)
         self._close_regions(keep=())
         for c in (self._writer, self._client):
             if c is not None:
