@@ -39,6 +39,8 @@ AREAS = {
              "{venv} clients/python/bench/bench_vllm_step.py build"),
     "offload": ("vLLM's offloading tier: kvpool's spec against vLLM's own CPU tier",
                 "{venv} clients/python/bench/bench_vllm_offload.py build"),
+    "tier": ("kvpool as a secondary tier under vLLM's own tiering against vLLM's fs tier on "
+             "tmpfs", "{venv} clients/python/bench/bench_vllm_tier.py build"),
     "python": ("The Python package against the C client",
                "/usr/bin/python3 clients/python/bench/bench_python.py build"),
     "service": ("The service's calls against raw nng", "./build/tests/bench/kvp-bench-service"),
