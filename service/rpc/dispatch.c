@@ -31,6 +31,8 @@ no_session(struct call *c, uint64_t id, uint64_t now_ms)
 	const struct kvpd_gone_session *g = kvpd_pool_find_gone(c->p, id);
 	const char *pool = c->p->cfg.name;
 	unsigned long long sid = (unsigned long long)id;
+	/* A call that arrived before its session ended is read after: 0 ms, not a wrap. */
+	unsigned long long ago = g != NULL && now_ms > g->at_ms ? now_ms - g->at_ms : 0;
 
 	if (id == 0)
 		return kvpd_fail(c, KVP_EUNAUTH, "no session given on pool %s (call Hello first)", pool);
@@ -39,10 +41,10 @@ no_session(struct call *c, uint64_t id, uint64_t now_ms)
 		                 "ended long ago; call Hello)", sid, pool);
 	if (g->why == KVPD_GONE_GOODBYE)
 		return kvpd_fail(c, KVP_EUNAUTH, "session %llu on pool %s was ended by Goodbye %llu ms "
-		                 "ago (call Hello)", sid, pool, (unsigned long long)(now_ms - g->at_ms));
+		                 "ago (call Hello)", sid, pool, ago);
 	return kvpd_fail(c, KVP_EUNAUTH, "session %llu on pool %s expired %llu ms ago: no call "
 	                 "for its %u ms lease; its %llu block reference(s) were released (call Hello)",
-	                 sid, pool, (unsigned long long)(now_ms - g->at_ms), g->lease_ms,
+	                 sid, pool, ago, g->lease_ms,
 	                 (unsigned long long)g->released);
 }
 
