@@ -127,3 +127,38 @@ def _skipped_blocks(spec, num_computed):
         chunk = spec["attention_chunk_size"]
         return (num_computed // chunk * chunk) // bs
     return 0
+
+
+def drop_skipped(req, groups, num_computed, null_block):
+    """vLLM's remove_skipped_blocks on a request's mirror (a manager's _Req):
+    blocks that left a sliding window or a finished local chunk become the
+    null block, as do a Mamba group's states before the last computed token,
+    and in align mode the state block of two steps ago; each drops the
+    reference the request held."""
+    def to_null(row, i):
+        row[i].ref_cnt -= 1
+        row[i] = null_block
+    for g, spec in enumerate(groups):
+        if spec["kind"] == "full_attention":
+            continue
+        skipped = _skipped_blocks(spec, num_computed)
+        row = req.blocks[g]
+        for i in range(min(skipped, len(row)) - 1, -1, -1):
+            if row[i].is_null:
+                break
+            to_null(row, i)
+        idx = req.last_state[g]
+        if (idx is not None and num_computed > 0 and idx + 1 < -(-num_computed //
+                                                                spec["block_size"])
+                and idx < len(row) and not row[idx].is_null):
+            to_null(row, idx)
+
+
+def note_state(req, groups, g):
+    """Before group g's table grows: in Mamba align mode the running state
+    of the previous step (or the hit's) is its last block."""
+    if groups[g].get("mamba_cache_mode") == "align":
+        prev = len(req.blocks[g])
+        if req.allocated[g] or prev > 0:
+            req.last_state[g] = prev - 1
+        req.allocated[g] = True

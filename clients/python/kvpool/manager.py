@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from .errors import NoSpace, NotSupported
 from ._types import RequestLike
-from .coordinator import RemoteCoordinator, _skipped_blocks
+from .coordinator import RemoteCoordinator, _skipped_blocks, drop_skipped, note_state
 from .step import Step, _released
 from .block_pool import (KVCacheBlock, KVCacheBlocks, KVCacheEvent, PrefixCacheStats,
                          RemoteBlockPool, _Remote, _Req, _block_copy_cls, _check_shape,
@@ -669,35 +669,9 @@ class RemoteKVCacheManager(_Remote):
             self._drop_skipped(req, req.computed + num_new_computed_tokens)
 
     def _drop_skipped(self, req, num_computed):
-        """vLLM's remove_skipped_blocks on the mirror: blocks that left a
-        sliding window or a finished local chunk become the null block, as
-        do a Mamba group's states before the last computed token, and in
-        align mode the state block of two steps ago."""
-        num_computed = min(num_computed, self.max_model_len)
-        for g, spec in enumerate(self.groups):
-            if spec["kind"] == "full_attention":
-                continue
-            skipped = _skipped_blocks(spec, num_computed)
-            row = req.blocks[g]
-            for i in range(min(skipped, len(row)) - 1, -1, -1):
-                if row[i].is_null:
-                    break
-                self._to_null(row, i)
-            idx = req.last_state[g]
-            if (idx is not None and num_computed > 0 and idx + 1 < -(-num_computed //
-                                                                    spec["block_size"])
-                    and idx < len(row) and not row[idx].is_null):
-                self._to_null(row, idx)
+        """vLLM's remove_skipped_blocks on the mirror (coordinator.drop_skipped)."""
+        drop_skipped(req, self.groups, min(num_computed, self.max_model_len), self.null_block)
 
     def _note_state(self, req, g):
-        """Before group g's table grows: in Mamba align mode the running
-        state of the previous step (or the hit's) is its last block."""
-        if self.groups[g].get("mamba_cache_mode") == "align":
-            prev = len(req.blocks[g])
-            if req.allocated[g] or prev > 0:
-                req.last_state[g] = prev - 1
-            req.allocated[g] = True
-
-    def _to_null(self, row, i):
-        row[i].ref_cnt -= 1
-        row[i] = self.null_block
+        """Before group g's table grows (coordinator.note_state)."""
+        note_state(req, self.groups, g)
