@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "vllm033"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
 
 from vllm.v1.kv_offload.base import (LookupResult, ReqContext, ScheduleEndContext,  # noqa: E402
@@ -41,23 +42,11 @@ from vllm.v1.kv_offload.tiering.manager import (CPUPrimaryTierOffloadingManager,
 
 import bench_json  # noqa: E402
 import kvpool  # noqa: E402
+from primary_region import PrimaryRegion  # noqa: E402
 from kvpool.vllm_tier import KVPoolSecondaryTier  # noqa: E402
 
 # A chunk of an 8-layer, 8-KV-head, head size 128, fp16 model, 16 tokens: 512 KiB.
 LAYOUT = "block_size=16,layers=8,heads=8,head_size=128,dtype=fp16,shards=1"
-
-
-class _Region:
-    """What CPUPrimaryTierOffloadingManager reads of vLLM's SharedOffloadRegion."""
-
-    def __init__(self, chunks, row_bytes):
-        self.kv = np.zeros((chunks, row_bytes), dtype=np.uint8)
-
-    def create_kv_memoryview(self):
-        return memoryview(self.kv)
-
-    def cleanup(self):
-        pass
 
 
 def _fs_spec():
@@ -74,7 +63,7 @@ def _fs_spec():
 
 class _Engine:
     def __init__(self, n, row_bytes, make_tier, name):
-        self.region = _Region(n, row_bytes)
+        self.region = PrimaryRegion(n, row_bytes)
         primary = CPUPrimaryTierOffloadingManager(n, self.region)
         self.tier = make_tier(primary.get_kv_memoryview())
         self.m = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[self.tier])

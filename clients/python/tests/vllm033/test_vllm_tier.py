@@ -17,6 +17,7 @@ if not vllm.__version__.startswith("0.33."):
     pytest.skip(f"these tests pin vLLM 0.33, not {vllm.__version__}", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from vllm.v1.kv_offload.base import (LookupResult, ReqContext, ScheduleEndContext,  # noqa: E402
                                      make_offload_key)
@@ -28,28 +29,16 @@ import kvpool  # noqa: E402
 from kvpool.vllm_tier import KVPoolSecondaryTier  # noqa: E402
 
 from conftest import start, stop  # noqa: E402
+from primary_region import PrimaryRegion  # noqa: E402
 
 PRIMARY_CHUNKS = 4
-
-
-class _Region:
-    """What CPUPrimaryTierOffloadingManager reads of vLLM's SharedOffloadRegion."""
-
-    def __init__(self, chunks, row_bytes):
-        self.kv = np.zeros((chunks, row_bytes), dtype=np.uint8)
-
-    def create_kv_memoryview(self):
-        return memoryview(self.kv)
-
-    def cleanup(self):
-        pass
 
 
 class _Engine:
     """One engine's tiering manager: its private primary tier over our tier."""
 
     def __init__(self, url, row_bytes, name):
-        self.region = _Region(PRIMARY_CHUNKS, row_bytes)
+        self.region = PrimaryRegion(PRIMARY_CHUNKS, row_bytes)
         primary = CPUPrimaryTierOffloadingManager(PRIMARY_CHUNKS, self.region)
         tier = SecondaryTierFactory.create_secondary_tier(
             {"type": "KVPoolSecondaryTier", "module_path": "kvpool.vllm_tier",
@@ -148,7 +137,7 @@ def test_engines_share_chunks_through_the_tier(daemon):
 
 def test_a_tier_whose_rows_are_not_the_chunks_is_refused(daemon):
     url, row_bytes = daemon
-    region = _Region(PRIMARY_CHUNKS, row_bytes + 8)
+    region = PrimaryRegion(PRIMARY_CHUNKS, row_bytes + 8)
     with pytest.raises(ValueError, match=f"rows of {row_bytes} bytes"):
         KVPoolSecondaryTier(None, region.create_kv_memoryview(), "KVPoolSecondaryTier",
                             kvpool_url=url, kvpool_pool="t")
