@@ -333,6 +333,18 @@ reserve_step(struct kvp_mgr *m, struct kvp_mreq *r, const struct kvp_grp_plan *p
 	return kvp_mgr_grow((void **)&m->cache_mask, &m->mask_cap, mask_need, sizeof(bool));
 }
 
+/* A cache call's arguments for group g: the request's hashes, tokens and keys. */
+static struct kvp_cache_args
+request_args(const struct kvp_mgr *m, const struct kvp_mreq *r, uint32_t g)
+{
+	return (struct kvp_cache_args){
+		.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
+		.token_ids = r->tokens, .num_tokens = r->num_tokens,
+		.keys = kvp_mreq_keys(r), .has_lora_id = r->has_lora_id, .lora_id = r->lora_id,
+		.block_size = m->spec[g].block_size, .group_id = g,
+	};
+}
+
 /*
  * vLLM 0.33's FullAttentionManager._cache_partial_tail_block: in a
  * full-attention group of blocks coarser than the hash blocks, the prompt's
@@ -341,8 +353,7 @@ reserve_step(struct kvp_mgr *m, struct kvp_mreq *r, const struct kvp_grp_plan *p
  * that block (one BlockStored the first time). 9aaf83ef5 pools had none.
  */
 static int
-cache_partial_tail(struct kvp_mgr *m, struct kvp_mreq *r, uint32_t g, size_t to_cache,
-                   const struct kvp_cache_args *ca)
+cache_partial_tail(struct kvp_mgr *m, struct kvp_mreq *r, uint32_t g, size_t to_cache)
 {
 	uint32_t bs = m->spec[g].block_size;
 	size_t limit = r->num_prompt - 1, nh = limit / m->hash_bs;
@@ -355,8 +366,9 @@ cache_partial_tail(struct kvp_mgr *m, struct kvp_mreq *r, uint32_t g, size_t to_
 	if (boundary == 0 || boundary > to_cache || boundary % bs == 0 ||
 	    (idx = boundary / bs) >= r->groups[g].n)
 		return KVP_OK;
+	struct kvp_cache_args ca = request_args(m, r, g);
 	return kvp_pool_cache_partial_block(m->pool, r->groups[g].ids[idx], (uint32_t)boundary,
-	                                    false, ca, NULL);
+	                                    false, &ca, NULL);
 }
 
 /* cache_blocks: every group up to the same LCM-aligned token count. */
@@ -371,30 +383,22 @@ cache_step(struct kvp_mgr *m, struct kvp_mreq *r, size_t to_cache)
 		uint32_t bs = m->spec[g].block_size;
 		/* Most decode steps complete no block: decided without dividing. */
 		if ((size_t)(gb->num_cached + 1) * bs > to_cache) {
-			if (bs != m->hash_bs && (rv = cache_partial_tail(m, r, g, to_cache,
-			    &(struct kvp_cache_args){
-				.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
-				.token_ids = r->tokens, .num_tokens = r->num_tokens,
-				.keys = kvp_mreq_keys(r), .has_lora_id = r->has_lora_id,
-				.lora_id = r->lora_id, .block_size = bs, .group_id = g})))
+			if (bs != m->hash_bs && (rv = cache_partial_tail(m, r, g, to_cache)))
 				return rv;
 			continue;
 		}
 		uint32_t full = (uint32_t)(to_cache / bs);
 		bool masked = !m->all_full && kvp_grp_cache_mask(&m->spec[g], m->lcm, gb->num_cached,
 		                                                 full, m->cache_mask);
-		struct kvp_cache_args ca = {
-			.block_hashes = r->hashes, .num_block_hashes = r->num_hashes,
-			.token_ids = r->tokens, .num_tokens = r->num_tokens,
-			.keys = kvp_mreq_keys(r), .has_lora_id = r->has_lora_id, .lora_id = r->lora_id,
-			.num_cached_blocks = gb->num_cached, .num_full_blocks = full,
-			.block_size = bs, .group_id = g, .block_mask = masked ? m->cache_mask : NULL,
-		};
+		struct kvp_cache_args ca = request_args(m, r, g);
+		ca.num_cached_blocks = gb->num_cached;
+		ca.num_full_blocks = full;
+		ca.block_mask = masked ? m->cache_mask : NULL;
 		if ((rv = kvp_pool_cache_full_blocks(m->pool, gb->ids, gb->n, &ca)) != KVP_OK)
 			return rv;
 		gb->num_cached = full;
 		gb->started = true;
-		if (bs != m->hash_bs && (rv = cache_partial_tail(m, r, g, to_cache, &ca)) != KVP_OK)
+		if (bs != m->hash_bs && (rv = cache_partial_tail(m, r, g, to_cache)) != KVP_OK)
 			return rv;
 	}
 	return KVP_OK;
