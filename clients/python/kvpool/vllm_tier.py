@@ -178,7 +178,8 @@ class KVPoolSecondaryTier(SecondaryTierManager):
                 self._warn("lookup", e)
             missed.update(asked)
         self._missed = missed
-        self._close_regions(keep=self._lives_in_use())
+        if len(self._regions) > 1:  # a restart left an old life mapped: unmap it once unused
+            self._close_regions(keep=self._lives_in_use())
 
     # ---- the session: renewed when kvpoold lost it; an outage is a miss ----
     def _call(self, fn: Any) -> int:
