@@ -14,7 +14,10 @@ checked against them: a pool id, lookup hit or refusal that differs from
 vLLM's raises KVPoolDiverged and fails the test.
 
 vLLM 0.33's partial entries (cache_partial_block, move_block_hashes, and
-the managers' direct _maybe_evict_cached_block) go to the daemon too. The
+the managers' direct _maybe_evict_cached_block) go to the daemon too, and so
+does a test's own pop from vLLM's hash map (cached_block_hash_to_block.pop or
+._cache.pop), as an eviction; putting a popped entry back cannot be
+forwarded and raises KVPoolUnsupported. The
 one call kvpool has no counterpart for (unpin_blocks) raises
 KVPoolUnsupported; a test that
 writes vLLM's private structures directly (cached_block_hash_to_block
@@ -41,7 +44,61 @@ class KVPoolUnsupported(NotImplementedError):
     """A BlockPool call kvpool has no counterpart for."""
 
 
+def _from_vllm(depth):
+    """True when the caller depth frames up is vLLM's own block_pool module."""
+    return sys._getframe(depth).f_globals.get("__name__") == _bp.__name__
+
+
+class _SwapEntries(dict):
+    """vLLM's hash map's entries: a test's own pop (cached_block_hash_to_block
+    ._cache.pop(key)) drops the entry's blocks in kvpool too, as an eviction."""
+
+    def pop(self, key, *default):
+        pool = self._kv_pool()
+        if pool is not None and not _from_vllm(2) and key in self:
+            got = self[key]
+            ids = list(got) if isinstance(got, dict) else [got.block_id]
+            pool._kv.evict(sorted(ids))
+        return super().pop(key, *default)
+
+    def __setitem__(self, key, value):
+        if not _from_vllm(2):
+            raise KVPoolUnsupported(
+                "a test put an entry back into vLLM's private hash map; kvpool's pool "
+                "evicted it when it was popped, and an eviction cannot be undone")
+        super().__setitem__(key, value)
+
+
+class _SwapMap(_bp.BlockHashToBlockMap):
+    """vLLM's hash map, whose pop by a test (cached_block_hash_to_block.pop(key,
+    block_id), not vLLM's own eviction) evicts that block in kvpool too."""
+
+    def pop(self, key, block_id):
+        pool = self._cache._kv_pool()
+        if pool is not None and not _from_vllm(2) and self.contain(key, block_id):
+            pool._kv.evict([block_id])
+        return super().pop(key, block_id)  # its own _cache.pop is vLLM's: not again
+
+
+def _swap_map(pool, m):
+    """m, vLLM's new hash map, made one whose direct pops reach pool's daemon."""
+    entries = _SwapEntries(m._cache)
+    entries._kv_pool = weakref.ref(pool)
+    swapped = _SwapMap()
+    swapped._cache = entries
+    return swapped
+
+
 class KVPoolBlockPool(VllmBlockPool):
+    # vLLM sets it in __init__ and reset_prefix_cache; tests pop it directly.
+    @property
+    def cached_block_hash_to_block(self):
+        return self.__dict__["_kv_map"]
+
+    @cached_block_hash_to_block.setter
+    def cached_block_hash_to_block(self, m):
+        self.__dict__["_kv_map"] = m if isinstance(m, _SwapMap) else _swap_map(self, m)
+
     def __init__(self, num_gpu_blocks, enable_caching, hash_block_size,
                  enable_kv_cache_events=False, metrics_collector=None,
                  num_hash_lookahead_tokens=0, medium=_bp.MEDIUM_GPU):
