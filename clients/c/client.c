@@ -42,6 +42,88 @@ kvp_client_deadline_(const struct kvp_client *c)
 	       (uint64_t)c->timeout_ms * ((uint64_t)c->retries + 1);
 }
 
+static void on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg);
+
+static void
+client_free(void *arg)
+{
+	struct kvp_client *c = arg;
+	if (c->tls)
+		nng_tls_config_free(c->tls);
+	nng_cv_free(c->cv);
+	nng_mtx_free(c->mtx);
+	kvpc_plan_fini(&c->plan);
+	free(c->url);
+	free(c);
+}
+
+/* Drops one reference to c (common/nng_close.h's then for a closed socket). */
+static void
+client_unref(void *arg)
+{
+	struct kvp_client *c = arg;
+	if (atomic_fetch_sub(&c->refs, 1) == 1)
+		client_free(c);
+}
+
+/* Closes s, a socket of c's, waiting at most grace_ms; c lives until it is closed. */
+static void
+sock_close(struct kvp_client *c, nng_socket s, int grace_ms)
+{
+	if (kvp_nng_close_bounded(s, grace_ms, client_unref, c))
+		client_unref(c);
+}
+
+/* A REQ socket with c's options, dialing c->url in the background, into *s and *d. */
+static int
+sock_open(struct kvp_client *c, nng_socket *s, nng_dialer *d)
+{
+	int rv;
+
+	if (nng_req0_open(s) != 0)
+		return kvp_client_fail_(c, KVP_EINTERNAL, "cannot open an nng socket", NULL);
+	atomic_fetch_add(&c->refs, 1);
+	(void)nng_pipe_notify(*s, NNG_PIPE_EV_ADD_POST, on_pipe, c);
+	/* Replies can be as large as requests: bound what we accept too. */
+	(void)nng_socket_set_size(*s, NNG_OPT_RECVMAXSZ, 64u << 20);
+	(void)nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, (nng_duration)c->timeout_ms);
+	(void)nng_socket_set_ms(*s, NNG_OPT_SENDTIMEO, (nng_duration)c->timeout_ms);
+	/* We resend ourselves, with the same call id; nng's own resend is off. */
+	(void)nng_socket_set_ms(*s, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
+	(void)nng_socket_set_ms(*s, NNG_OPT_RECONNMINT, 10);
+	(void)nng_socket_set_ms(*s, NNG_OPT_RECONNMAXT, 1000);
+	if (nng_dialer_create(d, *s, c->url) != 0) {
+		rv = kvp_client_fail_(c, KVP_EINVAL, "bad URL %s", c->url);
+		goto fail;
+	}
+	if (c->tls != NULL)
+		(void)nng_dialer_set_ptr(*d, NNG_OPT_TLS_CONFIG, c->tls);
+	/* Non-blocking: a daemon still starting is retried in the background. */
+	if ((rv = nng_dialer_start(*d, NNG_FLAG_NONBLOCK)) != 0) {
+		rv = kvp_client_fail_(c, KVP_EINTERNAL, "dial: %s", nng_strerror(rv));
+		goto fail;
+	}
+	return KVP_OK;
+fail:
+	sock_close(c, *s, KVPC_CLOSE_GRACE_MS);
+	return rv;
+}
+
+/* c's socket replaced by a fresh one; the old one closes in the background. */
+static int
+redial(struct kvp_client *c)
+{
+	nng_socket s, old = c->sock;
+	nng_dialer d;
+	int rv = sock_open(c, &s, &d);
+	if (rv != KVP_OK)
+		return rv;
+	c->sock = s;
+	c->dialer = d;
+	sock_close(c, old, 0);
+	return KVP_OK;
+}
+
 /* A varint field; returns its length (at most 11 bytes). */
 static size_t
 put_varint_field(uint8_t *p, uint32_t field, uint64_t v)
@@ -78,7 +160,16 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 	uint8_t *dl = tail + head;
 	size_t dl_len = put_varint_field(dl, 5, kvp_client_deadline_(c));
 	extra = head + (head ? c->token_len : 0) + dl_len;
+	bool redialed = false;
 	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
+		/*
+		 * The first attempt that timed out is retried on a fresh socket:
+		 * nng 1.5's dialer was seen not to redial after the daemon closed
+		 * an idle connection, once other sockets of this process hung in
+		 * nng_close (a daemon paused while a client gave up dialing).
+		 */
+		if (attempt > 0 && rv == NNG_ETIMEDOUT && !redialed)
+			redialed = redial(c) == KVP_OK;
 		nng_msg *msg;
 		if (nng_msg_alloc(&msg, len + extra) != 0)
 			return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
@@ -442,39 +533,22 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 	c->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
 	c->retries = o->retries == KVP_RETRIES_DEFAULT ? 2 : o->retries;
 	c->next_call_id = ((uint64_t)nng_random() << 32 | nng_random()) | 1;
+	atomic_init(&c->refs, 1); /* the owner's */
 	if (nng_mtx_alloc(&c->mtx) != 0 || nng_cv_alloc(&c->cv, c->mtx) != 0 ||
-	    nng_req0_open(&c->sock) != 0) {
+	    (c->url = strdup(o->url)) == NULL) {
 		if (c->cv)
 			nng_cv_free(c->cv);
 		if (c->mtx)
 			nng_mtx_free(c->mtx);
 		free(c);
-		snprintf(open_detail, sizeof(open_detail), "cannot open an nng socket");
-		return KVP_EINTERNAL;
+		snprintf(open_detail, sizeof(open_detail), "out of memory");
+		return KVP_ENOMEM;
 	}
-	(void)nng_pipe_notify(c->sock, NNG_PIPE_EV_ADD_POST, on_pipe, c);
-	/* Replies can be as large as requests: bound what we accept too. */
-	(void)nng_socket_set_size(c->sock, NNG_OPT_RECVMAXSZ, 64u << 20);
-	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECVTIMEO, (nng_duration)c->timeout_ms);
-	(void)nng_socket_set_ms(c->sock, NNG_OPT_SENDTIMEO, (nng_duration)c->timeout_ms);
-	/* We resend ourselves, with the same call id; nng's own resend is off. */
-	(void)nng_socket_set_ms(c->sock, NNG_OPT_REQ_RESENDTIME, NNG_DURATION_INFINITE);
-	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECONNMINT, 10);
-	(void)nng_socket_set_ms(c->sock, NNG_OPT_RECONNMAXT, 1000);
-	if ((rv = nng_dialer_create(&c->dialer, c->sock, o->url)) != 0) {
-		rv = kvp_client_fail_(c, KVP_EINVAL, "bad URL %s", o->url);
+	if (strncmp(o->url, "tls+", 4) == 0 && (rv = tls_setup(c, o)) != KVP_OK)
 		goto fail;
-	}
-	if (strncmp(o->url, "tls+", 4) == 0) {
-		if ((rv = tls_setup(c, o)) != KVP_OK)
-			goto fail;
-		(void)nng_dialer_set_ptr(c->dialer, NNG_OPT_TLS_CONFIG, c->tls);
-	}
-	/* Non-blocking: a daemon still starting is retried in the background. */
-	if ((rv = nng_dialer_start(c->dialer, NNG_FLAG_NONBLOCK)) != 0) {
-		rv = kvp_client_fail_(c, KVP_EINTERNAL, "dial: %s", nng_strerror(rv));
+	if ((rv = sock_open(c, &c->sock, &c->dialer)) != KVP_OK)
 		goto fail;
-	}
+	c->has_sock = true;
 	uint32_t wait_ms = o->connect_timeout_ms ? o->connect_timeout_ms
 	                                         : c->timeout_ms * (c->retries + 1);
 	if ((rv = wait_connected(c, o, wait_ms)) != KVP_OK)
@@ -496,18 +570,6 @@ kvp_client_set_token_(const struct kvp_client *c, Kvpool__V1__Request *rq)
 	rq->token.len = c->token_len;
 }
 
-static void
-client_free(void *arg)
-{
-	struct kvp_client *c = arg;
-	if (c->tls)
-		nng_tls_config_free(c->tls);
-	nng_cv_free(c->cv);
-	nng_mtx_free(c->mtx);
-	kvpc_plan_fini(&c->plan);
-	free(c);
-}
-
 void
 kvp_client_detach(struct kvp_client *c)
 {
@@ -518,8 +580,9 @@ kvp_client_detach(struct kvp_client *c)
 	for (size_t i = 0; i < sizeof(c->token); i++)
 		t[i] = 0;
 	/* After the close no pipe callback runs: only then may c go. */
-	if (kvp_nng_close_bounded(c->sock, KVPC_CLOSE_GRACE_MS, client_free, c))
-		client_free(c);
+	if (c->has_sock)
+		sock_close(c, c->sock, KVPC_CLOSE_GRACE_MS);
+	client_unref(c);
 }
 
 void

@@ -10,6 +10,7 @@
 
 #include <nng/nng.h>
 #include <nng/supplemental/tls/tls.h>
+#include <stdatomic.h>
 #include <nng/supplemental/util/platform.h>
 #include <stdbool.h>
 
@@ -27,6 +28,15 @@ struct kvp_client {
 	nng_socket sock;
 	nng_dialer dialer;
 	nng_tls_config *tls;
+	/* The daemon's URL: a call that times out redials it on a fresh socket. */
+	char *url;
+	/*
+	 * References to this struct: the owner's, and one per nng socket whose
+	 * pipe callback may still run (a replaced socket closes in the
+	 * background). The last one frees it.
+	 */
+	atomic_int refs;
+	bool has_sock; /* sock is open */
 	char pool[KVP_WIRE_MAX_NAME];
 	uint64_t session;
 	uint64_t next_call_id;
