@@ -51,7 +51,8 @@ kvpd_tr_conn_touch(struct kvpd_transport *t, nng_pipe p)
 	if (t->idle_timeout <= 0 || (int32_t)id <= 0)
 		return;
 	nng_mtx_lock(t->conns.mu);
-	if (kvpd_u64map_get(&t->conns.m, id) != 0) /* a replace: never allocates */
+	uint64_t v = kvpd_u64map_get(&t->conns.m, id);
+	if (v != 0 && v != KVPD_CONN_CLOSING) /* a replace: never allocates */
 		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1);
 	nng_mtx_unlock(t->conns.mu);
 }
@@ -87,7 +88,8 @@ kvpd_tr_conn_seen(struct kvpd_transport *t, nng_pipe p)
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 	uint64_t v;
 	nng_mtx_lock(t->conns.mu);
-	if (t->idle_timeout > 0 && kvpd_u64map_get(&t->conns.m, id) != 0)
+	uint64_t at = t->idle_timeout > 0 ? kvpd_u64map_get(&t->conns.m, id) : 0;
+	if (at != 0 && at != KVPD_CONN_CLOSING)
 		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1); /* a replace */
 	v = kvpd_u64map_get(&t->conns.peers, id);
 	nng_mtx_unlock(t->conns.mu);
@@ -148,9 +150,12 @@ kvpd_tr_reaper_cb(void *arg)
 	nng_mtx_lock(t->conns.mu);
 	for (size_t i = 0; i < t->conns.m.cap && n < BATCH; i++) {
 		const struct kvpd_u64pair *e = &t->conns.m.v[i];
-		if (e->val != 0 && now - (nng_time)(e->val - 1) >= (nng_time)t->idle_timeout)
+		if (e->val != 0 && e->val != KVPD_CONN_CLOSING &&
+		    now - (nng_time)(e->val - 1) >= (nng_time)t->idle_timeout)
 			idle[n++] = (uint32_t)e->key;
 	}
+	for (size_t k = 0; k < n; k++) /* replaces: never allocate */
+		(void)kvpd_u64map_put(&t->conns.m, idle[k], KVPD_CONN_CLOSING);
 	nng_mtx_unlock(t->conns.mu);
 	for (size_t k = 0; k < n; k++) {
 		nng_pipe p = NNG_PIPE_INITIALIZER;

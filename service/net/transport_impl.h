@@ -59,8 +59,12 @@ struct worker {
  * The open connections and when each last sent a request (or took a reply):
  * nng pipe id -> that time + 1 (a u64map value is never 0), so the hot path
  * (one update per request) costs two short probes; and each one's peer
- * value (address key, and whether it has shown a pool's token).
+ * value (address key, and whether it has shown a pool's token). A
+ * connection closed for idling is marked KVPD_CONN_CLOSING until nng says
+ * it is gone: nng 1.5 can take long (or forever) to finish a close, and it
+ * is closed, counted and logged once.
  */
+#define KVPD_CONN_CLOSING UINT64_MAX
 struct conns {
 	nng_mtx *mu;
 	struct kvpd_u64map m;     /* with --idle-timeout-ms only */
