@@ -188,6 +188,11 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         outage costs a step one timeout per backoff, not one per call)."""
         if time.monotonic() < self._down_until:
             raise _Down()
+        # A renewal ends the old session's locks: not while a load still
+        # copies from a row one of them holds (a copy takes microseconds;
+        # the step goes on without the tier meanwhile).
+        if self._suspect and self._loading:
+            raise _Down()
         try:
             if self._suspect:
                 self._renew()
@@ -206,13 +211,14 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         return self._life_of(self._client)
 
     def _renew(self) -> None:
-        """A new session (its locks are gone with the old one's)."""
+        """A new session. The old one's locks ended with it (the Hello that
+        renews names it), in this pool life or the last: every row it held
+        is forgotten, or its unlock would fail every step after."""
         self._client.renew()
         self._suspect = False
-        life = self._life_of(self._client)
-        for k in [k for k, (_, lf) in self._rows.items() if lf != life]:
-            del self._rows[k]
-            self._used.pop(k, None)
+        self._rows.clear()
+        self._used.clear()
+        self._life_of(self._client)
 
     def _life_of(self, c: kvpool.Client) -> int:
         """c's pool life, its region mapped."""
