@@ -39,6 +39,9 @@ CLAIMS = [
     ("docs/getting-started.md", "cc app.c", "tests/check_install.sh"),
     ("docs/python.md", "import numpy as np", "clients/python/tests/test_docs.py"),
     ("docs/vllm.md", "vllm serve", "clients/python/tests/vllm033/test_docs_vllm.py"),
+    ("docs/cluster.md", "pip install mooncake", "clients/python/tests/vllm033/cluster_net.py"),
+    ("docs/cluster.md", "python -m kvpool.cluster", "clients/python/tests/test_docs.py"),
+    ("docs/cluster.md", "helm install kvpool", "deploy/check/run.sh"),
 ]
 FENCE = re.compile(r"^( *)```(.*)$")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -51,11 +51,16 @@ $helm template kvpool ../helm/kvpool -n inference \
 $helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
 	--set 'pools[0].name=tier,pools[0].blocks=4096,pools[0].shards=2' > out/helm-nodelocal.yaml
 cp ../helm/kvpool/examples/vllm-node-local.yaml out/example-vllm-node-local.yaml
-# Cluster mode: each node's agent beside kvpoold, Mooncake's master and its policy.
-$helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
-	--set cluster.enabled=true,cluster.model=meta-llama/Llama-3.1-8B \
-	--set cluster.layout=bf16-h8-d128-l32-b16-tp0of1 \
-	--set 'pools[0].name=tier,pools[0].blocks=4096' > out/helm-cluster.yaml
+# Cluster mode: each node's agent beside kvpoold, Mooncake's master and its
+# policy, rendered from docs/cluster.md's helm line as written there.
+line=$(sed -n '/^helm install kvpool deploy\/helm\/kvpool /,/^```/p' ../../docs/cluster.md |
+	sed '/^```/d; s/\\$//' | tr '\n' ' ')
+case $line in
+"helm install kvpool deploy/helm/kvpool "*) ;;
+*) echo "FAIL: docs/cluster.md has no helm install line"; exit 1 ;;
+esac
+eval "set -- ${line#helm install kvpool deploy/helm/kvpool }"
+$helm template kvpool ../helm/kvpool "$@" > out/helm-cluster.yaml
 for want in 'name: cluster-agent' 'cluster_wait_ms=200' 'kvpool-mooncake:50051' \
 	'kind: Deployment' 'app.kubernetes.io/name: kvpool-mooncake'; do
 	grep -q "$want" out/helm-cluster.yaml || { echo "FAIL: cluster mode lacks $want"; exit 1; }

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Python programs the docs show, run as written against a real
 kvpoold (tests/check_docs.py requires a test for each): README.md's and
-docs/python.md's, with the daemon's URL in place of ipc:///tmp/kvpool.ipc."""
+docs/python.md's, with the daemon's URL in place of ipc:///tmp/kvpool.ipc;
+and docs/cluster.md's agent line, parsed by the agent's own options."""
 import os
 import re
 
@@ -36,3 +37,30 @@ def test_the_page_python_runs(page, default_pool, capsys):
     if page == "README.md":  # what it prints is what the prose says
         out = capsys.readouterr().out
         assert "3 blocks for request 1" in out and "32 of its tokens cached" in out
+
+
+def sh_commands(page, first):
+    """The words of each command in page's sh blocks whose first line starts
+    with first (continuations joined)."""
+    import shlex
+    out = []
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        for block in re.findall(r"^```sh\n(.*?)^```$", f.read(), re.S | re.M):
+            if block.startswith(first):
+                out += [shlex.split(c) for c in block.replace("\\\n", " ").splitlines()
+                        if c.strip()]
+    return out
+
+
+def test_the_cluster_agent_line_is_what_the_agent_takes():
+    """docs/cluster.md's agent command: its options are the agent's, its
+    addresses private (the agent would refuse a public one)."""
+    from kvpool.cluster import _parse
+    from kvpool.cluster_store import private_address
+
+    cmds = sh_commands("docs/cluster.md", "python -m kvpool.cluster")
+    assert len(cmds) == 1 and cmds[0][:3] == ["python", "-m", "kvpool.cluster"]
+    cfg, _ = _parse(cmds[0][3:])
+    assert cfg.pool == "tier" and cfg.write_behind
+    for where in (cfg.store.master, cfg.store.metadata, cfg.store.host):
+        assert private_address(where), where

@@ -33,6 +33,26 @@ def available() -> Optional[str]:
     return None
 
 
+def docs_master_args() -> list[str]:
+    """The arguments of docs/cluster.md's mooncake_master line, after
+    checking that the page's pip line pins the version tests/cluster/env.sh
+    installs (the one these tests run)."""
+    import re
+    import shlex
+    with open(os.path.join(ROOT, "docs", "cluster.md"), encoding="utf-8") as f:
+        block = re.search(r"^```sh\n(pip install mooncake.*?)^```$", f.read(), re.S | re.M)
+    assert block, "docs/cluster.md shows no pip install mooncake block"
+    cmds = [shlex.split(c) for c in block.group(1).replace("\\\n", " ").splitlines()
+            if c.strip()]
+    with open(os.path.join(ROOT, "tests", "cluster", "env.sh"), encoding="utf-8") as f:
+        pin = re.search(r"^version=(\S+)", f.read(), re.M)
+    assert pin and cmds[0] == ["pip", "install",
+                               f"mooncake-transfer-engine-non-cuda=={pin.group(1)}"], cmds[0]
+    assert cmds[1][0] == "mooncake_master" and "--rpc_port=50051" in cmds[1] and \
+        "--http_metadata_server_port=8080" in cmds[1], cmds[1]
+    return cmds[1][1:]
+
+
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
@@ -85,11 +105,10 @@ class Cluster:
         return f"http://{self.addr['m']}:8080/metadata"
 
     def start_master(self) -> None:
+        """mooncake_master as docs/cluster.md starts it, its line as written
+        there (the RPC port and the metadata URL are this class's)."""
         self.run("m", "master", [os.path.join(self.mc, "bin", "mooncake_master"),
-                                 "--rpc_port=50051", "--enable_http_metadata_server=true",
-                                 f"--http_metadata_server_host={self.addr['m']}",
-                                 "--http_metadata_server_port=8080", "--metrics_port=9003",
-                                 f"--metrics_host={self.addr['m']}"])
+                                 *docs_master_args()])
         time.sleep(1.0)  # it prints nothing machine-readable when ready; setup retries anyway
 
     # ---- a node: kvpoold and the agent ----
