@@ -62,8 +62,6 @@ class Executor(Structure):
 
 
 MAX_GROUPS = 8
-GROUP_KINDS = ("full_attention", "sliding_window", "chunked_local_attention", "mamba",
-               "cross_attention")
 MAMBA_MODES = ("auto", "align", "all", "none")
 
 
@@ -163,6 +161,19 @@ def _fn(name, restype, *argtypes):
 
 
 kvp_status_name = _fn("kvp_status_name", c_char_p, c_int)
+kvp_group_kind_name = _fn("kvp_group_kind_name", c_char_p, c_int)
+
+
+def _group_kinds():
+    """vLLM's kind names in the library's enum order (common/group_spec.h's
+    X-list): GroupSpec.kind indexes them."""
+    out = []
+    while (name := kvp_group_kind_name(len(out)).decode()) != "unknown":
+        out.append(name)
+    return tuple(out)
+
+
+GROUP_KINDS = _group_kinds()
 kvp_strerror = _fn("kvp_strerror", c_char_p, c_int)
 kvp_status_wire_name = _fn("kvp_status_wire_name", c_char_p, c_int)
 kvp_client_open = _fn("kvp_client_open", c_int, POINTER(Options), POINTER(CLIENT))
