@@ -22,16 +22,17 @@ for byte (checked at start, naming both sizes).
 The scheduler's calls never wait on a copy: lookup answers from what the
 last step's end locked (a key not asked about yet answers RETRY, and is
 looked up, its hit locked, in one round trip at on_schedule_end); loads and
-stores copy on threads of their own (stores on one, loads on four),
+stores copy on threads of their own (four for stores, four for loads),
 between the primary tier's memory and region rows, with no socket on the data path (the region is this host's
-memory). Stores reserve and commit on that thread's own session (a
-reservation belongs to the session that made it); a key someone else stored
+memory). A store reserves and commits on an idle writer session of the
+tier's (a reservation belongs to the session that made it); a key someone else stored
 meanwhile is skipped. Every error of the tier is a miss or a skipped store
 (JobResult success False), with a warning a minute, never an exception into
 vLLM's scheduler.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import Counter
@@ -53,6 +54,7 @@ _KEEP_STEPS = 2      # a lock no lookup or load used for this many steps is rele
 _FILLING = -2        # a lookup's row while the pool's cluster tier fills the key
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 5.0  # between tries at a tier that does not answer
 _LOAD_THREADS = 4
+_STORE_THREADS = 4  # each with a writer session of its own: round trips overlap
 
 
 class _Down(Exception):
@@ -84,7 +86,8 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         # Both sessions answer within kvpool_timeout_ms (1 s) or not at all.
         self._name = f"vllm-tier {tier_type}"
         self._client = _connect(extra, self._name, timeout_ms=1000, retries=0)
-        self._writer: Optional[kvpool.Client] = None
+        self._writers: queue.SimpleQueue[kvpool.Client] = queue.SimpleQueue()
+        self._all_writers: list[kvpool.Client] = []
         # Each pool life's region (by event epoch), mapped while a row of it
         # is locked or being copied: after a kvpoold restart the rows a new
         # session hands out are the new life's, and copies from the old
@@ -99,15 +102,20 @@ class KVPoolSecondaryTier(SecondaryTierManager):
                     f"kvpool: pool {self._client.info['pool']!r} has rows of "
                     f"{region.row_bytes} bytes, vLLM's primary tier chunks of "
                     f"{self.block_size_bytes}: size the pool's layout to the chunk")
-            self._writer = _connect(extra, self._name + " writer", timeout_ms=1000, retries=0)
+            for i in range(_STORE_THREADS):
+                w = _connect(extra, f"{self._name} writer {i}", timeout_ms=1000, retries=0)
+                self._all_writers.append(w)
+                self._writers.put(w)
         except BaseException:
             self._close_regions(keep=())
-            self._client.close()
+            for c in (*self._all_writers, self._client):
+                c.close()
             raise
         self._key_len = self._client.key_len
-        # Stores on one thread (they use the writer's session), loads on several
-        # (they only copy); numpy copies without the GIL.
-        self._storer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvpool-tier-st")
+        # Stores on several threads (each job takes an idle writer session),
+        # loads on several (they only copy); numpy copies without the GIL.
+        self._storer = ThreadPoolExecutor(max_workers=_STORE_THREADS,
+                                          thread_name_prefix="kvpool-tier-st")
         self._loader = ThreadPoolExecutor(max_workers=_LOAD_THREADS,
                                           thread_name_prefix="kvpool-tier-ld")
         self._futures: set[Future] = set()
@@ -293,10 +301,16 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         return len(rows) * self.block_size_bytes
 
     def _store(self, keys: list[OffloadKey], chunks: list[int]) -> int:
-        """On the copy thread, on the writer's session: reserve, copy, commit
-        (into the region of the writer's own pool life)."""
-        w = self._writer
-        assert w is not None
+        """On a store thread, on an idle writer's session (a reservation
+        belongs to the session that made it): reserve, copy, commit, into
+        the region of that writer's own pool life."""
+        w = self._writers.get()
+        try:
+            return self._store_on(w, keys, chunks)
+        finally:
+            self._writers.put(w)
+
+    def _store_on(self, w: kvpool.Client, keys: list[OffloadKey], chunks: list[int]) -> int:
         try:
             rows, _ = w.reserve(keys)
         except kvpool.Unauthenticated:  # kvpoold restarted or the lease ran out
@@ -357,9 +371,8 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         self._storer.shutdown(wait=True)
         self._loader.shutdown(wait=True)
         self._close_regions(keep=())
-        for c in (self._writer, self._client):
-            if c is not None:
-                c.close()
+        for c in (*self._all_writers, self._client):
+            c.close()
 
     def _warn(self, what: str, e: BaseException) -> None:
         now = time.monotonic()
