@@ -120,20 +120,24 @@ def test_master_and_node_faults_never_fail_an_engine(model_dir, cluster):
     assert time.monotonic() - t0 < WAIT_MS / 1000 + 5
 
     # Restarted: the agents set up new clients; a new prefill is a hit on b again.
+    # Each try is a prompt neither node has seen: b computes a prompt it
+    # missed, and that one would be a hit from b's own region next time.
     cluster.start_master()
     deadline = time.monotonic() + 60
     k = 1
     while True:
-        hashes = prefill(a, prompts[k])
+        prompt = prompts[k] if k < 4 else list(range(2_000_000 + k * 300,
+                                                      2_000_000 + k * 300 + 4 * BS + 3))
+        hashes = prefill(a, prompt)
         try:
             cluster.wait_stats("a", "put", 4, timeout=5)
         except TimeoutError:
             pass
-        first = served_from_cluster(b, prompts[k], hashes)
-        if first == len(prompts[k]) - 4 * BS:
+        first = served_from_cluster(b, prompt, hashes)
+        if first == len(prompt) - 4 * BS:
             break
         assert time.monotonic() < deadline, "no cross-node hit within 60 s of the restart"
-        k = min(k + 1, 3)
+        k = k + 1 if k + 1 < 4 else max(k + 1, 10)
     before = cluster.wait_stats("b", "filled", 4)["filled"]  # that hit was a fill
 
     # Node a killed (its agent and kvpoold, and the store's objects in its
