@@ -163,13 +163,17 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 	bool redialed = false;
 	for (uint32_t attempt = 0; attempt <= c->retries; attempt++) {
 		/*
-		 * The first attempt that timed out is retried on a fresh socket:
-		 * nng 1.5's dialer was seen not to redial after the daemon closed
-		 * an idle connection, once other sockets of this process hung in
-		 * nng_close (a daemon paused while a client gave up dialing).
+		 * After a timeout the next attempt, of this call or (retries 0)
+		 * the next one, goes out on a fresh socket, once a call: nng 1.5's
+		 * dialer was seen not to redial after the daemon closed an idle
+		 * connection, once other sockets of this process hung in nng_close
+		 * (a daemon paused while a client gave up dialing).
 		 */
-		if (attempt > 0 && rv == NNG_ETIMEDOUT && !redialed)
-			redialed = redial(c) == KVP_OK;
+		if (c->redial_next && !redialed) {
+			redialed = true;
+			if (redial(c) == KVP_OK)
+				c->redial_next = false;
+		}
 		nng_msg *msg;
 		if (nng_msg_alloc(&msg, len + extra) != 0)
 			return kvp_client_fail_(c, KVP_ENOMEM, "out of memory", NULL);
@@ -188,8 +192,10 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 		c->last_sent = len + extra;
 		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
 			nng_msg_free(msg);
-			if (rv == NNG_ETIMEDOUT)
+			if (rv == NNG_ETIMEDOUT) {
+				c->redial_next = true;
 				continue;
+			}
 			return kvp_client_fail_(c, KVP_EINTERNAL, "send: %s", nng_strerror(rv));
 		}
 		/*
@@ -198,8 +204,10 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 		 * timeout: nng redials, and the same call id makes a mutating call
 		 * run once.
 		 */
-		if ((rv = nng_recvmsg(c->sock, &msg, 0)) == NNG_ETIMEDOUT || rv == NNG_ECONNRESET)
+		if ((rv = nng_recvmsg(c->sock, &msg, 0)) == NNG_ETIMEDOUT || rv == NNG_ECONNRESET) {
+			c->redial_next |= rv == NNG_ETIMEDOUT;
 			continue;
+		}
 		if (rv != 0)
 			return kvp_client_fail_(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
 		*reply = msg;

@@ -36,7 +36,8 @@ struct kvp_client {
 	 * background). The last one frees it.
 	 */
 	atomic_int refs;
-	bool has_sock; /* sock is open */
+	bool has_sock;    /* sock is open */
+	bool redial_next; /* a call timed out: the next attempt goes out on a fresh socket */
 	char pool[KVP_WIRE_MAX_NAME];
 	uint64_t session;
 	uint64_t next_call_id;
