@@ -16,7 +16,8 @@ shared kvpool region, so a chunk one engine spilled is a hit for another.
 
 vLLM's factory imports module_path, takes the class "type" names from it
 and passes the tier's other keys as keyword arguments (kvpool_url, kvpool_pool, kvpool_token, kvpool_token_file,
-kvpool_timeout_ms). The pool's rows must be the primary tier's chunks, byte
+kvpool_timeout_ms; and vLLM's own enable_kv_events, locality and backpressure,
+as its fs tier takes them). The pool's rows must be the primary tier's chunks, byte
 for byte (checked at start, naming both sizes).
 
 The scheduler's calls never wait on a copy: lookup answers from what the
@@ -41,7 +42,8 @@ from typing import Any, ClassVar, Iterable, Optional
 
 import numpy as np
 from vllm.logger import init_logger
-from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadKey, ReqContext,
+from vllm.v1.kv_offload.base import (Locality, LookupResult, Medium, OffloadingEvent,
+                                     OffloadKey, ReqContext,
                                      RequestOffloadingContext, ScheduleEndContext)
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
@@ -73,14 +75,26 @@ class KVPoolSecondaryTier(SecondaryTierManager):
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  backpressure_detector: Any = None, locality: Any = None,
-                 **extra: Any) -> None:
+                 enable_kv_events: bool = False, **extra: Any) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         unknown = sorted(k for k in extra if not k.startswith("kvpool_"))
         if unknown:
             raise ValueError(f"kvpool: secondary tier {tier_type!r}: unknown settings "
                              f"{unknown} (kvpool_url, kvpool_pool, kvpool_token, "
-                             "kvpool_token_file, kvpool_timeout_ms)")
-        self.locality = locality
+                             "kvpool_token_file, kvpool_timeout_ms, enable_kv_events, "
+                             "locality, backpressure)")
+        self.locality = Locality(locality) if locality is not None else None
+        # Stored chunks as vLLM's fs tier reports them (enable_kv_events, with
+        # the engine's KV events on): the node credited with each key.
+        self._events: Optional[list[OffloadingEvent]] = None
+        self._store_keys: dict[int, list[OffloadKey]] = {}
+        if enable_kv_events:
+            kv_events = getattr(offloading_spec, "kv_events_config", None)
+            if kv_events is not None and kv_events.enable_kv_cache_events:
+                self._events = []
+            else:
+                logger.warning("kvpool secondary tier %r: enable_kv_events is set but the "
+                               "engine's KV cache events are off; no events", tier_type)
         primary = np.asarray(primary_kv_view)
         self._primary = primary.reshape(primary.shape[0], -1).view(np.uint8)
         # Both sessions answer within kvpool_timeout_ms (1 s) or not at all.
@@ -277,6 +291,8 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         if len(keys) != len(job_metadata.keys):
             self._finish(JobResult(job_metadata.job_id, False))
             return
+        if self._events is not None:
+            self._store_keys[job_metadata.job_id] = keys
         self._submit(self._storer, self._store, job_metadata.job_id, keys,
                      list(job_metadata.chunk_ids))
 
@@ -345,6 +361,10 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         with self._done_lock:
             done, self._done = self._done, []
         for res in done:
+            stored = self._store_keys.pop(res.job_id, None)
+            if stored and res.success and self._events is not None:
+                self._events.append(OffloadingEvent(keys=stored, medium=self.medium,
+                                                    removed=False, locality=self.locality))
             life, keys = self._loads.pop(res.job_id, (None, ()))
             for k in keys:
                 self._loading[k] -= 1
@@ -355,6 +375,11 @@ class KVPoolSecondaryTier(SecondaryTierManager):
                 if self._life_loads[life] <= 0:
                     del self._life_loads[life]
         return done
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events:
+            done, self._events = self._events, []
+            yield from done
 
     def has_pending_work(self) -> bool:
         return bool(self._futures) or bool(self._done)

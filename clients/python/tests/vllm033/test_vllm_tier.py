@@ -38,22 +38,23 @@ RECOVER_S = 6.0  # the tier's longest backoff (5 s) and a step
 class _Engine:
     """One engine's tiering manager: its private primary tier over our tier."""
 
-    def __init__(self, url, row_bytes, name, **extra):
+    def __init__(self, url, row_bytes, name, spec=None, **extra):
         self.region = PrimaryRegion(PRIMARY_CHUNKS, row_bytes)
         primary = CPUPrimaryTierOffloadingManager(PRIMARY_CHUNKS, self.region)
         tier = SecondaryTierFactory.create_secondary_tier(
             {"type": "KVPoolSecondaryTier", "module_path": "kvpool.vllm_tier",
              "kvpool_url": url, "kvpool_pool": "t", **extra},
-            primary.get_kv_memoryview(), None)
+            primary.get_kv_memoryview(), spec)
         assert isinstance(tier, KVPoolSecondaryTier)
         self.tier = tier
         self.m = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
         self.ctx = ReqContext(req_id=name)
         self.m.on_new_request(self.ctx)
+        self.events = []
 
     def step(self):
         self.m.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-        list(self.m.take_events())
+        self.events += self.m.take_events()
 
     def store(self, keys, payloads):
         """Stores keys into the primary tier (as the GPU workers would write
@@ -131,6 +132,32 @@ def test_engines_share_chunks_through_the_tier(daemon):
         b.m.lookup(_key(7), b.ctx)
         b.step()
         assert b.m.lookup(_key(7), b.ctx) is LookupResult.MISS
+    finally:
+        a.close()
+        b.close()
+
+
+def test_stored_chunks_are_reported_as_vllms_fs_tier_reports_them(daemon):
+    """With enable_kv_events (and the engine's KV events on), each chunk the
+    tier stored is an OffloadingEvent of its keys, medium CPU, not removed,
+    with the tier's locality, as vLLM's fs tier reports its own; without
+    it, none."""
+    from types import SimpleNamespace
+
+    from vllm.v1.kv_offload.base import Locality, Medium
+    url, row_bytes = daemon
+    on = SimpleNamespace(kv_events_config=SimpleNamespace(enable_kv_cache_events=True))
+    a = _Engine(url, row_bytes, "a", spec=on, enable_kv_events=True, locality="LOCAL")
+    b = _Engine(url, row_bytes, "b", spec=on, locality="LOCAL")
+    try:
+        keys = [_key(40), _key(41)]
+        a.store(keys, [np.full(row_bytes, 1, np.uint8), np.full(row_bytes, 2, np.uint8)])
+        mine = [e for e in a.events if e.medium is Medium.CPU and not e.removed and
+                e.locality is not None]
+        assert [k for e in mine for k in e.keys] == keys, a.events
+        assert all(e.locality is Locality.LOCAL for e in mine)
+        b.store([_key(42)], [np.full(row_bytes, 3, np.uint8)])
+        assert not [e for e in b.events if e.locality is not None], b.events
     finally:
         a.close()
         b.close()
