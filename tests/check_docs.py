@@ -102,6 +102,13 @@ def commands(lines):
     return out
 
 
+def sh_commands(path, first):
+    """The commands (words) of path's sh blocks whose first line starts with
+    first: for the tests CLAIMS names, which run a page's commands."""
+    return [c for _, lang, body in blocks(path)
+            if lang == "sh" and body and body[0].startswith(first) for c in commands(body)]
+
+
 def check_config(kvpoold, tmp, args):
     """kvpoold --check-config on args (ipc:///run/kvpool/ moved to tmp): its
     complaint, or None when it accepts them."""

@@ -40,16 +40,11 @@ def test_the_page_python_runs(page, default_pool, capsys):
 
 
 def sh_commands(page, first):
-    """The words of each command in page's sh blocks whose first line starts
-    with first (continuations joined)."""
-    import shlex
-    out = []
-    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-        for block in re.findall(r"^```sh\n(.*?)^```$", f.read(), re.S | re.M):
-            if block.startswith(first):
-                out += [shlex.split(c) for c in block.replace("\\\n", " ").splitlines()
-                        if c.strip()]
-    return out
+    """page's sh commands from blocks starting with first (check_docs.py's parser)."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import check_docs
+    return check_docs.sh_commands(os.path.join(ROOT, page), first)
 
 
 def test_the_cluster_agent_line_is_what_the_agent_takes():

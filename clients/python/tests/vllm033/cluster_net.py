@@ -38,16 +38,15 @@ def docs_master_args() -> list[str]:
     checking that the page's pip line pins the version tests/cluster/env.sh
     installs (the one these tests run)."""
     import re
-    import shlex
-    with open(os.path.join(ROOT, "docs", "cluster.md"), encoding="utf-8") as f:
-        block = re.search(r"^```sh\n(pip install mooncake.*?)^```$", f.read(), re.S | re.M)
-    assert block, "docs/cluster.md shows no pip install mooncake block"
-    cmds = [shlex.split(c) for c in block.group(1).replace("\\\n", " ").splitlines()
-            if c.strip()]
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import check_docs
+    cmds = check_docs.sh_commands(os.path.join(ROOT, "docs", "cluster.md"),
+                                  "pip install mooncake")
     with open(os.path.join(ROOT, "tests", "cluster", "env.sh"), encoding="utf-8") as f:
         pin = re.search(r"^version=(\S+)", f.read(), re.M)
-    assert pin and cmds[0] == ["pip", "install",
-                               f"mooncake-transfer-engine-non-cuda=={pin.group(1)}"], cmds[0]
+    assert len(cmds) == 2 and pin and cmds[0] == [
+        "pip", "install", f"mooncake-transfer-engine-non-cuda=={pin.group(1)}"], cmds
     assert cmds[1][0] == "mooncake_master" and "--rpc_port=50051" in cmds[1] and \
         "--http_metadata_server_port=8080" in cmds[1], cmds[1]
     return cmds[1][1:]
