@@ -44,6 +44,13 @@ kvpd_tr_peer_name(nng_pipe p, char *buf, size_t cap)
 
 /* ---- idle connections ---- */
 
+/* A conns.m value of a connection still watched for idling (not absent, not closing). */
+static bool
+watched(uint64_t v)
+{
+	return v != 0 && v != KVPD_CONN_CLOSING;
+}
+
 void
 kvpd_tr_conn_touch(struct kvpd_transport *t, nng_pipe p)
 {
@@ -51,8 +58,7 @@ kvpd_tr_conn_touch(struct kvpd_transport *t, nng_pipe p)
 	if (t->idle_timeout <= 0 || (int32_t)id <= 0)
 		return;
 	nng_mtx_lock(t->conns.mu);
-	uint64_t v = kvpd_u64map_get(&t->conns.m, id);
-	if (v != 0 && v != KVPD_CONN_CLOSING) /* a replace: never allocates */
+	if (watched(kvpd_u64map_get(&t->conns.m, id))) /* a replace: never allocates */
 		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1);
 	nng_mtx_unlock(t->conns.mu);
 }
@@ -88,8 +94,7 @@ kvpd_tr_conn_seen(struct kvpd_transport *t, nng_pipe p)
 	uint32_t id = (uint32_t)nng_pipe_id(p);
 	uint64_t v;
 	nng_mtx_lock(t->conns.mu);
-	uint64_t at = t->idle_timeout > 0 ? kvpd_u64map_get(&t->conns.m, id) : 0;
-	if (at != 0 && at != KVPD_CONN_CLOSING)
+	if (t->idle_timeout > 0 && watched(kvpd_u64map_get(&t->conns.m, id)))
 		(void)kvpd_u64map_put(&t->conns.m, id, (uint64_t)nng_clock() + 1); /* a replace */
 	v = kvpd_u64map_get(&t->conns.peers, id);
 	nng_mtx_unlock(t->conns.mu);
@@ -150,8 +155,7 @@ kvpd_tr_reaper_cb(void *arg)
 	nng_mtx_lock(t->conns.mu);
 	for (size_t i = 0; i < t->conns.m.cap && n < BATCH; i++) {
 		const struct kvpd_u64pair *e = &t->conns.m.v[i];
-		if (e->val != 0 && e->val != KVPD_CONN_CLOSING &&
-		    now - (nng_time)(e->val - 1) >= (nng_time)t->idle_timeout)
+		if (watched(e->val) && now - (nng_time)(e->val - 1) >= (nng_time)t->idle_timeout)
 			idle[n++] = (uint32_t)e->key;
 	}
 	for (size_t k = 0; k < n; k++) /* replaces: never allocate */
