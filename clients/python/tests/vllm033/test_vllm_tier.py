@@ -56,14 +56,22 @@ class _Engine:
         self.m.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
         self.events += self.m.take_events()
 
-    def store(self, keys, payloads):
-        """Stores keys into the primary tier (as the GPU workers would write
-        the chunks), then lets the tiering manager cascade them to ours."""
+    def put(self, keys, payloads):
+        """Stores the keys prepare_store takes into the primary tier (as the
+        GPU workers would write the chunks); the tiering manager cascades
+        them to ours at its next steps. The keys taken."""
         out = self.m.prepare_store(keys, self.ctx)
-        assert out is not None and list(out.keys_to_store) == list(keys)
-        for c, data in zip(out.store_spec.chunk_ids, payloads):
-            self.region.kv[c] = data
+        if out is None:
+            return []
+        data = dict(zip(keys, payloads))
+        for c, k in zip(out.store_spec.chunk_ids, out.keys_to_store):
+            self.region.kv[c] = data[k]
         self.m.complete_store(keys, self.ctx, success=True)
+        return list(out.keys_to_store)
+
+    def store(self, keys, payloads):
+        """put, every key taken, then steps until the tier has stored them."""
+        assert self.put(keys, payloads) == list(keys)
         self.settle()
 
     def settle(self, deadline_s=5.0):
@@ -86,6 +94,11 @@ class _Engine:
             assert time.monotonic() < end, f"no HIT for {key!r} ({r})"
             self.step()
             time.sleep(0.01)
+        return self.loaded(key)
+
+    def loaded(self, key):
+        """After a HIT: the load prepared, copied and completed as vLLM's
+        scheduler and worker do it; the bytes."""
         spec = self.m.prepare_load([key], self.ctx)
         data = self.region.kv[spec.chunk_ids[0]].copy()
         self.m.complete_load([key], self.ctx)
@@ -223,17 +236,25 @@ def _payload(i, row_bytes):
 
 
 class _Timed:
-    """Every call vLLM's scheduler makes into the tiering manager, timed."""
+    """A tiering manager whose every call (those vLLM's scheduler makes)
+    is timed: the longest in .longest."""
 
-    def __init__(self):
-        self.longest = 0.0
+    def __init__(self, m):
+        self._m, self.longest = m, 0.0
 
-    def __call__(self, fn, *a):
-        t0 = time.monotonic()
-        try:
-            return fn(*a)
-        finally:
-            self.longest = max(self.longest, time.monotonic() - t0)
+    def __getattr__(self, name):
+        fn = getattr(self._m, name)
+        if not callable(fn):
+            return fn
+
+        def timed(*a, **kw):
+            t0 = time.monotonic()
+            try:
+                out = fn(*a, **kw)
+                return list(out) if name == "take_events" else out  # a generator: run it
+            finally:
+                self.longest = max(self.longest, time.monotonic() - t0)
+        return timed
 
 
 def test_stops_and_kills_of_kvpoold_never_stall_or_fail_a_step(tmp_path, monkeypatch):
@@ -264,16 +285,13 @@ def test_stops_and_kills_of_kvpoold_never_stall_or_fail_a_step(tmp_path, monkeyp
                 row_bytes = r.row_bytes
         a = _Engine(url, row_bytes, "a", kvpool_timeout_ms=timeout_ms)
         b = _Engine(url, row_bytes, "b", kvpool_timeout_ms=timeout_ms)
-        ta, tb = _Timed(), _Timed()
+        a.m, b.m = _Timed(a.m), _Timed(b.m)
         loaded, recover = set(), []
         for rnd_i in range(8):
             keys = list(range(100 * (rnd_i + 1), 100 * (rnd_i + 1) + 4))
             fault = "kill" if rnd_i % 2 else "stop"
             at = rnd.uniform(0.0, 0.05)  # into A's stores, or B's lookups and loads
-            out = ta(a.m.prepare_store, [_key(k) for k in keys], a.ctx)
-            for cid, k in zip(out.store_spec.chunk_ids, keys):
-                a.region.kv[cid] = _payload(k, row_bytes)
-            ta(a.m.complete_store, [_key(k) for k in keys], a.ctx, True)
+            assert a.put([_key(k) for k in keys], [_payload(k, row_bytes) for k in keys])
             t_fault = time.monotonic() + at
             faulted, cont_at = False, None
             end = time.monotonic() + 4.0
@@ -289,24 +307,18 @@ def test_stops_and_kills_of_kvpoold_never_stall_or_fail_a_step(tmp_path, monkeyp
                         proc.wait()
                         proc, url2, _ = start(tmp_path, *args, pool="t")
                         assert url2 == url
-                        cont_at = None
-                if faulted and fault == "stop" and cont_at is not None \
-                        and time.monotonic() >= cont_at:
+                if cont_at is not None and time.monotonic() >= cont_at:
                     proc.send_signal(signal.SIGCONT)
                     cont_at = None
-                ta(a.m.on_schedule_end, ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-                list(ta(a.m.take_events))
+                a.step()
                 for k in keys:
-                    if tb(b.m.lookup, _key(k), b.ctx) is LookupResult.HIT:
-                        spec = tb(b.m.prepare_load, [_key(k)], b.ctx)
-                        got = b.region.kv[spec.chunk_ids[0]].copy()
-                        tb(b.m.complete_load, [_key(k)], b.ctx)
-                        assert np.array_equal(got, _payload(k, row_bytes)), (rnd_i, k)
+                    if b.m.lookup(_key(k), b.ctx) is LookupResult.HIT:
+                        assert np.array_equal(b.loaded(_key(k)), _payload(k, row_bytes)), \
+                            (rnd_i, k)
                         loaded.add(k)
-                tb(b.m.on_schedule_end, ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-                list(tb(b.m.take_events))
+                b.step()
                 time.sleep(0.01)
-            if fault == "stop" and cont_at is not None:
+            if cont_at is not None:
                 proc.send_signal(signal.SIGCONT)
             # After the fault: a chunk A stores now is soon a hit for B.
             back = time.monotonic()
@@ -314,29 +326,21 @@ def test_stops_and_kills_of_kvpoold_never_stall_or_fail_a_step(tmp_path, monkeyp
             while True:
                 assert time.monotonic() - back < RECOVER_S, \
                     f"round {rnd_i} ({fault}): no hit {RECOVER_S} s into the check"
-                out = ta(a.m.prepare_store, [_key(k)], a.ctx)
-                if out is not None and out.keys_to_store:
-                    a.region.kv[out.store_spec.chunk_ids[0]] = _payload(k, row_bytes)
-                    ta(a.m.complete_store, [_key(k)], a.ctx, True)
+                a.put([_key(k)], [_payload(k, row_bytes)])
                 a.settle(1.0)
                 r = LookupResult.RETRY
                 while r is not LookupResult.MISS and time.monotonic() - back < RECOVER_S:
-                    r = tb(b.m.lookup, _key(k), b.ctx)
+                    r = b.m.lookup(_key(k), b.ctx)
                     if r is LookupResult.HIT:
                         break
-                    tb(b.m.on_schedule_end,
-                       ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
-                    list(tb(b.m.take_events))
+                    b.step()
                     time.sleep(0.02)
                 if r is LookupResult.HIT:
-                    spec = tb(b.m.prepare_load, [_key(k)], b.ctx)
-                    got = b.region.kv[spec.chunk_ids[0]].copy()
-                    tb(b.m.complete_load, [_key(k)], b.ctx)
-                    assert np.array_equal(got, _payload(k, row_bytes))
+                    assert np.array_equal(b.loaded(_key(k)), _payload(k, row_bytes))
                     recover.append(time.monotonic() - back)
                     break
                 k += 1  # its store was skipped (the tier still backing off): another
-        longest = max(ta.longest, tb.longest)
+        longest = max(a.m.longest, b.m.longest)
         print(f"tier chaos: {faults['stop']} stops, {faults['kill']} kills; "
               f"{len(loaded)} of 32 chunks loaded by B during the rounds, all with their bytes; "
               f"a hit again after every fault ({max(recover):.2f} s at most into the check "
