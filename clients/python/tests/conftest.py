@@ -16,6 +16,20 @@ sys.path.insert(0, os.path.dirname(HERE))  # the package, from the tree
 import kvpool  # noqa: E402
 
 
+def _load_check_docs():
+    """tests/check_docs.py (the docs' block parser) as a module, loaded from
+    its path: ROOT/tests on sys.path would shadow vllm with tests/vllm/."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "check_docs", os.path.join(ROOT, "tests", "check_docs.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+check_docs = _load_check_docs()
+
+
 def _kvpoold():
     for p in (os.environ.get("KVPOOLD"), os.path.join(ROOT, "build", "service", "kvpoold"),
               shutil.which("kvpoold")):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, start, stop
+from conftest import ROOT, check_docs, start, stop
 
 PAGES = ["README.md", "docs/python.md"]
 
@@ -41,9 +41,6 @@ def test_the_page_python_runs(page, default_pool, capsys):
 
 def sh_commands(page, first):
     """page's sh commands from blocks starting with first (check_docs.py's parser)."""
-    import sys
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import check_docs
     return check_docs.sh_commands(os.path.join(ROOT, page), first)
 
 

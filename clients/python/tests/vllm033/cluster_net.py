@@ -39,8 +39,8 @@ def docs_master_args() -> list[str]:
     installs (the one these tests run)."""
     import re
     import sys
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    import check_docs
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from conftest import check_docs  # clients/python/tests's
     cmds = check_docs.sh_commands(os.path.join(ROOT, "docs", "cluster.md"),
                                   "pip install mooncake")
     with open(os.path.join(ROOT, "tests", "cluster", "env.sh"), encoding="utf-8") as f:
