@@ -83,7 +83,13 @@ sock_open(struct kvp_client *c, nng_socket *s, nng_dialer *d)
 	if (nng_req0_open(s) != 0)
 		return kvp_client_fail_(c, KVP_EINTERNAL, "cannot open an nng socket", NULL);
 	atomic_fetch_add(&c->refs, 1);
+	nng_mtx_lock(c->mtx);
+	c->watch_id = s->id; /* a replaced socket's pipes no longer count */
+	c->pipes = 0;
+	c->lost_at = 0;
+	nng_mtx_unlock(c->mtx);
 	(void)nng_pipe_notify(*s, NNG_PIPE_EV_ADD_POST, on_pipe, c);
+	(void)nng_pipe_notify(*s, NNG_PIPE_EV_REM_POST, on_pipe, c);
 	/* Replies can be as large as requests: bound what we accept too. */
 	(void)nng_socket_set_size(*s, NNG_OPT_RECVMAXSZ, 64u << 20);
 	(void)nng_socket_set_ms(*s, NNG_OPT_RECVTIMEO, (nng_duration)c->timeout_ms);
@@ -116,12 +122,34 @@ redial(struct kvp_client *c)
 	nng_socket s, old = c->sock;
 	nng_dialer d;
 	int rv = sock_open(c, &s, &d);
+	nng_mtx_lock(c->mtx);
+	c->redialed_at = nng_clock();
+	if (rv != KVP_OK)
+		c->watch_id = old.id; /* its pipe count is lost: only a loss to come counts */
+	nng_mtx_unlock(c->mtx);
 	if (rv != KVP_OK)
 		return rv;
 	c->sock = s;
 	c->dialer = d;
 	sock_close(c, old, 0);
 	return KVP_OK;
+}
+
+/*
+ * Whether c's socket lost its connection and nng has not made another for
+ * KVPC_STUCK_DIAL_MS, nor has c redialed lately: a daemon closing an idle
+ * connection was seen to leave nng 1.5's dialer for good, so that a call with
+ * retries = 0 timed out where a fresh socket is served at once.
+ */
+static bool
+dial_stuck(struct kvp_client *c)
+{
+	nng_mtx_lock(c->mtx);
+	nng_time now = nng_clock();
+	bool stuck = c->pipes == 0 && c->lost_at != 0 && now - c->lost_at > KVPC_STUCK_DIAL_MS &&
+	             now - c->redialed_at > KVPC_REDIAL_EVERY_MS;
+	nng_mtx_unlock(c->mtx);
+	return stuck;
 }
 
 /* A varint field; returns its length (at most 11 bytes). */
@@ -169,7 +197,7 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 		 * connection, once other sockets of this process hung in nng_close
 		 * (a daemon paused while a client gave up dialing).
 		 */
-		if (c->redial_next && !redialed) {
+		if ((c->redial_next || (attempt == 0 && dial_stuck(c))) && !redialed) {
 			redialed = true;
 			if (redial(c) == KVP_OK)
 				c->redial_next = false;
@@ -372,8 +400,19 @@ on_pipe(nng_pipe p, nng_pipe_ev ev, void *arg)
 	struct kvp_client *c = arg;
 	uint64_t uid = 0;
 	bool known = nng_pipe_get_uint64(p, NNG_OPT_IPC_PEER_UID, &uid) == 0;
-	(void)ev;
 	nng_mtx_lock(c->mtx);
+	if (nng_pipe_socket(p).id == c->watch_id) {
+		if (ev == NNG_PIPE_EV_REM_POST) {
+			c->pipes -= c->pipes > 0;
+			c->lost_at = nng_clock();
+			nng_mtx_unlock(c->mtx);
+			return;
+		}
+		c->pipes++;
+	} else if (ev == NNG_PIPE_EV_REM_POST) {
+		nng_mtx_unlock(c->mtx);
+		return;
+	}
 	c->connected = true;
 	c->peer_uid_known = known;
 	c->peer_uid = uid;

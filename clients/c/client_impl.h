@@ -23,6 +23,13 @@
 
 /* How long closing a client or subscriber waits for nng (common/nng_close.h). */
 enum { KVPC_CLOSE_GRACE_MS = 1000 };
+/*
+ * How long a socket may stay without a connection after losing one before a
+ * call replaces it (nng redials a lost connection after 10 ms; nng 1.5 was
+ * seen never to), and how often at most (a daemon that is down is not
+ * redialed on every call).
+ */
+enum { KVPC_STUCK_DIAL_MS = 250, KVPC_REDIAL_EVERY_MS = 2000 };
 
 struct kvp_client {
 	nng_socket sock;
@@ -61,6 +68,14 @@ struct kvp_client {
 	 */
 	bool peer_uid_known;
 	uint64_t peer_uid;
+	/*
+	 * The current socket's connections, under mtx: how many are up, and
+	 * when the last one went (0: none lost since it was opened). A socket
+	 * left without one past KVPC_STUCK_DIAL_MS is replaced before a call.
+	 */
+	uint32_t watch_id; /* the socket whose pipes these are */
+	uint32_t pipes;
+	nng_time lost_at, redialed_at;
 	/* The pool's event-stream key (a pool with a token), from its PoolInfo. */
 	struct kvp_seal_key event_key;
 	bool has_event_key;
