@@ -45,13 +45,19 @@ sane(const struct kvp_region_info *i, uint64_t file_size)
 	       i->bytes <= SIZE_MAX && i->shards >= 1 && i->shard_bytes * i->shards == i->row_bytes;
 }
 
-/* Whether the file's name is one kvpoold gives a region: kvpool-<pool>-<pid>-<16 hex digits>. */
+/*
+ * Whether the file's name is one kvpoold gives a region:
+ * kvpool-<pool>-<pid>-<16 hex digits>, or kvpool-<pool>.region for a
+ * region kept across restarts (restart=warm).
+ */
 static bool
 region_name(const char *path)
 {
 	const char *b = strrchr(path, '/');
 	b = b ? b + 1 : path;
 	size_t n = strlen(b);
+	if (strncmp(b, "kvpool-", 7) == 0 && n > 7 + 7 && strcmp(b + n - 7, ".region") == 0)
+		return true;
 	if (strncmp(b, "kvpool-", 7) != 0 || n < 7 + 1 + 1 + 1 + 1 + 16 || b[n - 17] != '-')
 		return false;
 	for (size_t i = n - 16; i < n; i++)
@@ -78,7 +84,8 @@ not_a_region(struct kvp_client *c, const char *path, const struct stat *st)
 	if (st->st_nlink != 1)
 		return "a file with other names (hard links)";
 	if (!region_name(path))
-		return "not a name kvpoold gives a region (kvpool-<pool>-<pid>-<16 hex digits>)";
+		return "not a name kvpoold gives a region (kvpool-<pool>-<pid>-<16 hex digits>, or "
+		       "kvpool-<pool>.region)";
 	nng_mtx_lock(c->mtx);
 	bool known = c->peer_uid_known;
 	uint64_t uid = c->peer_uid;
@@ -235,7 +242,7 @@ kvp_client_reserve(struct kvp_client *c, const uint8_t *keys, size_t n, int32_t 
 		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed Reserve reply");
 	}
 	memcpy(rows, r->reserve->rows, n * sizeof(*rows));
-	if (evicted != NULL)
+	if (evicted != NULL && r->reserve->evicted_keys.len > 0) /* none: data may be NULL */
 		memcpy(evicted, r->reserve->evicted_keys.data, r->reserve->evicted_keys.len);
 	if (num_evicted != NULL)
 		*num_evicted = r->reserve->evicted_keys.len / kl;
