@@ -128,6 +128,8 @@ maybe_evict(struct kvp_pool *p, int32_t id)
 	kvp_map__remove_id(&p->map, id);
 	p->num_hashed--;
 	p->stats.blocks_evicted++;
+	if (p->on_unkey)
+		p->on_unkey(p->on_unkey_ctx, id);
 	if (__builtin_expect(p->num_extra != 0, 0))
 		kvp_pool__drop_extras(p, id);
 }
@@ -573,6 +575,8 @@ kvp_pool_reset_prefix_cache(struct kvp_pool *p)
 	kvp_map_clear(&p->map);
 	kvp_pool__clear_extras(p);
 	p->num_hashed = 0;
+	if (p->on_unkey)
+		p->on_unkey(p->on_unkey_ctx, -1);
 	if (p->metrics)
 		kvp_metrics_reset(p->metrics);
 	if (p->events_on)

@@ -324,6 +324,27 @@ bool kvp_pool_is_pending(const struct kvp_pool *p, int32_t id);
 /* Reserved blocks. */
 uint32_t kvp_pool_num_pending(const struct kvp_pool *p);
 
+/*
+ * adopt: blocks an earlier life committed, with their keys (each key_len
+ * bytes, the group last, as reserve's), taken back: each block must be free
+ * and keyless, each key neither cached nor reserved, no block or key twice.
+ * Each becomes cached and free, the LRU's newest in the order given, with
+ * one BlockStored per run of one group as commit's. KVP_EINVAL (NULL
+ * pointers, key_len, a block or key twice), KVP_ERANGE (an id), KVP_ESTATE
+ * (a block in use or keyed, a key cached or reserved), KVP_ENOTSUP (caching
+ * off), KVP_ENOMEM. Nothing changes on error.
+ */
+int kvp_pool_adopt(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const int32_t *ids,
+                   size_t n, const uint32_t *block_sizes, size_t num_groups);
+/*
+ * Calls fn(ctx, id) whenever block id's primary key leaves the cache (an
+ * eviction, a move to another block, an evict call), and fn(ctx, -1) when a
+ * reset empties it, under whatever serialises calls on p; fn must not call
+ * into p. NULL fn: none. For a store of committed rows that must not outlive
+ * their keys (a kept region's records).
+ */
+void kvp_pool_set_unkey_hook(struct kvp_pool *p, void (*fn)(void *ctx, int32_t id), void *ctx);
+
 /* Moves the queued events into *out (whose previous contents are dropped). */
 int kvp_pool_take_events(struct kvp_pool *p, struct kvp_event_batch *out);
 

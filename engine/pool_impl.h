@@ -37,6 +37,8 @@ struct kvp_pool {
 	struct kvp_metrics *metrics;
 	void (*on_alloc)(void *ctx, const int32_t *ids, uint32_t n);
 	void *on_alloc_ctx;
+	void (*on_unkey)(void *ctx, int32_t id); /* kvp_pool_set_unkey_hook */
+	void *on_unkey_ctx;
 	struct kvp_event_batch events;
 	uint32_t stamp;           /* current call's mark for duplicate checks */
 	uint32_t num_hashed;

@@ -250,3 +250,80 @@ kvp_pool_abort(struct kvp_pool *p, const int32_t *ids, size_t n)
 	p->num_pending -= (uint32_t)n;
 	return kvp_pool_free_blocks(p, ids, n);
 }
+
+void
+kvp_pool_set_unkey_hook(struct kvp_pool *p, void (*fn)(void *ctx, int32_t id), void *ctx)
+{
+	if (p == NULL)
+		return;
+	p->on_unkey = fn;
+	p->on_unkey_ctx = fn ? ctx : NULL;
+}
+
+/* Every block free and keyless, every key new, none twice: KVP_OK or the status. */
+static int
+check_adoptable(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const int32_t *ids,
+                size_t n)
+{
+	uint32_t mark = ++p->stamp;
+	if (mark == 0) { /* as next_stamp() in pool.c */
+		for (uint32_t i = 0; i < p->n; i++)
+			p->blocks[i].mark = 0;
+		p->stamp = mark = 1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = ids[i];
+		if (id <= 0 || (uint32_t)id >= p->n)
+			return KVP_ERANGE;
+		if (p->blocks[id].mark == mark)
+			return KVP_EINVAL;
+		p->blocks[id].mark = mark;
+		if (p->blocks[id].ref_cnt != 0 || kvp_map_has_id(&p->map, id) ||
+		    kvp_map_has_id(&p->pending, id))
+			return KVP_ESTATE;
+		const uint8_t *k = keys + i * key_len;
+		if (kvp_map_lookup(&p->map, k, key_len) >= 0 ||
+		    kvp_map_lookup(&p->pending, k, key_len) >= 0)
+			return KVP_ESTATE;
+	}
+	return KVP_OK;
+}
+
+int
+kvp_pool_adopt(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const int32_t *ids,
+               size_t n, const uint32_t *block_sizes, size_t num_groups)
+{
+	int32_t *set;
+	size_t cap = 16;
+	int rv;
+
+	if (p == NULL || (n > 0 && (keys == NULL || ids == NULL)) || !key_ok(p, key_len) ||
+	    n >= p->n)
+		return KVP_EINVAL;
+	if (!p->caching)
+		return KVP_ENOTSUP;
+	if (n == 0)
+		return KVP_OK;
+	if ((rv = pending_init(p)) != KVP_OK || (rv = check_adoptable(p, keys, key_len, ids, n)))
+		return rv;
+	while (cap < 2 * n)
+		cap *= 2;
+	if ((set = malloc(cap * sizeof(*set))) == NULL)
+		return KVP_ENOMEM;
+	memset(set, 0xff, cap * sizeof(*set));
+	for (size_t i = 0; i < n && rv == KVP_OK; i++)
+		if (seen_before(keys, key_len, i, set, cap - 1))
+			rv = KVP_EINVAL;
+	free(set);
+	if (rv != KVP_OK)
+		return rv;
+	/* Held as reserve holds them, then committed: commit's events and LRU order. */
+	if ((rv = kvp_pool_touch(p, ids, n)) != KVP_OK)
+		return rv;
+	for (size_t i = 0; i < n; i++)
+		kvp_map_insert(&p->pending, keys + i * key_len, key_len, ids[i]);
+	p->num_pending += (uint32_t)n;
+	if ((rv = kvp_pool_commit(p, ids, n, block_sizes, num_groups)) != KVP_OK)
+		(void)kvp_pool_abort(p, ids, n); /* events out of memory: as before, uncached */
+	return rv;
+}

@@ -79,6 +79,8 @@ kvp_pool__drop_all(struct kvp_pool *p, int32_t id)
 	p->num_hashed--;
 	p->htok[id] = 0;
 	p->stats.blocks_evicted++;
+	if (p->on_unkey)
+		p->on_unkey(p->on_unkey_ctx, id);
 	kvp_pool__drop_extras(p, id);
 }
 

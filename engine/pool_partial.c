@@ -189,6 +189,8 @@ kvp_pool_move_block_hashes(struct kvp_pool *p, int32_t src, int32_t dst)
 	memcpy(key, k, len);
 	kvp_map__remove_id(&p->map, src);
 	(void)kvp_map_insert(&p->map, key, len, dst);
+	if (p->on_unkey)
+		p->on_unkey(p->on_unkey_ctx, src);
 	p->htok[dst] = p->htok[src];
 	p->htok[src] = 0;
 	if (p->num_extra != 0) {

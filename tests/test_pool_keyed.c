@@ -221,6 +221,80 @@ test_keyed_reserved_is_not_cacheable(void **state)
 	kvp_pool_destroy(p);
 }
 
+static void
+on_unkey(void *ctx, int32_t id)
+{
+	int32_t *last = ctx;
+	*last = id;
+}
+
+/*
+ * adopt: free keyless blocks take keys back (a warm restart), cached and
+ * free at the LRU's tail in the order given, with a BlockStored; a bad call
+ * changes nothing; the unkey hook hears each key leave.
+ */
+static void
+test_keyed_adopt_takes_blocks_back(void **state)
+{
+	(void)state;
+	struct kvp_pool *p = mkpool_sem(8, 4, true, KVP_VLLM_0_33);
+	struct kvp_event_batch ev;
+	uint8_t k[3 * KL];
+	int32_t q[8], last = 0;
+	uint32_t bs[1] = {16};
+
+	kvp_event_batch_init(&ev);
+	kvp_pool_set_unkey_hook(p, on_unkey, &last);
+	keys(k, "ABC", 0);
+	int32_t bad[2] = {5, 5}, zero[1] = {0}, ok[3] = {6, 2, 4};
+	assert_status(kvp_pool_adopt(p, k, KL, bad, 2, bs, 1), KVP_EINVAL);
+	assert_status(kvp_pool_adopt(p, k, KL, zero, 1, bs, 1), KVP_ERANGE);
+	assert_status(kvp_pool_adopt(p, k, 4, ok, 3, bs, 1), KVP_EINVAL); /* a group, no hash */
+	uint8_t twice[2 * KL];
+	keys(twice, "AA", 0);
+	assert_status(kvp_pool_adopt(p, twice, KL, ok, 2, bs, 1), KVP_EINVAL);
+	assert_int_equal(kvp_pool_num_cached_blocks(p), 0);
+	assert_int_equal(kvp_pool_num_free(p), 7);
+	check(p);
+
+	assert_ok(kvp_pool_adopt(p, k, KL, ok, 3, bs, 1));
+	assert_int_equal(cached_id(p, 'A', 0), 6);
+	assert_int_equal(cached_id(p, 'B', 0), 2);
+	assert_int_equal(cached_id(p, 'C', 0), 4);
+	assert_int_equal(kvp_pool_num_free(p), 7);
+	assert_int_equal(kvp_pool_num_pending(p), 0);
+	size_t nq = kvp_pool_free_queue(p, q, 8);
+	assert_int_equal(nq, 7);
+	assert_int_equal(q[4], 6);
+	assert_int_equal(q[5], 2);
+	assert_int_equal(q[6], 4);
+	assert_ok(kvp_pool_take_events(p, &ev));
+	assert_int_equal(kvp_event_batch_count(&ev), 1);
+	check(p);
+
+	/* A key or block already cached: KVP_ESTATE, nothing changes. */
+	int32_t one[1] = {1}, six[1] = {6};
+	uint8_t d[KL];
+	key(d, 'D', 0);
+	assert_status(kvp_pool_adopt(p, k, KL, one, 1, bs, 1), KVP_ESTATE);
+	assert_status(kvp_pool_adopt(p, d, KL, six, 1, bs, 1), KVP_ESTATE);
+	assert_int_equal(cached_id(p, 'D', 0), -1);
+
+	/* An eviction and a reset each tell the hook. */
+	int32_t got[1];
+	uint8_t e[KL];
+	key(e, 'E', 0);
+	assert_ok(kvp_pool_evict_blocks(p, six, 1));
+	assert_int_equal(last, 6);
+	assert_ok(kvp_pool_reserve(p, e, KL, 1, got, NULL, NULL));
+	assert_ok(kvp_pool_abort(p, got, 1));
+	assert_ok(kvp_pool_reset_prefix_cache(p));
+	assert_int_equal(last, -1);
+	check(p);
+	kvp_event_batch_fini(&ev);
+	kvp_pool_destroy(p);
+}
+
 int
 main(void)
 {
@@ -229,6 +303,7 @@ main(void)
 		cmocka_unit_test(test_keyed_reserve_already_stored),
 		cmocka_unit_test(test_keyed_evicts_and_aborts),
 		cmocka_unit_test(test_keyed_reserved_is_not_cacheable),
+		cmocka_unit_test(test_keyed_adopt_takes_blocks_back),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
