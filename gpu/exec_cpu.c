@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -37,6 +38,84 @@ mem(struct kvp_exec *e)
  * then mapped shared. The daemon writes through this mapping, clients
  * through theirs: the same pages.
  */
+/* hugetlbfs sizes files in whole huge pages: the region rounded up to one. */
+static void
+round_to_huge_page(struct kvp_exec *e, int fd)
+{
+	struct statfs sf;
+	if (fstatfs(fd, &sf) == 0 && sf.f_type == 0x958458f6 /* HUGETLBFS_MAGIC */ &&
+	    sf.f_bsize > 0) {
+		uint64_t hp = (uint64_t)sf.f_bsize;
+		e->mem_bytes = (e->mem_bytes + hp - 1) / hp * hp;
+	}
+}
+
+/*
+ * A region kept across lives (restart=warm): "kvpool-<name>.region", locked
+ * for as long as it is open. A file of the region's size is mapped as it is
+ * (its rows an earlier life's, which the caller checks before trusting);
+ * any other is emptied and allocated anew.
+ */
+static int
+region_open_kept(struct kvp_exec *e)
+{
+	const struct kvp_exec_config *c = e->cfg;
+	struct stat st;
+	int fd, err;
+
+	if ((size_t)snprintf(e->region_path, sizeof(e->region_path), "%s/kvpool-%s.region",
+	                     c->region_dir, c->region_name ? c->region_name : "pool") >=
+	    sizeof(e->region_path)) {
+		snprintf(e->err, sizeof(e->err), "region path in %.160s too long", c->region_dir);
+		e->region_path[0] = '\0';
+		return KVP_EINVAL;
+	}
+	fd = open(e->region_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW,
+	          (mode_t)(c->region_mode & 0777));
+	if (fd < 0) {
+		snprintf(e->err, sizeof(e->err), "cannot open region %.160s: %s", e->region_path,
+		         strerror(errno));
+		e->region_path[0] = '\0';
+		return KVP_EINVAL;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		snprintf(e->err, sizeof(e->err), "region %.160s is held by another process (a "
+		         "kvpoold on the same configuration still running?): %s", e->region_path,
+		         strerror(errno));
+		close(fd);
+		e->region_path[0] = '\0';
+		return KVP_EINVAL;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		snprintf(e->err, sizeof(e->err), "region %.160s: not a regular file of this user",
+		         e->region_path);
+		close(fd);
+		e->region_path[0] = '\0';
+		return KVP_EINVAL;
+	}
+	(void)fchmod(fd, (mode_t)(c->region_mode & 0777));
+	round_to_huge_page(e, fd);
+	e->region_kept = (uint64_t)st.st_size == e->mem_bytes;
+	if (!e->region_kept && ((err = ftruncate(fd, 0) != 0 ? errno : 0) != 0 ||
+	                        (err = posix_fallocate(fd, 0, (off_t)e->mem_bytes)) != 0))
+		goto fail;
+	e->impl = mmap(NULL, (size_t)e->mem_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (e->impl == MAP_FAILED) {
+		e->impl = NULL;
+		err = errno;
+		goto fail;
+	}
+	e->region_fd = fd;
+	return KVP_OK;
+fail:
+	snprintf(e->err, sizeof(e->err), "cannot allocate %llu bytes for region %.160s: %s",
+	         (unsigned long long)e->mem_bytes, e->region_path, strerror(err));
+	close(fd);
+	e->region_path[0] = '\0';
+	e->region_kept = false;
+	return KVP_ENOMEM;
+}
+
 static int
 region_open(struct kvp_exec *e)
 {
@@ -44,6 +123,8 @@ region_open(struct kvp_exec *e)
 	uint64_t r;
 	int fd, err;
 
+	if (c->region_keep)
+		return region_open_kept(e);
 	if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r))
 		r = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e;
 	if ((size_t)snprintf(e->region_path, sizeof(e->region_path), "%s/kvpool-%s-%ld-%016llx",
@@ -66,13 +147,7 @@ region_open(struct kvp_exec *e)
 		err = errno;
 		goto fail;
 	}
-	/* hugetlbfs sizes files in whole huge pages: round the region up to one. */
-	struct statfs sf;
-	if (fstatfs(fd, &sf) == 0 && sf.f_type == 0x958458f6 /* HUGETLBFS_MAGIC */ &&
-	    sf.f_bsize > 0) {
-		uint64_t hp = (uint64_t)sf.f_bsize;
-		e->mem_bytes = (e->mem_bytes + hp - 1) / hp * hp;
-	}
+	round_to_huge_page(e, fd);
 	if ((err = posix_fallocate(fd, 0, (off_t)e->mem_bytes)) != 0)
 		goto fail;
 	e->impl = mmap(NULL, (size_t)e->mem_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -155,7 +230,10 @@ cpu_close(struct kvp_exec *e)
 {
 	if (e->region_path[0] != '\0') {
 		munmap(e->impl, (size_t)e->mem_bytes);
-		unlink(e->region_path);
+		if (e->region_fd >= 0)
+			close(e->region_fd); /* kept: the file stays for the next life */
+		else
+			unlink(e->region_path);
 		return;
 	}
 	kvp_big_free(e->impl, (size_t)e->mem_bytes);

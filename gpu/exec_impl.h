@@ -41,6 +41,8 @@ struct kvp_exec {
 	void *impl;            /* the backend's state (cpu: the memory) */
 	const struct kvp_exec_config *cfg; /* during open only */
 	char region_path[4096]; /* cpu with a region: its file; else "" */
+	int region_fd;          /* a kept region's file, open for its lock; else -1 */
+	bool region_kept;       /* a kept region's bytes are an earlier life's */
 	char err[256];
 };
 

@@ -149,6 +149,7 @@ try_open(const struct kvp_exec_ops *ops, const struct kvp_exec_config *cfg, stru
 	if (e == NULL)
 		return say(why, why_len, "out of memory"), KVP_ENOMEM;
 	e->ops = ops;
+	e->region_fd = -1;
 	e->shape = cfg->shape;
 	if (cfg->region_dir != NULL && ops == &kvp_exec_cpu_ops)
 		e->shape.rows = 1;
@@ -247,6 +248,7 @@ kvp_exec_region(const struct kvp_exec *e, struct kvp_exec_region *out)
 		.row_stride = kvp_kv_block_stride(&e->shape),
 		.num_rows = e->shape.num_blocks,
 		.base = e->impl,
+		.kept = e->region_kept,
 	};
 	return KVP_OK;
 }

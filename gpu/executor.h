@@ -68,6 +68,14 @@ struct kvp_exec_config {
 	const char *region_dir;
 	const char *region_name;
 	uint32_t region_mode;
+	/*
+	 * cpu with a region: keep it across lives (a pool's restart=warm). The
+	 * file is "kvpool-<region_name>.region", locked (flock) while open so
+	 * that no second process opens it, not removed at close; a file of the
+	 * right size already there is mapped as it is (kvp_exec_region's kept),
+	 * else it is made anew.
+	 */
+	bool region_keep;
 };
 #define KVP_EXEC_COPY_THREADS 8u
 #define KVP_EXEC_MAX_COPY_THREADS 32u
@@ -127,6 +135,7 @@ struct kvp_exec_region {
 	uint64_t row_stride;  /* row i starts at i x row_stride (a multiple of KVP_ROW_ALIGN) */
 	uint32_t num_rows;    /* the pool's blocks, row 0 the null block's */
 	unsigned char *base;  /* the executor's own mapping */
+	bool kept;            /* region_keep: the bytes are an earlier life's */
 };
 /* Fills *out: KVP_OK, or KVP_ENOTSUP for an executor without a region. */
 int kvp_exec_region(const struct kvp_exec *e, struct kvp_exec_region *out);
