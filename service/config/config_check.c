@@ -267,5 +267,19 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 			             "holds no KV bytes to clear)\n", c->pools[i].name);
 			bad++;
 		}
+	for (size_t i = 0; i < c->num_pools; i++) {
+		const struct kvpd_pool_config *p = &c->pools[i];
+		if (!p->restart_warm)
+			continue;
+		const char *why = strcmp(p->exec.backend, "cpu") != 0 ? "executor=cpu"
+		                  : !p->caching                    ? "caching on"
+		                  : strcmp(c->region_dir, "none") == 0 ? "a region-dir"
+		                                                       : NULL;
+		if (why != NULL) {
+			fprintf(err, "kvpoold: pool %s: restart=warm keeps a shared region, which "
+			             "needs %s\n", p->name, why);
+			bad++;
+		}
+	}
 	return bad;
 }

@@ -169,6 +169,13 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_parse_u32(v, 0, 3600000, &p->cluster_miss_ms);
 	if (strcmp(k, "cluster_wants") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 20, &p->cluster_wants);
+	if (strcmp(k, "restart") == 0) {
+		bool warm = strcmp(v, "warm") == 0;
+		if (!warm && strcmp(v, "cold") != 0)
+			return -1;
+		p->restart_warm = warm;
+		return 0;
+	}
 	if (strcmp(k, "clear") == 0) {
 		bool alloc = strcmp(v, "alloc") == 0;
 		if (!alloc && strcmp(v, "none") != 0)

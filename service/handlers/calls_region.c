@@ -20,6 +20,7 @@
 #include "engine/pool.h"
 #include "gpu/executor.h"
 #include "service/rpc/call.h"
+#include "service/rpc/keep.h"
 
 /* The pool has a region: KVP_OK, or NOT_SUPPORTED saying why not. */
 static int
@@ -209,6 +210,8 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 		                        : pre ? pre->crcs[i]
 		                              : kvp_crc32c(0, row(c, ids[i]),
 		                                           kvp_exec_block_bytes(c->p->exec));
+		kvpd_keep_commit(c->p->keep, ids[i], m->keys.data + i * key_len(c), key_len(c),
+		                 c->p->row_crc[ids[i]]);
 	}
 	r->num_committed = (uint32_t)n;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_COMMIT;

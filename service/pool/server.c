@@ -19,6 +19,7 @@
 #include "service/rpc/decode_arena.h"
 #include "service/rpc/dispatch.h"
 #include "service/rpc/envelope.h"
+#include "service/rpc/keep.h"
 #include "gpu/executor.h"
 #include "engine/manager.h"
 #include "engine/pool.h"
@@ -48,6 +49,7 @@ pool_fini(struct kvpd_pool *p)
 	free(p->ending);
 	kvp_mgr_destroy(p->mgr);
 	kvp_pool_destroy(p->pool);
+	kvpd_keep_close(p->keep);
 	kvp_exec_close(p->exec);
 	free(p->row_crc);
 	kvpd_fill_fini(&p->fill);
@@ -93,6 +95,7 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 		ec.region_dir = cfg->region_dir;
 		ec.region_name = pc->name;
 		ec.region_mode = cfg->ipc_mode;
+		ec.region_keep = pc->restart_warm;
 		ec.shape.rows = ec.backend == KVP_EXEC_CPU;
 	}
 	ec.shape.block_size = pc->block_size;
@@ -139,6 +142,11 @@ exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *err, size_t 
 			ec.region_dir = NULL;
 			ec.shape.rows = 0;
 		}
+	}
+	if (pc->restart_warm && ec.region_dir == NULL) {
+		snprintf(err, err_len, "pool %s: restart=warm keeps a shared region, and there is "
+		         "none%s", pc->name, region_why[0] ? region_why + 1 : "");
+		return KVP_EINVAL;
 	}
 	if ((rv = kvp_exec_open(&ec, &p->exec, why, sizeof(why))) != KVP_OK) {
 		/* The status by its documented name (NO_DEVICE, ...), then the backend's reason. */
@@ -284,7 +292,7 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 		return rv;
 	}
 	memcpy(p->none_fp, fp, sizeof(p->none_fp));
-	return KVP_OK;
+	return pc->restart_warm ? kvpd_keep_open(p, cfg->ipc_mode, err, err_len) : KVP_OK;
 }
 
 const char *
@@ -577,6 +585,7 @@ kvpd_server_tick(struct kvpd_server *s)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	for (size_t i = 0; i < s->num_pools; i++) {
 		nng_mtx_lock(s->pools[i].lock);
+		kvpd_pool_publish(&s->pools[i]); /* what no call has published (a warm start's) */
 		kvpd_stream_tick(&s->pools[i].stream, s->pools[i].cfg.name,
 		                 (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);
 		nng_mtx_unlock(s->pools[i].lock);

@@ -81,7 +81,10 @@ const struct kvpd_pool_pods *kvpd_server_pool_pods(const struct kvpd_server *s, 
 struct kvpd_vllm_counters *kvpd_server_set_event_sink(struct kvpd_server *s, size_t i,
                                                       kvpd_events_fn fn, void *ctx);
 
-/* Publishes a tick on every pool's stream (the reaper calls it about once a second). */
+/*
+ * Publishes a tick on every pool's stream (the reaper calls it about once a
+ * second), after any events no call has published yet (a warm start's).
+ */
 void kvpd_server_tick(struct kvpd_server *s);
 
 /* Checks every pool's invariants; KVP_OK or KVP_EINTERNAL with a reason. */

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A pool's committed rows kept across lives (the pool setting restart=warm,
+ * docs/operations.md "Warm restart").
+ *
+ * Beside the kept region file ("kvpool-<pool>.region", gpu/executor.h)
+ * lies "kvpool-<pool>.rows": a header naming the layout the rows were
+ * written in, then one record per row: the key its commit made visible,
+ * the row's CRC32C, a generation (commit order) and the record's own
+ * CRC32C. A commit writes its rows' records after the rows' bytes are in
+ * place; a key that leaves the cache (the pool's unkey hook: eviction,
+ * Evict, reset) clears its record before the row can be handed out again.
+ * At start, a region whose bytes survived is adopted row by row: a record
+ * whose own checksum fails, or whose row's bytes no longer match the CRC
+ * it recorded (a kill mid-store, a write after the record), is dropped;
+ * the rest become cached and free again, the newest last in the LRU, with
+ * an AllBlocksCleared then their BlockStored on the pool's streams.
+ *
+ * Rows committed with no checksum (no_checksum) get no record: nothing
+ * could prove them whole.
+ *
+ * Called under the pool's lock, as every handler; the files are the only
+ * state, so a kill at any instruction leaves records that are either whole
+ * or rejected.
+ */
+#ifndef KVPD_RPC_KEEP_H
+#define KVPD_RPC_KEEP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvpd_pool;
+struct kvpd_keep;
+
+/*
+ * Opens pool p's records beside its kept region (gpu/executor.h: the
+ * region's path with .rows for .region), made with mode; adopts what they prove, and hooks p's pool so that every
+ * key leaving the cache clears its record. Records written under another
+ * layout (the pool's shape, dtype, hashing, shards) are not read. KVP_OK
+ * with p->keep set and what it found appended to p->exec_note (for the
+ * log), or a status with err.
+ */
+int kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len);
+
+/* Records row id's commit of key (key_len bytes) with the row's crc; crc 0: none. */
+void kvpd_keep_commit(struct kvpd_keep *k, int32_t id, const uint8_t *key, size_t key_len,
+                      uint32_t crc);
+
+/* Unmaps and closes (the files stay for the next life). NULL: nothing. */
+void kvpd_keep_close(struct kvpd_keep *k);
+
+#endif
