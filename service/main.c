@@ -157,6 +157,8 @@ reaper_main(void *arg)
 			nng_msleep(20);
 		(void)kvpd_server_expire(r->srv, nng_clock());
 		log_gone(r);
+		/* Warm pools' rows committed without a CRC get one (about 50 ms of reading at most). */
+		(void)kvpd_server_keep_sweep(r->srv, 512u << 20);
 		/* Idle streams still tell subscribers their epoch and next seq. */
 		if (nng_clock() - last_tick >= 1000) {
 			kvpd_server_tick(r->srv);

@@ -456,6 +456,15 @@ kvpd_server_check(struct kvpd_server *s, char *detail, size_t len)
 	return rv;
 }
 
+uint64_t
+kvpd_server_keep_sweep(struct kvpd_server *s, uint64_t max_bytes)
+{
+	uint64_t done = 0;
+	for (size_t i = 0; i < s->num_pools; i++)
+		done += kvpd_keep_sweep(&s->pools[i], max_bytes);
+	return done;
+}
+
 void
 kvpd_server_tick(struct kvpd_server *s)
 {

@@ -87,6 +87,12 @@ struct kvpd_vllm_counters *kvpd_server_set_event_sink(struct kvpd_server *s, siz
  */
 void kvpd_server_tick(struct kvpd_server *s);
 
+/*
+ * restart=warm pools: takes the CRC32C of rows committed without one, up to
+ * about max_bytes a pool (rpc/keep.h). Returns the bytes read.
+ */
+uint64_t kvpd_server_keep_sweep(struct kvpd_server *s, uint64_t max_bytes);
+
 /* Checks every pool's invariants; KVP_OK or KVP_EINTERNAL with a reason. */
 int kvpd_server_check(struct kvpd_server *s, char *detail, size_t len);
 

@@ -34,18 +34,22 @@ struct header {
 	uint32_t crc; /* of everything above */
 };
 
-/* A record: gen, then crc, key_len, the key, and the record's CRC32C last. */
+/* A record: gen, then crc, key_len, flags, the key, and the record's CRC32C last. */
 struct rec {
 	uint64_t gen; /* 0: no row */
 	uint32_t crc;
-	uint16_t key_len, pad;
+	uint16_t key_len, flags;
 	uint8_t key[];
 };
+
+/* The commit carried no CRC: the sweeper has yet to take one (until then, not proven). */
+#define REC_UNSWEPT 1u
 
 /* What a start found, for the log. */
 struct kvpd_keep_report {
 	uint32_t adopted;    /* rows cached again */
 	uint32_t dropped;    /* records refused: torn, or their row's bytes changed */
+	uint32_t unproven;   /* committed without a CRC, none taken yet: dropped */
 	uint64_t checked_bytes;
 	double seconds;      /* to check and adopt */
 	char cold_why[160];  /* "" when an earlier life's rows were read; else why not */
@@ -56,6 +60,14 @@ struct kvpd_keep {
 	size_t map_bytes;
 	uint32_t num_rows, key_len, rec_bytes;
 	uint64_t next_gen;
+	/* The region's rows, for the sweeper. */
+	const unsigned char *base;
+	uint64_t row_bytes, row_stride;
+	/* Rows committed without a CRC, oldest first: a ring of num_rows ids. */
+	int32_t *unswept;
+	uint32_t us_head, us_len;
+	uint8_t *queued;  /* per row: in the ring */
+	uint64_t swept;   /* rows proven by the sweeper */
 };
 
 static struct rec *
@@ -73,7 +85,7 @@ rec_crc(const struct kvpd_keep *k, struct rec *r)
 static bool
 rec_ok(const struct kvpd_keep *k, struct rec *r)
 {
-	return r->gen != 0 && r->key_len == k->key_len &&
+	return r->gen != 0 && r->key_len == k->key_len && r->flags == 0 &&
 	       *rec_crc(k, r) == kvp_crc32c(0, r, k->rec_bytes - sizeof(uint32_t));
 }
 
@@ -81,17 +93,69 @@ void
 kvpd_keep_commit(struct kvpd_keep *k, int32_t id, const uint8_t *key, size_t key_len,
                  uint32_t crc)
 {
-	if (k == NULL || id <= 0 || (uint32_t)id >= k->num_rows || key_len != k->key_len ||
-	    crc == 0)
+	if (k == NULL || id <= 0 || (uint32_t)id >= k->num_rows || key_len != k->key_len)
 		return;
 	struct rec *r = rec_at(k, id);
 	r->gen = 0; /* a kill from here to the checksum leaves a record that fails it */
 	r->crc = crc;
 	r->key_len = (uint16_t)key_len;
-	r->pad = 0;
+	r->flags = crc == 0 ? REC_UNSWEPT : 0;
 	memcpy(r->key, key, key_len);
 	r->gen = k->next_gen++;
 	*rec_crc(k, r) = kvp_crc32c(0, r, k->rec_bytes - sizeof(uint32_t));
+	if (crc == 0 && !k->queued[id]) { /* the ring has room for every row once */
+		k->unswept[(k->us_head + k->us_len++) % k->num_rows] = id;
+		k->queued[id] = 1;
+	}
+}
+
+/* At most SWEEP_ROWS rows a round, so the lock is held for a bounded scan only. */
+enum { SWEEP_ROWS = 64 };
+
+uint64_t
+kvpd_keep_sweep(struct kvpd_pool *p, uint64_t max_bytes)
+{
+	struct kvpd_keep *k = p ? p->keep : NULL;
+	int32_t ids[SWEEP_ROWS];
+	uint64_t gens[SWEEP_ROWS], done = 0;
+	uint32_t crcs[SWEEP_ROWS];
+
+	while (k != NULL && done < max_bytes) {
+		size_t n = 0;
+		nng_mtx_lock(p->lock);
+		while (n < SWEEP_ROWS && k->us_len > 0) {
+			int32_t id = k->unswept[k->us_head];
+			k->us_head = (k->us_head + 1) % k->num_rows;
+			k->us_len--;
+			k->queued[id] = 0;
+			struct rec *r = rec_at(k, id);
+			if (r->gen != 0 && (r->flags & REC_UNSWEPT)) {
+				ids[n] = id;
+				gens[n++] = r->gen;
+			}
+		}
+		nng_mtx_unlock(p->lock);
+		if (n == 0)
+			break;
+		/* Outside the lock: a row reused meanwhile changes its record's gen, checked below. */
+		for (size_t i = 0; i < n; i++)
+			crcs[i] = kvp_crc32c(0, k->base + (uint64_t)ids[i] * k->row_stride, k->row_bytes);
+		nng_mtx_lock(p->lock);
+		for (size_t i = 0; i < n; i++) {
+			struct rec *r = rec_at(k, ids[i]);
+			if (r->gen != gens[i] || !(r->flags & REC_UNSWEPT))
+				continue;
+			r->gen = 0;
+			r->crc = crcs[i];
+			r->flags = 0;
+			r->gen = gens[i];
+			*rec_crc(k, r) = kvp_crc32c(0, r, k->rec_bytes - sizeof(uint32_t));
+			k->swept++;
+		}
+		nng_mtx_unlock(p->lock);
+		done += (uint64_t)n * k->row_bytes;
+	}
+	return done;
 }
 
 /* The pool's unkey hook: the key leaves the cache, so its record goes first. */
@@ -114,6 +178,8 @@ kvpd_keep_close(struct kvpd_keep *k)
 		return;
 	if (k->map != NULL)
 		munmap(k->map, k->map_bytes);
+	free(k->unswept);
+	free(k->queued);
 	free(k);
 }
 
@@ -163,6 +229,11 @@ adopt(struct kvpd_pool *p, struct kvpd_keep *k, const struct kvp_exec_region *re
 			continue;
 		if (k->next_gen <= r->gen)
 			k->next_gen = r->gen + 1;
+		if (r->flags & REC_UNSWEPT && *rec_crc(k, r) == kvp_crc32c(0, r, k->rec_bytes - 4)) {
+			r->gen = 0; /* committed without a CRC, and killed before the sweeper took one */
+			rep->unproven++;
+			continue;
+		}
 		rep->checked_bytes += reg->row_bytes;
 		if (!rec_ok(k, r) ||
 		    kvp_crc32c(0, reg->base + (uint64_t)i * reg->row_stride, reg->row_bytes) != r->crc) {
@@ -223,9 +294,10 @@ note(struct kvpd_pool *p, const struct kvpd_keep_report *r)
 		               ", restart=warm: started empty (%s)", r->cold_why);
 	else
 		(void)snprintf(p->exec_note + used, sizeof(p->exec_note) - used,
-		               ", restart=warm: kept %u rows, dropped %u (checked %llu MiB in %.2f s)",
-		               r->adopted, r->dropped, (unsigned long long)(r->checked_bytes >> 20),
-		               r->seconds);
+		               ", restart=warm: kept %u rows, dropped %u (torn or changed) and %u (no "
+		               "checksum yet), checked %llu MiB in %.2f s",
+		               r->adopted, r->dropped, r->unproven,
+		               (unsigned long long)(r->checked_bytes >> 20), r->seconds);
 }
 
 int
@@ -261,13 +333,23 @@ kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len)
 	k->rec_bytes = (uint32_t)((sizeof(struct rec) + k->key_len + sizeof(uint32_t) + 7) / 8 * 8);
 	k->map_bytes = HEADER_BYTES + (size_t)k->num_rows * k->rec_bytes;
 	k->next_gen = 1;
+	k->base = reg.base;
+	k->row_bytes = reg.row_bytes;
+	k->row_stride = reg.row_stride;
+	k->unswept = malloc((size_t)k->num_rows * sizeof(*k->unswept));
+	k->queued = calloc(k->num_rows, 1);
+	if (k->unswept == NULL || k->queued == NULL) {
+		snprintf(err, err_len, "pool %s: out of memory", p->cfg.name);
+		kvpd_keep_close(k);
+		return KVP_ENOMEM;
+	}
 	/* The region's lock (flock on its file) keeps a second daemon off these records too. */
 	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, (mode_t)(mode & 0777))) < 0 ||
 	    fstat(fd, &st) != 0) {
 		snprintf(err, err_len, "pool %s: cannot open %.160s: %s", p->cfg.name, path, strerror(errno));
 		if (fd >= 0)
 			close(fd);
-		free(k);
+		kvpd_keep_close(k);
 		return KVP_EINVAL;
 	}
 	struct header want, *have;
@@ -281,14 +363,15 @@ kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len)
 	if (fresh && (ftruncate(fd, 0) != 0 || ftruncate(fd, (off_t)k->map_bytes) != 0)) {
 		snprintf(err, err_len, "pool %s: cannot size %.160s: %s", p->cfg.name, path, strerror(errno));
 		close(fd);
-		free(k);
+		kvpd_keep_close(k);
 		return KVP_ENOMEM;
 	}
 	k->map = mmap(NULL, k->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (k->map == MAP_FAILED) {
 		snprintf(err, err_len, "pool %s: cannot map %.160s: %s", p->cfg.name, path, strerror(errno));
-		free(k);
+		k->map = NULL;
+		kvpd_keep_close(k);
 		return KVP_ENOMEM;
 	}
 	have = (struct header *)k->map;

@@ -16,8 +16,12 @@
  * the rest become cached and free again, the newest last in the LRU, with
  * an AllBlocksCleared then their BlockStored on the pool's streams.
  *
- * Rows committed with no checksum (no_checksum) get no record: nothing
- * could prove them whole.
+ * A commit without a CRC (vLLM's spec sends none; no_checksum) writes its
+ * record unproven: the daemon's reaper takes each such row's CRC32C a moment
+ * later, outside the pool's lock (kvpd_keep_sweep), and checks under it
+ * that the row still holds that commit before the record counts. A restart
+ * drops records still unproven: a row committed within the last sweep
+ * (about a second) before a kill may be lost, never served torn.
  *
  * Called under the pool's lock, as every handler; the files are the only
  * state, so a kill at any instruction leaves records that are either whole
@@ -45,6 +49,13 @@ int kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len
 /* Records row id's commit of key (key_len bytes) with the row's crc; crc 0: none. */
 void kvpd_keep_commit(struct kvpd_keep *k, int32_t id, const uint8_t *key, size_t key_len,
                       uint32_t crc);
+
+/*
+ * Takes the CRC32C of rows committed without one, oldest first, up to about
+ * max_bytes of rows; takes p->lock briefly twice a round of 64 rows, never
+ * while reading rows. Returns the bytes read. A pool without records: 0.
+ */
+uint64_t kvpd_keep_sweep(struct kvpd_pool *p, uint64_t max_bytes);
 
 /* Unmaps and closes (the files stay for the next life). NULL: nothing. */
 void kvpd_keep_close(struct kvpd_keep *k);
