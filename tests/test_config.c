@@ -420,6 +420,18 @@ test_config_check_reports_every_problem(void **state)
 	for (size_t i = 0; i < sizeof(bind_want) / sizeof(bind_want[0]); i++)
 		if (strstr(msg, bind_want[i]) == NULL)
 			fail_msg("--check-config did not report '%s'; it said:\n%s", bind_want[i], msg);
+	/* restart=warm needs a region: a pool without an executor, or region-dir none, has none. */
+	char *warm[] = {"kvpoold", "--check-config", "--region-dir", "none", "--pool",
+	                "name=w1,blocks=64,restart=warm", "--pool",
+	                "name=w2,blocks=64,executor=none,restart=warm", "--pool",
+	                "name=w3,blocks=64,restart=lukewarm", NULL};
+	assert_int_equal(load_err(&c, warm, NULL, msg, sizeof(msg)), -1);
+	const char *warm_want[] = {"pool w1: restart=warm keeps a shared region, which needs a "
+	                           "region-dir", "pool w2: restart=warm keeps a shared region, "
+	                           "which needs executor=cpu", "restart=lukewarm"};
+	for (size_t i = 0; i < sizeof(warm_want) / sizeof(warm_want[0]); i++)
+		if (strstr(msg, warm_want[i]) == NULL)
+			fail_msg("--check-config did not report '%s'; it said:\n%s", warm_want[i], msg);
 	/* One URL twice; a certificate that is not one (the daemon's own loader says so). */
 	char bad_pem[] = "/tmp/kvpool-check-XXXXXX";
 	int pfd = mkstemp(bad_pem);
