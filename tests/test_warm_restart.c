@@ -28,7 +28,7 @@
 
 enum state { NEVER, RESIDENT, MAYBE };
 
-static char ipc_url[128], ev_url[128], dir[64], log_path[128], pool_spec[128], heads[8] = "2";
+static char admin[64], ipc_url[128], ev_url[128], dir[64], log_path[128], pool_spec[128], heads[8] = "2";
 static uint32_t row_bytes;
 static unsigned char *st;  /* per key index: enum state */
 static uint32_t next_key, max_keys;
@@ -69,7 +69,7 @@ fill_row(unsigned char *row, size_t len, uint32_t g)
 static pid_t
 start(void)
 {
-	const char *args[] = {"--rpc", ipc_url, "--admin", "none", "--events", ev_url,
+	const char *args[] = {"--rpc", ipc_url, "--admin", admin, "--events", ev_url,
 	                      "--region-dir", dir, "--kv-heads", heads, "--pool", pool_spec, NULL};
 	return daemon_start_log(args, log_path);
 }
@@ -352,6 +352,19 @@ test_warm_restart_region_held_and_layout_checked(void **state)
 	snprintf(heads, sizeof(heads), "2");
 }
 
+/* A warm pool's series from /metrics (-1 if absent). */
+static double
+metric(const char *name)
+{
+	static char body[1 << 17];
+	char series[128];
+	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
+		return -1;
+	snprintf(series, sizeof(series), "\n%s{pool=\"kv\"} ", name);
+	const char *at = strstr(body, series);
+	return at ? strtod(at + strlen(series), NULL) : -1;
+}
+
 /* Stores keys [g0, g0 + n) with no CRC in the Commit (as vLLM's spec does). */
 static void
 store_unchecked(struct kvp_client *c, struct kvp_region *reg, uint32_t g0, uint32_t n)
@@ -389,8 +402,11 @@ test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
 	(void)verify(c, reg, ROWS); /* whatever the last test left: checked, then forgotten */
 	uint32_t g0 = next_key;
 	next_key += 16;
+	double proven0 = metric("kvpool_warm_rows_proven_total");
 	store_unchecked(c, reg, g0, 8);
 	sleep_ms(1500); /* a few reaper periods: the sweeper proves these */
+	assert_true(metric("kvpool_warm_rows_unproven") == 0);
+	assert_true(metric("kvpool_warm_rows_proven_total") >= proven0 + 8);
 	store_unchecked(c, reg, g0 + 8, 8);
 	kill(pid, SIGKILL);
 	assert_int_equal(kvp_wait_exit(pid, 10000), -1);
@@ -403,6 +419,7 @@ test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
 	c = connect_client();
 	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
 	(void)verify(c, reg, 0); /* the first 8 must be there, with their bytes */
+	double kept = metric("kvpool_warm_rows_kept"), dropped = metric("kvpool_warm_rows_dropped");
 	kvp_region_close(reg);
 	kvp_client_close(c);
 	assert_int_equal(daemon_stop(pid), 0);
@@ -413,6 +430,9 @@ test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
 	              "committed just before it, %u kept (the rest dropped unproven)\n", early,
 	              late);
 	assert_int_equal(early, 8);
+	/* The metrics say what the start kept and dropped: every late row one or the other. */
+	assert_true(kept >= 8 && dropped >= 0);
+	assert_true(kept + dropped >= early + late + (8 - late));
 }
 
 static int
@@ -420,6 +440,7 @@ setup(void **state)
 {
 	(void)state;
 	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-warm-%d.ipc", (int)getpid());
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
 	snprintf(ev_url, sizeof(ev_url), "ipc:///tmp/kvpool-warm-ev-%d.ipc", (int)getpid());
 	snprintf(dir, sizeof(dir), "/tmp/kvpool-warm-XXXXXX");
 	if (mkdtemp(dir) == NULL)

@@ -124,6 +124,15 @@ kvpd_metrics_process(struct out *o)
 			put(o, "kvpool_" name "{pool=\"%s\"} %.17g\n",                  \
 			    kvpd_server_pool_name(s, i), (double)(expr));                \
 	} while (0)
+/* A gauge per pool, for the pools where `when` holds. */
+#define GAUGE_WHERE(name, text, when, expr)                                              \
+	do {                                                                             \
+		help(o, "kvpool_" name, "gauge", text);                                 \
+		for (size_t i = 0; i < np; i++)                                          \
+			if (when)                                                        \
+				put(o, "kvpool_" name "{pool=\"%s\"} %.17g\n",         \
+				    kvpd_server_pool_name(s, i), (double)(expr));        \
+	} while (0)
 /* A counter per pool, for the pools where `when` holds. */
 #define COUNTER_WHERE(name, text, when, expr)                                            \
 	do {                                                                             \
@@ -191,6 +200,16 @@ render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_
 	        "the cluster tier's agent fills it (docs/cluster.md).", c[i].cluster_pending);
 	COUNTER("cluster_dropped_total", "Missed keys the cluster-fill table had no room for "
 	        "(answered a miss; the pool's cluster_wants).", c[i].cluster_dropped);
+	GAUGE_WHERE("warm_rows_kept", "restart=warm: rows this life's start found committed and "
+	            "whole, and serves again (docs/operations.md).", c[i].warm, c[i].warm_kept);
+	GAUGE_WHERE("warm_rows_dropped", "restart=warm: records this life's start refused (a "
+	            "torn record, a row whose bytes changed, or a commit not yet proven).",
+	            c[i].warm, c[i].warm_dropped);
+	GAUGE_WHERE("warm_rows_unproven", "restart=warm: rows committed without a CRC32C that "
+	            "the reaper has yet to read (a kill now would drop them).", c[i].warm,
+	            c[i].warm_unproven);
+	COUNTER_WHERE("warm_rows_proven_total", "restart=warm: rows committed without a CRC32C "
+	              "whose CRC32C the reaper took, this life.", c[i].warm, c[i].warm_proven);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

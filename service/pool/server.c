@@ -535,6 +535,13 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	out->refs_held = s->pools[i].refs_held;
 	out->cluster_pending = s->pools[i].fill.pending;
 	out->cluster_dropped = s->pools[i].fill.dropped;
+	struct kvpd_keep_stats ks;
+	kvpd_keep_stats(s->pools[i].keep, &ks);
+	out->warm = s->pools[i].keep != NULL;
+	out->warm_kept = ks.kept;
+	out->warm_dropped = ks.dropped;
+	out->warm_unproven = ks.unproven;
+	out->warm_proven = ks.proven;
 	out->replay_dropped_for_bytes = s->pools[i].stream.ring.dropped_for_bytes;
 	out->vllm_on = s->pools[i].stream.on_events != NULL;
 	nng_mtx_unlock(s->pools[i].lock);

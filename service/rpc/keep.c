@@ -68,7 +68,20 @@ struct kvpd_keep {
 	uint32_t us_head, us_len;
 	uint8_t *queued;  /* per row: in the ring */
 	uint64_t swept;   /* rows proven by the sweeper */
+	uint32_t kept, dropped; /* at this life's start */
 };
+
+void
+kvpd_keep_stats(const struct kvpd_keep *k, struct kvpd_keep_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (k == NULL)
+		return;
+	out->kept = k->kept;
+	out->dropped = k->dropped;
+	out->unproven = k->us_len;
+	out->proven = k->swept;
+}
 
 static struct rec *
 rec_at(const struct kvpd_keep *k, int32_t id)
@@ -396,6 +409,8 @@ kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len)
 	p->keep = k;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	rep->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	k->kept = rep->adopted;
+	k->dropped = rep->dropped + rep->unproven;
 	note(p, rep);
 	return KVP_OK;
 }

@@ -57,6 +57,17 @@ void kvpd_keep_commit(struct kvpd_keep *k, int32_t id, const uint8_t *key, size_
  */
 uint64_t kvpd_keep_sweep(struct kvpd_pool *p, uint64_t max_bytes);
 
+/* A warm pool's figures for /metrics. */
+struct kvpd_keep_stats {
+	uint32_t kept;       /* rows this life adopted at its start */
+	uint32_t dropped;    /* records its start refused (torn, changed, or unproven) */
+	uint64_t unproven;   /* rows committed without a CRC the sweeper has yet to read */
+	uint64_t proven;     /* rows the sweeper has proven, this life */
+};
+
+/* Fills *out (zeros for NULL k); under the pool's lock. */
+void kvpd_keep_stats(const struct kvpd_keep *k, struct kvpd_keep_stats *out);
+
 /* Unmaps and closes (the files stay for the next life). NULL: nothing. */
 void kvpd_keep_close(struct kvpd_keep *k);
 

@@ -35,6 +35,8 @@ struct kvpd_pool_counters {
 	uint64_t quota_refusals;                           /* the pool's session_refs */
 	uint64_t cluster_pending, cluster_dropped;         /* fill.h: pending answers, no room */
 	uint64_t refs_held;                                /* every session's references, now */
+	bool warm;                                         /* restart=warm: the four below */
+	uint64_t warm_kept, warm_dropped, warm_unproven, warm_proven; /* keep.h's stats */
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call table row][status] */
 	/* Handling time by call (table row), lock wait included, not the network. */
 	uint64_t latency[KVPD_NUM_CALLS][KVPD_LATENCY_BUCKETS];
