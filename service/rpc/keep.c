@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,6 +221,60 @@ cmp_gen(const void *a, const void *b, void *arg)
 	return (x > y) - (x < y);
 }
 
+/* One checking thread's share: rows ids[i] for i = first, first + step, ... */
+struct check_share {
+	const struct kvpd_keep *k;
+	const int32_t *ids;
+	size_t n, first, step;
+};
+
+static void *
+check_share_main(void *arg)
+{
+	const struct check_share *s = arg;
+	for (size_t i = s->first; i < s->n; i += s->step) {
+		struct rec *r = rec_at(s->k, s->ids[i]);
+		if (kvp_crc32c(0, s->k->base + (uint64_t)s->ids[i] * s->k->row_stride,
+		               s->k->row_bytes) != r->crc)
+			r->gen = 0; /* torn, or written after its commit: dropped */
+	}
+	return NULL;
+}
+
+/*
+ * Checks rows ids[0..n) against their records' CRC32C, clearing the record
+ * of each that fails: on up to KEEP_CHECK_THREADS threads (one per online
+ * CPU), since a start reads every byte of the region (the caller's thread
+ * alone where none can be started).
+ */
+enum { KEEP_CHECK_THREADS = 16 };
+
+static void
+check_rows(const struct kvpd_keep *k, const int32_t *ids, size_t n)
+{
+	pthread_t th[KEEP_CHECK_THREADS];
+	struct check_share sh[KEEP_CHECK_THREADS];
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t want = cpus < 1 ? 1 : cpus > KEEP_CHECK_THREADS ? KEEP_CHECK_THREADS : (size_t)cpus;
+	size_t started = 0;
+
+	if (want > n)
+		want = n ? n : 1;
+	for (size_t t = 0; t < want; t++)
+		sh[t] = (struct check_share){.k = k, .ids = ids, .n = n, .first = t, .step = want};
+	for (size_t t = 1; t < want; t++) {
+		if (pthread_create(&th[t], NULL, check_share_main, &sh[t]) != 0)
+			break;
+		started = t;
+	}
+	/* Shares whose thread did not start run here, after the caller's own. */
+	(void)check_share_main(&sh[0]);
+	for (size_t t = started + 1; t < want; t++)
+		(void)check_share_main(&sh[t]);
+	for (size_t t = 1; t <= started; t++)
+		pthread_join(th[t], NULL);
+}
+
 /* Adopts the rows whose records and bytes agree; fills rep. */
 static int
 adopt(struct kvpd_pool *p, struct kvpd_keep *k, const struct kvp_exec_region *reg,
@@ -247,15 +302,24 @@ adopt(struct kvpd_pool *p, struct kvpd_keep *k, const struct kvp_exec_region *re
 			rep->unproven++;
 			continue;
 		}
-		rep->checked_bytes += reg->row_bytes;
-		if (!rec_ok(k, r) ||
-		    kvp_crc32c(0, reg->base + (uint64_t)i * reg->row_stride, reg->row_bytes) != r->crc) {
+		if (!rec_ok(k, r)) {
 			r->gen = 0;
 			rep->dropped++;
 			continue;
 		}
 		ids[n++] = (int32_t)i;
 	}
+	/* Each candidate row's bytes against its recorded CRC32C, on several threads. */
+	rep->checked_bytes = (uint64_t)n * reg->row_bytes;
+	check_rows(k, ids, n);
+	size_t whole = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (rec_at(k, ids[i])->gen != 0)
+			ids[whole++] = ids[i];
+		else
+			rep->dropped++;
+	}
+	n = whole;
 	qsort_r(ids, n, sizeof(*ids), cmp_gen, k);
 	for (size_t i = 0; i < n; i++)
 		memcpy(keys + i * k->key_len, rec_at(k, ids[i])->key, k->key_len);

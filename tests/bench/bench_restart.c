@@ -7,7 +7,8 @@
  * the new process until it is ready.
  * Ready is when its log says it serves; the run also times a new client's
  * first lookup after that start, which hits. Baselines in the same run: a
- * raw CRC32C of the same 4 GiB (the check a warm start must make) and a
+ * raw CRC32C of the same 4 GiB on one thread (the check a warm start must
+ * make, which it spreads over the CPUs) and a
  * cold start of the same pool (a fresh region allocated, nothing adopted),
  * also after a SIGKILL. Prints `restart warm S cold S crc S ... rows N`.
  * --quick: a 512 MiB region, fewer repetitions.
@@ -230,7 +231,8 @@ main(int argc, char **argv)
 	char row[160];
 	snprintf(row, sizeof(row), "warm restart to ready (SIGKILL, %u rows, %llu MiB, every row "
 	         "checked)", rows - 1, (unsigned long long)(bytes >> 20));
-	bench_json("restart", row, w, "s", "a raw CRC32C of the same bytes", k, "lower");
+	bench_json("restart", row, w, "s", "a raw CRC32C of the same bytes on one thread", k,
+	           "lower");
 	snprintf(row, sizeof(row), "warm restart to ready against a cold start of the same pool "
 	         "(%llu MiB)", (unsigned long long)(bytes >> 20));
 	bench_json("restart", row, w, "s", "a cold start (a fresh region, nothing kept)", c,
