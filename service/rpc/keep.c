@@ -429,6 +429,13 @@ kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len)
 		kvpd_keep_close(k);
 		return KVP_EINVAL;
 	}
+	if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		snprintf(err, err_len, "pool %s: %.160s is not a regular file of this user",
+		         p->cfg.name, path);
+		close(fd);
+		kvpd_keep_close(k);
+		return KVP_EINVAL;
+	}
 	struct header want, *have;
 	layout_of(&p->cfg, layout, sizeof(layout));
 	header_fill(&want, k, &reg, layout);
