@@ -49,6 +49,14 @@ hello(const char *pool)
 	return sid;
 }
 
+/* At the run's end: the pools' region files in /dev/shm go with the server. */
+static void
+destroy_server(void)
+{
+	kvpd_server_destroy(srv);
+	srv = NULL;
+}
+
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -65,6 +73,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 		fprintf(stderr, "fuzz: cannot create the server: %s\n", err);
 		abort(); /* the harness itself is broken: not an input */
 	}
+	atexit(destroy_server);
 	return 0;
 }
 
