@@ -388,7 +388,7 @@ store_unchecked(struct kvp_client *c, struct kvp_region *reg, uint32_t g0, uint3
 /*
  * Rows committed without a CRC are kept once the daemon's sweeper has
  * taken one (within a reaper period); those a kill catches before are
- * dropped, never served with other bytes.
+ * dropped, never served with other bytes; a clean stop proves them all.
  */
 static void
 test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
@@ -401,7 +401,7 @@ test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
 	row_bytes = (uint32_t)kvp_region_info(reg)->row_bytes;
 	(void)verify(c, reg, ROWS); /* whatever the last test left: checked, then forgotten */
 	uint32_t g0 = next_key;
-	next_key += 16;
+	next_key += 24;
 	double proven0 = metric("kvpool_warm_rows_proven_total");
 	store_unchecked(c, reg, g0, 8);
 	sleep_ms(1500); /* a few reaper periods: the sweeper proves these */
@@ -420,6 +420,17 @@ test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
 	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
 	(void)verify(c, reg, 0); /* the first 8 must be there, with their bytes */
 	double kept = metric("kvpool_warm_rows_kept"), dropped = metric("kvpool_warm_rows_dropped");
+	/* A clean stop right after a commit without a CRC proves it before it exits. */
+	store_unchecked(c, reg, g0 + 16, 8);
+	for (uint32_t i = 16; i < 24; i++)
+		st[g0 + i] = RESIDENT;
+	kvp_region_close(reg);
+	kvp_client_close(c);
+	assert_int_equal(daemon_stop(pid), 0);
+	pid = start();
+	c = connect_client();
+	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
+	(void)verify(c, reg, 0); /* all 8 there, with their bytes */
 	kvp_region_close(reg);
 	kvp_client_close(c);
 	assert_int_equal(daemon_stop(pid), 0);
