@@ -71,6 +71,8 @@ struct kvpd_pool_config {
 	uint32_t session_rows;     /* region rows one session may reserve or lock; 0: half */
 	bool clear_on_alloc;       /* clear=alloc: zero every block as it is handed out */
 	bool restart_warm;         /* restart=warm: keep the region and its committed rows */
+	char disk[256];            /* disk=PATH: the disk tier's file; empty: none */
+	uint32_t disk_rows;        /* disk_rows=N: its slots, one row each */
 	uint32_t cluster_wait_ms;  /* a missed key waits this long on the cluster tier; 0: none */
 	uint32_t cluster_miss_ms;  /* a key the cluster lacks misses this long unasked */
 	uint32_t cluster_wants;    /* keys waiting on the cluster tier at most */

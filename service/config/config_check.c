@@ -269,15 +269,20 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 		}
 	for (size_t i = 0; i < c->num_pools; i++) {
 		const struct kvpd_pool_config *p = &c->pools[i];
-		if (!p->restart_warm)
+		if (p->disk[0] != '\0' && (p->disk_rows == 0 || p->cluster_wait_ms != 0)) {
+			fprintf(err, "kvpoold: pool %s: disk=%s needs disk_rows, and no cluster tier "
+			             "(cluster_wait_ms) beside it\n", p->name, p->disk);
+			bad++;
+		}
+		if (!p->restart_warm && p->disk[0] == '\0')
 			continue;
 		const char *why = strcmp(p->exec.backend, "cpu") != 0 ? "executor=cpu"
 		                  : !p->caching                    ? "caching on"
 		                  : strcmp(c->region_dir, "none") == 0 ? "a region-dir"
 		                                                       : NULL;
 		if (why != NULL) {
-			fprintf(err, "kvpoold: pool %s: restart=warm keeps a shared region, which "
-			             "needs %s\n", p->name, why);
+			fprintf(err, "kvpoold: pool %s: %s needs a shared region, which needs %s\n",
+			        p->name, p->restart_warm ? "restart=warm" : "a disk tier", why);
 			bad++;
 		}
 	}

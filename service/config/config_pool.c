@@ -169,6 +169,10 @@ pool_item(struct kvpd_pool_config *p, const char *k, const char *v, FILE *err)
 		return kvpd_cfg_parse_u32(v, 0, 3600000, &p->cluster_miss_ms);
 	if (strcmp(k, "cluster_wants") == 0)
 		return kvpd_cfg_parse_u32(v, 1, 1u << 20, &p->cluster_wants);
+	if (strcmp(k, "disk") == 0)
+		return v[0] == '/' ? kvpd_cfg_copy_str(p->disk, sizeof(p->disk), v) : -1;
+	if (strcmp(k, "disk_rows") == 0)
+		return kvpd_cfg_parse_u32(v, 1, 1u << 30, &p->disk_rows);
 	if (strcmp(k, "restart") == 0) {
 		bool warm = strcmp(v, "warm") == 0;
 		if (!warm && strcmp(v, "cold") != 0)

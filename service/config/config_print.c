@@ -21,7 +21,7 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		fprintf(out, "pool = name=%s,blocks=%s,groups=%s,hash_block_size=%u,caching=%s,"
 		             "block_size=%u,max_model_len=%u,medium=%s,vllm=%s,seed=%s,hash_algo=%s,"
 		             "dp_rank=%d,model=%s,token=%s,executor=%s,device=%d,layers=%u,heads=%u,head_size=%u,dtype=%s,"
-		             "layout=%s,memory=%s,shards=%u,session_refs=%u,session_rows=%u,clear=%s,restart=%s,"
+		             "layout=%s,memory=%s,shards=%u,session_refs=%u,session_rows=%u,clear=%s,restart=%s,disk=%s,disk_rows=%u,"
 		             "cluster_wait_ms=%u,cluster_miss_ms=%u,cluster_wants=%u\n",
 		        p->name, p->num_blocks ? blocks : "(from memory)", groups, p->hash_block_size,
 		        p->caching ? "on" : "off", p->block_size,
@@ -33,7 +33,8 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 		        p->token[0] ? "(set)" : "(none)", x->backend, x->device, x->layers, x->heads,
 		        x->head_size, x->dtype, x->layout, x->memory[0] ? x->memory : "(none)",
 		        p->shards ? p->shards : 1, p->session_refs, p->session_rows, p->clear_on_alloc ? "alloc" : "none",
-		        p->restart_warm ? "warm" : "cold",
+		        p->restart_warm ? "warm" : "cold", p->disk[0] ? p->disk : "none",
+		        p->disk_rows,
 		        p->cluster_wait_ms, p->cluster_miss_ms, p->cluster_wants);
 	}
 	fprintf(out, "admin = %s\n", c->admin[0] ? c->admin : "none");

@@ -20,6 +20,7 @@
 #include "engine/pool.h"
 #include "gpu/executor.h"
 #include "service/rpc/call.h"
+#include "service/rpc/disk.h"
 #include "service/rpc/keep.h"
 
 /* The pool has a region: KVP_OK, or NOT_SUPPORTED saying why not. */
@@ -212,6 +213,8 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 		                                           kvp_exec_block_bytes(c->p->exec));
 		kvpd_keep_commit(c->p->keep, ids[i], m->keys.data + i * key_len(c), key_len(c),
 		                 c->p->row_crc[ids[i]]);
+		kvpd_disk_commit(c->p->disk, ids[i], m->keys.data + i * key_len(c), key_len(c));
+		kvpd_fill_forget(&c->p->fill, m->keys.data + i * key_len(c));
 	}
 	r->num_committed = (uint32_t)n;
 	out->result_case = KVPOOL__V1__REPLY__RESULT_COMMIT;
@@ -298,9 +301,13 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	for (; looked < n; looked++) {
 		ids[looked] = cached_row(c, m->keys.data, looked);
-		/* A miss the cluster tier may hold: pending (-2) while its agent fills it. */
-		if (ids[looked] < 0 && kvpd_fill_ask(&c->p->fill, m->keys.data + looked * key_len(c),
-		                                     c->now_ms) == KVPD_FILL_PENDING)
+		/*
+		 * A miss the cluster tier may hold, or the disk tier does: pending (-2)
+		 * while its agent (the disk tier's thread) fills it.
+		 */
+		const uint8_t *k = m->keys.data + looked * key_len(c);
+		if (ids[looked] < 0 && (c->p->disk == NULL || kvpd_disk_has(c->p->disk, k, key_len(c))) &&
+		    kvpd_fill_ask(&c->p->fill, k, c->now_ms) == KVPD_FILL_PENDING)
 			ids[looked] = -2;
 		if (ids[looked] < 0 && m->prefix)
 			break;

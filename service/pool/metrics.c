@@ -210,6 +210,22 @@ render_pools(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_
 	            c[i].warm_unproven);
 	COUNTER_WHERE("warm_rows_proven_total", "restart=warm: rows committed without a CRC32C "
 	              "whose CRC32C the reaper took, this life.", c[i].warm, c[i].warm_proven);
+	GAUGE_WHERE("disk_rows", "Disk tier: its slots, one row each (the pool's disk_rows).",
+	            c[i].disk, c[i].disk_slots);
+	GAUGE_WHERE("disk_rows_used", "Disk tier: slots holding a committed row.", c[i].disk,
+	            c[i].disk_used);
+	COUNTER_WHERE("disk_writes_total", "Disk tier: committed rows written behind.", c[i].disk,
+	              c[i].disk_writes);
+	COUNTER_WHERE("disk_write_skips_total", "Disk tier: committed rows not written (evicted "
+	              "before their write finished, or more waiting than the region's rows).",
+	              c[i].disk, c[i].disk_write_skips);
+	COUNTER_WHERE("disk_fills_total", "Disk tier: rows read back into the region for a "
+	              "lookup that missed them.", c[i].disk, c[i].disk_fills);
+	COUNTER_WHERE("disk_fill_failures_total", "Disk tier: reads refused (an I/O error, or "
+	              "bytes that fail their CRC32C): the lookup misses.", c[i].disk,
+	              c[i].disk_fill_failures);
+	COUNTER_WHERE("disk_io_errors_total", "Disk tier: reads and writes the file refused.",
+	              c[i].disk, c[i].disk_io_errors);
 	COUNTER("sessions_opened_total", "Sessions opened by Hello.", c[i].sessions_opened);
 	COUNTER("leases_expired_total", "Sessions ended because their lease ran out.",
 	        c[i].leases_expired);

@@ -18,6 +18,7 @@
 #include "service/rpc/decode_arena.h"
 #include "service/rpc/dispatch.h"
 #include "service/rpc/envelope.h"
+#include "service/rpc/disk.h"
 #include "service/rpc/keep.h"
 #include "gpu/executor.h"
 #include "engine/manager.h"
@@ -35,6 +36,8 @@ const double kvpd_latency_bounds[KVPD_LATENCY_BUCKETS - 1] = {
 static void
 pool_fini(struct kvpd_pool *p)
 {
+	kvpd_disk_close(p->disk); /* its thread first: it takes the pool's lock */
+	p->disk = NULL;
 	if (p->sessions != NULL) {
 		for (size_t i = 0; i < p->num_sessions; i++) {
 			kvpd_pool_release_session(p, p->sessions[i]);
@@ -156,9 +159,11 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	                                                      : KVP_KEYS_TAGGED)) != KVP_OK ||
 	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
 	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK ||
-	    (p->row_crc && pc->cluster_wait_ms &&
+	    (p->row_crc && (pc->cluster_wait_ms || pc->disk[0]) &&
 	     (rv = kvpd_fill_init(&p->fill, kvp_pool_hash_len(p->pool) + KVP_MAP_KEY_GROUP_LEN,
-	                          pc->cluster_wants, pc->cluster_wait_ms, pc->cluster_miss_ms)))) {
+	                          pc->cluster_wants,
+	                          pc->cluster_wait_ms ? pc->cluster_wait_ms : KVPD_DISK_WAIT_MS,
+	                          pc->cluster_miss_ms)))) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
 		return rv;
 	}
@@ -170,7 +175,10 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 		return rv;
 	}
 	memcpy(p->none_fp, fp, sizeof(p->none_fp));
-	return pc->restart_warm ? kvpd_keep_open(p, cfg->ipc_mode, err, err_len) : KVP_OK;
+	if (pc->restart_warm && (rv = kvpd_keep_open(p, cfg->ipc_mode, err, err_len)) != KVP_OK)
+		return rv;
+	return pc->disk[0] ? kvpd_disk_open(p, pc->disk, pc->disk_rows, cfg->ipc_mode, err, err_len)
+	                   : KVP_OK;
 }
 
 const char *
@@ -542,6 +550,16 @@ kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool_coun
 	out->warm_dropped = ks.dropped;
 	out->warm_unproven = ks.unproven;
 	out->warm_proven = ks.proven;
+	struct kvpd_disk_stats ds;
+	kvpd_disk_stats(s->pools[i].disk, &ds);
+	out->disk = s->pools[i].disk != NULL;
+	out->disk_slots = ds.slots;
+	out->disk_used = ds.used;
+	out->disk_writes = ds.writes;
+	out->disk_write_skips = ds.write_skips;
+	out->disk_fills = ds.fills;
+	out->disk_fill_failures = ds.fill_failures;
+	out->disk_io_errors = ds.io_errors;
 	out->replay_dropped_for_bytes = s->pools[i].stream.ring.dropped_for_bytes;
 	out->vllm_on = s->pools[i].stream.on_events != NULL;
 	nng_mtx_unlock(s->pools[i].lock);

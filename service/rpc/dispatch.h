@@ -79,6 +79,7 @@ struct kvpd_pool {
 	struct kvp_exec *exec;          /* the KV memory; NULL with executor=none */
 	uint32_t *row_crc;              /* with a region: each row's CRC32C at its commit; else NULL */
 	struct kvpd_keep *keep;         /* restart=warm: the rows' records (keep.h); else NULL */
+	struct kvpd_disk *disk;         /* disk=: the disk tier below the region (disk.h); else NULL */
 	struct kvpd_fill fill;          /* with a region and cluster_wait_ms: keys the cluster fills */
 	uint8_t *zeros;                 /* clear=alloc: one block of zeros to write over each new one */
 	struct kvpd_pool_pods pods;     /* read by the vLLM wire's publisher, under the lock */

@@ -127,6 +127,17 @@ want(struct kvpd_fill *f, uint32_t i, uint64_t now_ms)
 	f->q[(f->q_head + f->q_len++) % f->cap] = (struct kvpd_fill_want){ i, f->e[i].gen };
 }
 
+void
+kvpd_fill_forget(struct kvpd_fill *f, const uint8_t *key)
+{
+	bool clash;
+	uint32_t i;
+	if (f == NULL || f->key_len == 0 || key == NULL)
+		return;
+	if ((i = find(f, fingerprint(f, key), key, &clash)) != UINT32_MAX)
+		drop(f, i);
+}
+
 enum kvpd_fill_answer
 kvpd_fill_ask(struct kvpd_fill *f, const uint8_t *key, uint64_t now_ms)
 {

@@ -63,6 +63,13 @@ bool kvpd_fill_on(const struct kvpd_fill *f, uint64_t now_ms);
 enum kvpd_fill_answer kvpd_fill_ask(struct kvpd_fill *f, const uint8_t *key, uint64_t now_ms);
 
 /*
+ * key was committed (filled, or stored by anyone): its entry goes, so that
+ * a lookup after the row's next eviction asks afresh rather than missing
+ * for miss_ms as a key the agent never answered would. Not there: nothing.
+ */
+void kvpd_fill_forget(struct kvpd_fill *f, const uint8_t *key);
+
+/*
  * The agent's call: marks each of absent[0..n_absent) ABSENT, then moves
  * up to max wanted keys, oldest first, into out (max * key_len bytes) and
  * marks them TAKEN. Returns how many; *waiting: wanted keys left queued.

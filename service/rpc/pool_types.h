@@ -37,6 +37,9 @@ struct kvpd_pool_counters {
 	uint64_t refs_held;                                /* every session's references, now */
 	bool warm;                                         /* restart=warm: the four below */
 	uint64_t warm_kept, warm_dropped, warm_unproven, warm_proven; /* keep.h's stats */
+	bool disk;                                         /* a disk tier: the six below */
+	uint64_t disk_slots, disk_used, disk_writes, disk_write_skips, disk_fills,
+		disk_fill_failures, disk_io_errors;        /* disk.h's stats */
 	uint64_t by_call[KVPD_NUM_CALLS][KVPD_NUM_STATUS]; /* [call table row][status] */
 	/* Handling time by call (table row), lock wait included, not the network. */
 	uint64_t latency[KVPD_NUM_CALLS][KVPD_LATENCY_BUCKETS];

@@ -1,0 +1,426 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* A region pool's disk tier: disk.h. */
+#define _GNU_SOURCE /* O_DIRECT */
+#include "service/rpc/disk.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/crc32c.h"
+#include "common/kvp_status.h"
+#include "common/map_key.h"
+#include "engine/pool.h"
+#include "gpu/executor.h"
+#include "service/rpc/dispatch.h"
+#include "service/rpc/keep.h"
+
+/* Rows a round moves; a sleep when a round found nothing; the longest key (a 64-byte hash). */
+enum { BATCH = 8, IDLE_US = 2000, MAX_KEY = 64 + KVP_MAP_KEY_GROUP_LEN };
+
+/* A committed row waiting to be written behind. */
+struct wq_item {
+	int32_t id;
+	uint8_t key[MAX_KEY];
+};
+
+struct kvpd_disk {
+	struct kvpd_pool *p;
+	int fd;
+	bool direct;
+	uint32_t slots, hand;       /* hand: the next slot written, first in first out */
+	size_t key_len;
+	uint64_t stride, row_bytes;
+	unsigned char *base;        /* the region's rows */
+	/* Per slot: its key (key_len bytes), its bytes' CRC32C, used, busy (an I/O on it). */
+	uint8_t *slot_keys;
+	uint32_t *slot_crc;
+	uint8_t *slot_used, *slot_busy;
+	/* key -> slot + 1, open addressing with linear probing (capacity a power of two). */
+	uint32_t *index;
+	uint32_t index_mask;
+	/* Committed rows to write behind: a ring. */
+	struct wq_item *wq;
+	uint32_t wq_cap, wq_head, wq_len;
+	/* Keys the fill table wanted that the disk does not hold: reported absent next round. */
+	uint8_t *absent;
+	size_t n_absent;
+	struct kvpd_disk_stats st;
+	pthread_t thread;
+	bool started;
+	atomic_bool stop;
+};
+
+static uint64_t
+key_hash(const uint8_t *k, size_t n)
+{
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ k[i]) * 1099511628211ull;
+	return h;
+}
+
+static const uint8_t *
+slot_key(const struct kvpd_disk *d, uint32_t s)
+{
+	return d->slot_keys + (size_t)s * d->key_len;
+}
+
+/* The index position of key, or of the empty entry where it would go. */
+static uint32_t
+index_pos(const struct kvpd_disk *d, const uint8_t *key)
+{
+	uint32_t i = (uint32_t)key_hash(key, d->key_len) & d->index_mask;
+	while (d->index[i] != 0 && memcmp(slot_key(d, d->index[i] - 1), key, d->key_len) != 0)
+		i = (i + 1) & d->index_mask;
+	return i;
+}
+
+static int64_t
+index_find(const struct kvpd_disk *d, const uint8_t *key)
+{
+	uint32_t i = index_pos(d, key);
+	return d->index[i] ? (int64_t)d->index[i] - 1 : -1;
+}
+
+/* Removes slot s's key from the index (backward-shift deletion: no tombstones). */
+static void
+index_remove(struct kvpd_disk *d, uint32_t s)
+{
+	uint32_t i = index_pos(d, slot_key(d, s));
+	if (d->index[i] != s + 1)
+		return;
+	d->index[i] = 0;
+	for (uint32_t j = (i + 1) & d->index_mask; d->index[j] != 0; j = (j + 1) & d->index_mask) {
+		uint32_t home = (uint32_t)key_hash(slot_key(d, d->index[j] - 1), d->key_len) &
+		                d->index_mask;
+		/* Entry j may move to the hole at i if its home is not in (i, j]. */
+		if (((j - home) & d->index_mask) >= ((j - i) & d->index_mask)) {
+			d->index[i] = d->index[j];
+			d->index[j] = 0;
+			i = j;
+		}
+	}
+}
+
+/* Frees slot s (its key leaves the index). */
+static void
+slot_free(struct kvpd_disk *d, uint32_t s)
+{
+	if (d->slot_used[s]) {
+		index_remove(d, s);
+		d->slot_used[s] = 0;
+		d->st.used--;
+	}
+}
+
+/* Slot s now holds key with crc; an older slot of the same key is freed. */
+static void
+slot_set(struct kvpd_disk *d, uint32_t s, const uint8_t *key, uint32_t crc)
+{
+	int64_t old = index_find(d, key);
+	if (old >= 0)
+		slot_free(d, (uint32_t)old);
+	memcpy(d->slot_keys + (size_t)s * d->key_len, key, d->key_len);
+	d->slot_crc[s] = crc;
+	d->slot_used[s] = 1;
+	d->st.used++;
+	d->index[index_pos(d, key)] = s + 1;
+}
+
+/* The row key is cached in, or -1. */
+static int32_t
+cached_row(struct kvpd_disk *d, const uint8_t *key)
+{
+	size_t hl = d->key_len - KVP_MAP_KEY_GROUP_LEN;
+	uint32_t g = kvp_map_key_group(key, d->key_len);
+	int32_t id = -1;
+	return kvp_pool_get_cached_block(d->p->pool, key, hl, &g, 1, &id) == KVP_OK ? id : -1;
+}
+
+static unsigned char *
+row(const struct kvpd_disk *d, int32_t id)
+{
+	return d->base + (uint64_t)id * d->stride;
+}
+
+static bool
+io_all(int fd, unsigned char *buf, uint64_t len, uint64_t off, bool write)
+{
+	for (uint64_t done = 0; done < len;) {
+		ssize_t r = write ? pwrite(fd, buf + done, len - done, (off_t)(off + done))
+		                  : pread(fd, buf + done, len - done, (off_t)(off + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return false;
+		done += (uint64_t)r;
+	}
+	return true;
+}
+
+void
+kvpd_disk_commit(struct kvpd_disk *d, int32_t id, const uint8_t *key, size_t key_len)
+{
+	if (d == NULL || key_len != d->key_len)
+		return;
+	if (d->wq_len == d->wq_cap) {
+		d->st.write_skips++; /* writes fall behind commits: this one stays in memory only */
+		return;
+	}
+	struct wq_item *w = &d->wq[(d->wq_head + d->wq_len++) % d->wq_cap];
+	w->id = id;
+	memcpy(w->key, key, key_len);
+}
+
+/* Writes behind up to BATCH committed rows; returns how many it took. */
+static size_t
+write_round(struct kvpd_disk *d)
+{
+	struct {
+		int32_t id;
+		uint32_t slot, crc;
+		bool ok;
+		uint8_t key[MAX_KEY];
+	} b[BATCH];
+	size_t n = 0, taken = 0;
+	struct kvpd_pool *p = d->p;
+
+	nng_mtx_lock(p->lock);
+	while (n < BATCH && d->wq_len > 0) {
+		struct wq_item *w = &d->wq[d->wq_head];
+		d->wq_head = (d->wq_head + 1) % d->wq_cap;
+		d->wq_len--;
+		taken++;
+		if (cached_row(d, w->key) != w->id || index_find(d, w->key) >= 0)
+			continue; /* gone already, or on disk already */
+		uint32_t s = d->hand, tries = 0;
+		while (d->slot_busy[s] && tries++ < d->slots)
+			s = (s + 1) % d->slots;
+		if (d->slot_busy[s])
+			break;
+		d->hand = (s + 1) % d->slots;
+		slot_free(d, s);
+		d->slot_busy[s] = 1;
+		b[n].id = w->id;
+		b[n].slot = s;
+		memcpy(b[n].key, w->key, d->key_len);
+		n++;
+	}
+	nng_mtx_unlock(p->lock);
+	/* Outside the lock: a row reused meanwhile no longer holds its key, checked below. */
+	for (size_t i = 0; i < n; i++) {
+		b[i].crc = kvp_crc32c(0, row(d, b[i].id), d->row_bytes);
+		b[i].ok = io_all(d->fd, row(d, b[i].id), d->stride, (uint64_t)b[i].slot * d->stride,
+		                 true);
+	}
+	nng_mtx_lock(p->lock);
+	for (size_t i = 0; i < n; i++) {
+		d->slot_busy[b[i].slot] = 0;
+		if (!b[i].ok)
+			d->st.io_errors++;
+		else if (cached_row(d, b[i].key) != b[i].id)
+			d->st.write_skips++;
+		else {
+			slot_set(d, b[i].slot, b[i].key, b[i].crc);
+			d->st.writes++;
+		}
+	}
+	nng_mtx_unlock(p->lock);
+	return taken;
+}
+
+/* Fills up to BATCH keys lookups wanted; returns how many it was asked for. */
+static size_t
+fill_round(struct kvpd_disk *d)
+{
+	struct {
+		int32_t id;
+		uint32_t slot, crc;
+		bool ok;
+	} b[BATCH];
+	uint8_t want[BATCH * MAX_KEY];
+	uint32_t waiting = 0, bs[KVP_MAX_GROUPS];
+	size_t n = 0;
+	struct kvpd_pool *p = d->p;
+
+	nng_mtx_lock(p->lock);
+	size_t asked = kvpd_fill_agent(&p->fill, d->absent, d->n_absent, want, BATCH, &waiting,
+	                               nng_clock());
+	d->n_absent = 0;
+	for (size_t i = 0; i < asked; i++) {
+		const uint8_t *k = want + i * d->key_len;
+		int64_t s = index_find(d, k);
+		int32_t id = -1;
+		if (s < 0 || d->slot_busy[s]) {
+			memcpy(d->absent + d->n_absent++ * d->key_len, k, d->key_len);
+			continue;
+		}
+		if (cached_row(d, k) > 0 ||
+		    kvp_pool_reserve(p->pool, k, d->key_len, 1, &id, NULL, NULL) != KVP_OK || id <= 0)
+			continue; /* cached meanwhile, being stored, or no room: the lookup asks again */
+		d->slot_busy[s] = 1;
+		b[n].id = id;
+		b[n].slot = (uint32_t)s;
+		b[n].crc = d->slot_crc[s];
+		n++;
+	}
+	nng_mtx_unlock(p->lock);
+	/* Outside the lock: the reserved row is this thread's until it commits or aborts. */
+	for (size_t i = 0; i < n; i++)
+		b[i].ok = io_all(d->fd, row(d, b[i].id), d->stride, (uint64_t)b[i].slot * d->stride,
+		                 false) &&
+		          kvp_crc32c(0, row(d, b[i].id), d->row_bytes) == b[i].crc;
+	nng_mtx_lock(p->lock);
+	for (uint32_t g = 0; g < p->cfg.num_groups; g++)
+		bs[g] = p->cfg.groups[g].block_size;
+	for (size_t i = 0; i < n; i++) {
+		d->slot_busy[b[i].slot] = 0;
+		if (b[i].ok && kvp_pool_commit(p->pool, &b[i].id, 1, bs, p->cfg.num_groups) == KVP_OK) {
+			p->row_crc[b[i].id] = b[i].crc;
+			kvpd_keep_commit(p->keep, b[i].id, slot_key(d, b[i].slot), d->key_len, b[i].crc);
+			kvpd_fill_forget(&p->fill, slot_key(d, b[i].slot));
+			d->st.fills++;
+			continue;
+		}
+		(void)kvp_pool_abort(p->pool, &b[i].id, 1);
+		d->st.fill_failures++;
+		slot_free(d, b[i].slot); /* bytes that fail their check are never read again */
+	}
+	nng_mtx_unlock(p->lock);
+	return asked;
+}
+
+static void *
+disk_main(void *arg)
+{
+	struct kvpd_disk *d = arg;
+	while (!atomic_load(&d->stop)) {
+		size_t did = write_round(d) + fill_round(d);
+		if (did == 0)
+			nanosleep(&(struct timespec){0, IDLE_US * 1000}, NULL);
+	}
+	return NULL;
+}
+
+void
+kvpd_disk_stats(const struct kvpd_disk *d, struct kvpd_disk_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (d == NULL)
+		return;
+	*out = d->st;
+	out->slots = d->slots;
+	out->direct = d->direct;
+}
+
+void
+kvpd_disk_close(struct kvpd_disk *d)
+{
+	if (d == NULL)
+		return;
+	if (d->started) {
+		atomic_store(&d->stop, true);
+		pthread_join(d->thread, NULL);
+	}
+	if (d->fd >= 0)
+		close(d->fd);
+	free(d->slot_keys);
+	free(d->slot_crc);
+	free(d->slot_used);
+	free(d->slot_busy);
+	free(d->index);
+	free(d->wq);
+	free(d->absent);
+	free(d);
+}
+
+int
+kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mode, char *err,
+               size_t err_len)
+{
+	struct kvp_exec_region reg;
+	struct kvpd_disk *d;
+	int rv;
+
+	if (p == NULL || path == NULL || rows == 0 || p->row_crc == NULL ||
+	    kvp_exec_region(p->exec, &reg) != KVP_OK || p->fill.key_len == 0) {
+		snprintf(err, err_len, "pool %s: a disk tier needs a shared region",
+		         p ? p->cfg.name : "?");
+		return KVP_EINVAL;
+	}
+	if ((d = calloc(1, sizeof(*d))) == NULL)
+		goto nomem;
+	d->p = p;
+	d->fd = -1;
+	d->slots = rows;
+	d->key_len = kvp_pool_hash_len(p->pool) + KVP_MAP_KEY_GROUP_LEN;
+	d->stride = reg.row_stride;
+	d->row_bytes = reg.row_bytes;
+	d->base = reg.base;
+	d->wq_cap = reg.num_rows;
+	uint32_t cap = 2;
+	while (cap < 2 * rows)
+		cap *= 2;
+	d->index_mask = cap - 1;
+	if (d->key_len > MAX_KEY ||
+	    (d->slot_keys = calloc(rows, d->key_len)) == NULL ||
+	    (d->slot_crc = calloc(rows, sizeof(*d->slot_crc))) == NULL ||
+	    (d->slot_used = calloc(rows, 1)) == NULL || (d->slot_busy = calloc(rows, 1)) == NULL ||
+	    (d->index = calloc(cap, sizeof(*d->index))) == NULL ||
+	    (d->wq = calloc(d->wq_cap, sizeof(*d->wq))) == NULL ||
+	    (d->absent = calloc(BATCH, d->key_len)) == NULL)
+		goto nomem;
+	/* O_DIRECT where rows are whole pages and the file system takes it (tmpfs does not). */
+	int flags = O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW;
+	if (d->stride % 4096 == 0 && (d->fd = open(path, flags | O_DIRECT, mode & 0777)) >= 0)
+		d->direct = true;
+	else if ((d->fd = open(path, flags, mode & 0777)) < 0) {
+		snprintf(err, err_len, "pool %s: cannot open the disk tier %.160s: %s", p->cfg.name,
+		         path, strerror(errno));
+		kvpd_disk_close(d);
+		return KVP_EINVAL;
+	}
+	struct stat st;
+	if (fstat(d->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		snprintf(err, err_len, "pool %s: the disk tier %.160s is not a regular file of this "
+		         "user", p->cfg.name, path);
+		kvpd_disk_close(d);
+		return KVP_EINVAL;
+	}
+	/* The slots' bytes are this life's only (no index survives): start from an empty file. */
+	if (ftruncate(d->fd, 0) != 0 ||
+	    (rv = posix_fallocate(d->fd, 0, (off_t)(d->stride * rows))) != 0) {
+		snprintf(err, err_len, "pool %s: cannot allocate %llu bytes for the disk tier "
+		         "%.160s", p->cfg.name, (unsigned long long)(d->stride * rows), path);
+		kvpd_disk_close(d);
+		return KVP_ENOMEM;
+	}
+	if (pthread_create(&d->thread, NULL, disk_main, d) != 0) {
+		snprintf(err, err_len, "pool %s: cannot start the disk tier's thread", p->cfg.name);
+		kvpd_disk_close(d);
+		return KVP_ENOMEM;
+	}
+	d->started = true;
+	p->disk = d;
+	return KVP_OK;
+nomem:
+	snprintf(err, err_len, "pool %s: out of memory for the disk tier", p->cfg.name);
+	kvpd_disk_close(d);
+	return KVP_ENOMEM;
+}
+
+/* Whether the disk holds key (a lookup's miss then waits on a fill). Under the pool's lock. */
+bool
+kvpd_disk_has(const struct kvpd_disk *d, const uint8_t *key, size_t key_len)
+{
+	return d != NULL && key_len == d->key_len && index_find(d, key) >= 0;
+}

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * A pool's disk tier through a real kvpoold: a pool of 16 rows over a disk
+ * of 256. Rows stored well past the pool's size come back: a lookup of one
+ * the region evicted answers pending, then hits with exactly the bytes
+ * committed; a key never stored misses at once; a disk whose bytes were
+ * overwritten under kvpoold serves nothing wrong (each read is checked
+ * against its CRC32C: a miss).
+ */
+#include "daemon_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "kvp_test.h"
+
+#include "clients/c/kvpool.h"
+#include "common/crc32c.h"
+
+#define KL 36
+#define ROWS 16
+#define KEYS 64
+
+static char ipc_url[128], admin[64], dir[64], disk[128], pool[256];
+static pid_t daemon_pid;
+static uint32_t row_bytes;
+
+/* Key g: hash bytes that look like a hash (the fill table fingerprints them), group 0. */
+static void
+make_key(uint8_t *k, uint32_t g)
+{
+	uint64_t x = 0x9e3779b97f4a7c15ull * (g + 11);
+	for (int j = 0; j < 32; j++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		k[j] = (uint8_t)x;
+	}
+	memset(k + 32, 0, 4);
+}
+
+static void
+fill_row(unsigned char *row, size_t len, uint32_t g)
+{
+	uint64_t x = 0x2545f4914f6cdd1dull * (g + 3);
+	for (size_t j = 0; j < len; j++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		row[j] = (unsigned char)x;
+	}
+}
+
+/* The pool's series from /metrics (-1 if absent). */
+static double
+metric(const char *name)
+{
+	static char body[1 << 17];
+	char series[128];
+	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
+		return -1;
+	snprintf(series, sizeof(series), "\n%s{pool=\"kv\"} ", name);
+	const char *at = strstr(body, series);
+	return at ? strtod(at + strlen(series), NULL) : -1;
+}
+
+static struct kvp_client *
+client(void)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "kv", .timeout_ms = 5000,
+	                               .retries = 1};
+	struct kvp_client *c = NULL;
+	assert_int_equal(kvp_client_open(&o, &c), KVP_OK);
+	return c;
+}
+
+/*
+ * Looks key g up until it is not pending (2 s at most). Returns its row
+ * (locked) or -1; *pending: whether it was ever pending.
+ */
+static int32_t
+look(struct kvp_client *c, uint32_t g, bool *pending, uint32_t *crc)
+{
+	uint8_t k[KL];
+	int32_t row = -2;
+	make_key(k, g);
+	*pending = false;
+	for (int i = 0; i < 1000 && row == -2; i++) {
+		assert_int_equal(kvp_client_lookup_lock(c, k, 1, false, &row, crc, NULL, NULL), KVP_OK);
+		if (row == -2) {
+			*pending = true;
+			sleep_ms(2);
+		}
+	}
+	return row;
+}
+
+static void
+unlock(struct kvp_client *c, uint32_t g)
+{
+	uint8_t k[KL];
+	make_key(k, g);
+	assert_int_equal(kvp_client_unlock(c, k, 1), KVP_OK);
+}
+
+static void
+test_disk_tier_serves_what_the_region_evicted(void **state)
+{
+	(void)state;
+	struct kvp_client *c = client();
+	struct kvp_region *reg = NULL;
+	uint8_t keys[4 * KL];
+	int32_t rows[4];
+	unsigned char *want;
+
+	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
+	row_bytes = (uint32_t)kvp_region_info(reg)->row_bytes;
+	want = malloc(row_bytes);
+	assert_non_null(want);
+	for (uint32_t g = 0; g < KEYS; g += 4) {
+		for (uint32_t i = 0; i < 4; i++)
+			make_key(keys + i * KL, g + i);
+		assert_int_equal(kvp_client_reserve(c, keys, 4, rows, NULL, NULL), KVP_OK);
+		for (uint32_t i = 0; i < 4; i++)
+			fill_row(kvp_region_row(reg, rows[i]), row_bytes, g + i);
+		assert_int_equal(kvp_client_commit(c, keys, 4, NULL, true), KVP_OK);
+		sleep_ms(20); /* written behind before the region evicts them */
+	}
+	uint32_t from_disk = 0;
+	for (uint32_t g = 0; g < KEYS; g++) {
+		bool pending;
+		uint32_t crc = 0;
+		int32_t row = look(c, g, &pending, &crc);
+		if (row <= 0)
+			fail_msg("key %u (of %u stored, the region holds %u) was not served", g, KEYS,
+			         ROWS - 1);
+		fill_row(want, row_bytes, g);
+		if (memcmp(kvp_region_row(reg, row), want, row_bytes) != 0)
+			fail_msg("key %u: row %d does not hold the bytes committed", g, row);
+		assert_int_equal(crc, kvp_crc32c(0, want, row_bytes));
+		from_disk += pending;
+		unlock(c, g);
+	}
+	/* A key never stored misses at once: no wait on the disk. */
+	bool pending;
+	assert_int_equal(look(c, 100000, &pending, NULL), -1);
+	assert_false(pending);
+	print_message("%u keys stored in a pool of %u rows: every one served with its bytes, %u of "
+	              "them read back from the disk tier\n", KEYS, ROWS - 1, from_disk);
+	assert_true(from_disk >= KEYS / 2);
+	assert_true(metric("kvpool_disk_writes_total") >= KEYS);
+	assert_true(metric("kvpool_disk_fills_total") >= from_disk);
+	assert_true(metric("kvpool_disk_rows") == 256);
+	free(want);
+	kvp_region_close(reg);
+	kvp_client_close(c);
+}
+
+static void
+test_disk_tier_never_serves_bytes_that_fail_their_check(void **state)
+{
+	(void)state;
+	struct kvp_client *c = client();
+	/* Overwrite every slot under kvpoold. */
+	int fd = open(disk, O_WRONLY);
+	assert_true(fd >= 0);
+	struct stat st;
+	assert_int_equal(fstat(fd, &st), 0);
+	unsigned char junk[4096];
+	memset(junk, 0x5a, sizeof(junk));
+	for (off_t off = 0; off < st.st_size; off += (off_t)sizeof(junk))
+		assert_true(pwrite(fd, junk, sizeof(junk), off) > 0);
+	close(fd);
+	/* The keys the region holds now were read back last: ask for the oldest ones. */
+	uint32_t wrong = 0, missed = 0;
+	for (uint32_t g = 0; g < KEYS / 2; g++) {
+		bool pending;
+		int32_t row = look(c, g, &pending, NULL);
+		if (row > 0) {
+			unsigned char *want = malloc(row_bytes);
+			struct kvp_region *reg = NULL;
+			assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
+			fill_row(want, row_bytes, g);
+			wrong += memcmp(kvp_region_row(reg, row), want, row_bytes) != 0;
+			kvp_region_close(reg);
+			free(want);
+			unlock(c, g);
+		} else {
+			missed++;
+		}
+	}
+	print_message("after the disk was overwritten: %u of %u keys missed, %u served wrong\n",
+	              missed, KEYS / 2, wrong);
+	assert_int_equal(wrong, 0);
+	assert_true(missed > 0);
+	assert_true(metric("kvpool_disk_fill_failures_total") >= missed);
+	kvp_client_close(c);
+}
+
+static int
+setup(void **state)
+{
+	(void)state;
+	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-disk-%d.ipc", (int)getpid());
+	snprintf(dir, sizeof(dir), "/tmp/kvpool-disk-XXXXXX");
+	if (mkdtemp(dir) == NULL)
+		return -1;
+	snprintf(disk, sizeof(disk), "%s/tier.disk", dir);
+	snprintf(pool, sizeof(pool), "name=kv,blocks=%d,executor=cpu,session_rows=%d,disk=%s,"
+	         "disk_rows=256", ROWS, ROWS, disk);
+	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
+	const char *args[] = {"--rpc", ipc_url, "--admin", admin, "--events", "none",
+	                      "--region-dir", dir, "--pool", pool, NULL};
+	daemon_pid = daemon_start(args);
+	return daemon_pid > 0 ? 0 : -1;
+}
+
+static int
+teardown(void **state)
+{
+	(void)state;
+	int rv = daemon_stop(daemon_pid) == 0 ? 0 : -1;
+	unlink(disk);
+	rmdir(dir);
+	return rv;
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_disk_tier_serves_what_the_region_evicted),
+		cmocka_unit_test(test_disk_tier_never_serves_bytes_that_fail_their_check),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
