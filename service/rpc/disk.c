@@ -212,13 +212,15 @@ write_round(struct kvpd_disk *d)
 		d->slot_busy[s] = 1;
 		b[n].id = w->id;
 		b[n].slot = s;
+		b[n].crc = p->row_crc[w->id]; /* the commit's, if it took one */
 		memcpy(b[n].key, w->key, d->key_len);
 		n++;
 	}
 	nng_mtx_unlock(p->lock);
 	/* Outside the lock: a row reused meanwhile no longer holds its key, checked below. */
 	for (size_t i = 0; i < n; i++) {
-		b[i].crc = kvp_crc32c(0, row(d, b[i].id), d->row_bytes);
+		if (b[i].crc == 0)
+			b[i].crc = kvp_crc32c(0, row(d, b[i].id), d->row_bytes);
 		b[i].ok = io_all(d->fd, row(d, b[i].id), d->stride, (uint64_t)b[i].slot * d->stride,
 		                 true);
 	}

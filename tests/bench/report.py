@@ -52,6 +52,8 @@ AREAS = {
                "./build/tests/bench/kvp-bench-region"),
     "restart": ("restart=warm: a 4 GiB region's restart to ready against a raw CRC32C of its "
                 "bytes and a cold start", "./build/tests/bench/kvp-bench-restart"),
+    "disk": ("The disk tier's write behind and read back against raw O_DIRECT I/O of the same "
+             "bytes", "./build/tests/bench/kvp-bench-disk"),
     "cluster": ("The cluster tier's fill between two namespaces against Mooncake Store's own get, "
                 "a raw TCP stream and ReadBlocks over tcp (root)",
                 "KVP_MOONCAKE_VENV=$(sh tests/cluster/env.sh) "
