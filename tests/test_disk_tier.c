@@ -60,6 +60,14 @@ metric(const char *name)
 	return at ? strtod(at + strlen(series), NULL) : -1;
 }
 
+static pid_t
+start(void)
+{
+	const char *args[] = {"--rpc", ipc_url, "--admin", admin, "--events", "none",
+	                      "--region-dir", dir, "--pool", pool, NULL};
+	return daemon_start(args);
+}
+
 static struct kvp_client *
 client(void)
 {
@@ -152,6 +160,40 @@ test_disk_tier_serves_what_the_region_evicted(void **state)
 	kvp_client_close(c);
 }
 
+/* kvpoold killed and started again: the disk's rows come back (the region starts cold). */
+static void
+test_disk_tier_keeps_its_rows_across_a_restart(void **state)
+{
+	(void)state;
+	kill(daemon_pid, SIGKILL);
+	assert_int_equal(kvp_wait_exit(daemon_pid, 10000), -1);
+	daemon_pid = start();
+	sleep_ms(200);
+	struct kvp_client *c = client();
+	struct kvp_region *reg = NULL;
+	unsigned char *want = malloc(row_bytes);
+	uint32_t served = 0;
+	assert_non_null(want);
+	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
+	for (uint32_t g = 0; g < KEYS; g++) {
+		bool pending;
+		int32_t row = look(c, g, &pending, NULL);
+		if (row <= 0)
+			continue;
+		fill_row(want, row_bytes, g);
+		if (memcmp(kvp_region_row(reg, row), want, row_bytes) != 0)
+			fail_msg("key %u: row %d does not hold the bytes committed", g, row);
+		served++;
+		unlock(c, g);
+	}
+	print_message("after a SIGKILL and a cold start: %u of %u keys served from the disk, each "
+	              "with its bytes\n", served, KEYS);
+	assert_int_equal(served, KEYS);
+	free(want);
+	kvp_region_close(reg);
+	kvp_client_close(c);
+}
+
 static void
 test_disk_tier_never_serves_bytes_that_fail_their_check(void **state)
 {
@@ -205,9 +247,7 @@ setup(void **state)
 	snprintf(pool, sizeof(pool), "name=kv,blocks=%d,executor=cpu,session_rows=%d,disk=%s,"
 	         "disk_rows=256", ROWS, ROWS, disk);
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
-	const char *args[] = {"--rpc", ipc_url, "--admin", admin, "--events", "none",
-	                      "--region-dir", dir, "--pool", pool, NULL};
-	daemon_pid = daemon_start(args);
+	daemon_pid = start();
 	return daemon_pid > 0 ? 0 : -1;
 }
 
@@ -216,7 +256,10 @@ teardown(void **state)
 {
 	(void)state;
 	int rv = daemon_stop(daemon_pid) == 0 ? 0 : -1;
+	char slots[160];
+	snprintf(slots, sizeof(slots), "%s.slots", disk);
 	unlink(disk);
+	unlink(slots);
 	rmdir(dir);
 	return rv;
 }
@@ -226,6 +269,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_disk_tier_serves_what_the_region_evicted),
+		cmocka_unit_test(test_disk_tier_keeps_its_rows_across_a_restart),
 		cmocka_unit_test(test_disk_tier_never_serves_bytes_that_fail_their_check),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -74,12 +74,16 @@ start(void)
 	return daemon_start_log(args, log_path);
 }
 
-/* A client of the daemon just started (it may take a moment to listen). */
+/*
+ * A client of the daemon just started (it may take a moment to listen): one
+ * that waits (checks), or with a short timeout and no retry (the writer the
+ * kill interrupts: its calls fail as soon as the daemon is gone).
+ */
 static struct kvp_client *
-connect_client(void)
+connect_with(uint32_t timeout_ms, uint32_t retries)
 {
-	struct kvp_client_options o = {.url = ipc_url, .pool = "kv", .timeout_ms = TIMEOUT_MS,
-	                               .retries = 0};
+	struct kvp_client_options o = {.url = ipc_url, .pool = "kv", .timeout_ms = timeout_ms,
+	                               .retries = retries};
 	struct kvp_client *c = NULL;
 	for (int i = 0; i < 100; i++) {
 		if (kvp_client_open(&o, &c) == KVP_OK)
@@ -89,6 +93,12 @@ connect_client(void)
 	print_log_tail(log_path, 20);
 	fail_msg("no daemon to talk to: %s", kvp_client_open_detail());
 	return NULL;
+}
+
+static struct kvp_client *
+connect_client(void)
+{
+	return connect_with(5000, 1);
 }
 
 /*
@@ -265,14 +275,16 @@ life(uint32_t may_miss, bool kill_it, uint32_t *may_miss_next)
 	*may_miss_next = 0;
 	if (kill_it) {
 		/* The life's stores take a few milliseconds: most kills land among them. */
-		struct killer k = {.pid = pid, .delay_us = (long)(rand() % 4000)};
+		struct killer k = {.pid = pid, .delay_us = (long)(rand() % 3000)};
+		struct kvp_client *w = connect_with(TIMEOUT_MS, 0);
 		pthread_t t;
 		assert_int_equal(pthread_create(&t, NULL, killer_main, &k), 0);
-		*may_miss_next = store_until_killed(c, reg);
+		*may_miss_next = store_until_killed(w, reg);
 		pthread_join(t, NULL);
 		assert_int_equal(kvp_wait_exit(pid, 10000), -1); /* killed by the signal */
 		kvp_region_close(reg);
-		kvp_client_detach(c); /* no Goodbye to a dead daemon */
+		kvp_client_detach(w); /* no Goodbye to a dead daemon */
+		kvp_client_detach(c);
 	} else {
 		kvp_region_close(reg);
 		kvp_client_close(c);

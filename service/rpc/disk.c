@@ -23,8 +23,38 @@
 #include "service/rpc/dispatch.h"
 #include "service/rpc/keep.h"
 
+#include <stddef.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+
 /* Rows a round moves; a sleep when a round found nothing; the longest key (a 64-byte hash). */
 enum { BATCH = 8, IDLE_US = 2000, MAX_KEY = 64 + KVP_MAP_KEY_GROUP_LEN };
+
+/*
+ * PATH.slots: a header, then a record per slot (the key its bytes are, their
+ * CRC32C, a generation, and the record's own CRC32C), so a restart finds the
+ * disk's rows again. A record is cleared before its slot is rewritten and
+ * written after the bytes are: a kill leaves each either whole and true, or
+ * refused. Bytes are checked against their CRC32C at every read anyway.
+ */
+#define SLOTS_MAGIC "KVPDISK1"
+enum { SLOTS_VERSION = 1, SLOTS_HEADER = 4096, SLOTS_LAYOUT = 256 };
+
+struct slots_header {
+	char magic[8];
+	uint32_t version, slots, key_len, rec_bytes;
+	uint64_t stride, row_bytes;
+	char layout[SLOTS_LAYOUT];
+	uint32_t crc;
+};
+
+struct slot_rec {
+	uint64_t gen; /* 0: empty */
+	uint32_t crc;
+	uint16_t key_len, pad;
+	uint8_t key[MAX_KEY];
+	uint32_t rec_crc; /* of everything above */
+};
 
 /* A committed row waiting to be written behind. */
 struct wq_item {
@@ -54,6 +84,10 @@ struct kvpd_disk {
 	uint8_t *absent;
 	size_t n_absent;
 	struct kvpd_disk_stats st;
+	struct slot_rec *recs; /* PATH.slots, mapped: recs[s] is slot s's */
+	size_t recs_map_bytes;
+	unsigned char *recs_map;
+	uint64_t next_gen;
 	pthread_t thread;
 	bool started;
 	atomic_bool stop;
@@ -111,10 +145,17 @@ index_remove(struct kvpd_disk *d, uint32_t s)
 	}
 }
 
-/* Frees slot s (its key leaves the index). */
+static uint32_t
+rec_crc_of(const struct slot_rec *r)
+{
+	return kvp_crc32c(0, r, offsetof(struct slot_rec, rec_crc));
+}
+
+/* Frees slot s (its key leaves the index, its record is cleared). */
 static void
 slot_free(struct kvpd_disk *d, uint32_t s)
 {
+	d->recs[s].gen = 0;
 	if (d->slot_used[s]) {
 		index_remove(d, s);
 		d->slot_used[s] = 0;
@@ -134,6 +175,15 @@ slot_set(struct kvpd_disk *d, uint32_t s, const uint8_t *key, uint32_t crc)
 	d->slot_used[s] = 1;
 	d->st.used++;
 	d->index[index_pos(d, key)] = s + 1;
+	struct slot_rec *r = &d->recs[s];
+	r->gen = 0;
+	r->crc = crc;
+	r->key_len = (uint16_t)d->key_len;
+	r->pad = 0;
+	memset(r->key, 0, sizeof(r->key));
+	memcpy(r->key, key, d->key_len);
+	r->gen = d->next_gen++;
+	r->rec_crc = rec_crc_of(r);
 }
 
 /* The row key is cached in, or -1. */
@@ -335,6 +385,8 @@ kvpd_disk_close(struct kvpd_disk *d)
 	}
 	if (d->fd >= 0)
 		close(d->fd);
+	if (d->recs_map != NULL)
+		munmap(d->recs_map, d->recs_map_bytes);
 	free(d->slot_keys);
 	free(d->slot_crc);
 	free(d->slot_used);
@@ -343,6 +395,92 @@ kvpd_disk_close(struct kvpd_disk *d)
 	free(d->wq);
 	free(d->absent);
 	free(d);
+}
+
+/*
+ * Opens PATH.slots and, unless fresh, indexes the slots an earlier life
+ * recorded (a record written under another layout or torn is not read;
+ * of two records of one key the newer wins); else clears it.
+ */
+static int
+slots_open(struct kvpd_disk *d, const char *path, uint32_t mode, bool fresh, char *err,
+           size_t err_len)
+{
+	char sp[4096 + 8];
+	struct slots_header want;
+	struct stat st;
+	int fd;
+
+	if ((size_t)snprintf(sp, sizeof(sp), "%s.slots", path) >= sizeof(sp)) {
+		snprintf(err, err_len, "pool %s: the disk tier's path is too long", d->p->cfg.name);
+		return KVP_EINVAL;
+	}
+	d->recs_map_bytes = SLOTS_HEADER + (size_t)d->slots * sizeof(struct slot_rec);
+	if ((fd = open(sp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, mode & 0777)) < 0 ||
+	    fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		snprintf(err, err_len, "pool %s: %.160s: cannot open it as a regular file of this "
+		         "user", d->p->cfg.name, sp);
+		if (fd >= 0)
+			close(fd);
+		return KVP_EINVAL;
+	}
+	memset(&want, 0, sizeof(want));
+	memcpy(want.magic, SLOTS_MAGIC, sizeof(want.magic));
+	want.version = SLOTS_VERSION;
+	want.slots = d->slots;
+	want.key_len = (uint32_t)d->key_len;
+	want.rec_bytes = sizeof(struct slot_rec);
+	want.stride = d->stride;
+	want.row_bytes = d->row_bytes;
+	kvpd_keep_layout(&d->p->cfg, want.layout, sizeof(want.layout));
+	want.crc = kvp_crc32c(0, &want, offsetof(struct slots_header, crc));
+	fresh = fresh || (uint64_t)st.st_size != d->recs_map_bytes;
+	if (fresh && (ftruncate(fd, 0) != 0 || ftruncate(fd, (off_t)d->recs_map_bytes) != 0)) {
+		snprintf(err, err_len, "pool %s: cannot size %.160s", d->p->cfg.name, sp);
+		close(fd);
+		return KVP_ENOMEM;
+	}
+	d->recs_map = mmap(NULL, d->recs_map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (d->recs_map == MAP_FAILED) {
+		d->recs_map = NULL;
+		snprintf(err, err_len, "pool %s: cannot map %.160s", d->p->cfg.name, sp);
+		return KVP_ENOMEM;
+	}
+	d->recs = (struct slot_rec *)(d->recs_map + SLOTS_HEADER);
+	d->next_gen = 1;
+	if (fresh || memcmp(d->recs_map, &want, sizeof(want)) != 0) {
+		memset(d->recs_map + SLOTS_HEADER, 0, d->recs_map_bytes - SLOTS_HEADER);
+		memcpy(d->recs_map, &want, sizeof(want));
+		return KVP_OK;
+	}
+	uint64_t newest = 0;
+	for (uint32_t s = 0; s < d->slots; s++) {
+		struct slot_rec *r = &d->recs[s];
+		if (r->gen == 0)
+			continue;
+		if (r->key_len != d->key_len || r->rec_crc != rec_crc_of(r)) {
+			r->gen = 0;
+			continue;
+		}
+		int64_t other = index_find(d, r->key);
+		if (other >= 0 && d->recs[other].gen > r->gen) {
+			r->gen = 0;
+			continue;
+		}
+		uint64_t gen = r->gen;
+		if (d->next_gen <= gen)
+			d->next_gen = gen + 1;
+		slot_set(d, s, r->key, r->crc); /* frees the older slot of the same key */
+		d->recs[s].gen = gen;
+		d->recs[s].rec_crc = rec_crc_of(&d->recs[s]);
+		if (gen > newest) {
+			newest = gen;
+			d->hand = (s + 1) % d->slots;
+		}
+	}
+	d->next_gen = d->next_gen > newest ? d->next_gen : newest + 1;
+	return KVP_OK;
 }
 
 int
@@ -392,15 +530,26 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 		return KVP_EINVAL;
 	}
 	struct stat st;
+	if (flock(d->fd, LOCK_EX | LOCK_NB) != 0) {
+		snprintf(err, err_len, "pool %s: the disk tier %.160s is held by another pool or "
+		         "process", p->cfg.name, path);
+		kvpd_disk_close(d);
+		return KVP_EINVAL;
+	}
 	if (fstat(d->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
 		snprintf(err, err_len, "pool %s: the disk tier %.160s is not a regular file of this "
 		         "user", p->cfg.name, path);
 		kvpd_disk_close(d);
 		return KVP_EINVAL;
 	}
-	/* The slots' bytes are this life's only (no index survives): start from an empty file. */
-	if (ftruncate(d->fd, 0) != 0 ||
-	    (rv = posix_fallocate(d->fd, 0, (off_t)(d->stride * rows))) != 0) {
+	bool fresh = (uint64_t)st.st_size != d->stride * rows;
+	if ((rv = slots_open(d, path, mode, fresh, err, err_len)) != KVP_OK) {
+		kvpd_disk_close(d);
+		return rv;
+	}
+	/* A file of another size, or whose slots say nothing, starts empty. */
+	if (d->st.used == 0 && (ftruncate(d->fd, 0) != 0 ||
+	                        (rv = posix_fallocate(d->fd, 0, (off_t)(d->stride * rows))) != 0)) {
 		snprintf(err, err_len, "pool %s: cannot allocate %llu bytes for the disk tier "
 		         "%.160s", p->cfg.name, (unsigned long long)(d->stride * rows), path);
 		kvpd_disk_close(d);

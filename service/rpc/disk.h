@@ -14,9 +14,12 @@
  * or Abort (a miss). So engines see hits arriving, as from the cluster
  * tier, and never bytes that fail their check.
  *
+ * PATH.slots records which key each slot holds, so a restart on the same
+ * settings finds the disk's rows again (each still checked at its read).
+ * The file is locked (flock) while open.
+ *
  * Not yet: io_uring (plain pread/pwrite, O_DIRECT where the file system
- * and the row size allow it), keeping the slots' index across restarts,
- * and events for the disk's blocks.
+ * and the row size allow it) and events for the disk's blocks.
  */
 #ifndef KVPD_RPC_DISK_H
 #define KVPD_RPC_DISK_H

@@ -351,9 +351,8 @@ adopt(struct kvpd_pool *p, struct kvpd_keep *k, const struct kvp_exec_region *re
 	return rv;
 }
 
-/* What the rows' bytes mean: records written under anything else are not read. */
-static void
-layout_of(const struct kvpd_pool_config *pc, char *out, size_t len)
+void
+kvpd_keep_layout(const struct kvpd_pool_config *pc, char *out, size_t len)
 {
 	snprintf(out, len, "block_size=%u layers=%u heads=%u head_size=%u dtype=%s layout=%s "
 	         "hash_algo=%s hash_block_size=%u shards=%u vllm=%s", pc->block_size,
@@ -437,7 +436,7 @@ kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len)
 		return KVP_EINVAL;
 	}
 	struct header want, *have;
-	layout_of(&p->cfg, layout, sizeof(layout));
+	kvpd_keep_layout(&p->cfg, layout, sizeof(layout));
 	header_fill(&want, k, &reg, layout);
 	bool fresh = !reg.kept || (uint64_t)st.st_size != k->map_bytes;
 	if (!reg.kept)

@@ -46,6 +46,14 @@ struct kvpd_keep;
  */
 int kvpd_keep_open(struct kvpd_pool *p, uint32_t mode, char *err, size_t err_len);
 
+/*
+ * What a pool's rows' bytes mean (shape, dtype, hashing, shards): a kept
+ * region's records, or a disk tier's slots, written under another layout
+ * are not read.
+ */
+struct kvpd_pool_config;
+void kvpd_keep_layout(const struct kvpd_pool_config *pc, char *out, size_t len);
+
 /* Records row id's commit of key (key_len bytes) with the row's crc; crc 0: none. */
 void kvpd_keep_commit(struct kvpd_keep *k, int32_t id, const uint8_t *key, size_t key_len,
                       uint32_t crc);
