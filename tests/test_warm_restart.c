@@ -153,6 +153,17 @@ verify(struct kvp_client *c, struct kvp_region *reg, uint32_t may_miss)
 	return hits;
 }
 
+/* SIGTERM: kvpoold must exit 0 (its invariants checked, no leak); else its log says why. */
+static void
+stop_clean(pid_t pid)
+{
+	int status = daemon_stop(pid);
+	if (status != 0) {
+		print_log_tail(log_path, 40);
+		fail_msg("kvpoold did not stop cleanly: status %d", status);
+	}
+}
+
 struct replayed {
 	uint32_t cleared, stored, other;
 };
@@ -288,7 +299,7 @@ life(uint32_t may_miss, bool kill_it, uint32_t *may_miss_next)
 	} else {
 		kvp_region_close(reg);
 		kvp_client_close(c);
-		assert_int_equal(daemon_stop(pid), 0);
+		stop_clean(pid);
 	}
 	return hits;
 }
@@ -346,7 +357,7 @@ test_warm_restart_region_held_and_layout_checked(void **state)
 	uint32_t crc;
 	assert_int_equal(kvp_client_lookup_lock(c, key, 1, false, &row, &crc, NULL, NULL), KVP_OK);
 	kvp_client_close(c);
-	assert_int_equal(daemon_stop(pid), 0);
+	stop_clean(pid);
 	/* Another layout (more heads: another row size) starts empty and says why. */
 	snprintf(heads, sizeof(heads), "4");
 	pid = start();
@@ -359,7 +370,7 @@ test_warm_restart_region_held_and_layout_checked(void **state)
 		hits += row > 0;
 	}
 	kvp_client_close(c);
-	assert_int_equal(daemon_stop(pid), 0);
+	stop_clean(pid);
 	assert_int_equal(hits, 0);
 	snprintf(heads, sizeof(heads), "2");
 }
@@ -438,14 +449,14 @@ test_warm_restart_keeps_rows_committed_without_a_crc(void **state)
 		st[g0 + i] = RESIDENT;
 	kvp_region_close(reg);
 	kvp_client_close(c);
-	assert_int_equal(daemon_stop(pid), 0);
+	stop_clean(pid);
 	pid = start();
 	c = connect_client();
 	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
 	(void)verify(c, reg, 0); /* all 8 there, with their bytes */
 	kvp_region_close(reg);
 	kvp_client_close(c);
-	assert_int_equal(daemon_stop(pid), 0);
+	stop_clean(pid);
 	uint32_t early = 0, late = 0;
 	for (uint32_t i = 0; i < 16; i++)
 		*(i < 8 ? &early : &late) += st[g0 + i] == RESIDENT;
