@@ -426,13 +426,17 @@ test_config_check_reports_every_problem(void **state)
 	                "name=w2,blocks=64,executor=none,restart=warm", "--pool",
 	                "name=w3,blocks=64,restart=lukewarm", "--pool",
 	                "name=w4,blocks=64,disk=/tmp/w4.disk,cluster_wait_ms=5,disk_rows=8",
-	                "--pool", "name=w5,blocks=64,disk=relative.disk,disk_rows=8", NULL};
+	                "--pool", "name=w5,blocks=64,disk=relative.disk,disk_rows=8", "--pool",
+	                "name=w6,blocks=64,disk=/nonexistent-dir/w6.disk,disk_rows=8", "--pool",
+	                "name=w7,blocks=64,disk=/tmp/w7.disk,disk_rows=1073741824", NULL};
 	assert_int_equal(load_err(&c, warm, NULL, msg, sizeof(msg)), -1);
 	const char *warm_want[] = {"pool w1: restart=warm needs a shared region, which needs a "
 	                           "region-dir", "pool w2: restart=warm needs a shared region, "
 	                           "which needs executor=cpu", "restart=lukewarm",
 	                           "pool w4: disk=/tmp/w4.disk needs disk_rows, and no cluster tier",
-	                           "disk=relative.disk"};
+	                           "disk=relative.disk", "pool w6: disk=/nonexistent-dir/w6.disk: "
+	                           "/nonexistent-dir is not a directory", "pool w7: disk=/tmp/w7.disk "
+	                           "needs"};
 	for (size_t i = 0; i < sizeof(warm_want) / sizeof(warm_want[0]); i++)
 		if (strstr(msg, warm_want[i]) == NULL)
 			fail_msg("--check-config did not report '%s'; it said:\n%s", warm_want[i], msg);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/kvp_status.h"
@@ -192,6 +193,56 @@ check_region_dir(const struct kvpd_config *c, FILE *err)
 	return 0;
 }
 
+/*
+ * A disk tier's file: its directory one kvpoold can create files in, with
+ * room for disk_rows rows (a file already there counts as room).
+ */
+static unsigned
+check_disk(const struct kvpd_config *c, FILE *err)
+{
+	unsigned bad = 0;
+	for (size_t i = 0; i < c->num_pools; i++) {
+		const struct kvpd_pool_config *p = &c->pools[i];
+		const struct kvpd_exec_settings *x = &p->exec;
+		char dir[sizeof(p->disk)];
+		struct stat sb;
+		struct statvfs sv;
+		if (p->disk[0] == '\0' || p->disk_rows == 0)
+			continue;
+		snprintf(dir, sizeof(dir), "%s", p->disk);
+		char *slash = strrchr(dir, '/');
+		if (slash == dir)
+			slash[1] = '\0';
+		else if (slash != NULL)
+			*slash = '\0';
+		if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(dir, W_OK | X_OK) != 0 ||
+		    statvfs(dir, &sv) != 0) {
+			fprintf(err, "kvpoold: pool %s: disk=%s: %s is not a directory kvpoold can "
+			             "create files in\n", p->name, p->disk, dir);
+			bad++;
+			continue;
+		}
+		struct kvp_kv_shape sh = {.block_size = p->block_size, .num_layers = x->layers,
+		                          .num_heads = x->heads, .head_size = x->head_size,
+		                          .num_blocks = 1, .rows = 1};
+		if (kvp_dtype_parse(x->dtype, &sh.dtype) != 0 ||
+		    kvp_cache_layout_parse(x->layout, &sh.layout) != 0)
+			continue; /* reported with the pool's shape */
+		uint64_t need = (uint64_t)p->disk_rows * kvp_kv_block_stride(&sh);
+		uint64_t room = (uint64_t)sv.f_bavail * sv.f_frsize;
+		if (stat(p->disk, &sb) == 0 && S_ISREG(sb.st_mode))
+			room += (uint64_t)sb.st_size;
+		if (room < need) {
+			fprintf(err, "kvpoold: pool %s: disk=%s needs %llu MiB for %u rows; its file "
+			             "system has %llu MiB free\n", p->name, p->disk,
+			        (unsigned long long)(need >> 20), p->disk_rows,
+			        (unsigned long long)(room >> 20));
+			bad++;
+		}
+	}
+	return bad;
+}
+
 /* Each pool's KV memory, and host memory in all against this machine's. */
 static unsigned
 check_memory(const struct kvpd_config *c, FILE *err)
@@ -261,6 +312,7 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 		bad += check_tls(c, err);
 	bad += check_region_dir(c, err);
 	bad += check_memory(c, err);
+	bad += check_disk(c, err);
 	for (size_t i = 0; i < c->num_pools; i++)
 		if (c->pools[i].clear_on_alloc && strcmp(c->pools[i].exec.backend, "none") == 0) {
 			fprintf(err, "kvpoold: pool %s: clear=alloc needs an executor (this pool "

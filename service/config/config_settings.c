@@ -50,7 +50,7 @@ const struct kvpd_setting kvpd_settings[] = {
 	                 "path and its size in rows; committed rows are written behind and a "
 	                 "lookup that misses a row the disk holds answers pending while it is "
 	                 "read back and checked, docs/operations.md; needs a region; not with "
-	                 "cluster_wait_ms), "
+	                 "cluster_wait_ms; --check-config checks its directory and room), "
 	                 "and the executor's executor, device, "
 	                 "layers, "
 	                 "heads, head_size, dtype, layout, memory (default: the global settings "
