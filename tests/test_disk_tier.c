@@ -47,17 +47,13 @@ fill_row(unsigned char *row, size_t len, uint32_t g)
 	}
 }
 
-/* The pool's series from /metrics (-1 if absent). */
+/* The pool's series name{pool="kv"} from /metrics (-1 if absent). */
 static double
 metric(const char *name)
 {
-	static char body[1 << 17];
 	char series[128];
-	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
-		return -1;
-	snprintf(series, sizeof(series), "\n%s{pool=\"kv\"} ", name);
-	const char *at = strstr(body, series);
-	return at ? strtod(at + strlen(series), NULL) : -1;
+	snprintf(series, sizeof(series), "%s{pool=\"kv\"}", name);
+	return metric_value(series);
 }
 
 static pid_t

@@ -375,17 +375,13 @@ test_warm_restart_region_held_and_layout_checked(void **state)
 	snprintf(heads, sizeof(heads), "2");
 }
 
-/* A warm pool's series from /metrics (-1 if absent). */
+/* The pool's series name{pool="kv"} from /metrics (-1 if absent). */
 static double
 metric(const char *name)
 {
-	static char body[1 << 17];
 	char series[128];
-	if (http_get(daemon_admin_port(), "/metrics", body, sizeof(body)) != 200)
-		return -1;
-	snprintf(series, sizeof(series), "\n%s{pool=\"kv\"} ", name);
-	const char *at = strstr(body, series);
-	return at ? strtod(at + strlen(series), NULL) : -1;
+	snprintf(series, sizeof(series), "%s{pool=\"kv\"}", name);
+	return metric_value(series);
 }
 
 /* Stores keys [g0, g0 + n) with no CRC in the Commit (as vLLM's spec does). */
