@@ -69,11 +69,37 @@ seen_before(const uint8_t *keys, size_t key_len, size_t i, int32_t *set, size_t 
 	}
 }
 
+/* An empty set for seen_before over n keys (mask in *mask), or NULL. */
+static int32_t *
+key_set(size_t n, size_t *mask)
+{
+	size_t cap = 16;
+	while (cap < 2 * n)
+		cap *= 2;
+	int32_t *set = malloc(cap * sizeof(*set));
+	if (set != NULL)
+		memset(set, 0xff, cap * sizeof(*set));
+	*mask = cap - 1;
+	return set;
+}
+
+/* A fresh mark for duplicate checks (as next_stamp() in pool.c): clears all marks on wrap. */
+static uint32_t
+fresh_mark(struct kvp_pool *p)
+{
+	if (++p->stamp == 0) {
+		for (uint32_t i = 0; i < p->n; i++)
+			p->blocks[i].mark = 0;
+		p->stamp = 1;
+	}
+	return p->stamp;
+}
+
 int
 kvp_pool_reserve(struct kvp_pool *p, const uint8_t *keys, size_t key_len, size_t n,
                  int32_t *ids, uint8_t *evicted, size_t *num_evicted)
 {
-	size_t need = 0, cap = 16, ne = 0;
+	size_t need = 0, mask = 0, ne = 0;
 	int32_t *set;
 	int rv;
 
@@ -84,17 +110,14 @@ kvp_pool_reserve(struct kvp_pool *p, const uint8_t *keys, size_t key_len, size_t
 		return KVP_ENOTSUP;
 	if ((rv = pending_init(p)) != KVP_OK)
 		return rv;
-	while (cap < 2 * n)
-		cap *= 2;
-	if ((set = malloc(cap * sizeof(*set))) == NULL)
+	if ((set = key_set(n, &mask)) == NULL)
 		return KVP_ENOMEM;
-	memset(set, 0xff, cap * sizeof(*set));
 	/* Which keys need a block: neither cached, nor pending, nor named earlier in the call. */
 	for (size_t i = 0; i < n; i++) {
 		const uint8_t *k = keys + i * key_len;
 		if (kvp_map_lookup(&p->map, k, key_len) >= 0 ||
 		    kvp_map_lookup(&p->pending, k, key_len) >= 0 ||
-		    seen_before(keys, key_len, i, set, cap - 1)) {
+		    seen_before(keys, key_len, i, set, mask)) {
 			ids[i] = -1;
 			continue;
 		}
@@ -146,12 +169,7 @@ check_pending(struct kvp_pool *p, const int32_t *ids, size_t n)
 	for (size_t i = 0; i < n; i++)
 		if (ids[i] <= 0 || (uint32_t)ids[i] >= p->n)
 			return KVP_ERANGE;
-	if (++p->stamp == 0) { /* as next_stamp() in pool.c */
-		for (uint32_t i = 0; i < p->n; i++)
-			p->blocks[i].mark = 0;
-		p->stamp = 1;
-	}
-	mark = p->stamp;
+	mark = fresh_mark(p);
 	for (size_t i = 0; i < n; i++) {
 		if (p->blocks[ids[i]].mark == mark)
 			return KVP_EINVAL;
@@ -265,12 +283,7 @@ static int
 check_adoptable(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const int32_t *ids,
                 size_t n)
 {
-	uint32_t mark = ++p->stamp;
-	if (mark == 0) { /* as next_stamp() in pool.c */
-		for (uint32_t i = 0; i < p->n; i++)
-			p->blocks[i].mark = 0;
-		p->stamp = mark = 1;
-	}
+	uint32_t mark = fresh_mark(p);
 	for (size_t i = 0; i < n; i++) {
 		int32_t id = ids[i];
 		if (id <= 0 || (uint32_t)id >= p->n)
@@ -294,7 +307,7 @@ kvp_pool_adopt(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const in
                size_t n, const uint32_t *block_sizes, size_t num_groups)
 {
 	int32_t *set;
-	size_t cap = 16;
+	size_t mask;
 	int rv;
 
 	if (p == NULL || (n > 0 && (keys == NULL || ids == NULL)) || !key_ok(p, key_len) ||
@@ -306,13 +319,10 @@ kvp_pool_adopt(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const in
 		return KVP_OK;
 	if ((rv = pending_init(p)) != KVP_OK || (rv = check_adoptable(p, keys, key_len, ids, n)))
 		return rv;
-	while (cap < 2 * n)
-		cap *= 2;
-	if ((set = malloc(cap * sizeof(*set))) == NULL)
+	if ((set = key_set(n, &mask)) == NULL)
 		return KVP_ENOMEM;
-	memset(set, 0xff, cap * sizeof(*set));
 	for (size_t i = 0; i < n && rv == KVP_OK; i++)
-		if (seen_before(keys, key_len, i, set, cap - 1))
+		if (seen_before(keys, key_len, i, set, mask))
 			rv = KVP_EINVAL;
 	free(set);
 	if (rv != KVP_OK)
