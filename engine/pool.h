@@ -345,6 +345,18 @@ int kvp_pool_adopt(struct kvp_pool *p, const uint8_t *keys, size_t key_len, cons
  */
 void kvp_pool_set_unkey_hook(struct kvp_pool *p, void (*fn)(void *ctx, int32_t id), void *ctx);
 
+/*
+ * announce: keys (each key_len bytes, the group last, as reserve's) that a
+ * tier below the pool now holds (stored) or no longer holds, in another
+ * medium (the disk tier's "STORAGE"): one BlockStored per run of one group,
+ * or a BlockRemoved each, queued in order with the pool's own events. The
+ * pool's blocks and map do not change. Nothing with events off. KVP_EINVAL
+ * (NULL pointers, key_len, an empty medium), KVP_ENOMEM (nothing queued).
+ */
+int kvp_pool_announce(struct kvp_pool *p, bool stored, const uint8_t *keys, size_t key_len,
+                      size_t n, const char *medium, const uint32_t *block_sizes,
+                      size_t num_groups);
+
 /* Moves the queued events into *out (whose previous contents are dropped). */
 int kvp_pool_take_events(struct kvp_pool *p, struct kvp_event_batch *out);
 

@@ -337,3 +337,51 @@ kvp_pool_adopt(struct kvp_pool *p, const uint8_t *keys, size_t key_len, const in
 		(void)kvp_pool_abort(p, ids, n); /* events out of memory: as before, uncached */
 	return rv;
 }
+
+int
+kvp_pool_announce(struct kvp_pool *p, bool stored, const uint8_t *keys, size_t key_len, size_t n,
+                  const char *medium, const uint32_t *block_sizes, size_t num_groups)
+{
+	if (p == NULL || (keys == NULL && n > 0) || medium == NULL || medium[0] == '\0' ||
+	    strlen(medium) >= sizeof(p->medium) || key_len <= GROUP_LEN || key_len > MAX_KEY)
+		return KVP_EINVAL;
+	if (!p->events_on || n == 0)
+		return KVP_OK;
+	const size_t hl = key_len - GROUP_LEN;
+	size_t runs = 0, bytes = 0;
+	for (size_t i = 0, j; i < n; i = j) {
+		uint32_t g = kvp_map_key_group(keys + i * key_len, key_len);
+		for (j = i + 1; stored && j < n && kvp_map_key_group(keys + j * key_len, key_len) == g;)
+			j++;
+		runs++;
+		bytes += stored ? kvp_event_stored_bytes(j - i, hl, false, 0, NULL, NULL, medium, j - i)
+		                : kvp_event_removed_bytes(hl, medium);
+	}
+	int rv = kvp_event_batch_reserve(&p->events, runs, bytes);
+	if (rv != KVP_OK)
+		return rv;
+	static const uint8_t none_cbor = 0xf6; /* no extra keys, as commit's */
+	for (size_t i = 0, j; i < n; i = j) {
+		const uint8_t *k = keys + i * key_len;
+		uint32_t g = kvp_map_key_group(k, key_len);
+		if (!stored) {
+			kvp_event_append_removed(&p->events, k, hl, medium, g);
+			j = i + 1;
+			continue;
+		}
+		for (j = i + 1; j < n && kvp_map_key_group(keys + j * key_len, key_len) == g;)
+			j++;
+		struct kvp_stored_desc d = {
+			.hash_len = hl,
+			.block_size = g < num_groups && block_sizes ? block_sizes[g] : 0,
+			.medium = medium,
+			.group_idx = g,
+			.max_hashes = j - i,
+		};
+		kvp_event_stored_begin(&p->events, &d);
+		for (size_t m = i; m < j; m++)
+			kvp_event_stored_add(&p->events, keys + m * key_len, &none_cbor, 1);
+		kvp_event_stored_end(&p->events);
+	}
+	return KVP_OK;
+}

@@ -295,6 +295,52 @@ test_keyed_adopt_takes_blocks_back(void **state)
 	kvp_pool_destroy(p);
 }
 
+/* Keys a tier below holds: events in their medium, in order, nothing else changes. */
+static void
+test_keyed_announce_tells_another_medium(void **state)
+{
+	(void)state;
+	struct kvp_pool *p = mkpool_sem(8, 4, true, KVP_VLLM_0_33);
+	struct kvp_event_batch ev;
+	struct kvp_event e;
+	uint8_t k[3 * KL];
+	uint32_t bs[2] = {16, 32};
+
+	kvp_event_batch_init(&ev);
+	keys(k, "AB", 1);
+	key(k + 2 * KL, 'C', 0);
+	assert_status(kvp_pool_announce(p, true, k, KL, 3, "", bs, 2), KVP_EINVAL);
+	assert_status(kvp_pool_announce(p, true, k, 4, 3, "STORAGE", bs, 2), KVP_EINVAL);
+	assert_status(kvp_pool_announce(p, true, NULL, KL, 3, "STORAGE", bs, 2), KVP_EINVAL);
+	assert_ok(kvp_pool_take_events(p, &ev));
+	assert_int_equal(kvp_event_batch_count(&ev), 0);
+
+	assert_ok(kvp_pool_announce(p, true, k, KL, 3, "STORAGE", bs, 2));
+	assert_ok(kvp_pool_announce(p, false, k + KL, KL, 1, "STORAGE", bs, 2));
+	assert_ok(kvp_pool_take_events(p, &ev));
+	assert_int_equal(kvp_event_batch_count(&ev), 3); /* A and B (group 1), C (group 0), -B */
+	assert_ok(kvp_event_batch_get(&ev, 0, &e));
+	assert_int_equal(e.type, KVP_EVENT_BLOCK_STORED);
+	assert_int_equal(e.num_hashes, 2);
+	assert_int_equal(e.block_size, 32);
+	assert_string_equal(e.medium, "STORAGE");
+	assert_memory_equal(e.hashes + KVP_HASH_LEN, synth('B'), KVP_HASH_LEN);
+	assert_ok(kvp_event_batch_get(&ev, 1, &e));
+	assert_int_equal(e.num_hashes, 1);
+	assert_int_equal(e.block_size, 16);
+	assert_ok(kvp_event_batch_get(&ev, 2, &e));
+	assert_int_equal(e.type, KVP_EVENT_BLOCK_REMOVED);
+	assert_string_equal(e.medium, "STORAGE");
+	assert_memory_equal(e.hashes, synth('B'), KVP_HASH_LEN);
+	/* The pool itself holds none of them. */
+	assert_int_equal(cached_id(p, 'A', 1), -1);
+	assert_int_equal(kvp_pool_num_cached_blocks(p), 0);
+	assert_int_equal(kvp_pool_num_free(p), 7);
+	check(p);
+	kvp_event_batch_fini(&ev);
+	kvp_pool_destroy(p);
+}
+
 int
 main(void)
 {
@@ -304,6 +350,7 @@ main(void)
 		cmocka_unit_test(test_keyed_evicts_and_aborts),
 		cmocka_unit_test(test_keyed_reserved_is_not_cacheable),
 		cmocka_unit_test(test_keyed_adopt_takes_blocks_back),
+		cmocka_unit_test(test_keyed_announce_tells_another_medium),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
