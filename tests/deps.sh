@@ -18,7 +18,7 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 build="build-essential cmake pkg-config ca-certificates libssl-dev libnng-dev libprotobuf-c-dev
-	protobuf-c-compiler libcjson-dev libzmq3-dev libmsgpack-dev libxxhash-dev help2man dpkg-dev file"
+	protobuf-c-compiler libcjson-dev libzmq3-dev libmsgpack-dev libxxhash-dev liburing-dev help2man dpkg-dev file"
 tests="libcmocka-dev openssl python3 python3-zmq python3-msgpack python3-pytest python3-hypothesis
 	python3-numpy python3-torch python3-pip python3-venv python3-mypy yamllint unzip"
 [ -z "$build_only" ] || tests=""

@@ -5,7 +5,8 @@
  * the region evicted answers pending, then hits with exactly the bytes
  * committed; a key never stored misses at once; a disk whose bytes were
  * overwritten under kvpoold serves nothing wrong (each read is checked
- * against its CRC32C: a miss).
+ * against its CRC32C: a miss). The disk's rows are events in vLLM's medium
+ * for its disk tier ("STORAGE"), and a Reset empties the disk too.
  */
 #include "daemon_util.h"
 
@@ -16,12 +17,13 @@
 
 #include "clients/c/kvpool.h"
 #include "common/crc32c.h"
+#include "kvpool.pb-c.h"
 
 #define KL 36
 #define ROWS 16
 #define KEYS 64
 
-static char ipc_url[128], admin[64], dir[64], disk[128], pool[256];
+static char ipc_url[128], ev_url[128], admin[64], dir[64], disk[128], pool[256];
 static pid_t daemon_pid;
 static uint32_t row_bytes;
 
@@ -59,7 +61,7 @@ metric(const char *name)
 static pid_t
 start(void)
 {
-	const char *args[] = {"--rpc", ipc_url, "--admin", admin, "--events", "none",
+	const char *args[] = {"--rpc", ipc_url, "--admin", admin, "--events", ev_url,
 	                      "--region-dir", dir, "--pool", pool, NULL};
 	return daemon_start(args);
 }
@@ -231,11 +233,110 @@ test_disk_tier_never_serves_bytes_that_fail_their_check(void **state)
 	kvp_client_close(c);
 }
 
+/* Events of this life so far, by medium: hashes stored and removed, and resets. */
+struct told {
+	uint32_t disk_stored, disk_removed, cpu_stored, cleared, other_medium;
+	uint32_t disk_stored_after_clear;
+};
+
+static void
+count_told(void *ctx, const uint8_t *b, size_t len)
+{
+	struct told *t = ctx;
+	Kvpool__V1__EventBatch *eb = kvpool__v1__event_batch__unpack(NULL, len, b);
+	assert_non_null(eb);
+	for (size_t i = 0; i < eb->n_events; i++) {
+		const Kvpool__V1__Event *e = eb->events[i];
+		if (e->event_case == KVPOOL__V1__EVENT__EVENT_CLEARED) {
+			t->cleared++;
+		} else if (e->event_case == KVPOOL__V1__EVENT__EVENT_STORED) {
+			uint32_t n = (uint32_t)(e->stored->block_hashes.len / e->stored->hash_len);
+			if (strcmp(e->stored->medium, "STORAGE") == 0) {
+				t->disk_stored += n;
+				t->disk_stored_after_clear += t->cleared > 0 ? n : 0;
+			} else if (strcmp(e->stored->medium, "CPU") == 0) {
+				t->cpu_stored += n;
+			} else {
+				t->other_medium++;
+			}
+		} else if (e->event_case == KVPOOL__V1__EVENT__EVENT_REMOVED) {
+			if (strcmp(e->removed->medium, "STORAGE") == 0)
+				t->disk_removed++;
+			else if (strcmp(e->removed->medium, "CPU") != 0)
+				t->other_medium++;
+		}
+	}
+	kvpool__v1__event_batch__free_unpacked(eb, NULL);
+}
+
+static struct told
+replay_told(struct kvp_client *c)
+{
+	struct told t = {0};
+	uint64_t epoch, next = 0;
+	bool available = false;
+	assert_int_equal(kvp_client_event_position(c, &epoch, &next), KVP_OK);
+	assert_int_equal(kvp_client_replay(c, epoch, 0, &available, &next, count_told, &t),
+	                 KVP_OK);
+	assert_true(available);
+	return t;
+}
+
+/*
+ * Since the restart: the disk's kept rows were told as BlockStored in
+ * "STORAGE", the slots the corrupted reads dropped as BlockRemoved there.
+ * Then a Reset: the disk forgets every key (a key it held misses at once,
+ * never pending), and a row committed after it is told after the
+ * AllBlocksCleared.
+ */
+static void
+test_disk_tier_tells_its_rows_and_empties_on_reset(void **state)
+{
+	(void)state;
+	struct kvp_client *c = client();
+	struct told t = replay_told(c);
+	double failures = metric("kvpool_disk_fill_failures_total");
+	print_message("since the restart: %u rows told stored on disk (STORAGE), %u removed from "
+	              "it, %u stored in the region (CPU); %.0f reads failed their check\n",
+	              t.disk_stored, t.disk_removed, t.cpu_stored, failures);
+	assert_true(t.disk_stored >= KEYS); /* the start's announcement of what the disk kept */
+	assert_true(failures >= 1);
+	assert_int_equal(t.disk_removed, (uint32_t)failures);
+	assert_int_equal(t.other_medium, 0);
+	assert_int_equal(t.cleared, 0);
+
+	assert_true(metric("kvpool_disk_rows_used") > 0);
+	assert_int_equal(kvp_client_reset(c), KVP_OK);
+	assert_true(metric("kvpool_disk_rows_used") == 0);
+	bool pending;
+	assert_int_equal(look(c, KEYS - 1, &pending, NULL), -1); /* on disk before the reset */
+	assert_false(pending);
+
+	/* A row committed after the reset is written and told after the AllBlocksCleared. */
+	struct kvp_region *reg = NULL;
+	uint8_t k[KL];
+	int32_t row;
+	assert_int_equal(kvp_region_open(c, &reg), KVP_OK);
+	make_key(k, 5000);
+	assert_int_equal(kvp_client_reserve(c, k, 1, &row, NULL, NULL), KVP_OK);
+	fill_row(kvp_region_row(reg, row), row_bytes, 5000);
+	assert_int_equal(kvp_client_commit(c, k, 1, NULL, true), KVP_OK);
+	for (int i = 0; i < 200 && metric("kvpool_disk_rows_used") < 1; i++)
+		sleep_ms(5);
+	assert_true(metric("kvpool_disk_rows_used") == 1);
+	t = replay_told(c);
+	assert_int_equal(t.cleared, 1);
+	assert_int_equal(t.disk_stored_after_clear, 1);
+	kvp_region_close(reg);
+	kvp_client_close(c);
+}
+
 static int
 setup(void **state)
 {
 	(void)state;
 	snprintf(ipc_url, sizeof(ipc_url), "ipc:///tmp/kvpool-disk-%d.ipc", (int)getpid());
+	snprintf(ev_url, sizeof(ev_url), "ipc:///tmp/kvpool-disk-ev-%d.ipc", (int)getpid());
 	snprintf(dir, sizeof(dir), "/tmp/kvpool-disk-XXXXXX");
 	if (mkdtemp(dir) == NULL)
 		return -1;
@@ -267,6 +368,7 @@ main(void)
 		cmocka_unit_test(test_disk_tier_serves_what_the_region_evicted),
 		cmocka_unit_test(test_disk_tier_keeps_its_rows_across_a_restart),
 		cmocka_unit_test(test_disk_tier_never_serves_bytes_that_fail_their_check),
+		cmocka_unit_test(test_disk_tier_tells_its_rows_and_empties_on_reset),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

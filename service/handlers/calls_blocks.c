@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "service/rpc/call.h"
+#include "service/rpc/disk.h"
 #include "common/kvp_status.h"
 #include "engine/manager.h"
 #include "engine/pool.h"
@@ -463,6 +464,7 @@ kvpd_h_reset(struct call *c, const Kvpool__V1__ResetRequest *m, Kvpool__V1__Repl
 		            kvp_pool_num_blocks(c->p->pool) - 1 - kvp_pool_num_free(c->p->pool));
 	if ((rv = engine(c, rv, "reset")))
 		return rv;
+	kvpd_disk_reset(c->p->disk); /* the tier below goes with it */
 	out->result_case = KVPOOL__V1__REPLY__RESULT_RESET;
 	out->reset = r;
 	return KVP_OK;

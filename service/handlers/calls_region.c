@@ -307,8 +307,10 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 		 */
 		const uint8_t *k = m->keys.data + looked * key_len(c);
 		if (ids[looked] < 0 && (c->p->disk == NULL || kvpd_disk_has(c->p->disk, k, key_len(c))) &&
-		    kvpd_fill_ask(&c->p->fill, k, c->now_ms) == KVPD_FILL_PENDING)
+		    kvpd_fill_ask(&c->p->fill, k, c->now_ms) == KVPD_FILL_PENDING) {
 			ids[looked] = -2;
+			kvpd_disk_kick(c->p->disk);
+		}
 		if (ids[looked] < 0 && m->prefix)
 			break;
 		if (ids[looked] > 0)

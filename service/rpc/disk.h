@@ -18,8 +18,12 @@
  * settings finds the disk's rows again (each still checked at its read).
  * The file is locked (flock) while open.
  *
- * Not yet: io_uring (plain pread/pwrite, O_DIRECT where the file system
- * and the row size allow it) and events for the disk's blocks.
+ * A round's reads or writes go through io_uring, a few in flight at a
+ * time (liburing; pread and pwrite one at a time where the build or the
+ * kernel lacks it), O_DIRECT where the file system and the row size allow it.
+ * Rows written and slots dropped are events in vLLM's medium for its own
+ * disk tier, "STORAGE" (BlockStored, BlockRemoved), after the region's;
+ * a Reset empties the disk too (the pool's AllBlocksCleared says so).
  */
 #ifndef KVPD_RPC_DISK_H
 #define KVPD_RPC_DISK_H
@@ -41,6 +45,7 @@ struct kvpd_disk_stats {
 	uint64_t fills, fill_failures; /* rows read back; reads refused (I/O, CRC32C) */
 	uint64_t io_errors;
 	int direct;                 /* O_DIRECT in use */
+	int uring;                  /* io_uring in use */
 };
 
 /*
@@ -56,6 +61,12 @@ void kvpd_disk_commit(struct kvpd_disk *d, int32_t id, const uint8_t *key, size_
 
 /* Whether the disk holds key (a lookup's miss then waits on a fill). Under the pool's lock. */
 bool kvpd_disk_has(const struct kvpd_disk *d, const uint8_t *key, size_t key_len);
+
+/* A Reset emptied the pool: the disk forgets every key too (I/O under way is not applied). */
+void kvpd_disk_reset(struct kvpd_disk *d);
+
+/* A lookup left keys pending on the disk: wake the thread. Under the pool's lock. */
+void kvpd_disk_kick(struct kvpd_disk *d);
 
 /* Fills *out (zeros for NULL d); under the pool's lock. */
 void kvpd_disk_stats(const struct kvpd_disk *d, struct kvpd_disk_stats *out);
