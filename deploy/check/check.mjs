@@ -16,7 +16,7 @@
 //
 //   node check.mjs BUILD_DIR RENDERED.yaml...
 import { spawn, spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -248,12 +248,17 @@ for (const file of files)
 let metricsChecked = false;
 const exported = new Set(); // every kvpool_* series the live runs exported, over all configurations
 
+// Each live run's directory (its socket, regions, disk tiers) goes when the check ends.
+const runDirs = [];
+process.on("exit", () => { for (const d of runDirs) rmSync(d, { recursive: true, force: true }); });
 for (const [text, { where, env }] of confs) {
   const dir = mkdtempSync(join(tmpdir(), "kvpool-deploy-"));
+  runDirs.push(dir);
   const confFile = join(dir, "kvpoold.conf"), tokenFile = join(dir, "token");
   // A node-local configuration's socket and regions live in host directories: here, in dir.
   writeFileSync(confFile, text.replace(/^rpc = ipc:\/\/.*$/m, `rpc = ipc://${dir}/kvpool.ipc`)
-    .replace(/^region-dir = .*$/m, `region-dir = ${dir}`));
+    .replace(/^region-dir = .*$/m, `region-dir = ${dir}`)
+    .replace(/,disk=\/[^,\n]*\//g, `,disk=${dir}/`));
   writeFileSync(tokenFile, "deploy-check-token\n");
   const conf = parseConf(text);
   const val = (k) => conf.find(([n]) => n === k)?.[1];
@@ -306,7 +311,8 @@ for (const [text, { where, env }] of confs) {
     // Node-local: the vLLM pods' way in, the ipc socket, and the pool's region in the region dir.
     const reg = spawnSync(kvpoolctl, ["--url", `ipc://${dir}/kvpool.ipc`, "--pool", pool, "--timeout-ms",
                                       "2000", "--token-file", tokenFile, "region"], { encoding: "utf8" });
-    check(reg.status === 0 && reg.stdout.includes(`region ${dir}/kvpool-${pool}-`),
+    check(reg.status === 0 && (reg.stdout.includes(`region ${dir}/kvpool-${pool}-`) ||
+                              reg.stdout.includes(`region ${dir}/kvpool-${pool}.region`)),
           `${where}: the pool's region is in the region dir, reached over the ipc socket`);
   }
   const noTok = ctl(["info"]);

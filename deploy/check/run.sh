@@ -50,6 +50,19 @@ $helm template kvpool ../helm/kvpool -n inference \
 	> out/helm-hybrid.yaml
 $helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
 	--set 'pools[0].name=tier,pools[0].blocks=4096,pools[0].shards=2' > out/helm-nodelocal.yaml
+# A node-local pool kept across pods: warm restarts and a disk tier in host directories.
+$helm template kvpool ../helm/kvpool -n inference --set nodeLocal.enabled=true \
+	--set 'pools[0].name=kept,pools[0].blocks=1024,pools[0].restart=warm,pools[0].diskRows=4096' \
+	> out/helm-nodelocal-disk.yaml
+for want in 'restart=warm,disk=/var/lib/kvpool/kept.disk,disk_rows=4096' 'name: host-disk' \
+	'path: /var/lib/kvpool'; do
+	grep -q "$want" out/helm-nodelocal-disk.yaml || { echo "FAIL: nodeLocal with a disk lacks $want"; exit 1; }
+done
+if $helm template kvpool ../helm/kvpool -n inference --set 'pools[0].name=d,pools[0].blocks=64,pools[0].diskRows=8' \
+	> /dev/null 2>&1; then
+	echo "FAIL: the chart renders a disk tier without nodeLocal"
+	exit 1
+fi
 cp ../helm/kvpool/examples/vllm-node-local.yaml out/example-vllm-node-local.yaml
 # Cluster mode: each node's agent beside kvpoold, Mooncake's master and its
 # policy, rendered from docs/cluster.md's helm line as written there.

@@ -81,10 +81,16 @@ admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- if and (not .blocks) (not $memory) }}
 {{- fail (printf "pool %s: give blocks, or executor.memory (gpu.memory with gpu.enabled)" .name) }}
 {{- end }}
+{{- if and .diskRows (not $.Values.nodeLocal.enabled) }}
+{{- fail (printf "pool %s: diskRows needs nodeLocal.enabled (the disk tier lives in nodeLocal.diskDir on the host)" .name) }}
+{{- end }}
+{{- if and .diskRows (eq .name $clusterPool) }}
+{{- fail (printf "pool %s: diskRows and the cluster tier are not yet supported in one pool" .name) }}
+{{- end }}
 {{- if and .groups (not (regexMatch "^[a-z_]+:[0-9]+(:[0-9a-z]+)?(\\+[a-z_]+:[0-9]+(:[0-9a-z]+)?)*$" .groups)) }}
 {{- fail (printf "pool %s: groups %q is not KIND:BLOCK_SIZE[:PARAM] joined by '+' (kvpoold --help)" .name .groups) }}
 {{- end }}
-pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }}{{ if .groups }},groups={{ .groups }}{{ if .blockSize }},block_size={{ int64 .blockSize }}{{ end }}{{ else }},block_size={{ int64 (.blockSize | default 16) }}{{ end }}{{ if .hashBlockSize }},hash_block_size={{ int64 .hashBlockSize }}{{ end }}{{ if hasKey . "caching" }},caching={{ ternary "on" "off" .caching }}{{ end }}{{ if .hashAlgo }},hash_algo={{ .hashAlgo }}{{ end }}{{ if hasKey . "seed" }},seed={{ if kindIs "string" .seed }}{{ .seed }}{{ else }}{{ int64 .seed }}{{ end }}{{ end }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}{{ if .shards }},shards={{ int64 .shards }}{{ end }}{{ if .restart }},restart={{ .restart }}{{ end }}{{ if eq .name $clusterPool }},cluster_wait_ms={{ int64 $cluster.waitMs }},cluster_miss_ms={{ int64 $cluster.missMs }}{{ end }}
+pool = name={{ .name }}{{ if .blocks }},blocks={{ int64 .blocks }}{{ end }}{{ if .groups }},groups={{ .groups }}{{ if .blockSize }},block_size={{ int64 .blockSize }}{{ end }}{{ else }},block_size={{ int64 (.blockSize | default 16) }}{{ end }}{{ if .hashBlockSize }},hash_block_size={{ int64 .hashBlockSize }}{{ end }}{{ if hasKey . "caching" }},caching={{ ternary "on" "off" .caching }}{{ end }}{{ if .hashAlgo }},hash_algo={{ .hashAlgo }}{{ end }}{{ if hasKey . "seed" }},seed={{ if kindIs "string" .seed }}{{ .seed }}{{ else }}{{ int64 .seed }}{{ end }}{{ end }}{{ if hasKey . "dpRank" }},dp_rank={{ int64 .dpRank }}{{ end }}{{ if .model }},model={{ .model }}{{ end }}{{ if .shards }},shards={{ int64 .shards }}{{ end }}{{ if .restart }},restart={{ .restart }}{{ end }}{{ if .diskRows }},disk={{ $.Values.nodeLocal.diskDir }}/{{ .name }}.disk,disk_rows={{ int64 .diskRows }}{{ end }}{{ if eq .name $clusterPool }},cluster_wait_ms={{ int64 $cluster.waitMs }},cluster_miss_ms={{ int64 $cluster.missMs }}{{ end }}
 {{- end }}
 {{- with .Values.vllmEvents }}
 {{- if .enabled }}
@@ -149,6 +155,11 @@ vllm-rep-{{ $i }} {{ add $v.replayPort $rank }}
 {{- end -}}
 
 {{/* Cluster mode: the pool under the tier (cluster.pool, or the first), after its checks. */}}
+{{/* "true" when a pool has a disk tier (diskRows): the pod mounts nodeLocal.diskDir. */}}
+{{- define "kvpool.hasDisk" -}}
+{{- range .Values.pools }}{{ if .diskRows }}true{{ end }}{{ end }}
+{{- end }}
+
 {{- define "kvpool.clusterPool" -}}
 {{- $c := .Values.cluster }}
 {{- if not .Values.nodeLocal.enabled }}

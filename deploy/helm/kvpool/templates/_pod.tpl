@@ -40,7 +40,8 @@ spec:
     - name: host-dirs
       image: "{{ .Values.image.repository }}:{{ ternary .Values.gpu.image.tag .Values.image.tag .Values.gpu.enabled }}"
       imagePullPolicy: {{ .Values.image.pullPolicy }}
-      command: ["sh", "-c", "chown 10001:10001 /host/socket /host/region && chmod 0770 /host/socket /host/region"]
+      {{- $dirs := ternary "/host/*" "/host/socket /host/region" (ne (include "kvpool.hasDisk" .) "") }}
+      command: ["sh", "-c", "for d in {{ $dirs }}; do chown 10001:10001 $d && chmod 0770 $d; done"]
       securityContext:
         runAsNonRoot: false
         runAsUser: 0
@@ -54,6 +55,10 @@ spec:
           mountPath: /host/socket
         - name: host-region
           mountPath: /host/region
+        {{- if include "kvpool.hasDisk" . }}
+        - name: host-disk
+          mountPath: /host/disk
+        {{- end }}
   {{- end }}
   containers:
     - name: kvpoold
@@ -159,6 +164,10 @@ spec:
           mountPath: {{ .Values.nodeLocal.socketDir }}
         - name: host-region
           mountPath: {{ .Values.nodeLocal.regionDir }}
+        {{- if include "kvpool.hasDisk" . }}
+        - name: host-disk
+          mountPath: {{ .Values.nodeLocal.diskDir }}
+        {{- end }}
         {{- end }}
     {{- if .Values.cluster.enabled }}
     # The cluster tier's agent (docs/cluster.md): kvpoold's pool over ipc, its
@@ -266,5 +275,12 @@ spec:
       hostPath:
         path: {{ .Values.nodeLocal.regionDir }}
         type: DirectoryOrCreate
+    {{- if include "kvpool.hasDisk" . }}
+    # Pools' disk tiers: a host directory, so they outlive the pod.
+    - name: host-disk
+      hostPath:
+        path: {{ .Values.nodeLocal.diskDir }}
+        type: DirectoryOrCreate
+    {{- end }}
     {{- end }}
 {{- end -}}
