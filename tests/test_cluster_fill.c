@@ -6,7 +6,9 @@
  * the key, fills its row (Reserve, write, Commit) and the lookup hits with
  * the agent's checksum; a key the agent reports absent misses at once; a
  * key the agent never answers misses after cluster_wait_ms; a pool without
- * the setting refuses ClusterFill; every answer counts in /metrics.
+ * the setting refuses ClusterFill; every answer counts in /metrics. A pool
+ * with a disk tier too: keys the disk holds come back from it and are
+ * never handed to the agent; the agent gets only what the disk lacks.
  */
 #include "daemon_util.h"
 
@@ -18,7 +20,7 @@
 #define KL 36
 #define WAIT_MS 400
 
-static char ipc_url[128], tcp_url[128], admin[64];
+static char ipc_url[128], tcp_url[128], admin[64], disk_dir[64], disk_path[128];
 static pid_t daemon_pid;
 
 static void
@@ -141,6 +143,71 @@ test_cluster_fill_refused_without_the_setting(void **state)
 	kvp_client_close(agent);
 }
 
+/*
+ * Both tiers: 24 keys stored in a pool of 8 rows go to its disk; evicted
+ * from the region, they come back from the disk (pending, then a hit with
+ * their bytes) while the agent calls ClusterFill throughout, and the agent
+ * is handed none of them; a key the disk never had is the agent's.
+ */
+static void
+test_cluster_fill_beside_a_disk_tier(void **state)
+{
+	struct kvp_client *engine = open_client("cd", "engine"), *agent = open_client("cd", "agent");
+	struct kvp_region *reg = NULL;
+	uint8_t k[KL], got[64 * KL];
+	size_t n = 0;
+	int32_t row;
+	(void)state;
+
+	assert_int_equal(kvp_region_open(engine, &reg), KVP_OK);
+	size_t rb = kvp_region_info(reg)->row_bytes;
+	for (uint32_t i = 100; i < 124; i++) {
+		make_key(k, i);
+		assert_int_equal(kvp_client_reserve(engine, k, 1, &row, NULL, NULL), KVP_OK);
+		memset(kvp_region_row(reg, row), (int)i, rb);
+		assert_int_equal(kvp_client_commit(engine, k, 1, NULL, true), KVP_OK);
+		sleep_ms(10); /* written behind before the region evicts it */
+	}
+	uint32_t from_disk = 0, handed = 0;
+	for (uint32_t i = 100; i < 112; i++) { /* the oldest: evicted from the 7 rows */
+		make_key(k, i);
+		row = -2;
+		for (int t = 0; t < 500 && row == -2; t++) {
+			assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 64, &n, NULL),
+			                 KVP_OK);
+			for (size_t j = 0; j < n; j++)
+				handed += memcmp(got + j * KL, k, KL) == 0;
+			row = lookup(engine, k, NULL);
+			if (row == -2) {
+				from_disk++;
+				sleep_ms(2);
+			}
+		}
+		if (row <= 0)
+			fail_msg("key %u was not served from the disk (%d)", i, row);
+		unsigned char *r = kvp_region_row(reg, row);
+		for (size_t j = 0; j < rb; j++)
+			if (r[j] != (unsigned char)i)
+				fail_msg("key %u: byte %zu of row %d is not what was committed", i, j, row);
+		uint8_t uk[KL];
+		memcpy(uk, k, KL);
+		assert_int_equal(kvp_client_unlock(engine, uk, 1), KVP_OK);
+	}
+	print_message("12 evicted keys served from the disk (%u lookups pending), %u of them "
+	              "handed to the cluster's agent\n", from_disk, handed);
+	assert_true(from_disk > 0);
+	assert_int_equal(handed, 0);
+	/* A key the disk never had: pending for the agent, and handed to it. */
+	make_key(k, 999);
+	assert_int_equal(lookup(engine, k, NULL), -2);
+	assert_int_equal(kvp_client_cluster_fill(agent, NULL, 0, got, 64, &n, NULL), KVP_OK);
+	assert_int_equal(n, 1);
+	assert_memory_equal(got, k, KL);
+	kvp_region_close(reg);
+	kvp_client_close(agent);
+	kvp_client_close(engine);
+}
+
 static int
 setup(void **state)
 {
@@ -150,11 +217,20 @@ setup(void **state)
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
 	snprintf(wait, sizeof(wait), "name=c,blocks=16,block_size=16,executor=cpu,"
 	         "cluster_wait_ms=%d,cluster_miss_ms=60000", WAIT_MS);
+	snprintf(disk_dir, sizeof(disk_dir), "/tmp/kvpool-cfd-XXXXXX");
+	if (mkdtemp(disk_dir) == NULL)
+		return -1;
+	snprintf(disk_path, sizeof(disk_path), "%s/tier.disk", disk_dir);
+	char both[300];
+	snprintf(both, sizeof(both), "name=cd,blocks=8,block_size=16,executor=cpu,session_rows=8,"
+	         "cluster_wait_ms=%d,cluster_miss_ms=60000,disk=%s,disk_rows=64", WAIT_MS,
+	         disk_path);
 	const char *args[] = {"--rpc", ipc_url, "--admin", admin,
 	                      "--kv-layers", "2", "--kv-heads", "4", "--kv-head-size", "32",
 	                      "--region-dir", getenv("TMPDIR") && *getenv("TMPDIR")
 	                                          ? getenv("TMPDIR") : "/tmp",
-	                      "--pool", wait, "--pool", "name=plain,blocks=8,executor=cpu", NULL};
+	                      "--pool", wait, "--pool", "name=plain,blocks=8,executor=cpu",
+	                      "--pool", both, NULL};
 	daemon_pid = daemon_start(args);
 	return daemon_pid > 0 ? 0 : -1;
 }
@@ -163,7 +239,13 @@ static int
 teardown(void **state)
 {
 	(void)state;
-	return daemon_stop(daemon_pid) == 0 ? 0 : -1;
+	int rv = daemon_stop(daemon_pid) == 0 ? 0 : -1;
+	char slots[160];
+	snprintf(slots, sizeof(slots), "%s.slots", disk_path);
+	unlink(disk_path);
+	unlink(slots);
+	rmdir(disk_dir);
+	return rv;
 }
 
 int
@@ -173,6 +255,7 @@ main(void)
 		cmocka_unit_test(test_cluster_fill_pending_then_hit),
 		cmocka_unit_test(test_cluster_fill_absent_and_unanswered_keys_miss),
 		cmocka_unit_test(test_cluster_fill_refused_without_the_setting),
+		cmocka_unit_test(test_cluster_fill_beside_a_disk_tier),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

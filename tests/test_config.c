@@ -425,7 +425,7 @@ test_config_check_reports_every_problem(void **state)
 	                "name=w1,blocks=64,restart=warm", "--pool",
 	                "name=w2,blocks=64,executor=none,restart=warm", "--pool",
 	                "name=w3,blocks=64,restart=lukewarm", "--pool",
-	                "name=w4,blocks=64,disk=/tmp/w4.disk,cluster_wait_ms=5,disk_rows=8",
+	                "name=w4,blocks=64,disk=/tmp/w4.disk,cluster_wait_ms=5",
 	                "--pool", "name=w5,blocks=64,disk=relative.disk,disk_rows=8", "--pool",
 	                "name=w6,blocks=64,disk=/nonexistent-dir/w6.disk,disk_rows=8", "--pool",
 	                "name=w7,blocks=64,disk=/tmp/w7.disk,disk_rows=1073741824", NULL};
@@ -433,7 +433,7 @@ test_config_check_reports_every_problem(void **state)
 	const char *warm_want[] = {"pool w1: restart=warm needs a shared region, which needs a "
 	                           "region-dir", "pool w2: restart=warm needs a shared region, "
 	                           "which needs executor=cpu", "restart=lukewarm",
-	                           "pool w4: disk=/tmp/w4.disk needs disk_rows, and no cluster tier",
+	                           "pool w4: disk=/tmp/w4.disk needs disk_rows",
 	                           "disk=relative.disk", "pool w6: disk=/nonexistent-dir/w6.disk: "
 	                           "/nonexistent-dir is not a directory", "pool w7: disk=/tmp/w7.disk "
 	                           "needs"};

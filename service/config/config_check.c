@@ -321,9 +321,8 @@ kvpd_cfg_check_more(const struct kvpd_config *c, FILE *err)
 		}
 	for (size_t i = 0; i < c->num_pools; i++) {
 		const struct kvpd_pool_config *p = &c->pools[i];
-		if (p->disk[0] != '\0' && (p->disk_rows == 0 || p->cluster_wait_ms != 0)) {
-			fprintf(err, "kvpoold: pool %s: disk=%s needs disk_rows, and no cluster tier "
-			             "(cluster_wait_ms) beside it\n", p->name, p->disk);
+		if (p->disk[0] != '\0' && p->disk_rows == 0) {
+			fprintf(err, "kvpoold: pool %s: disk=%s needs disk_rows\n", p->name, p->disk);
 			bad++;
 		}
 		if (!p->restart_warm && p->disk[0] == '\0')

@@ -302,15 +302,13 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 	for (; looked < n; looked++) {
 		ids[looked] = cached_row(c, m->keys.data, looked);
 		/*
-		 * A miss the cluster tier may hold, or the disk tier does: pending (-2)
-		 * while its agent (the disk tier's thread) fills it.
+		 * A miss the disk tier holds, or else the cluster tier may: pending
+		 * (-2) while the disk's thread (the cluster's agent) fills it.
 		 */
 		const uint8_t *k = m->keys.data + looked * key_len(c);
-		if (ids[looked] < 0 && (c->p->disk == NULL || kvpd_disk_has(c->p->disk, k, key_len(c))) &&
-		    kvpd_fill_ask(&c->p->fill, k, c->now_ms) == KVPD_FILL_PENDING) {
+		if (ids[looked] < 0 && (kvpd_disk_ask(c->p->disk, k, key_len(c), c->now_ms) ||
+		                        kvpd_fill_ask(&c->p->fill, k, c->now_ms) == KVPD_FILL_PENDING))
 			ids[looked] = -2;
-			kvpd_disk_kick(c->p->disk);
-		}
 		if (ids[looked] < 0 && m->prefix)
 			break;
 		if (ids[looked] > 0)

@@ -159,11 +159,9 @@ pool_init(struct kvpd_pool *p, const struct kvpd_config *cfg, const struct kvpd_
 	                                                      : KVP_KEYS_TAGGED)) != KVP_OK ||
 	    (rv = kvp_pool_create(&kc, &p->pool)) != KVP_OK ||
 	    (rv = kvp_mgr_create(p->pool, p->hasher, &mc, &p->mgr)) != KVP_OK ||
-	    (p->row_crc && (pc->cluster_wait_ms || pc->disk[0]) &&
+	    (p->row_crc && pc->cluster_wait_ms &&
 	     (rv = kvpd_fill_init(&p->fill, kvp_pool_hash_len(p->pool) + KVP_MAP_KEY_GROUP_LEN,
-	                          pc->cluster_wants,
-	                          pc->cluster_wait_ms ? pc->cluster_wait_ms : KVPD_DISK_WAIT_MS,
-	                          pc->cluster_miss_ms)))) {
+	                          pc->cluster_wants, pc->cluster_wait_ms, pc->cluster_miss_ms)))) {
 		snprintf(err, err_len, "pool %s: %s", pc->name, kvp_strerror(rv));
 		return rv;
 	}

@@ -21,6 +21,7 @@
 #include "engine/pool.h"
 #include "gpu/executor.h"
 #include "service/rpc/dispatch.h"
+#include "service/rpc/fill.h"
 #include "service/rpc/keep.h"
 
 #include <stddef.h>
@@ -43,6 +44,8 @@ enum { BATCH = 32, IDLE_MS = 500, MAX_KEY = 64 + KVP_MAP_KEY_GROUP_LEN };
  * busy at a time.
  */
 enum { DEPTH = 4 };
+/* Lookups waiting on the disk at once; how long a key it failed to serve misses after. */
+enum { FILL_WANTS = 4096, FILL_MISS_MS = 1000 };
 #define DISK_MEDIUM "STORAGE"
 
 /*
@@ -95,6 +98,12 @@ struct kvpd_disk {
 	/* Committed rows to write behind: a ring. */
 	struct wq_item *wq;
 	uint32_t wq_cap, wq_head, wq_len;
+	/*
+	 * The disk's own fill table (fill.h): lookups of keys it holds wait
+	 * here, never on the cluster tier's (a pool may have both), and its
+	 * thread is their only agent.
+	 */
+	struct kvpd_fill fill;
 	/* Keys the fill table wanted that the disk does not hold: reported absent next round. */
 	uint8_t *absent;
 	size_t n_absent;
@@ -379,6 +388,7 @@ kvpd_disk_commit(struct kvpd_disk *d, int32_t id, const uint8_t *key, size_t key
 	struct wq_item *w = &d->wq[(d->wq_head + d->wq_len++) % d->wq_cap];
 	w->id = id;
 	memcpy(w->key, key, key_len);
+	kvpd_fill_forget(&d->fill, key); /* after its next eviction a lookup asks afresh */
 	kvpd_disk_kick(d);
 }
 
@@ -470,7 +480,7 @@ fill_round(struct kvpd_disk *d)
 
 	nng_mtx_lock(p->lock);
 	uint64_t epoch = d->epoch;
-	size_t asked = kvpd_fill_agent(&p->fill, d->absent, d->n_absent, want, BATCH, &waiting,
+	size_t asked = kvpd_fill_agent(&d->fill, d->absent, d->n_absent, want, BATCH, &waiting,
 	                               nng_clock());
 	d->n_absent = 0;
 	for (size_t i = 0; i < asked; i++) {
@@ -505,6 +515,7 @@ fill_round(struct kvpd_disk *d)
 		    kvp_pool_commit(p->pool, &b[i].id, 1, bs, p->cfg.num_groups) == KVP_OK) {
 			p->row_crc[b[i].id] = ops[i].crc;
 			kvpd_keep_commit(p->keep, b[i].id, slot_key(d, b[i].slot), d->key_len, ops[i].crc);
+			kvpd_fill_forget(&d->fill, slot_key(d, b[i].slot));
 			kvpd_fill_forget(&p->fill, slot_key(d, b[i].slot));
 			d->st.fills++;
 			continue;
@@ -585,6 +596,7 @@ kvpd_disk_close(struct kvpd_disk *d)
 #endif
 	if (d->cv != NULL)
 		nng_cv_free(d->cv);
+	kvpd_fill_fini(&d->fill);
 	free(d->told);
 	if (d->fd >= 0)
 		close(d->fd);
@@ -695,7 +707,7 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 	int rv;
 
 	if (p == NULL || path == NULL || rows == 0 || p->row_crc == NULL ||
-	    kvp_exec_region(p->exec, &reg) != KVP_OK || p->fill.key_len == 0) {
+	    kvp_exec_region(p->exec, &reg) != KVP_OK) {
 		snprintf(err, err_len, "pool %s: a disk tier needs a shared region",
 		         p ? p->cfg.name : "?");
 		return KVP_EINVAL;
@@ -720,7 +732,8 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 	    (d->slot_used = calloc(rows, 1)) == NULL || (d->slot_busy = calloc(rows, 1)) == NULL ||
 	    (d->index = calloc(cap, sizeof(*d->index))) == NULL ||
 	    (d->wq = calloc(d->wq_cap, sizeof(*d->wq))) == NULL ||
-	    (d->absent = calloc(BATCH, d->key_len)) == NULL || nng_cv_alloc(&d->cv, p->lock) != 0)
+	    (d->absent = calloc(BATCH, d->key_len)) == NULL || nng_cv_alloc(&d->cv, p->lock) != 0 ||
+	    kvpd_fill_init(&d->fill, d->key_len, FILL_WANTS, KVPD_DISK_WAIT_MS, FILL_MISS_MS) != KVP_OK)
 		goto nomem;
 	/* O_DIRECT where rows are whole pages and the file system takes it (tmpfs does not). */
 	int flags = O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW;
@@ -794,4 +807,14 @@ bool
 kvpd_disk_has(const struct kvpd_disk *d, const uint8_t *key, size_t key_len)
 {
 	return d != NULL && key_len == d->key_len && index_find(d, key) >= 0;
+}
+
+bool
+kvpd_disk_ask(struct kvpd_disk *d, const uint8_t *key, size_t key_len, uint64_t now_ms)
+{
+	if (!kvpd_disk_has(d, key, key_len) ||
+	    kvpd_fill_ask(&d->fill, key, now_ms) != KVPD_FILL_PENDING)
+		return false;
+	kvpd_disk_kick(d);
+	return true;
 }

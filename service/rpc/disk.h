@@ -8,8 +8,9 @@
  * under the pool's lock while it reads or writes): its key gets the next
  * slot, first in first out, once the row still holds that key after the
  * write; the slot's earlier key is forgotten. A lookup that misses a key
- * the disk holds answers "pending" (-2) through the pool's fill table
- * (fill.h) and the thread fills it: Reserve a row, read the slot into it,
+ * the disk holds answers "pending" (-2) through the disk's own fill table
+ * (fill.h; a pool's cluster tier has another, for the keys the disk does
+ * not hold) and the thread fills it: Reserve a row, read the slot into it,
  * check the CRC32C taken when it was written, Commit (a later lookup hits)
  * or Abort (a miss). So engines see hits arriving, as from the cluster
  * tier, and never bytes that fail their check.
@@ -59,8 +60,16 @@ int kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_
 /* Row id was committed with key (key_len bytes): write it behind. Under the pool's lock. */
 void kvpd_disk_commit(struct kvpd_disk *d, int32_t id, const uint8_t *key, size_t key_len);
 
-/* Whether the disk holds key (a lookup's miss then waits on a fill). Under the pool's lock. */
+/* Whether the disk holds key. Under the pool's lock. */
 bool kvpd_disk_has(const struct kvpd_disk *d, const uint8_t *key, size_t key_len);
+
+/*
+ * A lookup missed key in the region: true when the disk holds it and will
+ * fill it (the lookup answers pending, -2, and the thread is woken); false
+ * when it does not, or it failed to serve it within the last second (the
+ * cluster tier, if any, may then). NULL d: false. Under the pool's lock.
+ */
+bool kvpd_disk_ask(struct kvpd_disk *d, const uint8_t *key, size_t key_len, uint64_t now_ms);
 
 /* A Reset emptied the pool: the disk forgets every key too (I/O under way is not applied). */
 void kvpd_disk_reset(struct kvpd_disk *d);
