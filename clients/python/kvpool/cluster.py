@@ -44,6 +44,7 @@ from kvpool.cluster_store import (TRAILER, Namespace, StoreConfig, StoreDown, St
                                   check_trailer, pack_trailer, private_address)
 
 log = logging.getLogger("kvpool.cluster")
+DISK_MEDIUM = "STORAGE"  # a disk tier's events (docs/operations.md, "Disk tier")
 
 __all__ = ["ClusterTier", "TierConfig", "main"]
 
@@ -316,8 +317,11 @@ class ClusterTier:
         if isinstance(item, Reset):
             keys = [h + g.to_bytes(4, "big") for (h, g) in item.entries]
         else:
+            # The pool's own rows only: a disk tier below it tells its rows in
+            # vLLM's STORAGE medium, and those are not in the region to put.
             keys = [bytes(h) + (ev.group_idx or 0).to_bytes(4, "big")
-                    for ev in item.events if isinstance(ev, BlockStored)
+                    for ev in item.events
+                    if isinstance(ev, BlockStored) and ev.medium != DISK_MEDIUM
                     for h in ev.block_hashes]
         for k in keys:
             if len(self._todo) >= self.cfg.queue:
