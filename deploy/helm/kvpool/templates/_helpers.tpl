@@ -84,9 +84,6 @@ admin = http://0.0.0.0:{{ int64 .Values.ports.admin }}
 {{- if and .diskRows (not $.Values.nodeLocal.enabled) }}
 {{- fail (printf "pool %s: diskRows needs nodeLocal.enabled (the disk tier lives in nodeLocal.diskDir on the host)" .name) }}
 {{- end }}
-{{- if and .diskRows (eq .name $clusterPool) }}
-{{- fail (printf "pool %s: diskRows and the cluster tier are not yet supported in one pool" .name) }}
-{{- end }}
 {{- if and .groups (not (regexMatch "^[a-z_]+:[0-9]+(:[0-9a-z]+)?(\\+[a-z_]+:[0-9]+(:[0-9a-z]+)?)*$" .groups)) }}
 {{- fail (printf "pool %s: groups %q is not KIND:BLOCK_SIZE[:PARAM] joined by '+' (kvpoold --help)" .name .groups) }}
 {{- end }}
