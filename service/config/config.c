@@ -113,6 +113,8 @@ apply(struct kvpd_config *c, const char *name, const char *v, struct state *st, 
 		rv = kvpd_cfg_parse_u32(v, 100, 86400000u, &c->lease_ms);
 	} else if (strcmp(name, "contexts") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 1, 256, &c->contexts);
+	} else if (strcmp(name, "shm-channels") == 0) {
+		rv = kvpd_cfg_parse_u32(v, 0, 4096, &c->shm_channels);
 	} else if (strcmp(name, "max-msg-bytes") == 0) {
 		rv = kvpd_cfg_parse_u32(v, 4096, 1u << 30, &c->max_msg_bytes);
 	} else if (strcmp(name, "max-ids") == 0) {
@@ -290,6 +292,7 @@ defaults(struct kvpd_config *c, struct state *st)
 	c->vllm.queue_mib = 64;
 	c->lease_ms = 30000;
 	c->contexts = 8;
+	c->shm_channels = 64;
 	c->max_msg_bytes = KVP_WIRE_DEFAULT_MAX_MSG;
 	c->max_ids = KVP_WIRE_DEFAULT_MAX_IDS;
 	c->max_sessions = 1024;

@@ -120,6 +120,7 @@ struct kvpd_config {
 	size_t num_pools;
 	uint32_t lease_ms;         /* session lease without a call */
 	uint32_t contexts;         /* concurrent REP contexts */
+	uint32_t shm_channels;     /* same-host call channels beside an ipc endpoint; 0: none */
 	uint32_t max_msg_bytes;
 	uint32_t max_ids;          /* ids or tokens per call */
 	uint32_t max_sessions;     /* per pool */

@@ -62,6 +62,7 @@ kvpd_config_print(const struct kvpd_config *c, FILE *out)
 	        c->send_timeout_ms, c->idle_timeout_ms, c->deadline_skew_ms);
 	fprintf(out, "max-refs = %u\nmax-session-requests = %u\nreply-cache-mib = %u\n",
 	        c->max_refs, c->max_session_requests, c->reply_cache_mib);
+	fprintf(out, "shm-channels = %u\n", c->shm_channels);
 	fprintf(out, "ipc-mode = %04o\nregion-dir = %s\n", (unsigned)c->ipc_mode, c->region_dir);
 	fprintf(out, "executor = %s\ndevice = %d\nkv-layers = %u\nkv-heads = %u\nkv-head-size = %u\n"
 	             "kv-dtype = %s\nkv-layout = %s\nkv-memory = %s\n",

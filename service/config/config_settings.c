@@ -107,6 +107,10 @@ const struct kvpd_setting kvpd_settings[] = {
 	{"lease-ms", "MS", "session lease: a session with no call for this long is ended and its "
 	                   "blocks released; also the longest lease a client may ask for. Default 30000"},
 	{"contexts", "N", "requests served concurrently. Default 8"},
+	{"shm-channels", "N", "same-host call channels: beside the first ipc:// endpoint PATH, "
+	                      "PATH.shm hands a client a shared-memory channel with a thread of "
+	                      "its own, for calls at memory speed (docs/service.md); at most N at "
+	                      "once, the rest keep nng ipc; 0: none. Default 64"},
 	{"max-msg-bytes", "N", "largest request accepted, in bytes. Default 8388608"},
 	{"max-ids", "N", "most block ids or tokens in one call. Default 65536"},
 	{"max-sessions", "N", "most sessions per pool. Default 1024"},

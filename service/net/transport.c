@@ -22,9 +22,9 @@
 #include "service/net/ipc.h"
 #include "service/net/transport_impl.h"
 
-/* A refusal worth an operator's eye, at most a few lines a second whatever a peer sends. */
-static void
-log_refusal(struct kvpd_transport *t, nng_pipe p, const struct kvpd_sink *sink)
+void
+kvpd_log_refusal(struct kvpd_log_limit *lim, const char *peer, const char *conn,
+                 const struct kvpd_sink *sink)
 {
 	static const char *const what[KVPD_NUM_REFUSALS][2] = {
 		{"", ""},
@@ -33,18 +33,28 @@ log_refusal(struct kvpd_transport *t, nng_pipe p, const struct kvpd_sink *sink)
 		{"transport", "refused a request larger than --max-msg-bytes"},
 	};
 	uint64_t dropped = 0;
-	char peer[160], conn[24], more[24];
+	char more[24];
 	unsigned k = sink->refusal;
 	if (k == 0 || k >= KVPD_NUM_REFUSALS || !kvpd_log_enabled(KVPD_WARN) ||
-	    !kvpd_log_limit_take(&t->refusal_log[k], (uint64_t)nng_clock(), &dropped))
+	    !kvpd_log_limit_take(&lim[k], (uint64_t)nng_clock(), &dropped))
 		return;
-	kvpd_tr_peer_name(p, peer, sizeof(peer));
-	snprintf(conn, sizeof(conn), "%u", (unsigned)nng_pipe_id(p));
 	snprintf(more, sizeof(more), "%llu", (unsigned long long)dropped);
 	struct kvpd_log_field f[] = {{"pool", sink->refusal_pool}, {"peer", peer},
 	                             {"connection", conn}, {"reason", sink->refusal_why},
 	                             {"not_logged_before", more}};
 	kvpd_log_fields(KVPD_WARN, what[k][0], what[k][1], f, dropped ? 5 : 4);
+}
+
+/* A refusal worth an operator's eye, at most a few lines a second whatever a peer sends. */
+static void
+log_refusal(struct kvpd_transport *t, nng_pipe p, const struct kvpd_sink *sink)
+{
+	char peer[160], conn[24];
+	if (sink->refusal == 0)
+		return;
+	kvpd_tr_peer_name(p, peer, sizeof(peer));
+	snprintf(conn, sizeof(conn), "%u", (unsigned)nng_pipe_id(p));
+	kvpd_log_refusal(t->refusal_log, peer, conn, sink);
 }
 
 /* The reply goes straight into a new nng message: large replies are written once. */
@@ -227,6 +237,15 @@ kvpd_transport_open(struct kvpd_server *srv, const struct kvpd_config *cfg,
 		t->num_listeners++;
 	}
 	t->listening = true;
+	/* Same-host channels beside the first ipc:// endpoint (chan.h). */
+	for (size_t i = 0; i < cfg->num_rpc && cfg->shm_channels > 0; i++) {
+		if (strncmp(cfg->rpc[i], "ipc://", 6) != 0)
+			continue;
+		if (kvpd_chans_open(srv, cfg->rpc[i] + 6, cfg->ipc_mode, cfg->shm_channels,
+		                    (size_t)cfg->max_msg_bytes + 65536, &t->chans, err, len) != KVP_OK)
+			goto fail;
+		break;
+	}
 	if (kvpd_tr_listen_watch_start(t) != 0) {
 		snprintf(err, len, "cannot start a thread");
 		goto fail;
@@ -297,6 +316,9 @@ kvpd_transport_close(struct kvpd_transport *t, uint32_t drain_ms)
 		return;
 	/* Stop accepting connections; let calls in flight finish, within drain_ms. */
 	kvpd_tr_listen_watch_stop(t);
+	/* Same-host channels finish the call each serves, then end. */
+	kvpd_chans_close(t->chans);
+	t->chans = NULL;
 	for (size_t i = 0; i < t->num_listeners; i++)
 		nng_listener_close(t->listeners[i]);
 	for (size_t i = 0; i < t->num_retired; i++)

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "service/config/config_impl.h"
+#include "service/net/chan.h"
 #include "service/net/conn_bounds.h"
 #include "service/log.h"
 #include "service/pool/server.h"
@@ -109,6 +110,7 @@ struct kvpd_transport {
 	atomic_uint last_cut;           /* the connection last closed for not reading */
 	nng_duration idle_timeout;      /* 0: idle connections stay */
 	struct conns conns;
+	struct kvpd_chans *chans;       /* same-host channels beside the first ipc:// endpoint */
 	nng_aio *reaper;                /* wakes to close idle connections */
 	nng_aio *pressure;              /* wakes to watch for contexts held by non-readers */
 	struct kvpd_held *held;         /* the pressure watch's scratch */

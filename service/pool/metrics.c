@@ -279,6 +279,13 @@ render_rpc(struct out *o, struct kvpd_server *s, size_t np, const struct kvpd_po
 		put(o, "kvpool_connections_closed_total{reason=\"%s\"} %llu\n",
 		    kvpd_close_reason_name((enum kvpd_close_reason)r),
 		    (unsigned long long)kvpd_server_closes(s, (enum kvpd_close_reason)r));
+	uint64_t shm_open, shm_calls;
+	kvpd_server_shm(s, &shm_open, &shm_calls);
+	help(o, "kvpool_shm_channels", "gauge",
+	     "Same-host call channels open (ipc clients calling through shared memory).");
+	put(o, "kvpool_shm_channels %llu\n", (unsigned long long)shm_open);
+	help(o, "kvpool_shm_calls_total", "counter", "RPC calls served over same-host channels.");
+	put(o, "kvpool_shm_calls_total %llu\n", (unsigned long long)shm_calls);
 	help(o, "kvpool_rpc_calls_total", "counter", "RPC calls by call and status.");
 	for (size_t i = 0; i < np; i++)
 		for (int call = 0; call < KVPD_NUM_CALLS; call++)

@@ -605,3 +605,24 @@ kvpd_close_reason_name(enum kvpd_close_reason r)
 		"idle", "took_no_reply", "tls_handshake", "address_bound", "unauthenticated_bound"};
 	return (unsigned)r < KVPD_CLOSE_REASONS ? names[r] : NULL;
 }
+
+void
+kvpd_server_count_shm(struct kvpd_server *s, int channel_delta, uint64_t calls)
+{
+	if (s == NULL)
+		return;
+	if (channel_delta > 0)
+		atomic_fetch_add_explicit(&s->shm_channels, 1, memory_order_relaxed);
+	else if (channel_delta < 0)
+		atomic_fetch_sub_explicit(&s->shm_channels, 1, memory_order_relaxed);
+	if (calls > 0)
+		atomic_fetch_add_explicit(&s->shm_calls, calls, memory_order_relaxed);
+}
+
+void
+kvpd_server_shm(const struct kvpd_server *s, uint64_t *channels, uint64_t *calls)
+{
+	struct kvpd_server *m = (struct kvpd_server *)s;
+	*channels = s ? atomic_load_explicit(&m->shm_channels, memory_order_relaxed) : 0;
+	*calls = s ? atomic_load_explicit(&m->shm_calls, memory_order_relaxed) : 0;
+}

@@ -115,6 +115,10 @@ void kvpd_server_pool_counters(struct kvpd_server *s, size_t i, struct kvpd_pool
 void kvpd_server_count_close(struct kvpd_server *s, enum kvpd_close_reason r);
 /* Closes so far for reason r (0 for an unknown reason). */
 uint64_t kvpd_server_closes(const struct kvpd_server *s, enum kvpd_close_reason r);
+/* The same-host channels (net/chan.c): one opened (+1) or ended (-1); a call served over one. */
+void kvpd_server_count_shm(struct kvpd_server *s, int channel_delta, uint64_t calls);
+/* Channels open now; calls served over them so far. */
+void kvpd_server_shm(const struct kvpd_server *s, uint64_t *channels, uint64_t *calls);
 /* The reason's label value: "idle", "took_no_reply", "tls_handshake", "address_bound",
  * "unauthenticated_bound"; NULL for an unknown reason. */
 const char *kvpd_close_reason_name(enum kvpd_close_reason r);

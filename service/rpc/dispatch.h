@@ -107,6 +107,7 @@ struct kvpd_server {
 	struct kvpd_pool *pools;
 	size_t num_pools;
 	_Atomic uint64_t closes[KVPD_CLOSE_REASONS]; /* connections the transport closed */
+	_Atomic uint64_t shm_channels, shm_calls;    /* same-host channels open; calls over them */
 };
 
 /* Encodes a reply into the sink. KVP_OK or KVP_ENOMEM. */
