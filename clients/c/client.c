@@ -165,6 +165,41 @@ put_varint_field(uint8_t *p, uint32_t field, uint64_t v)
 	return n;
 }
 
+/*
+ * The same-host channel of an ipc:// daemon (chan.h), when the daemon runs
+ * as the user the ipc connection showed (SO_PEERCRED) and KVPOOL_SHM is not
+ * 0. Tried at open and, once lost, again at most every KVPC_CHAN_RETRY_MS.
+ */
+static void
+chan_try(struct kvp_client *c)
+{
+	if (!c->chan_wanted || c->chan != NULL || nng_clock() < c->chan_next)
+		return;
+	c->chan_next = (uint64_t)nng_clock() + KVPC_CHAN_RETRY_MS;
+	nng_mtx_lock(c->mtx);
+	bool known = c->peer_uid_known;
+	uint64_t uid = c->peer_uid;
+	nng_mtx_unlock(c->mtx);
+	/*
+	 * A daemon that answers hands a channel over within milliseconds; one
+	 * that is stalled must not cost the call more than a little beyond its
+	 * timeout.
+	 */
+	if (known)
+		(void)kvpc_chan_open(c->url + 6, uid,
+		                     c->timeout_ms < KVPC_CHAN_OPEN_MS ? c->timeout_ms
+		                                                       : KVPC_CHAN_OPEN_MS,
+		                     &c->chan);
+}
+
+/* The channel failed a call: nng from now on (chan_try asks for a new one later). */
+static void
+chan_drop(struct kvp_client *c)
+{
+	kvpc_chan_close(c->chan);
+	c->chan = NULL;
+}
+
 static int
 roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *req, size_t len,
           nng_msg **reply)
@@ -218,6 +253,29 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 		}
 		memcpy(body + len + extra - dl_len, dl, dl_len);
 		c->last_sent = len + extra;
+		if (attempt == 0 && c->last_ok)
+			chan_try(c);
+		if (c->chan != NULL) {
+			/*
+			 * Same host: the very bytes through shared memory. A stalled
+			 * daemon counts as a timeout (the next attempt goes over nng,
+			 * the same call id running the call once); a gone one, or a
+			 * failed channel, sends this attempt over nng.
+			 */
+			int crv = kvpc_chan_call(c->chan, body, len + extra, c->timeout_ms, reply);
+			if (crv == KVP_OK) {
+				nng_msg_free(msg);
+				c->last_ok = true;
+				return KVP_OK;
+			}
+			if (crv != KVP_EINVAL)
+				chan_drop(c);
+			if (crv == KVP_EBUSY) {
+				nng_msg_free(msg);
+				rv = NNG_ETIMEDOUT;
+				continue;
+			}
+		}
 		if ((rv = nng_sendmsg(c->sock, msg, 0)) != 0) {
 			nng_msg_free(msg);
 			if (rv == NNG_ETIMEDOUT) {
@@ -239,8 +297,10 @@ roundtrip(struct kvp_client *c, const Kvpool__V1__Request *rq, const uint8_t *re
 		if (rv != 0)
 			return kvp_client_fail_(c, KVP_EINTERNAL, "receive: %s", nng_strerror(rv));
 		*reply = msg;
+		c->last_ok = true;
 		return KVP_OK;
 	}
+	c->last_ok = false;
 	return kvp_client_fail_(c, KVP_EBUSY, "no reply from the daemon after retries (%s)",
 	                        nng_strerror(rv));
 }
@@ -319,71 +379,6 @@ tls_setup(struct kvp_client *c, const struct kvp_client_options *o)
 	char why[512];
 	int rv = kvpc_tls_client_config(o->url, &t, &c->tls, why, sizeof(why));
 	return rv == KVP_OK ? KVP_OK : kvp_client_fail_(c, rv, "%s", why);
-}
-
-static void
-copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h)
-{
-	struct kvp_client_info *i = &c->info;
-	const Kvpool__V1__PoolInfo *p = h->pool;
-
-	i->session_id = h->session_id;
-	i->lease_ms = h->lease_ms;
-	snprintf(i->server_version, sizeof(i->server_version), "%s",
-	         h->server_version ? h->server_version : "");
-	if (p == NULL)
-		return;
-	snprintf(i->pool, sizeof(i->pool), "%s", p->name);
-	i->num_blocks = p->num_blocks;
-	i->hash_block_size = p->hash_block_size;
-	i->block_size = p->n_groups > 0 ? p->groups[0]->block_size : p->hash_block_size;
-	i->prefix_caching = p->prefix_caching;
-	i->num_groups = 0;
-	for (size_t g = 0; g < p->n_groups && g < KVP_MAX_GROUPS; g++) {
-		const Kvpool__V1__GroupInfo *gi = p->groups[g];
-		struct kvp_group_spec *s = &i->groups[i->num_groups++];
-		memset(s, 0, sizeof(*s));
-		if (kvp_group_kind_parse(gi->kind, &s->kind) != KVP_OK)
-			s->kind = KVP_GROUP_NUM_KINDS; /* a kind this client does not know */
-		s->block_size = gi->block_size;
-		s->window = gi->sliding_window ? gi->sliding_window : gi->attention_chunk_size;
-		(void)kvp_mamba_mode_parse(gi->mamba_cache_mode, &s->mamba_mode);
-	}
-	snprintf(i->hash_algorithm, sizeof(i->hash_algorithm), "%s", p->hash_algorithm);
-	if (p->none_hash_fingerprint.len > 0) /* data is NULL when the field is absent */
-		memcpy(i->none_hash_fingerprint, p->none_hash_fingerprint.data,
-		       p->none_hash_fingerprint.len < 8 ? p->none_hash_fingerprint.len : 8);
-	snprintf(i->medium, sizeof(i->medium), "%s", p->medium);
-	i->event_epoch = p->event_epoch;
-	i->event_seq = p->event_seq;
-	c->has_event_key = p->event_key.len == KVP_SEAL_KEY_LEN && p->event_key_id != 0;
-	if (c->has_event_key) {
-		memcpy(c->event_key.key, p->event_key.data, KVP_SEAL_KEY_LEN);
-		c->event_key.id = p->event_key_id;
-	}
-	i->max_model_len = p->max_model_len;
-	i->max_ids_per_call = p->max_ids_per_call;
-	i->max_hash_len = p->max_hash_len;
-	i->hash_len = p->hash_len ? p->hash_len : KVP_HASH_LEN; /* absent before xxhash: 32 */
-	c->slots_runs = p->slots_runs;
-	c->plan.prompt_u32 = p->prompt_u32; /* Batch prompts as 32-bit ids (request_pack.h) */
-	i->max_msg_bytes = p->max_msg_bytes;
-	memset(&i->executor, 0, sizeof(i->executor));
-	i->region = false;
-	if (p->executor != NULL) {
-		const Kvpool__V1__ExecutorInfo *x = p->executor;
-		struct kvp_client_executor *e = &i->executor;
-		snprintf(e->backend, sizeof(e->backend), "%s", x->backend);
-		e->num_layers = x->num_layers;
-		e->num_heads = x->num_heads;
-		e->head_size = x->head_size;
-		snprintf(e->dtype, sizeof(e->dtype), "%s", x->dtype);
-		snprintf(e->layout, sizeof(e->layout), "%s", x->layout);
-		e->block_size = x->block_size;
-		e->block_bytes = x->block_bytes;
-		e->memory_bytes = x->memory_bytes;
-		i->region = x->region;
-	}
 }
 
 static _Thread_local char open_detail[512];
@@ -498,7 +493,7 @@ resume(struct kvp_client *c, uint64_t session_id)
 		h.session_id = session_id;
 		h.lease_ms = hr->heartbeat->lease_ms;
 		h.pool = hr->heartbeat->pool;
-		copy_info(c, &h);
+		kvpc_copy_info(c, &h);
 	}
 	kvpool__v1__reply__free_unpacked(hr, NULL);
 	c->info.session_id = session_id;
@@ -533,7 +528,7 @@ hello(struct kvp_client *c, uint64_t replaces)
 		kvpool__v1__reply__free_unpacked(r, NULL);
 		return KVP_EINTERNAL;
 	}
-	copy_info(c, r->hello);
+	kvpc_copy_info(c, r->hello);
 	c->session = r->hello->session_id;
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
@@ -602,6 +597,10 @@ kvp_client_open(const struct kvp_client_options *o, struct kvp_client **out)
 		goto fail;
 	if ((rv = o->session_id != 0 ? resume(c, o->session_id) : hello(c, 0)) != KVP_OK)
 		goto fail;
+	const char *shm = getenv("KVPOOL_SHM");
+	c->chan_wanted = strncmp(c->url, "ipc://", 6) == 0 && !(shm != NULL && strcmp(shm, "0") == 0);
+	c->last_ok = true;
+	chan_try(c);
 	*out = c;
 	return KVP_OK;
 fail:
@@ -626,6 +625,7 @@ kvp_client_detach(struct kvp_client *c)
 	volatile uint8_t *t = c->token;
 	for (size_t i = 0; i < sizeof(c->token); i++)
 		t[i] = 0;
+	chan_drop(c);
 	/* After the close no pipe callback runs: only then may c go. */
 	if (c->has_sock)
 		sock_close(c, c->sock, KVPC_CLOSE_GRACE_MS);

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 
 #include "clients/c/kvpool.h"
+#include "clients/c/chan.h"
 #include "clients/c/request_pack.h"
 #include "kvpool.pb-c.h"
 #include "proto/event_seal.h"
@@ -83,7 +84,23 @@ struct kvp_client {
 	bool slots_runs;
 	/* A Batch request's lengths, from measuring it to writing it (request_pack.h). */
 	struct kvpc_plan plan;
+	/*
+	 * The same-host channel (chan.h) of an ipc:// daemon, NULL while calls
+	 * go over nng; a lost one is asked for again at most every
+	 * KVPC_CHAN_RETRY_MS (chan_next: when).
+	 */
+	struct kvpc_chan *chan;
+	bool chan_wanted;
+	bool last_ok; /* the last call was answered: the daemon is there to ask */
+	uint64_t chan_next;
 };
+
+/* How often a lost channel is asked for again; how long the handover may take. */
+#define KVPC_CHAN_RETRY_MS 2000
+#define KVPC_CHAN_OPEN_MS 100
+
+/* Keeps what a Hello reply says of the session and its pool (info.c). */
+void kvpc_copy_info(struct kvp_client *c, const Kvpool__V1__HelloReply *h);
 
 /* Sets the detail (fmt with one %s for arg) and returns status. */
 int kvp_client_fail_(struct kvp_client *c, int status, const char *fmt, const char *arg);

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The C client's same-host call channel: chan.h, common/shm_chan.h. */
+#define _GNU_SOURCE /* struct ucred */
+#include "clients/c/chan.h"
+
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/kvp_status.h"
+#include "common/shm_chan.h"
+
+/* While it waits for a reply, how often the client looks whether the daemon is still there. */
+enum { LOOK_MS = 50 };
+
+struct kvpc_chan {
+	int sock;
+	unsigned char *map;
+	size_t map_len;
+	uint64_t area;
+	uint32_t seq;
+};
+
+void
+kvpc_chan_close(struct kvpc_chan *ch)
+{
+	if (ch == NULL)
+		return;
+	if (ch->map != NULL)
+		munmap(ch->map, ch->map_len);
+	if (ch->sock >= 0)
+		close(ch->sock); /* the daemon's thread for it ends */
+	free(ch);
+}
+
+int
+kvpc_chan_open(const char *ipc_path, uint64_t uid, uint32_t timeout_ms, struct kvpc_chan **out)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	struct kvpc_chan *ch;
+	int fd = -1;
+
+	if (ipc_path == NULL || out == NULL ||
+	    (size_t)snprintf(a.sun_path, sizeof(a.sun_path), "%s.shm", ipc_path) >=
+	        sizeof(a.sun_path))
+		return KVP_EINVAL;
+	if ((ch = calloc(1, sizeof(*ch))) == NULL)
+		return KVP_ENOMEM;
+	ch->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+	struct ucred cred;
+	socklen_t cl = sizeof(cred);
+	uint64_t area = 0;
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {.iov_base = &area, .iov_len = sizeof(area)};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+	                   .msg_controllen = sizeof(u.buf)};
+	if (ch->sock < 0 || setsockopt(ch->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+	    setsockopt(ch->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+	    connect(ch->sock, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+	    getsockopt(ch->sock, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 ||
+	    (uint64_t)cred.uid != uid ||
+	    send(ch->sock, KVP_CHAN_HELLO, 8, MSG_NOSIGNAL) != 8 ||
+	    recvmsg(ch->sock, &m, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof(area))
+		goto fail;
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	if (cm == NULL || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
+	    cm->cmsg_len != CMSG_LEN(sizeof(int)))
+		goto fail;
+	memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+	/* A memfd of the size agreed: nothing else is mapped. */
+	struct stat st;
+	ch->area = area;
+	ch->map_len = KVP_CHAN_HDR + 2 * area;
+	if (area == 0 || area > UINT32_MAX || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+	    (uint64_t)st.st_size != ch->map_len)
+		goto fail;
+	ch->map = mmap(NULL, ch->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (ch->map == MAP_FAILED) {
+		ch->map = NULL;
+		goto fail;
+	}
+	close(fd);
+	fd = -1;
+	struct kvp_chan_hdr *h = (struct kvp_chan_hdr *)ch->map;
+	if (h->magic != KVP_CHAN_MAGIC || h->area != area)
+		goto fail;
+	ch->seq = atomic_load(&h->req_seq);
+	*out = ch;
+	return KVP_OK;
+fail:
+	if (fd >= 0)
+		close(fd);
+	kvpc_chan_close(ch);
+	return KVP_ENOTFOUND;
+}
+
+static uint64_t
+now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int
+kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t timeout_ms,
+               nng_msg **reply)
+{
+	if (ch == NULL || (req == NULL && len > 0) || reply == NULL)
+		return KVP_EINVAL;
+	if (len > ch->area)
+		return KVP_EINVAL;
+	struct kvp_chan_hdr *h = (struct kvp_chan_hdr *)ch->map;
+	uint32_t seq = ++ch->seq;
+	memcpy(kvp_chan_req(ch->map), req, len);
+	atomic_store(&h->req_len, (uint32_t)len);
+	atomic_store(&h->req_seq, seq);
+	kvp_futex_wake(&h->req_seq);
+	uint32_t got = atomic_load(&h->rep_seq);
+	for (int i = 0; got != seq && i < KVP_CHAN_SPIN; i++) {
+		kvp_cpu_relax();
+		got = atomic_load(&h->rep_seq);
+	}
+	uint64_t end = now_ms() + timeout_ms;
+	while (got != seq) {
+		uint64_t t = now_ms();
+		if (t >= end)
+			return KVP_EBUSY;
+		uint32_t wait = end - t < LOOK_MS ? (uint32_t)(end - t) : LOOK_MS;
+		(void)kvp_futex_wait(&h->rep_seq, got, wait);
+		if ((got = atomic_load(&h->rep_seq)) == seq)
+			break;
+		/* The daemon's end of the socket closed (it exited): no reply will come. */
+		struct pollfd p = {.fd = ch->sock, .events = POLLIN};
+		if (poll(&p, 1, 0) != 0)
+			return KVP_EINTERNAL;
+	}
+	uint32_t rl = atomic_load(&h->rep_len);
+	if (rl == 0 || rl > ch->area)
+		return KVP_EINTERNAL;
+	nng_msg *msg;
+	if (nng_msg_alloc(&msg, rl) != 0)
+		return KVP_ENOMEM;
+	memcpy(nng_msg_body(msg), kvp_chan_rep(ch->map, ch->area), rl);
+	*reply = msg;
+	return KVP_OK;
+}
