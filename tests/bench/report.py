@@ -63,6 +63,8 @@ AREAS = {
     "floors": ("The batched cycle against what nng leaves a daemon (placed: clients on one CPU, "
                "the server on the other)",
                "./build/tests/bench/kvp-bench-service --only-batch=8 --pin 0,1"),
+    "samehost": ("A same-host call against a raw futex ping-pong of its bytes, and nng ipc",
+                 "./build/tests/bench/kvp-bench-samehost"),
     "fair": ("An honest client's lookups beside 50 busy peers (issue #60 item 9)",
              "./build/tests/bench/kvp-bench-fair"),
     "soak": ("Honest clients beside hostile peers: the hostile soak",
