@@ -21,7 +21,7 @@
 #include "common/kvp_status.h"
 #include "common/shm_chan.h"
 #include "service/log.h"
-#include "service/net/transport.h"
+#include "service/net/refusal.h"
 #include "service/pool/server.h"
 
 /* How long a channel's thread sleeps before it looks whether its client is still there. */

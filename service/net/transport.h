@@ -39,14 +39,4 @@ void kvpd_transport_publish(void *ctx, const char *pool, const uint8_t *batch, s
 /* Calls served so far (replies sent). */
 uint64_t kvpd_transport_served(const struct kvpd_transport *t);
 
-struct kvpd_log_limit;
-struct kvpd_sink;
-/*
- * Logs a call's refusal worth an operator's eye (sink->refusal: auth, the
- * session limit, a request too large) with its peer and connection, within
- * lim[KVPD_NUM_REFUSALS]'s rate (the caller serialises calls on lim).
- */
-void kvpd_log_refusal(struct kvpd_log_limit *lim, const char *peer, const char *conn,
-                      const struct kvpd_sink *sink);
-
 #endif /* KVPD_TRANSPORT_H */
