@@ -3,7 +3,7 @@
  * The same-host call channel (common/shm_chan.h, docs/service.md "Same-host
  * calls") through a real kvpoold over ipc: a client's calls go through it
  * (kvpool_shm_calls_total), KVPOOL_SHM=0 keeps one on nng, a closed client
- * ends its channel; a SIGSTOPped daemon costs a call its timeout once, not
+ * ends its channel, even with a fork's child alive; a SIGSTOPped daemon costs a call its timeout once, not
  * twice, and calls go on over nng after SIGCONT, the channel coming back;
  * a peer that writes garbage or a length past the area gets an error reply
  * and the daemon serves on; a socket at PATH.shm that hands over nothing
@@ -85,6 +85,30 @@ test_shm_calls_go_through_the_channel(void **state)
 	kvp_client_close(n);
 	kvp_client_close(c);
 	assert_true(channels_become(0) == 0);
+}
+
+/* A fork's child holds no channel open: its parent's close ends the channel at once. */
+static void
+test_shm_a_fork_does_not_keep_the_channel(void **state)
+{
+	(void)state;
+	struct kvp_client_stats st;
+	struct kvp_client *c = client(2000, 1);
+	assert_int_equal(kvp_client_stats(c, &st), KVP_OK);
+	assert_true(channels_become(1) == 1);
+	pid_t child = fork();
+	if (child == 0) {
+		sleep(3); /* a worker that lives on; it never calls */
+		_exit(0);
+	}
+	assert_true(child > 0);
+	kvp_client_close(c);
+	double left = channels_become(0);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	print_message("channels open after the parent closed its client, the child alive: %.0f\n",
+	              left);
+	assert_true(left == 0);
 }
 
 /* A stalled daemon: one timeout for a call with no retries, then nng, then the channel again. */
@@ -240,6 +264,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_shm_calls_go_through_the_channel),
+		cmocka_unit_test(test_shm_a_fork_does_not_keep_the_channel),
 		cmocka_unit_test(test_shm_stalled_daemon_costs_one_timeout),
 		cmocka_unit_test(test_shm_garbage_gets_an_error_reply),
 		cmocka_unit_test(test_shm_a_socket_that_hands_nothing_over),

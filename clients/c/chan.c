@@ -4,6 +4,7 @@
 #include "clients/c/chan.h"
 
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,13 +28,63 @@ struct kvpc_chan {
 	size_t map_len;
 	uint64_t area;
 	uint32_t seq;
+	bool forked; /* this process is a fork of the one that opened it: never used */
+	struct kvpc_chan *prev, *next;
 };
+
+/*
+ * Every open channel, so that a fork's child closes their sockets at once:
+ * else the daemon would keep a channel whose owner closed it for as long as
+ * the child lives (it ends a channel when its socket's last holder closes
+ * it). The child's copies are marked, and never used.
+ */
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kvpc_chan *reg_head;
+static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
+
+static void
+fork_prepare(void)
+{
+	pthread_mutex_lock(&reg_mu);
+}
+
+static void
+fork_parent(void)
+{
+	pthread_mutex_unlock(&reg_mu);
+}
+
+static void
+fork_child(void)
+{
+	for (struct kvpc_chan *ch = reg_head; ch != NULL; ch = ch->next) {
+		if (ch->sock >= 0)
+			close(ch->sock);
+		ch->sock = -1;
+		ch->forked = true;
+	}
+	pthread_mutex_unlock(&reg_mu);
+}
+
+static void
+reg_init(void)
+{
+	(void)pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
 
 void
 kvpc_chan_close(struct kvpc_chan *ch)
 {
 	if (ch == NULL)
 		return;
+	pthread_mutex_lock(&reg_mu);
+	if (ch->prev != NULL)
+		ch->prev->next = ch->next;
+	else if (reg_head == ch)
+		reg_head = ch->next;
+	if (ch->next != NULL)
+		ch->next->prev = ch->prev;
+	pthread_mutex_unlock(&reg_mu);
 	if (ch->map != NULL)
 		munmap(ch->map, ch->map_len);
 	if (ch->sock >= 0)
@@ -97,6 +148,13 @@ kvpc_chan_open(const char *ipc_path, uint64_t uid, uint32_t timeout_ms, struct k
 	if (h->magic != KVP_CHAN_MAGIC || h->area != area)
 		goto fail;
 	ch->seq = atomic_load(&h->req_seq);
+	(void)pthread_once(&reg_once, reg_init);
+	pthread_mutex_lock(&reg_mu);
+	ch->next = reg_head;
+	if (reg_head != NULL)
+		reg_head->prev = ch;
+	reg_head = ch;
+	pthread_mutex_unlock(&reg_mu);
 	*out = ch;
 	return KVP_OK;
 fail:
@@ -120,6 +178,8 @@ kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t ti
 {
 	if (ch == NULL || (req == NULL && len > 0) || reply == NULL)
 		return KVP_EINVAL;
+	if (ch->forked)
+		return KVP_EINTERNAL; /* the parent's channel: this process drops it */
 	if (len > ch->area)
 		return KVP_EINVAL;
 	struct kvp_chan_hdr *h = (struct kvp_chan_hdr *)ch->map;
