@@ -7,12 +7,13 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/crc32c.h"
@@ -21,31 +22,18 @@
 #include "engine/pool.h"
 #include "gpu/executor.h"
 #include "service/rpc/dispatch.h"
+#include "service/rpc/disk_io.h"
 #include "service/rpc/fill.h"
 #include "service/rpc/keep.h"
 
-#include <stddef.h>
-#include <sys/file.h>
-#include <sys/mman.h>
-#ifdef KVP_HAVE_URING
-#include <liburing.h>
-#endif
-
 /*
- * Rows a round moves; how long an idle thread sleeps unless woken (a commit or a
- * pending lookup wakes it; the fill table needs a round at least every 2 s);
- * the longest key (a 64-byte hash); the medium of the disk's events (vLLM
- * 0.33's for its own disk tier, kv_offload's Medium.STORAGE).
+ * Rows a round moves; an idle thread's sleep unless a commit or a lookup wakes
+ * it; the longest key (a 64-byte hash); lookups waiting on the disk at once,
+ * and how long a key it failed to serve misses after. Its events' medium is
+ * vLLM 0.33's for its own disk tier (kv_offload's Medium.STORAGE).
  */
-enum { BATCH = 32, IDLE_MS = 500, MAX_KEY = 64 + KVP_MAP_KEY_GROUP_LEN };
-/*
- * Rows in flight at once: deeper queues measured no faster here (4, 8 and
- * 32 deep within noise of each other, kvp-bench-disk) and hold more rows
- * busy at a time.
- */
-enum { DEPTH = 4 };
-/* Lookups waiting on the disk at once; how long a key it failed to serve misses after. */
-enum { FILL_WANTS = 4096, FILL_MISS_MS = 1000 };
+enum { BATCH = 32, IDLE_MS = 500, MAX_KEY = 64 + KVP_MAP_KEY_GROUP_LEN, FILL_WANTS = 4096,
+       FILL_MISS_MS = 1000 };
 #define DISK_MEDIUM "STORAGE"
 
 /*
@@ -82,11 +70,9 @@ struct wq_item {
 
 struct kvpd_disk {
 	struct kvpd_pool *p;
-	int fd;
 	bool direct;
 	uint32_t slots, hand;       /* hand: the next slot written, first in first out */
 	size_t key_len;
-	uint64_t stride, row_bytes;
 	unsigned char *base;        /* the region's rows */
 	/* Per slot: its key (key_len bytes), its bytes' CRC32C, used, busy (an I/O on it). */
 	uint8_t *slot_keys;
@@ -119,22 +105,10 @@ struct kvpd_disk {
 	bool told_stored;
 	nng_cv *cv;            /* on the pool's lock: a commit or a pending lookup wakes the thread */
 	bool kicked;
-#ifdef KVP_HAVE_URING
-	struct io_uring ring;
-#endif
-	bool uring;            /* the ring is in use: a round's I/O DEPTH at a time */
-	bool ring_up;          /* ...and still to be torn down */
+	struct kvpd_disk_io io; /* the file (fd), its rows' stride and checked bytes, its I/O */
 	pthread_t thread;
 	bool started;
 	atomic_bool stop;
-};
-
-/* One row's read or write in a round. */
-struct io_op {
-	unsigned char *buf;
-	uint64_t off;
-	uint32_t crc; /* a read: the CRC32C its bytes must have */
-	bool ok;
 };
 
 static uint64_t
@@ -273,98 +247,7 @@ cached_row(struct kvpd_disk *d, const uint8_t *key)
 static unsigned char *
 row(const struct kvpd_disk *d, int32_t id)
 {
-	return d->base + (uint64_t)id * d->stride;
-}
-
-static bool
-io_all(int fd, unsigned char *buf, uint64_t len, uint64_t off, bool write)
-{
-	for (uint64_t done = 0; done < len;) {
-		ssize_t r = write ? pwrite(fd, buf + done, len - done, (off_t)(off + done))
-		                  : pread(fd, buf + done, len - done, (off_t)(off + done));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			return false;
-		done += (uint64_t)r;
-	}
-	return true;
-}
-
-/*
- * A round's rows, each a stride at its slot's offset: read (each checked
- * against its CRC32C as it lands, while the others are in flight) or
- * written. With io_uring DEPTH are in flight at a time; else one at a time.
- */
-static void
-io_batch(struct kvpd_disk *d, struct io_op *ops, size_t n, bool write)
-{
-	size_t from = 0; /* ops[from, n) go by hand */
-#ifdef KVP_HAVE_URING
-	/*
-	 * A window of DEPTH ops in flight, the next submitted as each lands.
-	 * Every submitted op is reaped before its row is touched again (the
-	 * kernel writes into a read's row until it completes); a signal or a
-	 * full completion queue only waits longer.
-	 */
-	size_t next = 0, inflight = 0;
-	while (d->uring && (next < n || inflight > 0)) {
-		size_t added = 0;
-		while (next < n && inflight + added < DEPTH) {
-			struct io_uring_sqe *sqe = io_uring_get_sqe(&d->ring);
-			if (sqe == NULL)
-				break;
-			if (write)
-				io_uring_prep_write(sqe, d->fd, ops[next].buf, (unsigned)d->stride,
-				                    ops[next].off);
-			else
-				io_uring_prep_read(sqe, d->fd, ops[next].buf, (unsigned)d->stride,
-				                   ops[next].off);
-			io_uring_sqe_set_data(sqe, &ops[next]);
-			next++;
-			added++;
-		}
-		if (added > 0) {
-			int sub = io_uring_submit(&d->ring);
-			if (sub < 0 || (size_t)sub < added) {
-				/* The ring took fewer than it was given: it goes once the rest land. */
-				d->uring = false;
-				next -= added - (sub < 0 ? 0 : (size_t)sub);
-				added = sub < 0 ? 0 : (size_t)sub;
-			}
-			inflight += added;
-		}
-		if (inflight == 0)
-			break;
-		struct io_uring_cqe *cqe;
-		int rv = io_uring_wait_cqe(&d->ring, &cqe);
-		if (rv != 0) {
-			if (rv != -EINTR && rv != -EAGAIN)
-				nanosleep(&(struct timespec){0, 1000000}, NULL);
-			continue;
-		}
-		struct io_op *o = io_uring_cqe_get_data(cqe);
-		int got = cqe->res;
-		io_uring_cqe_seen(&d->ring, cqe);
-		inflight--;
-		/* A short transfer is finished by hand. */
-		o->ok = got >= 0 && ((uint64_t)got == d->stride ||
-		                     io_all(d->fd, o->buf + got, d->stride - (uint64_t)got,
-		                            o->off + (uint64_t)got, write));
-		if (o->ok && !write)
-			o->ok = kvp_crc32c(0, o->buf, d->row_bytes) == o->crc;
-	}
-	from = next;
-	if (!d->uring && d->ring_up) {
-		io_uring_queue_exit(&d->ring);
-		d->ring_up = false;
-	}
-#endif
-	for (size_t i = from; i < n; i++) {
-		ops[i].ok = io_all(d->fd, ops[i].buf, d->stride, ops[i].off, write);
-		if (ops[i].ok && !write)
-			ops[i].ok = kvp_crc32c(0, ops[i].buf, d->row_bytes) == ops[i].crc;
-	}
+	return d->base + (uint64_t)id * d->io.stride;
 }
 
 void
@@ -409,7 +292,7 @@ write_round(struct kvpd_disk *d)
 		uint32_t slot, crc;
 		uint8_t key[MAX_KEY];
 	} b[BATCH];
-	struct io_op ops[BATCH];
+	struct kvpd_io_op ops[BATCH];
 	size_t n = 0, taken = 0;
 	struct kvpd_pool *p = d->p;
 
@@ -442,10 +325,10 @@ write_round(struct kvpd_disk *d)
 	/* Outside the lock: a row reused meanwhile no longer holds its key, checked below. */
 	for (size_t i = 0; i < n; i++) {
 		if (b[i].crc == 0)
-			b[i].crc = kvp_crc32c(0, row(d, b[i].id), d->row_bytes);
-		ops[i] = (struct io_op){.buf = row(d, b[i].id), .off = (uint64_t)b[i].slot * d->stride};
+			b[i].crc = kvp_crc32c(0, row(d, b[i].id), d->io.row_bytes);
+		ops[i] = (struct kvpd_io_op){.buf = row(d, b[i].id), .off = (uint64_t)b[i].slot * d->io.stride};
 	}
-	io_batch(d, ops, n, true);
+	kvpd_disk_io_batch(&d->io, ops, n, true);
 	nng_mtx_lock(p->lock);
 	for (size_t i = 0; i < n; i++) {
 		d->slot_busy[b[i].slot] = 0;
@@ -472,7 +355,7 @@ fill_round(struct kvpd_disk *d)
 		int32_t id;
 		uint32_t slot;
 	} b[BATCH];
-	struct io_op ops[BATCH];
+	struct kvpd_io_op ops[BATCH];
 	uint8_t want[BATCH * MAX_KEY];
 	uint32_t waiting = 0, bs[KVP_MAX_GROUPS];
 	size_t n = 0;
@@ -497,7 +380,7 @@ fill_round(struct kvpd_disk *d)
 		d->slot_busy[s] = 1;
 		b[n].id = id;
 		b[n].slot = (uint32_t)s;
-		ops[n] = (struct io_op){.buf = row(d, id), .off = (uint64_t)s * d->stride,
+		ops[n] = (struct kvpd_io_op){.buf = row(d, id), .off = (uint64_t)s * d->io.stride,
 		                        .crc = d->slot_crc[s]};
 		n++;
 	}
@@ -505,7 +388,7 @@ fill_round(struct kvpd_disk *d)
 		publish(d); /* the reserve's evictions */
 	nng_mtx_unlock(p->lock);
 	/* Outside the lock: the reserved rows are this thread's until they commit or abort. */
-	io_batch(d, ops, n, false);
+	kvpd_disk_io_batch(&d->io, ops, n, false);
 	nng_mtx_lock(p->lock);
 	for (uint32_t g = 0; g < p->cfg.num_groups; g++)
 		bs[g] = p->cfg.groups[g].block_size;
@@ -554,16 +437,16 @@ kvpd_disk_reset(struct kvpd_disk *d)
 {
 	if (d == NULL)
 		return;
-	d->epoch++;
-	d->n_told = 0; /* the reset's AllBlocksCleared says it for every medium */
+	/* Untold: the reset's AllBlocksCleared says it for every medium. A slot
+	 * being read stays busy (no write takes it) until its read is reaped. */
 	uint8_t *told = d->told;
 	d->told = NULL;
-	/* A slot being read stays busy (no write takes it) until its read is reaped. */
 	for (uint32_t s = 0; s < d->slots; s++)
 		slot_free(d, s);
 	d->told = told;
-	d->wq_len = 0;
+	d->n_told = d->wq_len = 0;
 	d->n_absent = 0;
+	d->epoch++;
 }
 
 void
@@ -575,7 +458,7 @@ kvpd_disk_stats(const struct kvpd_disk *d, struct kvpd_disk_stats *out)
 	*out = d->st;
 	out->slots = d->slots;
 	out->direct = d->direct;
-	out->uring = d->uring;
+	out->uring = d->io.uring;
 }
 
 void
@@ -590,16 +473,13 @@ kvpd_disk_close(struct kvpd_disk *d)
 		nng_mtx_unlock(d->p->lock);
 		pthread_join(d->thread, NULL);
 	}
-#ifdef KVP_HAVE_URING
-	if (d->ring_up)
-		io_uring_queue_exit(&d->ring);
-#endif
+	kvpd_disk_io_fini(&d->io);
 	if (d->cv != NULL)
 		nng_cv_free(d->cv);
 	kvpd_fill_fini(&d->fill);
 	free(d->told);
-	if (d->fd >= 0)
-		close(d->fd);
+	if (d->io.fd >= 0)
+		close(d->io.fd);
 	if (d->recs_map != NULL)
 		munmap(d->recs_map, d->recs_map_bytes);
 	free(d->slot_keys);
@@ -645,8 +525,8 @@ slots_open(struct kvpd_disk *d, const char *path, uint32_t mode, bool fresh, cha
 	want.slots = d->slots;
 	want.key_len = (uint32_t)d->key_len;
 	want.rec_bytes = sizeof(struct slot_rec);
-	want.stride = d->stride;
-	want.row_bytes = d->row_bytes;
+	want.stride = d->io.stride;
+	want.row_bytes = d->io.row_bytes;
 	kvpd_keep_layout(&d->p->cfg, want.layout, sizeof(want.layout));
 	want.crc = kvp_crc32c(0, &want, offsetof(struct slots_header, crc));
 	fresh = fresh || (uint64_t)st.st_size != d->recs_map_bytes;
@@ -715,11 +595,11 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 	if ((d = calloc(1, sizeof(*d))) == NULL)
 		goto nomem;
 	d->p = p;
-	d->fd = -1;
+	d->io.fd = -1;
 	d->slots = rows;
 	d->key_len = kvp_pool_hash_len(p->pool) + KVP_MAP_KEY_GROUP_LEN;
-	d->stride = reg.row_stride;
-	d->row_bytes = reg.row_bytes;
+	d->io.stride = reg.row_stride;
+	d->io.row_bytes = reg.row_bytes;
 	d->base = reg.base;
 	d->wq_cap = reg.num_rows;
 	uint32_t cap = 2;
@@ -737,37 +617,37 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 		goto nomem;
 	/* O_DIRECT where rows are whole pages and the file system takes it (tmpfs does not). */
 	int flags = O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW;
-	if (d->stride % 4096 == 0 && (d->fd = open(path, flags | O_DIRECT, mode & 0777)) >= 0)
+	if (d->io.stride % 4096 == 0 && (d->io.fd = open(path, flags | O_DIRECT, mode & 0777)) >= 0)
 		d->direct = true;
-	else if ((d->fd = open(path, flags, mode & 0777)) < 0) {
+	else if ((d->io.fd = open(path, flags, mode & 0777)) < 0) {
 		snprintf(err, err_len, "pool %s: cannot open the disk tier %.160s: %s", p->cfg.name,
 		         path, strerror(errno));
 		kvpd_disk_close(d);
 		return KVP_EINVAL;
 	}
 	struct stat st;
-	if (flock(d->fd, LOCK_EX | LOCK_NB) != 0) {
+	if (flock(d->io.fd, LOCK_EX | LOCK_NB) != 0) {
 		snprintf(err, err_len, "pool %s: the disk tier %.160s is held by another pool or "
 		         "process", p->cfg.name, path);
 		kvpd_disk_close(d);
 		return KVP_EINVAL;
 	}
-	if (fstat(d->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+	if (fstat(d->io.fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
 		snprintf(err, err_len, "pool %s: the disk tier %.160s is not a regular file of this "
 		         "user", p->cfg.name, path);
 		kvpd_disk_close(d);
 		return KVP_EINVAL;
 	}
-	bool fresh = (uint64_t)st.st_size != d->stride * rows;
+	bool fresh = (uint64_t)st.st_size != d->io.stride * rows;
 	if ((rv = slots_open(d, path, mode, fresh, err, err_len)) != KVP_OK) {
 		kvpd_disk_close(d);
 		return rv;
 	}
 	/* A file of another size, or whose slots say nothing, starts empty. */
-	if (d->st.used == 0 && (ftruncate(d->fd, 0) != 0 ||
-	                        (rv = posix_fallocate(d->fd, 0, (off_t)(d->stride * rows))) != 0)) {
+	if (d->st.used == 0 && (ftruncate(d->io.fd, 0) != 0 ||
+	                        (rv = posix_fallocate(d->io.fd, 0, (off_t)(d->io.stride * rows))) != 0)) {
 		snprintf(err, err_len, "pool %s: cannot allocate %llu bytes for the disk tier "
-		         "%.160s", p->cfg.name, (unsigned long long)(d->stride * rows), path);
+		         "%.160s", p->cfg.name, (unsigned long long)(d->io.stride * rows), path);
 		kvpd_disk_close(d);
 		return KVP_ENOMEM;
 	}
@@ -778,10 +658,7 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 		if (d->slot_used[s])
 			tell(d, slot_key(d, s), true);
 	tell_flush(d);
-#ifdef KVP_HAVE_URING
-	/* io_uring where the kernel and its seccomp filter allow it; else pread and pwrite. */
-	d->uring = d->ring_up = io_uring_queue_init(BATCH, &d->ring, 0) == 0;
-#endif
+	kvpd_disk_io_init(&d->io, BATCH);
 	if (pthread_create(&d->thread, NULL, disk_main, d) != 0) {
 		snprintf(err, err_len, "pool %s: cannot start the disk tier's thread", p->cfg.name);
 		kvpd_disk_close(d);
@@ -793,7 +670,7 @@ kvpd_disk_open(struct kvpd_pool *p, const char *path, uint32_t rows, uint32_t mo
 	if (used < sizeof(p->exec_note))
 		(void)snprintf(p->exec_note + used, sizeof(p->exec_note) - used,
 		               ", disk tier %u rows (%s, %s, %llu kept)", rows,
-		               d->uring ? "io_uring" : "pread/pwrite",
+		               d->io.uring ? "io_uring" : "pread/pwrite",
 		               d->direct ? "O_DIRECT" : "page cache", (unsigned long long)d->st.used);
 	return KVP_OK;
 nomem:
