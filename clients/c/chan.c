@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nng/supplemental/util/platform.h>
+
 #include "common/kvp_status.h"
 #include "common/shm_chan.h"
 
@@ -164,14 +166,6 @@ fail:
 	return KVP_ENOTFOUND;
 }
 
-static uint64_t
-now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 int
 kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t timeout_ms,
                nng_msg **reply)
@@ -193,9 +187,9 @@ kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t ti
 		kvp_cpu_relax();
 		got = atomic_load(&h->rep_seq);
 	}
-	uint64_t end = now_ms() + timeout_ms;
+	uint64_t end = (uint64_t)nng_clock() + timeout_ms;
 	while (got != seq) {
-		uint64_t t = now_ms();
+		uint64_t t = (uint64_t)nng_clock();
 		if (t >= end)
 			return KVP_EBUSY;
 		uint32_t wait = end - t < LOOK_MS ? (uint32_t)(end - t) : LOOK_MS;
