@@ -16,6 +16,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "kvp_test.h"
 
@@ -265,6 +267,72 @@ test_service_stall_abandoned_dial_leaves_the_endpoint_serving(void **state)
 	kvp_client_close(before);
 }
 
+/* The daemon's CPU time so far, in seconds (-1 if /proc cannot tell). */
+static double
+daemon_cpu_s(void)
+{
+	char path[64], buf[1024];
+	unsigned long ut = 0, st = 0;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)daemon_pid);
+	FILE *f = fopen(path, "r");
+	if (f == NULL)
+		return -1;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	const char *p = strrchr(buf, ')'); /* past the command, which may hold spaces */
+	if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+	                        &st) != 2)
+		return -1;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/*
+ * A client that connects and leaves at once (one giving up on a daemon
+ * still starting) costs nothing after: nng 1.5 holds such a connection on
+ * its stuck listener and would poll it at 100% CPU for the daemon's life.
+ * Once the endpoint serves again the idle daemon uses under a quarter of a
+ * CPU, and the session opened before goes on.
+ */
+static void
+test_service_stall_client_gone_at_once_costs_no_cpu(void **state)
+{
+	struct kvp_client_options o = {.url = ipc_url, .pool = "default", .timeout_ms = 500,
+	                               .retries = 0, .connect_timeout_ms = 300};
+	struct kvp_client *before = NULL, *after = NULL;
+	struct kvp_client_stats st;
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+
+	(void)state;
+	assert_ok(kvp_client_open(&o, &before));
+	assert_true(strlen(ipc_url + 6) < sizeof(a.sun_path));
+	memcpy(a.sun_path, ipc_url + 6, strlen(ipc_url + 6) + 1);
+	for (int i = 0; i < 3; i++) {
+		int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+		assert_true(fd >= 0);
+		assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+		close(fd);
+		sleep_ms(20);
+	}
+	double t0 = now_s(), served = -1;
+	while (now_s() - t0 < 5.0 && served < 0) {
+		if (kvp_client_open(&o, &after) == KVP_OK && kvp_client_stats(after, &st) == KVP_OK)
+			served = now_s() - t0;
+		kvp_client_close(after);
+		after = NULL;
+	}
+	assert_true(served >= 0);
+	sleep_ms(1000); /* the watch closes what it finds hung up at two looks */
+	double c0 = daemon_cpu_s(), w0 = now_s();
+	sleep_ms(1000);
+	double cpu = (daemon_cpu_s() - c0) / (now_s() - w0);
+	print_message("served again after %.2f s; then the idle daemon used %.0f%% of a CPU\n",
+	              served, 100 * cpu);
+	assert_true(c0 >= 0 && cpu < 0.25);
+	assert_ok(kvp_client_stats(before, &st));
+	kvp_client_close(before);
+}
+
 /* Seconds until the daemon closes fd (read gives EOF or an error), or -1 after limit_s. */
 static double
 seconds_until_closed(int fd, double limit_s)
@@ -460,6 +528,7 @@ main(void)
 		cmocka_unit_test(test_service_stall_zero_retries_wait_one_timeout),
 		cmocka_unit_test(test_service_stall_call_past_its_deadline_is_not_applied),
 		cmocka_unit_test(test_service_stall_abandoned_dial_leaves_the_endpoint_serving),
+		cmocka_unit_test(test_service_stall_client_gone_at_once_costs_no_cpu),
 		cmocka_unit_test(test_service_stall_non_reading_peer_is_cut_off_others_served),
 		cmocka_unit_test(test_service_without_publisher_records_no_events),
 		cmocka_unit_test(test_service_stall_silent_peer_is_closed_live_client_redials),

@@ -72,7 +72,7 @@ struct conns {
 	struct kvpd_u64map peers; /* pipe id -> peer value */
 };
 
-enum { KVPD_MAX_RETIRED = 16 };
+enum { KVPD_MAX_RETIRED = 16, KVPD_MAX_HUNG = 64 };
 
 struct kvpd_transport {
 	struct kvpd_server *srv;
@@ -92,6 +92,16 @@ struct kvpd_transport {
 	 */
 	nng_listener retired[KVPD_MAX_RETIRED];
 	size_t num_retired;
+	/*
+	 * While any is retired: the connections on an ipc path seen hung up
+	 * at the watch's last look (descriptor and inode), which it closes if
+	 * they still are at the next (transport_listen.c).
+	 */
+	struct {
+		int fd;
+		uint64_t ino;
+	} hung[KVPD_MAX_HUNG];
+	size_t num_hung;
 	uint32_t ipc_mode;
 	bool listening;                 /* under listen_mu: false once closing */
 	nng_mtx *listen_mu;             /* the listeners, for the watch that renews them */

@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
+#define _GNU_SOURCE /* dup3 */
 /*
  * transport_listen.c: the RPC endpoints' listeners, kept accepting.
  *
@@ -29,13 +30,18 @@
  */
 #include "service/net/transport_impl.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <nng/nng.h>
 #include <nng/supplemental/util/platform.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -110,6 +116,85 @@ answers(const char *url)
 		ok = readable(fd) != 0; /* an answer, or the endpoint closing: it is alive */
 	close(fd);
 	return ok;
+}
+
+/* Whether fd is a connection accepted on one of t's ipc paths whose peer has gone; its inode. */
+static bool
+hung_up(const struct kvpd_transport *t, int fd, uint64_t *ino)
+{
+	struct sockaddr_un a;
+	socklen_t al = sizeof(a), ol = sizeof(int);
+	struct stat st;
+	int listening = 0;
+
+	if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+	    getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ol) != 0 || listening ||
+	    getsockname(fd, (struct sockaddr *)&a, &al) != 0 || a.sun_family != AF_UNIX ||
+	    al <= offsetof(struct sockaddr_un, sun_path))
+		return false;
+	size_t n = strnlen(a.sun_path, al - offsetof(struct sockaddr_un, sun_path));
+	bool ours = false;
+	for (size_t i = 0; i < t->num_listeners && !ours; i++)
+		ours = n > 0 && strncmp(t->urls[i], "ipc://", 6) == 0 &&
+		       strlen(t->urls[i] + 6) == n && memcmp(t->urls[i] + 6, a.sun_path, n) == 0;
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	if (!ours || poll(&p, 1, 0) != 1 || !(p.revents & POLLHUP))
+		return false;
+	*ino = (uint64_t)st.st_ino;
+	return true;
+}
+
+/* Closes fd's connection in place, an unconnected socket taking its number. */
+static bool
+close_in_place(int fd)
+{
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return false;
+	int rv = dup3(s, fd, O_CLOEXEC);
+	close(s);
+	return rv == fd;
+}
+
+/* One look for hung-up connections (see the top of the file). With listen_mu held. */
+static void
+reap_hung(struct kvpd_transport *t)
+{
+	__typeof__(t->hung[0]) now[KVPD_MAX_HUNG];
+	size_t n = 0, closed = 0;
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+
+	if (d == NULL)
+		return;
+	while ((e = readdir(d)) != NULL && n < KVPD_MAX_HUNG) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+		uint64_t ino;
+		if (end == e->d_name || *end != '\0' || fd < 0 || fd > INT_MAX || fd == dirfd(d) ||
+		    !hung_up(t, (int)fd, &ino))
+			continue;
+		bool seen = false;
+		for (size_t k = 0; k < t->num_hung && !seen; k++)
+			seen = t->hung[k].fd == (int)fd && t->hung[k].ino == ino;
+		if (seen && close_in_place((int)fd)) {
+			closed++;
+			continue;
+		}
+		now[n].fd = (int)fd;
+		now[n++].ino = ino;
+	}
+	closedir(d);
+	memcpy(t->hung, now, n * sizeof(now[0]));
+	t->num_hung = n;
+	if (closed > 0) {
+		char count[24];
+		snprintf(count, sizeof(count), "%zu", closed);
+		struct kvpd_log_field f[] = {{"connections", count}};
+		kvpd_log_fields(KVPD_INFO, "transport",
+		                "closed connections a stuck listener held after their clients left", f,
+		                1);
+	}
 }
 
 int
@@ -219,6 +304,8 @@ watch_main(void *arg)
 			if (stuck && t->listening)
 				renew(t, i);
 		}
+		if (t->num_retired > 0 && t->listening)
+			reap_hung(t);
 		nng_mtx_unlock(t->listen_mu);
 		nng_stats_free(all);
 	}
