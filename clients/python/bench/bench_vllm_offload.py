@@ -138,7 +138,7 @@ def drive(mgr, steps) -> tuple[float, int, int]:
 def bench_managers(arrive):
     d = tempfile.mkdtemp(prefix="kvp-bench-offload-")
     # session_rows: the one engine may hold the whole tier, as vLLM's own does
-    proc, url, _ = start(d, "--region-dir", d, "--max-ids", "65536", "--pool",
+    proc, url, _ = start(d, "--region-dir", "/dev/shm", "--max-ids", "65536", "--pool",
                          f"name=tier,blocks={TIER},block_size=16,executor=cpu,layers=1,heads=1,"
                          f"head_size=8,dtype=fp32,session_rows={TIER}", pool="tier")
     cfg = config(0)
@@ -169,7 +169,7 @@ def bench_worker():
     d = tempfile.mkdtemp(prefix="kvp-bench-offload-")
     bb = LAYERS * PAGE
     heads = PAGE // (2 * 16 * 128 * 2)
-    proc, url, _ = start(d, "--region-dir", d, "--max-msg-bytes", "67108864", "--pool",
+    proc, url, _ = start(d, "--region-dir", "/dev/shm", "--max-msg-bytes", "67108864", "--pool",
                          f"name=tier,blocks={2 * NBLK + 4},block_size=16,executor=cpu,"
                          f"layers={LAYERS},heads={heads},head_size=128,dtype=bf16", pool="tier")
     try:
