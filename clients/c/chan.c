@@ -24,13 +24,33 @@
 /* While it waits for a reply, how often the client looks whether the daemon is still there. */
 enum { LOOK_MS = 50 };
 
+/*
+ * How long a call spins for its reply before it sleeps: twice what the
+ * channel's recent replies took, within these bounds. A reply that comes
+ * while the caller sleeps costs a wake-up (futex), which on a VM's idle
+ * vCPU was measured at 100-150 µs, more than most calls take: a Commit of
+ * 16 rows answered in 80 µs took 250 µs with a fixed 20 µs spin, 100 µs
+ * with this one.
+ */
+#define SPIN_MIN_NS 20000ull
+#define SPIN_MAX_NS 500000ull
+
+static uint64_t
+mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 struct kvpc_chan {
 	int sock;
 	unsigned char *map;
 	size_t map_len;
 	uint64_t area;
 	uint32_t seq;
-	bool forked; /* this process is a fork of the one that opened it: never used */
+	uint64_t took_ns; /* the recent replies' time (a moving average), 0 before the first */
+	bool forked;      /* this process is a fork of the one that opened it: never used */
 	struct kvpc_chan *prev, *next;
 };
 
@@ -181,11 +201,16 @@ kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t ti
 	memcpy(kvp_chan_req(ch->map), req, len);
 	atomic_store(&h->req_len, (uint32_t)len);
 	atomic_store(&h->req_seq, seq);
+	uint64_t t0 = mono_ns();
 	kvp_futex_wake(&h->req_seq);
+	uint64_t spin = 2 * ch->took_ns;
+	spin = spin < SPIN_MIN_NS ? SPIN_MIN_NS : spin > SPIN_MAX_NS ? SPIN_MAX_NS : spin;
 	uint32_t got = atomic_load(&h->rep_seq);
-	for (int i = 0; got != seq && i < KVP_CHAN_SPIN; i++) {
+	for (unsigned i = 1; got != seq; i++) {
 		kvp_cpu_relax();
 		got = atomic_load(&h->rep_seq);
+		if (i % 64 == 0 && mono_ns() - t0 >= spin)
+			break;
 	}
 	uint64_t end = (uint64_t)nng_clock() + timeout_ms;
 	while (got != seq) {
@@ -201,6 +226,8 @@ kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t ti
 		if (poll(&p, 1, 0) != 0)
 			return KVP_EINTERNAL;
 	}
+	uint64_t took = mono_ns() - t0;
+	ch->took_ns = ch->took_ns == 0 ? took : (7 * ch->took_ns + took) / 8;
 	uint32_t rl = atomic_load(&h->rep_len);
 	if (rl == 0 || rl > ch->area)
 		return KVP_EINTERNAL;
