@@ -220,6 +220,27 @@ class Batch:
             raise err
         return results
 
+    def send_rows(self) -> list[tuple[Optional[KvpoolError], list[int]]]:
+        """send() for callers that read nothing of a call but its rows (the
+        region calls' block_ids): per call, (its error or None, its block
+        ids), with none of CallResult's other fields built. Raises as send()."""
+        rv = self._transmit()
+        r, ref = self._res
+        out: list[tuple[Optional[KvpoolError], list[int]]] = []
+        for i in range(len(self._kinds)):
+            L.kvp_batch_result(self._b, i, ref)
+            if r.status != 0:
+                out.append((self._result(i).error, []))
+            else:
+                n = r.num_block_ids
+                out.append((None, r.block_ids[:n] if r.has_block_ids and n else []))
+        if rv != 0 and not self.keep_going:
+            first = next((e for e, _ in out if e is not None), None)
+            err = first if first else BY_STATUS.get(rv, KvpoolError)(rv, "?", "")
+            err.results = [self._result(i) for i in range(len(self._kinds))]
+            raise err
+        return out
+
     def _transmit(self):
         """Sends; the batch's status (a transport failure raises)."""
         run = c_size_t()

@@ -42,11 +42,12 @@ def _keys(keys: Keys, key_len: int):
     if isinstance(keys, (bytes, bytearray, memoryview)):
         raw = bytes(keys)
     else:
-        keys = list(keys)
-        if any(len(k) != key_len for k in keys):
+        keys = keys if isinstance(keys, list) else list(keys)
+        raw = b"".join(keys)
+        # every key key_len long: the total is n of them and none is shorter
+        if len(raw) != key_len * len(keys) or (keys and min(map(len, keys)) != key_len):
             raise ValueError(f"kvpool: keys must be {key_len} bytes each (the pool's hash and "
                              "a 4-byte group)")
-        raw = b"".join(keys)
     if len(raw) % key_len:
         raise ValueError(f"kvpool: {len(raw)} bytes of keys is not a multiple of {key_len}")
     return (c_uint8 * max(len(raw), 1)).from_buffer_copy(raw or b"\0"), len(raw) // key_len

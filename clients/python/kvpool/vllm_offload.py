@@ -47,7 +47,7 @@ one extra step (RETRY) while they are answered.
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 from typing import Any, Iterable, Optional
 
 from vllm.logger import init_logger
@@ -82,6 +82,7 @@ class _TierDown(Exception):
 # exception out of vLLM's scheduler, which would end the engine.
 _HANDLED = (kvpool.NotFound, kvpool.NotOwner, kvpool.NoSpace, kvpool.QuotaExceeded)
 _ERROR_LOG_S = 60.0  # one warning a minute for answers the tier cannot use
+_HIT, _MISS, _RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
 
 
 class KVPoolOffloadingManager(OffloadingManager):
@@ -104,16 +105,20 @@ class KVPoolOffloadingManager(OffloadingManager):
         # through this descriptor, even after that kvpoold died and its file
         # was removed (a HIT granted is always a load that can complete).
         self._regions: dict[int, kvpool.Region] = {}
+        self._life: Optional[int] = None  # the session's pool life (its info's event_epoch)
+        self._refs: dict[int, kvpool.RegionRef] = {}  # each held region's ref, for the specs
         self._client: Optional[kvpool.Client] = self._open()
         _check_tier(self._client, config, blocks_per_chunk)
         self._key_len = self._client.key_len
         self._rows: dict[OffloadKey, int] = {}        # keys this session holds locked
         self._used: dict[OffloadKey, int] = {}        # locked key -> the last step it was used
-        self._loading: Counter[OffloadKey] = Counter()  # loads in flight per locked key
+        # Loads in flight: per key, of this session's life (_loading_epoch), and
+        # of earlier lives (a renewal moves them there), which complete first.
+        self._loading: dict[OffloadKey, int] = {}
+        self._loading_epoch: Optional[int] = None
+        self._old_loads: dict[int, Counter[OffloadKey]] = {}
         self._missed: dict[OffloadKey, int] = {}      # key -> the step its miss is valid in
         self._stored_elsewhere: dict[OffloadKey, int] = {}  # key -> the step it was seen
-        self._load_epochs: dict[OffloadKey, deque[int]] = {}  # per key, its loads' lives
-        self._epoch_loads: Counter[int] = Counter()            # loads in flight per life
         self._pending_lookup: dict[OffloadKey, None] = {}
         self._batch: Optional[kvpool.Batch] = None  # the step's calls, reused step after step
         self._batch_client: Optional[kvpool.Client] = None
@@ -147,24 +152,32 @@ class KVPoolOffloadingManager(OffloadingManager):
         return c
 
     def _hold_region(self, c: kvpool.Client) -> None:
-        epoch = int(c.info["event_epoch"])
+        epoch = self._life = int(c.info["event_epoch"])
         if epoch not in self._regions:
-            self._regions[epoch] = c.region()
+            r = self._regions[epoch] = c.region()
+            self._refs[epoch] = r.ref()
 
     def _region_ref(self) -> Optional[kvpool.RegionRef]:
         """The current life's region, for the workers (None without a session)."""
         epoch = self._epoch()
-        r = self._regions.get(epoch) if epoch is not None else None
-        return r.ref() if r is not None else None
+        return self._refs.get(epoch) if epoch is not None else None
 
     def _release_regions(self) -> None:
         """Closes the regions no load uses any more but the current life's,
         and that too while a call failed (a dead kvpoold's region is memory
         no one else frees; the next session holds its own again)."""
         now = None if self._suspect else self._epoch()
-        for e in [e for e in self._regions if e != now and self._epoch_loads[e] <= 0]:
-            self._epoch_loads.pop(e, None)
+        for e in [e for e in self._regions if e != now and e not in self._old_loads and
+                  not (e == self._loading_epoch and self._loading)]:
+            self._refs.pop(e, None)
             self._regions.pop(e).close()
+
+    def _age_loads(self) -> None:
+        """The loads in flight become an earlier life's (a renewal, or a
+        session of another life): they hold no lock of the session now."""
+        if self._loading and self._loading_epoch is not None:
+            self._old_loads.setdefault(self._loading_epoch, Counter()).update(self._loading)
+        self._loading = {}
 
     def _call(self, fn, *args):
         """fn(client, *args); _TierDown while kvpoold does not answer (the
@@ -176,7 +189,7 @@ class KVPoolOffloadingManager(OffloadingManager):
             raise RuntimeError("kvpool: the offloading manager was shut down")
         if time.monotonic() < self._down_until:
             raise _TierDown()
-        if self._suspect and (any(self._loading.values()) or self._reserved):
+        if self._suspect and (self._loading or self._old_loads or self._reserved):
             # Copies in flight use this session's locks and reservations: renew after them.
             self._down_until = time.monotonic() + _BACKOFF_S
             raise _TierDown()
@@ -213,8 +226,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         reservations the daemon drops in the same round trip (Hello naming
         it); a restarted kvpoold never knew it. Raises as a call does while
         kvpoold does not answer, the old session kept for the next try."""
-        for state in (self._rows, self._used, self._loading, self._missed,
-                      self._stored_elsewhere):
+        self._age_loads()
+        for state in (self._rows, self._used, self._missed, self._stored_elsewhere):
             state.clear()
         self._reserved.clear()
         if self._client is None:
@@ -256,15 +269,13 @@ class KVPoolOffloadingManager(OffloadingManager):
 
     def _epoch(self) -> Optional[int]:
         """The pool's life this session belongs to: the rows it hands out are that region's."""
-        return None if self._client is None else int(self._client.info["event_epoch"])
+        return None if self._client is None else self._life
 
-    def _key_fits(self, key: OffloadKey) -> bool:
-        """Whether the key is one the pool can hold. One that is not (an
-        engine hashing with another algorithm, where the start could not
-        see vLLM's setting) misses and is never stored: logged once, never
-        raised, since an exception here would end the engine."""
-        if len(key) == self._key_len:
-            return True
+    def _bad_key(self, key: OffloadKey) -> bool:
+        """For a key not of the pool's length (an engine hashing with another
+        algorithm, where the start could not see vLLM's setting): False, so
+        it misses and is never stored, logged once, never raised, since an
+        exception here would end the engine."""
         if not self._bad_key_logged:
             self._bad_key_logged = True
             logger.error("kvpool: an offload key of %d bytes; pool %s's are %d: its hash_algo "
@@ -278,19 +289,20 @@ class KVPoolOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self._suspect and time.monotonic() < self._down_until:
-            return LookupResult.MISS  # no new load on the old session's rows (see _call)
-        if key in self._rows and not self._suspect:
+        if self._suspect:
+            if time.monotonic() < self._down_until:
+                return _MISS  # no new load on the old session's rows (see _call)
+        elif key in self._rows:
             self._used[key] = self._step  # still wanted: its lock stays
-            return LookupResult.HIT
+            return _HIT
         if self._missed.get(key) == self._step:
-            return LookupResult.MISS
+            return _MISS
         if key in self._storing:
             return LookupResult.HIT_PENDING  # this engine is writing it
-        if not self._key_fits(key):
-            return LookupResult.MISS
+        if len(key) != self._key_len and not self._bad_key(key):
+            return _MISS
         self._pending_lookup[key] = None
-        return LookupResult.RETRY
+        return _RETRY
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         return CacheHitSource.HOST
@@ -312,41 +324,57 @@ class KVPoolOffloadingManager(OffloadingManager):
                 raise RuntimeError("kvpool: prepare_load of a key the tier does not hold")
             self._rows.update(zip(missing, rows))
         epoch = self._epoch()
+        if epoch != self._loading_epoch:
+            self._age_loads()
+            self._loading_epoch = epoch
+        loading, step = self._loading, self._step
         for k in keys:
-            self._loading[k] += 1
-            self._used[k] = self._step
-            if epoch is not None:
-                self._load_epochs.setdefault(k, deque()).append(epoch)
-                self._epoch_loads[epoch] += 1
+            loading[k] = loading.get(k, 0) + 1
+        self._used.update(dict.fromkeys(keys, step))
         # _rows holds only the current session's rows: a renewed session clears it
-        return KVPoolRowsSpec(keys, [self._rows[k] for k in keys], epoch, self._region_ref())
+        rows = self._rows
+        return KVPoolRowsSpec(keys, [rows[k] for k in keys], epoch, self._region_ref())
 
     def touch(self, keys, req_context: ReqContext) -> None:
         return  # the pool's LRU is kvpoold's: a lock and its release are the touch
 
     def complete_load(self, keys, req_context: ReqContext) -> None:
+        loading, used, step = self._loading, self._used, self._step
         for k in keys:
-            lives = self._load_epochs.get(k)
-            if lives:
-                self._epoch_loads[lives.popleft()] -= 1
-                if not lives:
-                    del self._load_epochs[k]
-            if self._loading[k] > 0:
-                self._loading[k] -= 1
-                if self._loading[k] == 0:
-                    del self._loading[k]
-                self._used[k] = self._step
-        self._release_regions()
+            if self._old_loads and self._complete_old(k):
+                continue  # an earlier life's load: the oldest completes first
+            n = loading.get(k, 0)
+            if n > 0:
+                if n == 1:
+                    del loading[k]
+                else:
+                    loading[k] = n - 1
+                used[k] = step
+        if len(self._regions) > 1 or self._suspect:
+            self._release_regions()
+
+    def _complete_old(self, k: OffloadKey) -> bool:
+        for e in sorted(self._old_loads):
+            c = self._old_loads[e]
+            if c[k] > 0:
+                c[k] -= 1
+                if c[k] == 0:
+                    del c[k]
+                    if not c:
+                        del self._old_loads[e]
+                return True
+        return False
 
     def prepare_store(self, keys, req_context: ReqContext) -> Optional[PrepareStoreOutput]:
         todo = []
+        storing, rows, elsewhere = self._storing, self._rows, self._stored_elsewhere
+        since, kl = self._step - 1, self._key_len
         for k in keys:
-            if (k in self._storing or k in self._rows or
-                    self._stored_elsewhere.get(k, -9) >= self._step - 1):
+            if k in storing or k in rows or elsewhere.get(k, -9) >= since:
                 continue  # stored, or being stored: one writer per key
-            if not self._key_fits(k):
+            if len(k) != kl and not self._bad_key(k):
                 continue
-            self._storing.add(k)
+            storing.add(k)
             todo.append(k)
         spec = KVPoolRowsSpec(todo)
         if todo:
@@ -383,8 +411,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         commits, self._to_commit = self._to_commit, []
         aborts, self._to_abort = self._to_abort, []
         # A lock no load holds and no lookup or load used in two steps goes.
-        idle = [k for k, st in self._used.items()
-                if st < self._step - 2 and not self._loading[k]]
+        loading, old = self._loading, self._step - 2
+        idle = [k for k, st in self._used.items() if st < old and k not in loading]
         for k in idle:
             del self._used[k]
             del self._rows[k]
@@ -392,7 +420,7 @@ class KVPoolOffloadingManager(OffloadingManager):
         stores = [k for sp in specs for k in sp.keys]  # distinct: prepare_store saw to that
         lookups = [k for k in self._pending_lookup if k not in self._rows]  # one lock per key
         self._pending_lookup = {}
-        res: dict[str, Any] = {}
+        res: dict[str, tuple[Any, list[int]]] = {}
         if commits or aborts or idle or stores or lookups:
             try:
                 res = self._call(self._step_batch, commits, aborts, idle, stores, lookups)
@@ -400,7 +428,8 @@ class KVPoolOffloadingManager(OffloadingManager):
                 pass  # no tier: releases go with the session, stores skipped, lookups miss
         self._stored(specs, stores, res.get("reserve"))
         self._looked_up(lookups, res.get("lookup_and_lock"))
-        self._release_regions()
+        if len(self._regions) > 1 or self._suspect:  # else the one is this life's, in use
+            self._release_regions()
 
     def _step_batch(self, client: kvpool.Client, commits, aborts, idle, stores, lookups):
         """The step's calls in one Batch on client: {kind: its CallResult}.
@@ -421,10 +450,10 @@ class KVPoolOffloadingManager(OffloadingManager):
             if keys:
                 add(keys)
                 kinds.append(kind)
-        results = dict(zip(kinds, b.send()))
-        for kind, r in results.items():
-            if r.error is not None and not isinstance(r.error, _HANDLED):
-                self._failed(kind, r.error)
+        results = dict(zip(kinds, b.send_rows()))
+        for kind, (err, _) in results.items():
+            if err is not None and not isinstance(err, _HANDLED):
+                self._failed(kind, err)
         return results
 
     def _stored(self, specs, keys, r) -> None:
@@ -432,24 +461,30 @@ class KVPoolOffloadingManager(OffloadingManager):
         already, no room, this engine at its quota, or no tier)."""
         if not specs:
             return
-        rows = r.block_ids if r is not None and r.ok else [-1] * len(keys)
-        row_of = dict(zip(keys, rows))
-        for k, row in row_of.items():
+        rows = r[1] if r is not None and r[0] is None else [-1] * len(keys)
+        reserved, storing, elsewhere, step = self._reserved, self._storing, \
+            self._stored_elsewhere, self._step
+        for k, row in zip(keys, rows):
             if row > 0:
-                self._reserved.add(k)
+                reserved.add(k)
             else:
-                self._storing.discard(k)
-                self._stored_elsewhere[k] = self._step
+                storing.discard(k)
+                elsewhere[k] = step
         epoch = self._epoch()  # the session that answered: a renewed one's, if _call renewed it
         ref = self._region_ref()
+        if len(specs) == 1:  # keys are the one spec's, in order
+            specs[0].rows[:] = rows
+        else:
+            row_of = dict(zip(keys, rows))
+            for sp in specs:
+                sp.rows[:] = [row_of[k] for k in sp.keys]
         for sp in specs:
-            sp.rows[:] = [row_of[k] for k in sp.keys]
             sp.epoch, sp.region = epoch, ref
 
     def _looked_up(self, keys, r) -> None:
         """The step's lookups: each hit locked, each miss valid for a step; a
         key the cluster tier is filling (-2) stays RETRY and is asked again."""
-        rows = r.block_ids if r is not None and r.ok else [-1] * len(keys)
+        rows = r[1] if r is not None and r[0] is None else [-1] * len(keys)
         for k, row in zip(keys, rows):
             if row > 0:
                 self._rows[k] = row

@@ -99,6 +99,32 @@ def test_region_prefix_lookup_and_abort(daemon):
             c.reserve([b"short"])
 
 
+def test_region_calls_in_a_batch_send_rows(daemon):
+    """Batch.send_rows: each call's error or rows, as send() reports them;
+    a key of the wrong length (even where the lengths add up) is refused."""
+    with kvpool.Client(daemon, pool="kv") as c:
+        keys = [key(i, 11) for i in range(3)]
+        b = c.batch(keep_going=True)
+        b.reserve(keys)
+        b.commit(keys[:1])  # calls run in order: reserved by the first
+        b.lookup_and_lock(keys[:1] + [key(99, 11)])
+        b.abort(keys[2:])  # reserved above
+        b.commit([key(98, 11)])  # never reserved: this call's own NOT_FOUND
+        (e1, rows), (e2, _), (e3, found), (e4, _), (e5, _) = b.send_rows()
+        assert e1 is None and all(r > 0 for r in rows) and len(rows) == 3
+        assert e2 is None and e4 is None
+        assert e3 is None and found[0] == rows[0] and found[1] == -1
+        assert isinstance(e5, kvpool.NotFound)
+        b.clear()
+        b.unlock(keys[:1])
+        b.abort(keys[1:2])
+        assert [e for e, _ in b.send_rows()] == [None, None]
+        b.close()
+        k = keys[0]
+        with pytest.raises(ValueError):
+            c.reserve([k[:-1], k + b"x"])  # 2 keys' bytes, neither a key
+
+
 def test_region_refused_without_one(daemon):
     with kvpool.Client(daemon, pool="bare") as c:
         assert not c.info["region"]

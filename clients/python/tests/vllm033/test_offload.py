@@ -345,7 +345,7 @@ def test_any_tier_error_is_a_miss_never_an_exception(model_dir, tier, monkeypatc
 
     def broken(*args, **kwargs):
         raise error(99, "INTERNAL", "injected") if error is not ValueError else error("garbage")
-    monkeypatch.setattr(kvpool.Batch, "send", broken)  # the step's calls go in one batch
+    monkeypatch.setattr(kvpool.Batch, "send_rows", broken)  # the step's calls: one batch
     b = Engine(model_dir, url, "faulty-b")
     first, _ = b.serve(b.add(PROMPT))
     assert first == len(PROMPT)  # every block computed: misses, no exception
