@@ -4,11 +4,15 @@ C client) refuses raises the subclass of KvpoolError for its status, with
 the daemon's detail text."""
 from __future__ import annotations
 
+from typing import Any, Optional
+
 
 class KvpoolError(Exception):
     """A refused call. status: the numeric kvp status; name: its name
-    (NO_SPACE, as kvpoolctl and the log show it); detail: the daemon's or the client's explanation."""
+    (NO_SPACE, as kvpoolctl and the log show it); detail: the daemon's or the client's explanation.
+    results: a Batch's failure raised from send(), every call's CallResult."""
     status = -1
+    results: Optional[list[Any]] = None
 
     def __init__(self, status: int, name: str, detail: str = "") -> None:
         self.status, self.name, self.detail = status, name, detail
