@@ -38,6 +38,8 @@ struct kvp_chan_hdr {
 	_Atomic uint32_t rep_seq;    /* the daemon's: set to req_seq once its reply is written */
 	_Atomic uint32_t req_len;
 	_Atomic uint32_t rep_len;
+	_Atomic uint32_t spin_ok;    /* the daemon's, with each reply: 1 if the client may spin
+	                              * for its next reply past KVP_CHAN_SPIN (few busy channels) */
 };
 
 /* The request area and the reply area of a mapped channel. */
@@ -68,7 +70,12 @@ kvp_futex_wake(_Atomic uint32_t *word)
 	(void)syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
-/* A short spin before sleeping: this many checks of the word (about 20 µs here). */
+/*
+ * A short spin before sleeping: this many checks of the word (about 20 µs
+ * here). The raw ping-pong floor of kvp-bench-samehost spins so; the
+ * channel's two sides spin for as long as a reply or request is due
+ * (clients/c/chan.c, service/net/chan.c).
+ */
 #define KVP_CHAN_SPIN 2000
 
 static inline void

@@ -29,13 +29,17 @@
 enum { IDLE_LOOK_MS = 100, HELLO_MS = 200 };
 
 /*
- * How long a thread spins for its client's next request before it sleeps.
- * A request that finds it asleep waits for a wake-up (futex), measured at
- * 50-150 µs on a VM's idle vCPU, more than most calls take. A client that
- * calls again within HOT_GAP_NS of its last reply (a scheduler's calls
- * within a step, or steps with no model to run) has its thread spin up to
- * 1.5 times its recent gaps, at most HOT_GAP_NS; any other, SPIN_NS. At
- * most a quarter of the CPUs (one at least) spin that long at once.
+ * How long each side spins before it sleeps. A request or reply that finds
+ * the other side asleep waits for a wake-up (futex), measured at 50-150 µs
+ * on a VM's idle vCPU, more than most calls take. A channel is hot while
+ * its client calls again within HOT_GAP_NS of its replies (a scheduler's
+ * calls within a step, or steps with no model to run) and its thread has
+ * not slept since. While at most max_hot channels are hot (a quarter of the
+ * CPUs, one at least), a hot channel's thread spins up to 1.5 times its
+ * recent gaps (at most HOT_GAP_NS), and every reply tells its client it may
+ * spin for its replies (spin_ok: clients/c/chan.c); with more, everyone
+ * spins SPIN_NS, since spinners would take the CPUs the calls need (50
+ * busy peers on 2 CPUs raised an honest client's p99 30-fold).
  */
 #define SPIN_NS 20000ull
 #define HOT_GAP_NS 1000000ull
@@ -59,7 +63,7 @@ struct kvpd_chans {
 	size_t area;
 	uint32_t max;
 	atomic_uint open;
-	atomic_uint hot, max_hot; /* threads spinning past SPIN_NS now; at most */
+	atomic_uint hot, max_hot; /* hot channels now (see SPIN_NS); the most that spin long */
 	atomic_uint_fast64_t served;
 	atomic_bool stop;
 	pthread_t acceptor;
@@ -99,27 +103,40 @@ mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Whether few enough channels are hot for the hot ones to spin long. */
+static bool
+few_hot(struct kvpd_chans *cs)
+{
+	return atomic_load(&cs->hot) <= atomic_load(&cs->max_hot);
+}
+
+/* Marks the channel hot or not (*hot), counting it in cs->hot. */
+static void
+set_hot(struct kvpd_chans *cs, bool *hot, bool to)
+{
+	if (*hot != to) {
+		*hot = to;
+		if (to)
+			atomic_fetch_add(&cs->hot, 1);
+		else
+			atomic_fetch_sub(&cs->hot, 1);
+	}
+}
+
 /*
  * The client's next request (its sequence number), or seen if none came
- * while spinning: for SPIN_NS, or for a hot client (gap_ns, its recent
- * gaps, under HOT_GAP_NS) up to 1.5 gap_ns while a hot place is free.
+ * while spinning: for SPIN_NS, or on a hot channel while few are (gap_ns,
+ * its recent gaps) up to 1.5 gap_ns.
  */
 static uint32_t
-spin_for(struct kvpd_chans *cs, struct kvp_chan_hdr *h, uint32_t seen, uint64_t gap_ns)
+spin_for(struct kvpd_chans *cs, struct kvp_chan_hdr *h, uint32_t seen, bool hot, uint64_t gap_ns)
 {
 	uint64_t t0 = mono_ns(), spin = SPIN_NS;
-	bool hot = false;
 	uint32_t now = atomic_load(&h->req_seq);
 
-	if (gap_ns > 0 && gap_ns < HOT_GAP_NS) {
-		unsigned n = atomic_fetch_add(&cs->hot, 1);
-		if (n < atomic_load(&cs->max_hot)) {
-			hot = true;
-			spin = gap_ns + gap_ns / 2 < HOT_GAP_NS ? gap_ns + gap_ns / 2 : HOT_GAP_NS;
-			spin = spin < SPIN_NS ? SPIN_NS : spin;
-		} else {
-			atomic_fetch_sub(&cs->hot, 1);
-		}
+	if (hot && few_hot(cs)) {
+		spin = gap_ns + gap_ns / 2 < HOT_GAP_NS ? gap_ns + gap_ns / 2 : HOT_GAP_NS;
+		spin = spin < SPIN_NS ? SPIN_NS : spin;
 	}
 	for (unsigned i = 1; now == seen; i++) {
 		kvp_cpu_relax();
@@ -127,8 +144,6 @@ spin_for(struct kvpd_chans *cs, struct kvp_chan_hdr *h, uint32_t seen, uint64_t 
 		if (i % 64 == 0 && mono_ns() - t0 >= spin)
 			break;
 	}
-	if (hot)
-		atomic_fetch_sub(&cs->hot, 1);
 	return now;
 }
 
@@ -141,10 +156,12 @@ chan_main(void *arg)
 	uint32_t seen = 0; /* the memfd starts zeroed: a request sent before this thread ran is seq 1 */
 	struct sink_ctx sc = {.rep = kvp_chan_rep(ch->map, cs->area), .area = cs->area};
 	uint64_t replied = 0, gap_ns = 0; /* the last reply's time; the gaps after replies */
+	bool hot = false;
 
 	while (!atomic_load(&cs->stop)) {
-		uint32_t now = spin_for(cs, h, seen, gap_ns);
+		uint32_t now = spin_for(cs, h, seen, hot, gap_ns);
 		if (now == seen) {
+			set_hot(cs, &hot, false); /* its client is slower than its gaps said */
 			if (kvp_futex_wait(&h->req_seq, seen, IDLE_LOOK_MS) != 0 && client_gone(ch->sock))
 				break;
 			if (atomic_load(&h->req_seq) == seen && client_gone(ch->sock))
@@ -155,6 +172,7 @@ chan_main(void *arg)
 		if (replied != 0) {
 			uint64_t gap = mono_ns() - replied;
 			gap_ns = gap_ns == 0 ? gap : (3 * gap_ns + gap) / 4;
+			set_hot(cs, &hot, gap_ns < HOT_GAP_NS);
 		}
 		uint32_t len = atomic_load(&h->req_len);
 		if (len > cs->area)
@@ -163,6 +181,7 @@ chan_main(void *arg)
 		struct kvpd_sink sink = {.alloc = area_sink, .ctx = &sc};
 		int rv = kvpd_server_handle_to(cs->srv, ch->copy, len, (uint64_t)nng_clock(), &sink);
 		atomic_store(&h->rep_len, rv == KVP_OK && sink.buf != NULL ? (uint32_t)sink.len : 0);
+		atomic_store(&h->spin_ok, few_hot(cs) ? 1u : 0u);
 		atomic_store(&h->rep_seq, seen);
 		kvp_futex_wake(&h->rep_seq);
 		replied = mono_ns();
@@ -174,6 +193,7 @@ chan_main(void *arg)
 		}
 		kvpd_server_count_shm(cs->srv, 0, 1);
 	}
+	set_hot(cs, &hot, false);
 	kvpd_server_count_shm(cs->srv, -1, 0);
 	atomic_store(&ch->done, true);
 	return NULL;
