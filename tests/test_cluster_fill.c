@@ -91,6 +91,49 @@ test_cluster_fill_pending_then_hit(void **state)
 	kvp_client_close(engine);
 }
 
+/*
+ * The write-behind policy's count: each engine's lookup that hits a row
+ * counts until the row's next commit; the agent's uncounted look counts
+ * nothing and tells the count (0 for a miss); a bad call changes nothing.
+ */
+static void
+test_cluster_fill_rows_count_their_hits(void **state)
+{
+	/* A pool without a cluster tier: a miss is a plain miss, queuing nothing. */
+	struct kvp_client *engine = open_client("plain", "engine");
+	struct kvp_client *agent = open_client("plain", "agent");
+	uint8_t k[2 * KL];
+	int32_t rows[2], row;
+	uint32_t hits[2] = {9, 9}, crcs[2];
+	(void)state;
+
+	make_key(k, 40);
+	make_key(k + KL, 41); /* never stored */
+	assert_int_equal(kvp_client_reserve(agent, k, 1, &row, NULL, NULL), KVP_OK);
+	assert_true(row > 0);
+	assert_int_equal(kvp_client_commit(agent, k, 1, NULL, false), KVP_OK);
+	assert_int_equal(kvp_client_lookup_lock_uncounted(agent, k, 2, rows, crcs, hits), KVP_OK);
+	assert_int_equal(rows[0], row);
+	assert_int_equal(rows[1], -1);
+	assert_int_equal(hits[0], 0);
+	assert_int_equal(hits[1], 0);
+	assert_int_equal(kvp_client_unlock(agent, k, 1), KVP_OK);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(lookup(engine, k, NULL), row);
+		assert_int_equal(kvp_client_unlock(engine, k, 1), KVP_OK);
+	}
+	assert_int_equal(kvp_client_lookup_lock_uncounted(agent, k, 1, rows, crcs, hits), KVP_OK);
+	assert_int_equal(hits[0], 3); /* the engine's three; the agent's looks are not hits */
+	assert_int_equal(kvp_client_unlock(agent, k, 1), KVP_OK);
+	assert_int_equal(kvp_client_lookup_lock_uncounted(agent, k, 1, rows, crcs, NULL),
+	                 KVP_EINVAL);
+	assert_int_equal(kvp_client_lookup_lock_uncounted(agent, k, 1, rows, crcs, hits), KVP_OK);
+	assert_int_equal(hits[0], 3);
+	assert_int_equal(kvp_client_unlock(agent, k, 1), KVP_OK);
+	kvp_client_close(agent);
+	kvp_client_close(engine);
+}
+
 static void
 test_cluster_fill_absent_and_unanswered_keys_miss(void **state)
 {
@@ -253,6 +296,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_cluster_fill_pending_then_hit),
+		cmocka_unit_test(test_cluster_fill_rows_count_their_hits),
 		cmocka_unit_test(test_cluster_fill_absent_and_unanswered_keys_miss),
 		cmocka_unit_test(test_cluster_fill_refused_without_the_setting),
 		cmocka_unit_test(test_cluster_fill_beside_a_disk_tier),

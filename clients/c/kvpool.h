@@ -457,6 +457,14 @@ int kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n);
  */
 int kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix,
                            int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits);
+/*
+ * As kvp_client_lookup_lock (no prefix), for the cluster tier's agent
+ * reading rows to put: the lookup counts as no hit, and hits[i] (n entries)
+ * is how many counted lookups hit key i's row since its commit (0 for a
+ * miss), for a write-behind policy of blocks hit more than once.
+ */
+int kvp_client_lookup_lock_uncounted(struct kvp_client *c, const uint8_t *keys, size_t n,
+                                     int32_t *rows, uint32_t *crcs, uint32_t *hits);
 /* Releases this session's lock on each key's row. KVP_ENOTOWNER if one is not locked by it. */
 int kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n);
 /*

@@ -302,9 +302,10 @@ kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n)
 	return keys_call(c, KVPOOL__V1__REQUEST__CALL_ABORT, keys, n);
 }
 
-int
-kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix,
-                       int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits)
+/* LookupAndLock; with counts (n entries), uncounted, each row's hits into counts. */
+static int
+lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix, int32_t *rows,
+            uint32_t *crcs, size_t *num_looked, uint32_t *num_hits, uint32_t *counts)
 {
 	Kvpool__V1__LookupAndLockRequest m = KVPOOL__V1__LOOKUP_AND_LOCK_REQUEST__INIT;
 	Kvpool__V1__Reply *r = NULL;
@@ -313,12 +314,14 @@ kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool
 	if ((rows == NULL && n > 0) || (e = key_list(c, keys, n, &m.keys)) != KVP_OK)
 		return rows == NULL && n > 0 ? KVP_EINVAL : e;
 	m.prefix = prefix;
+	m.uncounted = counts != NULL;
 	KVP_CLIENT_CALL(c, lookup_and_lock, LOOKUP_AND_LOCK, &m, r);
 	if (rv != KVP_OK)
 		return rv;
 	const Kvpool__V1__LookupAndLockReply *x = r->lookup_and_lock;
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP_AND_LOCK || x->n_rows > n ||
-	    x->n_crc32c != x->n_rows || (!prefix && x->n_rows != n)) {
+	    x->n_crc32c != x->n_rows || (!prefix && x->n_rows != n) ||
+	    (counts != NULL && x->n_hits != x->n_rows)) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
 		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed LookupAndLock reply");
 	}
@@ -326,6 +329,8 @@ kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool
 		rows[i] = i < x->n_rows ? x->rows[i] : -1;
 		if (crcs != NULL)
 			crcs[i] = i < x->n_rows ? x->crc32c[i] : 0;
+		if (counts != NULL)
+			counts[i] = i < x->n_rows ? x->hits[i] : 0;
 	}
 	if (num_looked != NULL)
 		*num_looked = x->n_rows;
@@ -333,6 +338,23 @@ kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool
 		*num_hits = x->num_hits;
 	kvpool__v1__reply__free_unpacked(r, NULL);
 	return KVP_OK;
+}
+
+int
+kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix,
+                       int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits)
+{
+	return lookup_lock(c, keys, n, prefix, rows, crcs, num_looked, num_hits, NULL);
+}
+
+int
+kvp_client_lookup_lock_uncounted(struct kvp_client *c, const uint8_t *keys, size_t n,
+                                 int32_t *rows, uint32_t *crcs, uint32_t *hits)
+{
+	if (hits == NULL && n > 0)
+		return KVP_EINVAL;
+	uint32_t one; /* n == 0: a counts array all the same, so the call is uncounted */
+	return lookup_lock(c, keys, n, false, rows, crcs, NULL, NULL, hits != NULL ? hits : &one);
 }
 
 int

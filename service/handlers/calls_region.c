@@ -205,6 +205,7 @@ kvpd_h_commit(struct call *c, const Kvpool__V1__CommitRequest *m, Kvpool__V1__Re
 	rows_released(c, n);
 	for (size_t i = 0; i < n; i++) {
 		kvpd_session_remove(c->sess, ids[i]);
+		c->p->row_hits[ids[i]] = 0;
 		/* Read from the mapping after the writer is done: what a reader can check. */
 		c->p->row_crc[ids[i]] = m->n_crc32c ? m->crc32c[i]
 		                        : m->no_checksum ? 0
@@ -288,7 +289,7 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 	Kvpool__V1__LookupAndLockReply *r;
 	size_t n = 0, looked = 0, hits = 0;
 	int32_t *ids, *hit;
-	uint32_t *crc;
+	uint32_t *crc, *counts = NULL;
 	int rv;
 
 	if ((rv = check_keys(c, m->keys, &n)))
@@ -297,6 +298,8 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 	ids = kvpd_scratch(c, (n + 1) * sizeof(*ids));
 	hit = kvpd_scratch(c, (n + 1) * sizeof(*hit));
 	crc = kvpd_scratch(c, (n + 1) * sizeof(*crc));
+	if (m->uncounted && (counts = kvpd_scratch(c, (n + 1) * sizeof(*counts))) == NULL)
+		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	if (r == NULL || ids == NULL || hit == NULL || crc == NULL)
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	for (; looked < n; looked++) {
@@ -326,6 +329,16 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 	c->sess->rows += hits;
 	for (size_t i = 0; i < looked; i++)
 		crc[i] = ids[i] > 0 ? c->p->row_crc[ids[i]] : 0;
+	if (counts != NULL) { /* the cluster agent's look: no hit, each row's count told */
+		for (size_t i = 0; i < looked; i++)
+			counts[i] = ids[i] > 0 ? c->p->row_hits[ids[i]] : 0;
+		r->hits = counts;
+		r->n_hits = looked;
+	} else {
+		for (size_t i = 0; i < hits; i++)
+			if (c->p->row_hits[hit[i]] < UINT32_MAX)
+				c->p->row_hits[hit[i]]++;
+	}
 	r->rows = ids;
 	r->n_rows = looked;
 	r->crc32c = crc;

@@ -107,7 +107,8 @@ kvpd_pool_exec_init(struct kvpd_pool *p, const struct kvpd_config *cfg, char *er
 			         pc->name, (unsigned long long)reg.row_bytes, sh);
 			return KVP_EINVAL;
 		}
-		if ((p->row_crc = calloc(reg.num_rows, sizeof(*p->row_crc))) == NULL) {
+		if ((p->row_crc = calloc(reg.num_rows, sizeof(*p->row_crc))) == NULL ||
+		    (p->row_hits = calloc(reg.num_rows, sizeof(*p->row_hits))) == NULL) {
 			snprintf(err, err_len, "pool %s: out of memory", pc->name);
 			return KVP_ENOMEM;
 		}

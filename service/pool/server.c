@@ -54,6 +54,7 @@ pool_fini(struct kvpd_pool *p)
 	kvpd_keep_close(p->keep);
 	kvp_exec_close(p->exec);
 	free(p->row_crc);
+	free(p->row_hits);
 	kvpd_fill_fini(&p->fill);
 	free(p->zeros);
 	kvp_hasher_destroy(p->hasher);

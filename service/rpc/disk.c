@@ -397,6 +397,7 @@ fill_round(struct kvpd_disk *d)
 		if (ops[i].ok && epoch == d->epoch &&
 		    kvp_pool_commit(p->pool, &b[i].id, 1, bs, p->cfg.num_groups) == KVP_OK) {
 			p->row_crc[b[i].id] = ops[i].crc;
+			p->row_hits[b[i].id] = 0;
 			kvpd_keep_commit(p->keep, b[i].id, slot_key(d, b[i].slot), d->key_len, ops[i].crc);
 			kvpd_fill_forget(&d->fill, slot_key(d, b[i].slot));
 			kvpd_fill_forget(&p->fill, slot_key(d, b[i].slot));

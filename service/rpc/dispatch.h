@@ -78,6 +78,7 @@ struct kvpd_pool {
 	struct kvp_mgr *mgr;
 	struct kvp_exec *exec;          /* the KV memory; NULL with executor=none */
 	uint32_t *row_crc;              /* with a region: each row's CRC32C at its commit; else NULL */
+	uint32_t *row_hits;             /* with a region: each row's counted lookups since then */
 	struct kvpd_keep *keep;         /* restart=warm: the rows' records (keep.h); else NULL */
 	struct kvpd_disk *disk;         /* disk=: the disk tier below the region (disk.h); else NULL */
 	struct kvpd_fill fill;          /* with a region and cluster_wait_ms: keys the cluster fills */

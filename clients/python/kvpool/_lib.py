@@ -226,6 +226,8 @@ kvp_client_commit = _fn("kvp_client_commit", c_int, CLIENT, U8P, c_size_t, U32P,
 kvp_client_abort = _fn("kvp_client_abort", c_int, CLIENT, U8P, c_size_t)
 kvp_client_lookup_lock = _fn("kvp_client_lookup_lock", c_int, CLIENT, U8P, c_size_t, c_bool, I32P,
                              U32P, POINTER(c_size_t), POINTER(c_uint32))
+kvp_client_lookup_lock_uncounted = _fn("kvp_client_lookup_lock_uncounted", c_int, CLIENT, U8P,
+                                       c_size_t, I32P, U32P, U32P)
 kvp_client_unlock = _fn("kvp_client_unlock", c_int, CLIENT, U8P, c_size_t)
 kvp_client_cluster_fill = _fn("kvp_client_cluster_fill", c_int, CLIENT, U8P, c_size_t, U8P,
                               c_size_t, POINTER(c_size_t), POINTER(c_uint32))

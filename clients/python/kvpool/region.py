@@ -271,6 +271,18 @@ class RegionCalls:
                                              None))
         return list(rows[:n]), list(crcs[:n])
 
+    def lookup_and_lock_uncounted(self, keys: Keys) -> tuple[list[int], list[int], list[int]]:
+        """lookup_and_lock for the cluster tier's agent reading rows to put:
+        (rows, crcs, hits) per key, where the lookup counts as no hit and
+        hits is how many counted lookups hit the key's row since its commit
+        (0 for a miss; a write-behind policy of blocks hit more than once)."""
+        arr, n = _keys(keys, self.key_len)
+        rows = (c_int32 * max(n, 1))()
+        crcs = (c_uint32 * max(n, 1))()
+        hits = (c_uint32 * max(n, 1))()
+        self._check(L.kvp_client_lookup_lock_uncounted(self._live(), arr, n, rows, crcs, hits))
+        return list(rows[:n]), list(crcs[:n]), list(hits[:n])
+
     def unlock(self, keys: Keys) -> None:
         """Releases this session's lock on each key's row."""
         arr, n = _keys(keys, self.key_len)
