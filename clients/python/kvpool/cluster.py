@@ -11,7 +11,9 @@ Two loops, each with its own kvpoold session:
   - write-behind: follows the pool's event stream; each committed row
     (BlockStored) is locked, put into the store straight from the region
     (Mooncake reads the mapping in place: no copy through Python), and
-    unlocked;
+    unlocked. Policy "all" puts every one; "hits:N" only a row engines'
+    lookups hit N times since its commit (looked at once a second for up
+    to hits_window_s; the agent's own looks count nothing);
   - fill: the pool (cluster_wait_ms set) answers a missed key "pending" and
     queues it; the agent takes queued keys (ClusterFill), asks the store which
     it holds, reserves rows for those, has the store write each object
@@ -59,7 +61,10 @@ class TierConfig:
     layout: str = ""
     pool: str = "default"
     token: Optional[str] = None
-    write_behind: bool = True     # put every committed row (the "all" policy)
+    write_behind: bool = True     # put committed rows (False: fill only)
+    min_hits: int = 0             # 0: every committed row ("all"); N: rows hit N times ("hits:N")
+    hits_window_s: float = 600.0  # how long a committed row may wait for its hits
+    hits_look_s: float = 1.0      # between looks at a waiting row's count
     batch: int = 64               # keys per store call
     poll_s: float = 0.002         # between ClusterFill calls while keys wait
     idle_poll_s: float = 0.005    # between them while none did
@@ -149,7 +154,8 @@ class ClusterTier:
                                  "to override, docs/operations.md)")
         self.cfg = cfg
         self.stats = dict(filled=0, absent=0, corrupt=0, fill_errors=0, put=0, put_errors=0,
-                          dropped=0, store_down=0, node_restarts=0)
+                          dropped=0, store_down=0, node_restarts=0, waiting_hits=0, cold=0,
+                          gone=0)
         self._stop = threading.Event()
         self._node = _Node(cfg)
         reg = cast(kvpool.Region, self._node.region)
@@ -159,6 +165,9 @@ class ClusterTier:
         self._put = _Recent(1 << 16)      # keys this agent put
         self._put_restarts = 0
         self._todo: deque[bytes] = deque()  # committed keys to put
+        # The hits policy's committed keys waiting for their hits: key ->
+        # (when it came, when to look next), in the order of the next look.
+        self._waiting: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
         self._node_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
 
@@ -302,6 +311,9 @@ class ClusterTier:
             while not self._stop.is_set() and node is self._node:
                 for item in sub.poll(20):
                     self._queue_stored(item)
+                if self.cfg.min_hits > 0:
+                    self._put_hit(node)
+                    continue
                 while self._todo and not self._stop.is_set():
                     keys: list[bytes] = []
                     while self._todo and len(keys) < self.cfg.batch:
@@ -312,6 +324,51 @@ class ClusterTier:
                         self._put_rows(node, keys)
         finally:
             sub.close()
+
+    def _put_hit(self, node: _Node) -> None:
+        """The hits policy: committed keys wait (queue of them at most, each
+        up to hits_window_s) until engines' lookups hit their row min_hits
+        times; each is looked at (uncounted) at most every hits_look_s, a
+        batch a loop. A row evicted meanwhile is gone; one still short of
+        its hits at the window's end is cold; both are never put."""
+        now, look = time.monotonic(), self.cfg.hits_look_s
+        wait = self._waiting
+        while self._todo:
+            k = self._todo.popleft()
+            if k in self._filled or k in self._put or k in wait:
+                continue
+            if len(wait) >= self.cfg.queue:
+                wait.popitem(last=False)
+                self.stats["dropped"] += 1
+            wait[k] = (now, now + look)
+        keys: list[bytes] = []
+        for k, (_, t) in wait.items():  # in the order of their next look
+            if t > now or len(keys) == self.cfg.batch:
+                break
+            keys.append(k)
+        self.stats["waiting_hits"] = len(wait)
+        if not keys:
+            return
+        put = cast(kvpool.Client, node.put)
+        rows, crcs, hits = put.lookup_and_lock_uncounted(keys)
+        hot: list[tuple[bytes, int, int]] = []
+        short: list[bytes] = []
+        for k, r, c, h in zip(keys, rows, crcs, hits):
+            born, _ = wait.pop(k)
+            if r <= 0:
+                self.stats["gone"] += 1
+            elif h >= self.cfg.min_hits:
+                hot.append((k, r, c))
+            else:
+                short.append(k)
+                if now - born < self.cfg.hits_window_s:
+                    wait[k] = (born, now + look)
+                else:
+                    self.stats["cold"] += 1
+        if short:
+            put.unlock(short)
+        if hot:
+            self._put_held(node, hot)
 
     def _queue_stored(self, item: Any) -> None:
         if isinstance(item, Reset):
@@ -330,15 +387,19 @@ class ClusterTier:
             self._todo.append(k)
 
     def _put_rows(self, node: _Node, keys: list[bytes]) -> None:
+        put = cast(kvpool.Client, node.put)
+        rows, crcs, _ = put.lookup_and_lock_uncounted(keys)  # not an engine's hit
+        held = [(k, r, c) for k, r, c in zip(keys, rows, crcs) if r > 0]
+        if held:
+            self._put_held(node, held)
+
+    def _put_held(self, node: _Node, held: list[tuple[bytes, int, int]]) -> None:
+        """Puts rows this agent holds locked (key, row, CRC), and unlocks them."""
         region, put = cast(kvpool.Region, node.region), cast(kvpool.Client, node.put)
         if node.put_store.restarts != self._put_restarts:  # its segment went with it
             self._put_restarts = node.put_store.restarts
             self._put = _Recent(1 << 16)
             self._filled = _Recent(1 << 16)
-        rows, crcs = put.lookup_and_lock(keys)
-        held = [(k, r, c) for k, r, c in zip(keys, rows, crcs) if r > 0]
-        if not held:
-            return
         locked = [k for k, _, _ in held]
         base = self.cfg.batch
         for i, (k, r, c) in enumerate(held):
@@ -385,18 +446,33 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
     p.add_argument("--layout", required=True,
                    help="the KV layout (dtype, heads, head size, layers, block size, TP shard)")
     p.add_argument("--timeout-ms", type=int, default=500, help="one store lookup or get at most")
-    p.add_argument("--no-write-behind", action="store_true", help="fill only")
+    p.add_argument("--write-behind", default="all", metavar="POLICY",
+                   help="which committed rows go to the store: all (default), hits:N (rows "
+                   "engines' lookups hit N times since their commit, within --hits-window-s), "
+                   "or none (fill only)")
+    p.add_argument("--hits-window-s", type=float, default=600.0,
+                   help="how long a committed row may wait for its hits (hits:N)")
+    p.add_argument("--no-write-behind", action="store_true", help="fill only (--write-behind none)")
     p.add_argument("--stats-file", help="a JSON file of the agent's counters, rewritten each "
                    "half second (for a node exporter's textfile collector or a test)")
     p.add_argument("--allow-public-address", action="store_true",
                    help="run on a non-private network (the store has no authentication)")
     a = p.parse_args(argv)
+    policy, min_hits = a.write_behind, 0
+    if policy.startswith("hits:") and policy[5:].isdigit() and int(policy[5:]) >= 1:
+        min_hits = int(policy[5:])
+    elif policy not in ("all", "none"):
+        p.error(f"--write-behind {policy}: all, hits:N (N 1 or more) or none")
+    if not a.hits_window_s > 0:
+        p.error("--hits-window-s must be positive")
     token = None
     if a.token_file:
         with open(a.token_file) as f:
             token = f.read().strip()
     return TierConfig(url=a.url, events=a.events, pool=a.pool, token=token, tenant=a.tenant,
-                      model=a.model, layout=a.layout, write_behind=not a.no_write_behind,
+                      model=a.model, layout=a.layout,
+                      write_behind=not a.no_write_behind and policy != "none",
+                      min_hits=min_hits, hits_window_s=a.hits_window_s,
                       allow_public=a.allow_public_address,
                       store=StoreConfig(master=a.master, metadata=a.metadata, host=a.host,
                                         segment_bytes=a.segment_mib << 20,

@@ -166,3 +166,38 @@ def test_master_and_node_faults_never_fail_an_engine(model_dir, cluster):
     for e in (b, c):
         e.close()
     a.manager.shutdown()
+
+
+@pytest.fixture
+def hits_node(tmp_path):
+    """One node whose agent puts only blocks hit once (--write-behind hits:1)."""
+    c = cluster_net.Cluster(str(tmp_path), ["a"])
+    try:
+        c.start_master()
+        c.start_node("a", list(tier_args(
+            tmp_path / "a", blocks=64,
+            extra=f",cluster_wait_ms={WAIT_MS},cluster_miss_ms=100")))
+        c.agent("a", extra=("--write-behind", "hits:1"))
+        c.wait_joined("a")
+        yield c
+    finally:
+        print(f"--- agent a: {c.stats('a')}\n{c.log('agent-a', 1500)}")
+        c.close()
+
+
+def test_hits_policy_puts_a_block_once_an_engine_hit_it(model_dir, hits_node):
+    """--write-behind hits:1: a prefill's blocks stay on the node (the
+    agent looks at each once a second, its own looks counting nothing)
+    until another request's lookups hit them; then they are put."""
+    a = Engine(model_dir, hits_node.urls["a"][0], "engine-a")
+    hashes = prefill(a, PROMPT)
+    time.sleep(2.5)  # two of the agent's looks at each committed block
+    st = hits_node.stats("a")
+    assert st["put"] == 0 and st["waiting_hits"] >= len(hashes), st
+    a2 = Engine(model_dir, hits_node.urls["a"][0], "engine-a2")
+    first, _ = a2.serve(a2.add(PROMPT))
+    assert first == len(PROMPT) - 4 * BS  # a hit on the node's region
+    st = hits_node.wait_stats("a", "put", len(hashes))
+    assert st["put_errors"] == 0 and st["cold"] == 0
+    for e in (a, a2):
+        e.close()

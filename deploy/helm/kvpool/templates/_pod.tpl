@@ -202,6 +202,8 @@ spec:
         - {{ .Values.cluster.layout | quote }}
         - --timeout-ms
         - {{ int64 .Values.cluster.timeoutMs | quote }}
+        - --write-behind
+        - {{ .Values.cluster.writeBehind | quote }}
       env:
         - name: POD_IP
           valueFrom:
