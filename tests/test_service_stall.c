@@ -231,6 +231,24 @@ test_service_stall_call_past_its_deadline_is_not_applied(void **state)
 	kvp_client_close(c);
 }
 
+/* Seconds until a new client of o opens and is answered a Stats, or -1 after 5 s. */
+static double
+seconds_until_served(const struct kvp_client_options *o)
+{
+	struct kvp_client *c = NULL;
+	struct kvp_client_stats st;
+	double t0 = now_s();
+
+	while (now_s() - t0 < 5.0) {
+		bool ok = kvp_client_open(o, &c) == KVP_OK && kvp_client_stats(c, &st) == KVP_OK;
+		kvp_client_close(c);
+		c = NULL;
+		if (ok)
+			return now_s() - t0;
+	}
+	return -1;
+}
+
 /*
  * A client that gave up connecting while the daemon was stopped must not
  * leave the endpoint deaf: nng 1.5's ipc listener accepts nothing more
@@ -245,7 +263,7 @@ test_service_stall_abandoned_dial_leaves_the_endpoint_serving(void **state)
 	                               .retries = 0, .connect_timeout_ms = 300};
 	struct kvp_client_options patient = {.url = ipc_url, .pool = "default", .timeout_ms = 2000,
 	                                     .retries = 2};
-	struct kvp_client *before = NULL, *gave_up = NULL, *after = NULL;
+	struct kvp_client *before = NULL, *gave_up = NULL;
 	struct kvp_client_stats st;
 
 	(void)state;
@@ -254,13 +272,7 @@ test_service_stall_abandoned_dial_leaves_the_endpoint_serving(void **state)
 	nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
 	assert_int_not_equal(kvp_client_open(&o, &gave_up), KVP_OK);
 	assert_int_equal(kill(daemon_pid, SIGCONT), 0);
-	double t0 = now_s(), served = -1;
-	while (now_s() - t0 < 5.0 && served < 0) {
-		if (kvp_client_open(&o, &after) == KVP_OK && kvp_client_stats(after, &st) == KVP_OK)
-			served = now_s() - t0;
-		kvp_client_close(after);
-		after = NULL;
-	}
+	double served = seconds_until_served(&o);
 	print_message("a new client was served %.2f s after SIGCONT\n", served);
 	assert_true(served >= 0 && served < 3.0);
 	assert_ok(kvp_client_stats(before, &st));
@@ -299,7 +311,7 @@ test_service_stall_client_gone_at_once_costs_no_cpu(void **state)
 {
 	struct kvp_client_options o = {.url = ipc_url, .pool = "default", .timeout_ms = 500,
 	                               .retries = 0, .connect_timeout_ms = 300};
-	struct kvp_client *before = NULL, *after = NULL;
+	struct kvp_client *before = NULL;
 	struct kvp_client_stats st;
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 
@@ -314,13 +326,7 @@ test_service_stall_client_gone_at_once_costs_no_cpu(void **state)
 		close(fd);
 		sleep_ms(20);
 	}
-	double t0 = now_s(), served = -1;
-	while (now_s() - t0 < 5.0 && served < 0) {
-		if (kvp_client_open(&o, &after) == KVP_OK && kvp_client_stats(after, &st) == KVP_OK)
-			served = now_s() - t0;
-		kvp_client_close(after);
-		after = NULL;
-	}
+	double served = seconds_until_served(&o);
 	assert_true(served >= 0);
 	sleep_ms(1000); /* the watch closes what it finds hung up at two looks */
 	double c0 = daemon_cpu_s(), w0 = now_s();
