@@ -37,14 +37,6 @@ enum { LOOK_MS = 50 };
 #define SPIN_MIN_NS 20000ull
 #define SPIN_MAX_NS 500000ull
 
-static uint64_t
-mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 struct kvpc_chan {
 	int sock;
 	unsigned char *map;
@@ -203,17 +195,11 @@ kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t ti
 	memcpy(kvp_chan_req(ch->map), req, len);
 	atomic_store(&h->req_len, (uint32_t)len);
 	atomic_store(&h->req_seq, seq);
-	uint64_t t0 = mono_ns();
+	uint64_t t0 = kvp_mono_ns();
 	kvp_futex_wake(&h->req_seq);
 	uint64_t spin = atomic_load(&h->spin_ok) == 1 ? 2 * ch->took_ns : SPIN_MIN_NS;
 	spin = spin < SPIN_MIN_NS ? SPIN_MIN_NS : spin > SPIN_MAX_NS ? SPIN_MAX_NS : spin;
-	uint32_t got = atomic_load(&h->rep_seq);
-	for (unsigned i = 1; got != seq; i++) {
-		kvp_cpu_relax();
-		got = atomic_load(&h->rep_seq);
-		if (i % 64 == 0 && mono_ns() - t0 >= spin)
-			break;
-	}
+	uint32_t got = kvp_chan_spin(&h->rep_seq, seq - 1, t0, spin);
 	uint64_t end = (uint64_t)nng_clock() + timeout_ms;
 	while (got != seq) {
 		uint64_t t = (uint64_t)nng_clock();
@@ -228,7 +214,7 @@ kvpc_chan_call(struct kvpc_chan *ch, const uint8_t *req, size_t len, uint32_t ti
 		if (poll(&p, 1, 0) != 0)
 			return KVP_EINTERNAL;
 	}
-	uint64_t took = mono_ns() - t0;
+	uint64_t took = kvp_mono_ns() - t0;
 	ch->took_ns = ch->took_ns == 0 ? took : (7 * ch->took_ns + took) / 8;
 	uint32_t rl = atomic_load(&h->rep_len);
 	if (rl == 0 || rl > ch->area)

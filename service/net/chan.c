@@ -16,7 +16,6 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/kvp_status.h"
@@ -63,7 +62,8 @@ struct kvpd_chans {
 	size_t area;
 	uint32_t max;
 	atomic_uint open;
-	atomic_uint hot, max_hot; /* hot channels now (see SPIN_NS); the most that spin long */
+	atomic_uint hot;  /* hot channels now (see SPIN_NS) */
+	unsigned max_hot; /* the most that spin long */
 	atomic_uint_fast64_t served;
 	atomic_bool stop;
 	pthread_t acceptor;
@@ -95,19 +95,11 @@ client_gone(int sock)
 	return poll(&p, 1, 0) != 0;
 }
 
-static uint64_t
-mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Whether few enough channels are hot for the hot ones to spin long. */
 static bool
 few_hot(struct kvpd_chans *cs)
 {
-	return atomic_load(&cs->hot) <= atomic_load(&cs->max_hot);
+	return atomic_load(&cs->hot) <= cs->max_hot;
 }
 
 /* Marks the channel hot or not (*hot), counting it in cs->hot. */
@@ -131,20 +123,13 @@ set_hot(struct kvpd_chans *cs, bool *hot, bool to)
 static uint32_t
 spin_for(struct kvpd_chans *cs, struct kvp_chan_hdr *h, uint32_t seen, bool hot, uint64_t gap_ns)
 {
-	uint64_t t0 = mono_ns(), spin = SPIN_NS;
-	uint32_t now = atomic_load(&h->req_seq);
+	uint64_t spin = SPIN_NS;
 
 	if (hot && few_hot(cs)) {
 		spin = gap_ns + gap_ns / 2 < HOT_GAP_NS ? gap_ns + gap_ns / 2 : HOT_GAP_NS;
 		spin = spin < SPIN_NS ? SPIN_NS : spin;
 	}
-	for (unsigned i = 1; now == seen; i++) {
-		kvp_cpu_relax();
-		now = atomic_load(&h->req_seq);
-		if (i % 64 == 0 && mono_ns() - t0 >= spin)
-			break;
-	}
-	return now;
+	return kvp_chan_spin(&h->req_seq, seen, kvp_mono_ns(), spin);
 }
 
 static void *
@@ -170,7 +155,7 @@ chan_main(void *arg)
 		}
 		seen = now;
 		if (replied != 0) {
-			uint64_t gap = mono_ns() - replied;
+			uint64_t gap = kvp_mono_ns() - replied;
 			gap_ns = gap_ns == 0 ? gap : (3 * gap_ns + gap) / 4;
 			set_hot(cs, &hot, gap_ns < HOT_GAP_NS);
 		}
@@ -184,7 +169,7 @@ chan_main(void *arg)
 		atomic_store(&h->spin_ok, few_hot(cs) ? 1u : 0u);
 		atomic_store(&h->rep_seq, seen);
 		kvp_futex_wake(&h->rep_seq);
-		replied = mono_ns();
+		replied = kvp_mono_ns();
 		atomic_fetch_add(&cs->served, 1);
 		if (sink.refusal) {
 			pthread_mutex_lock(&cs->mu);
@@ -343,7 +328,7 @@ kvpd_chans_open(struct kvpd_server *srv, const char *ipc_path, uint32_t mode, ui
 	cs->max = max;
 	cs->area = area;
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	atomic_store(&cs->max_hot, cpus >= 8 ? (unsigned)(cpus / 4) : 1u);
+	cs->max_hot = cpus / 4 > 1 ? (unsigned)(cpus / 4) : 1u;
 	for (int k = 0; k < KVPD_NUM_REFUSALS; k++)
 		cs->refusal_log[k] = (struct kvpd_log_limit){.per_window = 5, .window_ms = 1000};
 	pthread_mutex_init(&cs->mu, NULL);
