@@ -95,6 +95,8 @@ test_cluster_fill_pending_then_hit(void **state)
  * The write-behind policy's count: each engine's lookup that hits a row
  * counts until the row's next commit; the agent's uncounted look counts
  * nothing and tells the count (0 for a miss); a bad call changes nothing.
+ * On a pool with a cluster tier, the agent's look at a missing key is a
+ * plain miss: it never answers pending nor queues the key for a fill.
  */
 static void
 test_cluster_fill_rows_count_their_hits(void **state)
@@ -132,6 +134,18 @@ test_cluster_fill_rows_count_their_hits(void **state)
 	assert_int_equal(kvp_client_unlock(agent, k, 1), KVP_OK);
 	kvp_client_close(agent);
 	kvp_client_close(engine);
+
+	struct kvp_client *filler = open_client("c", "agent");
+	uint8_t got[8 * KL];
+	size_t n = 0;
+	make_key(k, 42);
+	assert_int_equal(kvp_client_cluster_fill(filler, NULL, 0, got, 0, &n, NULL), KVP_OK);
+	assert_int_equal(kvp_client_lookup_lock_uncounted(filler, k, 1, rows, crcs, hits), KVP_OK);
+	assert_int_equal(rows[0], -1); /* an engine's lookup would answer -2 here */
+	assert_int_equal(kvp_client_cluster_fill(filler, NULL, 0, got, 8, &n, NULL), KVP_OK);
+	for (size_t i = 0; i < n; i++)
+		assert_memory_not_equal(got + i * KL, k, KL);
+	kvp_client_close(filler);
 }
 
 static void

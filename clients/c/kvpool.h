@@ -461,7 +461,8 @@ int kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, 
  * As kvp_client_lookup_lock (no prefix), for the cluster tier's agent
  * reading rows to put: the lookup counts as no hit, and hits[i] (n entries)
  * is how many counted lookups hit key i's row since its commit (0 for a
- * miss), for a write-behind policy of blocks hit more than once.
+ * miss), for a write-behind policy of blocks hit more than once. A miss is
+ * a plain -1: the look asks no disk or cluster tier to fill the key.
  */
 int kvp_client_lookup_lock_uncounted(struct kvp_client *c, const uint8_t *keys, size_t n,
                                      int32_t *rows, uint32_t *crcs, uint32_t *hits);

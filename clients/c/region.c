@@ -302,26 +302,28 @@ kvp_client_abort(struct kvp_client *c, const uint8_t *keys, size_t n)
 	return keys_call(c, KVPOOL__V1__REQUEST__CALL_ABORT, keys, n);
 }
 
-/* LookupAndLock; with counts (n entries), uncounted, each row's hits into counts. */
+/* LookupAndLock; uncounted, each row's hits into counts (n entries). */
 static int
 lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix, int32_t *rows,
-            uint32_t *crcs, size_t *num_looked, uint32_t *num_hits, uint32_t *counts)
+            uint32_t *crcs, size_t *num_looked, uint32_t *num_hits, bool uncounted,
+            uint32_t *counts)
 {
 	Kvpool__V1__LookupAndLockRequest m = KVPOOL__V1__LOOKUP_AND_LOCK_REQUEST__INIT;
 	Kvpool__V1__Reply *r = NULL;
 	int e;
 
-	if ((rows == NULL && n > 0) || (e = key_list(c, keys, n, &m.keys)) != KVP_OK)
-		return rows == NULL && n > 0 ? KVP_EINVAL : e;
+	if (((rows == NULL || (uncounted && counts == NULL)) && n > 0) ||
+	    (e = key_list(c, keys, n, &m.keys)) != KVP_OK)
+		return n > 0 && (rows == NULL || (uncounted && counts == NULL)) ? KVP_EINVAL : e;
 	m.prefix = prefix;
-	m.uncounted = counts != NULL;
+	m.uncounted = uncounted;
 	KVP_CLIENT_CALL(c, lookup_and_lock, LOOKUP_AND_LOCK, &m, r);
 	if (rv != KVP_OK)
 		return rv;
 	const Kvpool__V1__LookupAndLockReply *x = r->lookup_and_lock;
 	if (r->result_case != KVPOOL__V1__REPLY__RESULT_LOOKUP_AND_LOCK || x->n_rows > n ||
 	    x->n_crc32c != x->n_rows || (!prefix && x->n_rows != n) ||
-	    (counts != NULL && x->n_hits != x->n_rows)) {
+	    (uncounted && x->n_hits != x->n_rows)) {
 		kvpool__v1__reply__free_unpacked(r, NULL);
 		return kvp_client_fail_(c, KVP_EINTERNAL, "%s", "malformed LookupAndLock reply");
 	}
@@ -329,7 +331,7 @@ lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix, in
 		rows[i] = i < x->n_rows ? x->rows[i] : -1;
 		if (crcs != NULL)
 			crcs[i] = i < x->n_rows ? x->crc32c[i] : 0;
-		if (counts != NULL)
+		if (uncounted)
 			counts[i] = i < x->n_rows ? x->hits[i] : 0;
 	}
 	if (num_looked != NULL)
@@ -344,17 +346,14 @@ int
 kvp_client_lookup_lock(struct kvp_client *c, const uint8_t *keys, size_t n, bool prefix,
                        int32_t *rows, uint32_t *crcs, size_t *num_looked, uint32_t *num_hits)
 {
-	return lookup_lock(c, keys, n, prefix, rows, crcs, num_looked, num_hits, NULL);
+	return lookup_lock(c, keys, n, prefix, rows, crcs, num_looked, num_hits, false, NULL);
 }
 
 int
 kvp_client_lookup_lock_uncounted(struct kvp_client *c, const uint8_t *keys, size_t n,
                                  int32_t *rows, uint32_t *crcs, uint32_t *hits)
 {
-	if (hits == NULL && n > 0)
-		return KVP_EINVAL;
-	uint32_t one; /* n == 0: a counts array all the same, so the call is uncounted */
-	return lookup_lock(c, keys, n, false, rows, crcs, NULL, NULL, hits != NULL ? hits : &one);
+	return lookup_lock(c, keys, n, false, rows, crcs, NULL, NULL, true, hits);
 }
 
 int

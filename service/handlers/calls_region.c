@@ -298,18 +298,19 @@ kvpd_h_lookup_and_lock(struct call *c, const Kvpool__V1__LookupAndLockRequest *m
 	ids = kvpd_scratch(c, (n + 1) * sizeof(*ids));
 	hit = kvpd_scratch(c, (n + 1) * sizeof(*hit));
 	crc = kvpd_scratch(c, (n + 1) * sizeof(*crc));
-	if (m->uncounted && (counts = kvpd_scratch(c, (n + 1) * sizeof(*counts))) == NULL)
-		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
-	if (r == NULL || ids == NULL || hit == NULL || crc == NULL)
+	if (m->uncounted)
+		counts = kvpd_scratch(c, (n + 1) * sizeof(*counts));
+	if (r == NULL || ids == NULL || hit == NULL || crc == NULL || (m->uncounted && !counts))
 		return kvpd_fail(c, KVP_ENOMEM, "out of memory");
 	for (; looked < n; looked++) {
 		ids[looked] = cached_row(c, m->keys.data, looked);
 		/*
 		 * A miss the disk tier holds, or else the cluster tier may: pending
-		 * (-2) while the disk's thread (the cluster's agent) fills it.
+		 * (-2) while the disk's thread (the cluster's agent) fills it. Not
+		 * for the agent's own uncounted look at rows it would put.
 		 */
 		const uint8_t *k = m->keys.data + looked * key_len(c);
-		if (ids[looked] < 0 && (kvpd_disk_ask(c->p->disk, k, key_len(c), c->now_ms) ||
+		if (ids[looked] < 0 && !m->uncounted && (kvpd_disk_ask(c->p->disk, k, key_len(c), c->now_ms) ||
 		                        kvpd_fill_ask(&c->p->fill, k, c->now_ms) == KVPD_FILL_PENDING))
 			ids[looked] = -2;
 		if (ids[looked] < 0 && m->prefix)
