@@ -214,11 +214,16 @@ class Batch:
         rv = self._transmit()
         results = [self._result(i) for i in range(len(self._kinds))]
         if rv != 0 and not self.keep_going:
-            first = next((r for r in results if r.error is not None), None)
-            err = first.error if first else BY_STATUS.get(rv, KvpoolError)(rv, "?", "")
-            err.results = results
-            raise err
+            self._raise_first(rv, results)
         return results
+
+    def _raise_first(self, rv: int, results: list[CallResult]) -> None:
+        """Raises the first failed call's error (else the batch's status),
+        with every call's result as .results."""
+        first = next((r for r in results if r.error is not None), None)
+        err = first.error if first and first.error else BY_STATUS.get(rv, KvpoolError)(rv, "?", "")
+        err.results = results
+        raise err
 
     def send_rows(self) -> list[tuple[Optional[KvpoolError], list[int]]]:
         """send() for callers that read nothing of a call but its rows (the
@@ -235,10 +240,7 @@ class Batch:
                 n = r.num_block_ids
                 out.append((None, r.block_ids[:n] if r.has_block_ids and n else []))
         if rv != 0 and not self.keep_going:
-            first = next((e for e, _ in out if e is not None), None)
-            err = first if first else BY_STATUS.get(rv, KvpoolError)(rv, "?", "")
-            err.results = [self._result(i) for i in range(len(self._kinds))]
-            raise err
+            self._raise_first(rv, [self._result(i) for i in range(len(self._kinds))])
         return out
 
     def _transmit(self):

@@ -166,6 +166,8 @@ class KVPoolOffloadingManager(OffloadingManager):
         """Closes the regions no load uses any more but the current life's,
         and that too while a call failed (a dead kvpoold's region is memory
         no one else frees; the next session holds its own again)."""
+        if len(self._regions) < 2 and not self._suspect:
+            return  # the one held is this life's, in use
         now = None if self._suspect else self._epoch()
         for e in [e for e in self._regions if e != now and e not in self._old_loads and
                   not (e == self._loading_epoch and self._loading)]:
@@ -350,8 +352,7 @@ class KVPoolOffloadingManager(OffloadingManager):
                 else:
                     loading[k] = n - 1
                 used[k] = step
-        if len(self._regions) > 1 or self._suspect:
-            self._release_regions()
+        self._release_regions()
 
     def _complete_old(self, k: OffloadKey) -> bool:
         for e in sorted(self._old_loads):
@@ -428,11 +429,11 @@ class KVPoolOffloadingManager(OffloadingManager):
                 pass  # no tier: releases go with the session, stores skipped, lookups miss
         self._stored(specs, stores, res.get("reserve"))
         self._looked_up(lookups, res.get("lookup_and_lock"))
-        if len(self._regions) > 1 or self._suspect:  # else the one is this life's, in use
-            self._release_regions()
+        self._release_regions()
 
     def _step_batch(self, client: kvpool.Client, commits, aborts, idle, stores, lookups):
-        """The step's calls in one Batch on client: {kind: its CallResult}.
+        """The step's calls in one Batch on client: {kind: (its error or None,
+        its rows)} (Batch.send_rows).
         An error a call site cannot use is counted as _failed's are; the
         expected ones (a renewed session's keys, no room, the quota) are
         the call sites'."""
@@ -462,23 +463,17 @@ class KVPoolOffloadingManager(OffloadingManager):
         if not specs:
             return
         rows = r[1] if r is not None and r[0] is None else [-1] * len(keys)
-        reserved, storing, elsewhere, step = self._reserved, self._storing, \
-            self._stored_elsewhere, self._step
-        for k, row in zip(keys, rows):
+        row_of = dict(zip(keys, rows))
+        for k, row in row_of.items():
             if row > 0:
-                reserved.add(k)
+                self._reserved.add(k)
             else:
-                storing.discard(k)
-                elsewhere[k] = step
+                self._storing.discard(k)
+                self._stored_elsewhere[k] = self._step
         epoch = self._epoch()  # the session that answered: a renewed one's, if _call renewed it
         ref = self._region_ref()
-        if len(specs) == 1:  # keys are the one spec's, in order
-            specs[0].rows[:] = rows
-        else:
-            row_of = dict(zip(keys, rows))
-            for sp in specs:
-                sp.rows[:] = [row_of[k] for k in sp.keys]
         for sp in specs:
+            sp.rows[:] = [row_of[k] for k in sp.keys]
             sp.epoch, sp.region = epoch, ref
 
     def _looked_up(self, keys, r) -> None:
