@@ -147,6 +147,7 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         self._backoff = _BACKOFF_S
         self._suspect = False  # a call failed: renew the session before the next one
         self._last_warning = 0.0
+        self._batch: Optional[kvpool.Batch] = None  # the step's calls, reused step after step
 
     # ---- lookups: answered from the last step's end ----
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -164,41 +165,55 @@ class KVPoolSecondaryTier(SecondaryTierManager):
                 self._used[k] = self._step
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
-        """One round trip: lock what this step asked about; release locks
-        no lookup or load used for _KEEP_STEPS steps."""
+        """One round trip, none on a step with nothing to ask: lock what
+        this step asked about and release the locks no lookup or load used
+        for _KEEP_STEPS steps, in one Batch."""
         self._step += 1
         asked, self._asked = list(self._asked), {}
         stale = [k for k, s in self._used.items()
                  if self._step - s > _KEEP_STEPS and not self._loading[k]]
         missed: set[OffloadKey] = set()
-        out: dict[str, list[int]] = {}
+        res: dict[str, tuple[Optional[kvpool.KvpoolError], list[int]]] = {}
 
-        def unlock(c: kvpool.Client) -> None:
+        def step(c: kvpool.Client) -> None:
             held = [k for k in stale if k in self._rows]  # none of an old life after a renew
+            if self._batch is None:
+                self._batch = c.batch(keep_going=True)
+            b = self._batch
+            b.clear()
+            kinds = []
             if held:
-                c.unlock(held)
-
-        def lookup(c: kvpool.Client) -> None:
-            out["rows"] = c.lookup_and_lock(asked)[0]
-        try:
-            if stale:
-                self._call(unlock)
+                b.unlock(held)
+                kinds.append("unlock")
+            if asked:
+                b.lookup_and_lock(asked)
+                kinds.append("lookup")
+            if kinds:
+                res.update(zip(kinds, b.send_rows()))
+        if stale or asked:
+            try:
+                life = self._call(step)
                 for k in stale:
                     self._rows.pop(k, None)
                     self._used.pop(k, None)
-            if asked:
-                life = self._call(lookup)
-                for k, r in zip(asked, out["rows"]):
+                for kind, (err, _) in res.items():
+                    if err is not None:  # the session's locks are in doubt: renew it
+                        self._suspect = True
+                        self._warn(kind, err)
+                err, rows = res.get("lookup", (None, []))
+                if err is not None:
+                    missed.update(asked)
+                for k, r in zip(asked, rows):
                     if r > 0:
                         self._rows[k] = (r, life)
                         self._used[k] = self._step
                     elif r != _FILLING:
                         missed.add(k)
-        except (_Down, kvpool.KvpoolError) as e:
-            if isinstance(e, kvpool.KvpoolError):
-                self._suspect = True
-                self._warn("lookup", e)
-            missed.update(asked)
+            except (_Down, kvpool.KvpoolError) as e:
+                if isinstance(e, kvpool.KvpoolError):
+                    self._suspect = True
+                    self._warn("lookup", e)
+                missed.update(asked)
         self._missed = missed
         if len(self._regions) > 1:  # a restart left an old life mapped: unmap it once unused
             self._close_regions(keep=self._lives_in_use())
@@ -396,6 +411,8 @@ class KVPoolSecondaryTier(SecondaryTierManager):
         self._storer.shutdown(wait=True)
         self._loader.shutdown(wait=True)
         self._close_regions(keep=())
+        if self._batch is not None:
+            self._batch.close()
         for c in (*self._all_writers, self._client):
             c.close()
 
