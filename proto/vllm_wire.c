@@ -48,6 +48,17 @@ struct enc {
 	int err;
 };
 
+/*
+ * vLLM 0.33's locality of an event: the cluster tier's blocks (medium
+ * CLUSTER, docs/cluster.md) live in a store across the network, REMOTE as
+ * vLLM's network-backed tiers report theirs; every other medium's None.
+ */
+static const char *
+locality_of(const struct kvp_event *ev)
+{
+	return ev->medium != NULL && strcmp(ev->medium, "CLUSTER") == 0 ? "REMOTE" : NULL;
+}
+
 static void
 put_str(struct enc *e, const char *s)
 {
@@ -201,18 +212,20 @@ put_stored(struct enc *e, const struct kvp_event *ev)
 	bool map = e->o->form == KVP_VLLM_MAP;
 	bool has_extra = ev->num_hashes > 0 && ev->extra_keys != NULL;
 	bool has_session = ev->session_id != NULL;
+	const char *loc = locality_of(ev);
 
 	if (map) {
 		/* type + 7 fields without a default, then those that are not None. */
 		uint32_t n = 8 + has_extra + ev->has_group_idx + (ev->spec_kind != NULL) +
-		             ev->has_sliding_window + has_session;
+		             ev->has_sliding_window + (loc != NULL) + has_session;
 		e->err |= msgpack_pack_map(&e->pk, n);
 		put_key(e, "type");
 	} else {
 		/* msgspec's array_like with omit_defaults: trailing Nones go, so
-		 * locality and ownership (None here) are written only before a
-		 * session_id (vLLM 0.33: ..., locality, ownership, session_id). */
-		e->err |= msgpack_pack_array(&e->pk, has_session ? 15 : 12);
+		 * locality is written when set or before a session_id, ownership
+		 * (None here) only before a session_id (vLLM 0.33: ...,
+		 * locality, ownership, session_id). */
+		e->err |= msgpack_pack_array(&e->pk, has_session ? 15 : loc != NULL ? 13 : 12);
 	}
 	put_str(e, "BlockStored");
 	if (map)
@@ -265,13 +278,16 @@ put_stored(struct enc *e, const struct kvp_event *ev)
 		else
 			e->err |= msgpack_pack_nil(&e->pk);
 	}
+	if (loc != NULL || (has_session && !map)) {
+		if (map)
+			put_key(e, "locality");
+		put_str(e, loc);
+	}
 	if (has_session) {
-		if (!map) {
-			e->err |= msgpack_pack_nil(&e->pk); /* locality */
+		if (!map)
 			e->err |= msgpack_pack_nil(&e->pk); /* ownership */
-		} else {
+		else
 			put_key(e, "session_id");
-		}
 		put_str(e, ev->session_id);
 	}
 	return 0;
@@ -281,12 +297,13 @@ static void
 put_removed(struct enc *e, const struct kvp_event *ev)
 {
 	bool map = e->o->form == KVP_VLLM_MAP;
+	const char *loc = locality_of(ev);
 
 	if (map) {
-		e->err |= msgpack_pack_map(&e->pk, 3 + ev->has_group_idx);
+		e->err |= msgpack_pack_map(&e->pk, 3 + ev->has_group_idx + (loc != NULL));
 		put_key(e, "type");
 	} else {
-		e->err |= msgpack_pack_array(&e->pk, 4);
+		e->err |= msgpack_pack_array(&e->pk, loc != NULL ? 5 : 4);
 	}
 	put_str(e, "BlockRemoved");
 	if (map)
@@ -299,6 +316,11 @@ put_removed(struct enc *e, const struct kvp_event *ev)
 		if (map)
 			put_key(e, "group_idx");
 		put_opt_u32(e, ev->has_group_idx, ev->group_idx);
+	}
+	if (loc != NULL) {
+		if (map)
+			put_key(e, "locality");
+		put_str(e, loc);
 	}
 }
 

@@ -8,7 +8,8 @@
  * key the agent never answers misses after cluster_wait_ms; a pool without
  * the setting refuses ClusterFill; every answer counts in /metrics. A pool
  * with a disk tier too: keys the disk holds come back from it and are
- * never handed to the agent; the agent gets only what the disk lacks.
+ * never handed to the agent; the agent gets only what the disk lacks. The
+ * agent's announcements of what the cluster holds keep no fill alive.
  */
 #include "daemon_util.h"
 
@@ -201,6 +202,35 @@ test_cluster_fill_refused_without_the_setting(void **state)
 }
 
 /*
+ * The agent's announcements (what the cluster store holds, published as
+ * medium CLUSTER events): accepted with no fill asked, yet they keep no
+ * fill alive, so a lookup while only they come misses plainly; refused
+ * on a pool without the tier; an empty call sends nothing.
+ */
+static void
+test_cluster_announce_keeps_no_fill_alive(void **state)
+{
+	struct kvp_client *engine = open_client("c", "engine"), *agent = open_client("c", "agent");
+	struct kvp_client *plain = open_client("plain", "agent");
+	uint8_t k[3][KL];
+	(void)state;
+
+	for (uint32_t i = 0; i < 3; i++)
+		make_key(k[i], 300 + i);
+	/* No fill call yet in this daemon's life (this test runs first). */
+	assert_int_equal(kvp_client_cluster_announce(agent, k[0], 2, k[2], 1), KVP_OK);
+	assert_int_equal(kvp_client_cluster_announce(agent, NULL, 0, k[0], 1), KVP_OK);
+	assert_int_equal(lookup(engine, k[1], NULL), -1); /* not pending: no agent fills */
+	assert_int_equal(kvp_client_cluster_announce(agent, NULL, 0, NULL, 0), KVP_OK);
+	assert_int_equal(kvp_client_cluster_announce(agent, NULL, 1, NULL, 0), KVP_EINVAL);
+	assert_int_equal(kvp_client_cluster_announce(NULL, k[0], 1, NULL, 0), KVP_EINVAL);
+	assert_int_equal(kvp_client_cluster_announce(plain, k[0], 1, NULL, 0), KVP_ENOTSUP);
+	kvp_client_close(plain);
+	kvp_client_close(agent);
+	kvp_client_close(engine);
+}
+
+/*
  * Both tiers: 24 keys stored in a pool of 8 rows go to its disk; evicted
  * from the region, they come back from the disk (pending, then a hit with
  * their bytes) while the agent calls ClusterFill throughout, and the agent
@@ -309,6 +339,7 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_cluster_announce_keeps_no_fill_alive), /* first: no agent yet */
 		cmocka_unit_test(test_cluster_fill_pending_then_hit),
 		cmocka_unit_test(test_cluster_fill_rows_count_their_hits),
 		cmocka_unit_test(test_cluster_fill_absent_and_unanswered_keys_miss),

@@ -479,6 +479,15 @@ int kvp_client_unlock(struct kvp_client *c, const uint8_t *keys, size_t n);
 int kvp_client_cluster_fill(struct kvp_client *c, const uint8_t *absent, size_t n_absent,
                             uint8_t *wanted, size_t max_wants, size_t *n_wanted,
                             uint32_t *waiting);
+/*
+ * The cluster tier's agent: tells the pool that the cluster store now holds
+ * the n_stored keys of stored and no longer holds the n_removed of removed;
+ * the pool publishes them as BlockStored / BlockRemoved of medium CLUSTER
+ * (docs/cluster.md, "Events"). Takes no wanted keys and keeps no fill
+ * alive. KVP_ENOTSUP on a pool without a cluster tier.
+ */
+int kvp_client_cluster_announce(struct kvp_client *c, const uint8_t *stored, size_t n_stored,
+                                const uint8_t *removed, size_t n_removed);
 
 /* Copies block src[i] to dst[i] (copy-on-write); dst held by this session, not cached. */
 int kvp_client_copy_blocks(struct kvp_client *c, const int32_t *src, const int32_t *dst,

@@ -395,6 +395,26 @@ kvp_client_cluster_fill(struct kvp_client *c, const uint8_t *absent, size_t n_ab
 	return KVP_OK;
 }
 
+int
+kvp_client_cluster_announce(struct kvp_client *c, const uint8_t *stored, size_t n_stored,
+                            const uint8_t *removed, size_t n_removed)
+{
+	Kvpool__V1__ClusterFillRequest m = KVPOOL__V1__CLUSTER_FILL_REQUEST__INIT;
+	Kvpool__V1__Reply *r = NULL;
+	int e;
+
+	if ((e = key_list(c, stored, n_stored, &m.stored_keys)) != KVP_OK ||
+	    (e = key_list(c, removed, n_removed, &m.removed_keys)) != KVP_OK)
+		return e;
+	if (n_stored == 0 && n_removed == 0)
+		return KVP_OK;
+	KVP_CLIENT_CALL(c, cluster_fill, CLUSTER_FILL, &m, r);
+	if (rv != KVP_OK)
+		return rv;
+	kvpool__v1__reply__free_unpacked(r, NULL);
+	return KVP_OK;
+}
+
 struct copy_part {
 	void *const *dst;
 	const void *const *src;

@@ -231,6 +231,8 @@ kvp_client_lookup_lock_uncounted = _fn("kvp_client_lookup_lock_uncounted", c_int
 kvp_client_unlock = _fn("kvp_client_unlock", c_int, CLIENT, U8P, c_size_t)
 kvp_client_cluster_fill = _fn("kvp_client_cluster_fill", c_int, CLIENT, U8P, c_size_t, U8P,
                               c_size_t, POINTER(c_size_t), POINTER(c_uint32))
+kvp_client_cluster_announce = _fn("kvp_client_cluster_announce", c_int, CLIENT, U8P, c_size_t,
+                                  U8P, c_size_t)
 kvp_client_copy_blocks = _fn("kvp_client_copy_blocks", c_int, CLIENT, I32P, I32P, c_size_t)
 kvp_hasher_create = _fn("kvp_hasher_create", c_int, c_char_p, POINTER(c_void_p))
 kvp_hasher_create_algo = _fn("kvp_hasher_create_algo", c_int, c_char_p, c_int, POINTER(c_void_p))

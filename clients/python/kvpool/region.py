@@ -303,3 +303,12 @@ class RegionCalls:
                                               byref(waiting)))
         raw = bytes(out)
         return [raw[i * kl:(i + 1) * kl] for i in range(got.value)], waiting.value
+
+    def cluster_announce(self, stored: Keys = (), removed: Keys = ()) -> None:
+        """The cluster tier's agent: tells the pool the keys the cluster
+        store now holds and those it no longer holds; the pool publishes
+        them as medium CLUSTER events (docs/cluster.md, "Events").
+        NotSupported on a pool without cluster_wait_ms."""
+        s_arr, s_n = _keys(stored, self.key_len)
+        r_arr, r_n = _keys(removed, self.key_len)
+        self._check(L.kvp_client_cluster_announce(self._live(), s_arr, s_n, r_arr, r_n))

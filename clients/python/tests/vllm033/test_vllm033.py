@@ -297,6 +297,59 @@ def test_vllm_wire_array_form_decodes_with_vllms_fields(daemon):
         ctx.term()
 
 
+@pytest.mark.parametrize("form", ["map", "array"])
+def test_cluster_blocks_decode_as_remote_with_vllms_own_classes(daemon, tmp_path, form):
+    """The cluster tier's announcements (ClusterFill's stored and removed
+    keys, docs/cluster.md "Events"): BlockStored and BlockRemoved of medium
+    CLUSTER with locality REMOTE, vLLM 0.33's word for a tier across the
+    network, decoded by vLLM's own classes (map) or their twins (array),
+    under the pod topic of each engine session on the node."""
+    port = _free_port()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    if form == "map":
+        dec = msgspec.msgpack.Decoder(type=vke.KVEventBatch)
+        stored_t, removed_t = vke.BlockStored, vke.BlockRemoved
+    else:
+        stored_t, removed_t = (_array_twin(c) for c in (vke.BlockStored, vke.BlockRemoved))
+        dec = msgspec.msgpack.Decoder(type=msgspec.defstruct(
+            "KVEventBatch", [("ts", float), ("events", list[stored_t | removed_t]),
+                             ("data_parallel_rank", int | None, None)],
+            array_like=True, omit_defaults=True))
+    try:
+        url = daemon("name=t,blocks=16,block_size=16,executor=cpu,cluster_wait_ms=500",
+                     extra=("--vllm-events", f"tcp://*:{port}", "--vllm-format", form,
+                            "--vllm-pod", "node-a", "--region-dir", str(tmp_path)))
+        time.sleep(0.3)
+        keys = [kvpool.offload_key(bytes([i]) * 32, 0) for i in (1, 2, 3)]
+        with kvpool.Client(url, pool="t", vllm_pod="10.9.0.7") as engine, \
+                kvpool.Client(url, pool="t") as agent:
+            agent.cluster_announce(stored=keys)
+            agent.cluster_announce(removed=keys[:1])
+            with pytest.raises(ValueError):  # refused before it is sent
+                agent.cluster_announce(stored=[b"short"])
+            got, deadline = [], time.monotonic() + 10
+            while len(got) < 4 and time.monotonic() < deadline:
+                if sub.poll(100):
+                    topic, _seq, payload = sub.recv_multipart()
+                    got += [(topic.decode(), e) for e in dec.decode(payload).events]
+            assert engine.info["pool"] == "t"
+        assert sorted({t for t, _ in got}) == ["kv@10.9.0.7@t", "kv@node-a@t"], got
+        mine = [e for t, e in got if t == "kv@10.9.0.7@t"]
+        assert [type(e) for e in mine] == [stored_t, removed_t], mine
+        stored, removed = mine
+        assert stored.block_hashes == [vku.maybe_convert_block_hash(k[:32]) for k in keys]
+        assert stored.medium == "CLUSTER" and stored.locality == "REMOTE"
+        assert stored.token_ids == [] and stored.block_size == 16 and stored.group_idx == 0
+        assert removed.block_hashes == [vku.maybe_convert_block_hash(keys[0][:32])]
+        assert removed.medium == "CLUSTER" and removed.locality == "REMOTE"
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
 def test_block_pool_events_are_vllms_own(tmp_path, monkeypatch):
     """RemoteBlockPool.take_events() with vLLM installed: vLLM's own event
     classes, equal to what vLLM's BlockPool emits for the same calls,
