@@ -42,11 +42,14 @@ from typing import Any, Optional, cast
 
 import kvpool
 from kvpool.events import BlockStored, Reset
+from kvpool.cluster_log import AnnounceLog
 from kvpool.cluster_store import (TRAILER, Namespace, StoreConfig, StoreDown, StoreWorker,
                                   check_trailer, pack_trailer, private_address)
 
 log = logging.getLogger("kvpool.cluster")
 DISK_MEDIUM = "STORAGE"  # a disk tier's events (docs/operations.md, "Disk tier")
+CLUSTER_MEDIUM = "CLUSTER"  # the cluster's blocks, as the pool announces them
+_ANNOUNCE_CALL = 256  # keys per ClusterFill that announces
 
 __all__ = ["ClusterTier", "TierConfig", "main"]
 
@@ -69,6 +72,7 @@ class TierConfig:
     poll_s: float = 0.002         # between ClusterFill calls while keys wait
     idle_poll_s: float = 0.005    # between them while none did
     queue: int = 65536            # committed keys waiting to be put, at most
+    log_poll_s: float = 0.5       # between reads of the fleet's announcement log
     allow_public: bool = False
 
 
@@ -88,11 +92,21 @@ class _Recent:
     def __contains__(self, k: object) -> bool:
         return k in self._d
 
+    def discard(self, k: bytes) -> None:
+        self._d.pop(k, None)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def keys(self) -> list[bytes]:
+        return list(self._d)
+
 
 class _Node:
     """One kvpoold life: a session for each loop, the region, the trailers,
     and a store worker for each loop (fill: gets, lending no memory; put:
-    puts, lending the node's segment) mapping both through descriptors."""
+    puts, lending the node's segment; log: the announcement log's small
+    objects) mapping both through descriptors."""
 
     def __init__(self, cfg: TierConfig) -> None:
         self.fill = kvpool.Client(cfg.url, cfg.pool, cfg.token, timeout_ms=2000, retries=0,
@@ -120,6 +134,9 @@ class _Node:
             self.put_store = StoreWorker(cfg.store, "put worker", cfg.store.segment_bytes,
                                          *args, timeout_s=cfg.store.put_timeout_s)
             self.workers.append(self.put_store)
+            self.log_store = StoreWorker(cfg.store, "log worker", 0, *args,
+                                         timeout_s=cfg.store.put_timeout_s)
+            self.workers.append(self.log_store)
         except BaseException:
             self.close()
             raise
@@ -155,7 +172,7 @@ class ClusterTier:
         self.cfg = cfg
         self.stats = dict(filled=0, absent=0, corrupt=0, fill_errors=0, put=0, put_errors=0,
                           dropped=0, store_down=0, node_restarts=0, waiting_hits=0, cold=0,
-                          gone=0)
+                          gone=0, announced=0)
         self._stop = threading.Event()
         self._node = _Node(cfg)
         reg = cast(kvpool.Region, self._node.region)
@@ -163,6 +180,11 @@ class ClusterTier:
                             self._node.key_len)
         self._filled = _Recent(1 << 16)   # keys this agent filled: already in the store
         self._put = _Recent(1 << 16)      # keys this agent put
+        # The fleet's announcement log (cluster_log.py) and the keys it told
+        # this node's kvpoold the cluster holds (a fill that finds one gone
+        # tells the fleet).
+        self.log = AnnounceLog(self.ns)
+        self._announced = _Recent(1 << 16)
         self._put_restarts = 0
         self._todo: deque[bytes] = deque()  # committed keys to put
         # The hits policy's committed keys waiting for their hits: key ->
@@ -181,7 +203,8 @@ class ClusterTier:
 
     # ---- the agent's life ----
     def start(self) -> "ClusterTier":
-        loops = [self._fill_loop] + ([self._put_loop] if self.cfg.write_behind else [])
+        loops = [self._fill_loop, self._log_loop] + (
+            [self._put_loop] if self.cfg.write_behind else [])
         for fn in loops:
             t = threading.Thread(target=self._guard, args=(fn,), name=f"kvpool-{fn.__name__}",
                                  daemon=True)
@@ -257,6 +280,7 @@ class ClusterTier:
         if held and all(h < 0 for h in held):  # the store answers nothing: a new client
             node.fill_store.restart(f"every lookup failed ({held[0]})")
         absent = [k for k, h in zip(wants, held) if h != 1]
+        self._gone([k for k, h in zip(wants, held) if h == 0])
         have = [(k, n) for k, n, h in zip(wants, names, held) if h == 1]
         if not have:
             self.stats["absent"] += len(absent)
@@ -293,6 +317,7 @@ class ClusterTier:
                     self.stats["corrupt"] += 1
         if bad:
             node.fill.abort(bad)
+            self._gone(bad)
         if good:
             for k in good:  # before the commit: its BlockStored must find them here
                 self._filled.add(k)
@@ -375,10 +400,12 @@ class ClusterTier:
             keys = [h + g.to_bytes(4, "big") for (h, g) in item.entries]
         else:
             # The pool's own rows only: a disk tier below it tells its rows in
-            # vLLM's STORAGE medium, and those are not in the region to put.
+            # vLLM's STORAGE medium, and those are not in the region to put;
+            # the cluster's blocks (CLUSTER) are in the store already.
             keys = [bytes(h) + (ev.group_idx or 0).to_bytes(4, "big")
                     for ev in item.events
-                    if isinstance(ev, BlockStored) and ev.medium != DISK_MEDIUM
+                    if isinstance(ev, BlockStored)
+                    and ev.medium not in (DISK_MEDIUM, CLUSTER_MEDIUM)
                     for h in ev.block_hashes]
         for k in keys:
             if len(self._todo) >= self.cfg.queue:
@@ -422,12 +449,57 @@ class ClusterTier:
         put.unlock(locked)
         if out and all(rc < 0 for rc in out):  # the store answers nothing: a new client
             node.put_store.restart(f"every put failed ({out[0]})")
+        stored = []
         for k, rc in zip(locked, out):
             if rc == 0:
                 self._put.add(k)
+                stored.append(k)
                 self.stats["put"] += 1
             else:
                 self.stats["put_errors"] += 1
+        self.log.tell(stored=stored)
+
+    # ---- events: what the cluster holds, told to every node's routers ----
+    def _gone(self, keys: list[bytes]) -> None:
+        """Keys a fill found absent or corrupt: the fleet is told those it
+        was told the cluster holds."""
+        gone = [k for k in keys if k in self._announced]
+        if gone:
+            self.log.tell(removed=gone)
+
+    def _log_loop(self) -> None:
+        """Writes what this agent learned to the fleet's log and hands what
+        the log says (every agent's, this one's included) to kvpoold, which
+        publishes it as medium CLUSTER events for this node's engines. A
+        new kvpoold life is told every block announced so far."""
+        told_node: Optional[_Node] = None
+        while not self._stop.is_set():
+            node = self._node
+            if node is not told_node:
+                keys = self._announced.keys()
+                for i in range(0, len(keys), _ANNOUNCE_CALL):
+                    node.fill.cluster_announce(stored=keys[i:i + _ANNOUNCE_CALL])
+                told_node = node
+            try:
+                self.log.write(node.log_store)
+                entries = self.log.read(node.log_store)
+            except StoreDown:
+                self.stats["store_down"] += 1
+                self._stop.wait(self.cfg.log_poll_s)
+                continue
+            for stored, removed in entries:
+                # Each block once: several nodes may put, or find gone, one key.
+                stored = [k for k in dict.fromkeys(stored) if k not in self._announced]
+                removed = [k for k in dict.fromkeys(removed) if k in self._announced]
+                for k in stored:
+                    self._announced.add(k)
+                for k in removed:
+                    self._announced.discard(k)
+                for i in range(0, max(len(stored), len(removed)), _ANNOUNCE_CALL):
+                    node.fill.cluster_announce(stored[i:i + _ANNOUNCE_CALL],
+                                               removed[i:i + _ANNOUNCE_CALL])
+            self.stats["announced"] = len(self._announced)
+            self._stop.wait(self.cfg.log_poll_s)
 
 
 def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
@@ -505,7 +577,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _write_stats(path: str, tier: ClusterTier) -> None:
-    st = dict(tier.stats, store_up=tier.store_up(), **tier.store_counts(), time=time.time())
+    st = dict(tier.stats, **tier.log.stats, log_pending=tier.log.pending(),
+              store_up=tier.store_up(), **tier.store_counts(), time=time.time())
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(st, f)

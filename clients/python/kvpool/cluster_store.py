@@ -222,7 +222,7 @@ class StoreWorker:
             _kill(p)
 
     # ---- calls ----
-    def call(self, op: str, timeout_s: Optional[float] = None, **args: Any) -> list[int]:
+    def call(self, op: str, timeout_s: Optional[float] = None, **args: Any) -> list[Any]:
         """The child's answer to one command, or StoreDown (the child killed
         if it overran; nothing it did after counts)."""
         with self._lock:
@@ -321,6 +321,9 @@ def _worker(args: dict) -> None:
             op = c["op"]
             if op == "exists":
                 res = s.batch_is_exist(c["names"])
+            elif op.startswith("blob_"):  # cluster_log.py's small objects, base64
+                say({"out": _blob(s, op, c)})
+                continue
             else:
                 ptrs = [[rbase + r * stride, tbase + t * TRAILER]
                         for r, t in zip(c["rows"], c["slots"])]
@@ -334,6 +337,25 @@ def _worker(args: dict) -> None:
             say({"out": [int(x) for x in res]})
         except Exception as e:  # noqa: BLE001: a bad command is an answer, not an exit
             say({"error": f"{type(e).__name__}: {e}"})
+
+
+def _blob(s: Any, op: str, c: dict) -> list:
+    """The announcement log's calls (cluster_log.py): small objects as
+    base64 text; a missing object reads as ""."""
+    import base64
+    names = c["names"]
+    if op == "blob_get":
+        held = s.batch_is_exist(names)
+        return [base64.b64encode(bytes(s.get(n))).decode() if h == 1 else ""
+                for n, h in zip(names, held)]
+    if op == "blob_remove":
+        return [int(s.remove(n)) for n in names]
+    data = [base64.b64decode(d) for d in c["data"]]
+    if op == "blob_put":
+        return [int(s.put(n, d)) for n, d in zip(names, data)]
+    if op == "blob_upsert":
+        return [int(s.upsert(n, d)) for n, d in zip(names, data)]
+    raise ValueError(f"unknown op {op!r}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ OffloadingConnector on kvpool's spec, CPU tensors) on the nodes' pools.
 An engine on b serves a prompt prefilled on a, loading every full block
 from the cluster with a's bytes; a decode engine on c takes the same
 prefill; the master killed and restarted, then node a killed: no engine
-exception, no wrong bytes, misses meanwhile, hits again after."""
+exception, no wrong bytes, misses meanwhile, hits again after. Every
+node's kvpoold announces the blocks the cluster holds (medium CLUSTER)
+and retracts them once a fill finds the store lost them."""
 import os
 import time
 
@@ -20,6 +22,8 @@ if why:
     pytest.skip(why, allow_module_level=True)
 
 import torch  # noqa: E402
+
+import kvpool  # noqa: E402
 
 from test_offload import BS, PROMPT, Engine, model_dir, pattern, tier_args  # noqa: E402,F401
 
@@ -104,6 +108,65 @@ def test_a_prompt_prefilled_on_one_node_is_a_hit_on_the_others(model_dir, cluste
     assert first == len(PROMPT) - 4 * BS
     for e in (a, b, c):
         e.close()
+
+
+def _cluster_events(subs, want, timeout=20.0):
+    """Reads each node's event stream until every one of them has told,
+    in medium CLUSTER, the keys of want ({"stored"|"removed": keys})."""
+    seen = {n: {"stored": set(), "removed": set()} for n in subs}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for n, sub in subs.items():
+            for item in sub.poll(20):
+                for ev in getattr(item, "events", ()):
+                    if ev.medium == "CLUSTER":
+                        kind = "stored" if isinstance(ev, kvpool.BlockStored) else "removed"
+                        seen[n][kind].update(bytes(h) + (ev.group_idx or 0).to_bytes(4, "big")
+                                             for h in ev.block_hashes)
+        if all(set(keys) <= seen[n][kind] for n in subs for kind, keys in want.items()):
+            return seen
+    raise TimeoutError(f"not every node told {want}: {seen}")
+
+
+def test_routers_see_the_clusters_blocks_on_every_node(model_dir, cluster):
+    """Blocks node a put are announced by every node's kvpoold (medium
+    CLUSTER, vLLM's locality REMOTE on its wire), so a router credits every
+    node's engines with them; once the store has lost them, the first node
+    whose fill finds them gone has every node announce their removal."""
+    subs = {n: kvpool.Subscriber(cluster.urls[n][1], cluster.urls[n][0], pools=["tier"],
+                                 index=False, int_hashes=False, timeout_ms=2000)
+            for n in "abc"}
+    try:
+        a = Engine(model_dir, cluster.urls["a"][0], "engine-a")
+        hashes = prefill(a, PROMPT)
+        cluster.wait_stats("a", "put", len(hashes))
+        keys = [h + b"\0\0\0\0" for h in hashes]
+        t0 = time.monotonic()
+        _cluster_events(subs, {"stored": keys})
+        print(f"every node announced a's {len(keys)} blocks within "
+              f"{(time.monotonic() - t0) * 1000:.0f} ms of the puts")
+        # The store loses the blocks (removed behind the tier's back, as an
+        # eviction would): c's lookups miss, and every node retracts them.
+        rm = cluster.run("m", "remover", [
+            os.path.join(cluster.mc, "bin", "python"), "-c",
+            "from mooncake.store import MooncakeDistributedStore as S\n"
+            "s = S()\n"
+            f"assert s.setup('{cluster.addr['m']}', '{cluster.metadata}', 0, 16 << 20, "
+            f"'tcp', '', '{cluster.master}') == 0\n"
+            "print('removed', s.remove_by_regex(r'^kvpool/[^/]+/[0-9a-f]{16}/[0-9a-f]+$'))\n"])
+        assert rm.wait(timeout=60) == 0, cluster.log("remover")
+        c = Engine(model_dir, cluster.urls["c"][0], "engine-c")
+        assert served_from_cluster(c, PROMPT, []) == len(PROMPT)  # nothing to load
+        _cluster_events(subs, {"removed": keys})
+        deadline = time.monotonic() + 5  # the stats files are rewritten each half second
+        while any(cluster.stats(n).get("announced") for n in "abc"):
+            assert time.monotonic() < deadline, [cluster.stats(n) for n in "abc"]
+            time.sleep(0.1)
+        for e in (a, c):
+            e.close()
+    finally:
+        for sub in subs.values():
+            sub.close()
 
 
 def test_master_and_node_faults_never_fail_an_engine(model_dir, cluster):
