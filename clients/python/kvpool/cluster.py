@@ -43,8 +43,8 @@ from typing import Any, Optional, cast
 import kvpool
 from kvpool.events import BlockStored, Reset
 from kvpool.cluster_log import AnnounceLog
-from kvpool.cluster_store import (TRAILER, Namespace, StoreConfig, StoreDown, StoreWorker,
-                                  check_trailer, pack_trailer, private_address)
+from kvpool.cluster_store import (NOT_FOUND, TRAILER, Namespace, StoreConfig, StoreDown,
+                                  StoreWorker, check_trailer, pack_trailer, private_address)
 
 log = logging.getLogger("kvpool.cluster")
 DISK_MEDIUM = "STORAGE"  # a disk tier's events (docs/operations.md, "Disk tier")
@@ -69,8 +69,9 @@ class TierConfig:
     hits_window_s: float = 600.0  # how long a committed row may wait for its hits
     hits_look_s: float = 1.0      # between looks at a waiting row's count
     batch: int = 64               # keys per store call
-    poll_s: float = 0.002         # between ClusterFill calls while keys wait
-    idle_poll_s: float = 0.005    # between them while none did
+    poll_s: float = 0.0005        # between ClusterFill calls within hot_s of a wanted key
+    idle_poll_s: float = 0.005    # between them after that
+    hot_s: float = 1.0            # how long a wanted key keeps the fill loop polling fast
     queue: int = 65536            # committed keys waiting to be put, at most
     log_poll_s: float = 0.5       # between reads of the fleet's announcement log
     allow_public: bool = False
@@ -257,28 +258,40 @@ class ClusterTier:
     # ---- fill: the store's objects into region rows ----
     def _fill_loop(self) -> None:
         absent: list[bytes] = []
+        last_want = 0.0
         while not self._stop.is_set():
             node = self._node
-            wants, _ = node.fill.cluster_fill(absent, self.cfg.batch)
+            wants, waiting = node.fill.cluster_fill(absent, self.cfg.batch)
             absent = []
-            if not wants:
-                self._stop.wait(self.cfg.idle_poll_s)
-                continue
-            absent = self._fill(node, wants)
-            self._stop.wait(self.cfg.poll_s)
+            now = time.monotonic()
+            if wants:
+                last_want = now
+                absent = self._fill(node, wants)
+                if waiting:
+                    continue  # more are queued: at once
+            # A request's keys come a step apart: poll fast while they come.
+            hot = now - last_want < self.cfg.hot_s
+            self._stop.wait(self.cfg.poll_s if hot else self.cfg.idle_poll_s)
 
     def _fill(self, node: _Node, wants: list[bytes]) -> list[bytes]:
         """Fills what the store holds; returns the keys to report absent."""
         names = [self.ns.name(k) for k in wants]
         region = cast(kvpool.Region, node.region)
-        try:
-            held = node.fill_store.call("exists", names=names)
-        except StoreDown:
-            self.stats["store_down"] += 1
-            self.stats["absent"] += len(wants)
-            return wants
-        if held and all(h < 0 for h in held):  # the store answers nothing: a new client
-            node.fill_store.restart(f"every lookup failed ({held[0]})")
+        # Keys the fleet's log says the store holds are not looked up first:
+        # their get says whether they are there (a miss aborts the row).
+        ask = [i for i, k in enumerate(wants) if k not in self._announced]
+        held = [1] * len(wants)
+        if ask:
+            try:
+                out = node.fill_store.call("exists", names=[names[i] for i in ask])
+            except StoreDown:
+                self.stats["store_down"] += 1
+                self.stats["absent"] += len(wants)
+                return wants
+            if out and all(h < 0 for h in out):  # the store answers nothing: a new client
+                node.fill_store.restart(f"every lookup failed ({out[0]})")
+            for i, h in zip(ask, out):
+                held[i] = h
         absent = [k for k, h in zip(wants, held) if h != 1]
         self._gone([k for k, h in zip(wants, held) if h == 0])
         have = [(k, n) for k, n, h in zip(wants, names, held) if h == 1]
@@ -303,21 +316,20 @@ class ClusterTier:
             self.stats["store_down"] += 1
             node.fill.abort(keys)
             return absent + keys
-        good, crcs, bad = [], [], []
-        want = region.row_bytes + TRAILER
-        for i, ((k, _, r), n) in enumerate(zip(todo, got)):
-            trailer = node.trailers[i * TRAILER:(i + 1) * TRAILER]
-            crc = check_trailer(self.ns, k, trailer) if n == want else None
-            if crc is not None and region.check(r, crc):
+        good, crcs, bad, gone = [], [], [], []
+        for (k, _, _), n, crc in zip(todo, got, self._check(node, todo, got)):
+            if crc is not None:
                 good.append(k)
                 crcs.append(crc)
             else:
                 bad.append(k)
                 if n >= 0:
                     self.stats["corrupt"] += 1
+                if n >= 0 or n == NOT_FOUND:  # not a failed transfer: the store lacks it
+                    gone.append(k)
         if bad:
             node.fill.abort(bad)
-            self._gone(bad)
+            self._gone(gone)
         if good:
             for k in good:  # before the commit: its BlockStored must find them here
                 self._filled.add(k)
@@ -325,6 +337,19 @@ class ClusterTier:
             self.stats["filled"] += len(good)
         self.stats["absent"] += len(absent) + len(bad)
         return absent + bad
+
+    def _check(self, node: _Node, todo: list[tuple[bytes, str, int]],
+               got: list[int]) -> list[Optional[int]]:
+        """Each filled row's CRC32C when its object is this namespace's for
+        its key (trailer) and its bytes have that checksum, else None."""
+        region = cast(kvpool.Region, node.region)
+        want = region.row_bytes + TRAILER
+        out: list[Optional[int]] = []
+        for i, ((k, _, r), n) in enumerate(zip(todo, got)):
+            trailer = node.trailers[i * TRAILER:(i + 1) * TRAILER]
+            crc = check_trailer(self.ns, k, trailer) if n == want else None
+            out.append(crc if crc is not None and region.check(r, crc) else None)
+        return out
 
     # ---- write-behind: committed rows into the store ----
     def _put_loop(self) -> None:
