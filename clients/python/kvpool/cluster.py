@@ -13,7 +13,9 @@ Two loops, each with its own kvpoold session:
     (Mooncake reads the mapping in place: no copy through Python), and
     unlocked. Policy "all" puts every one; "hits:N" only a row engines'
     lookups hit N times since its commit (looked at once a second for up
-    to hits_window_s; the agent's own looks count nothing);
+    to hits_window_s; the agent's own looks count nothing); "pinned" only
+    the pinned prefixes' rows (cluster_pins.py), which every policy but
+    "none" puts at once, soft-pinned;
   - fill: the pool (cluster_wait_ms set) answers a missed key "pending" and
     queues it; the agent takes queued keys (ClusterFill), asks the store which
     it holds, reserves rows for those, has the store write each object
@@ -43,6 +45,7 @@ from typing import Any, Optional, cast
 import kvpool
 from kvpool.events import BlockStored, Reset
 from kvpool.cluster_log import AnnounceLog
+from kvpool.cluster_pins import PinSet, load_pins
 from kvpool.cluster_store import (NOT_FOUND, TRAILER, Namespace, StoreConfig, StoreDown,
                                   StoreWorker, check_trailer, pack_trailer, private_address)
 
@@ -66,6 +69,11 @@ class TierConfig:
     token: Optional[str] = None
     write_behind: bool = True     # put committed rows (False: fill only)
     min_hits: int = 0             # 0: every committed row ("all"); N: rows hit N times ("hits:N")
+    pinned_only: bool = False     # "pinned": only the pinned prefixes' rows
+    pin_file: Optional[str] = None  # pinned prefixes (cluster_pins.py): put whatever the policy
+    pin_seed: Optional[str] = None  # the engines' PYTHONHASHSEED (None: vLLM's default)
+    pin_groups: tuple[int, ...] = (0,)
+    pin_sweep_s: float = 10.0     # between looks for pinned rows the store lacks
     hits_window_s: float = 600.0  # how long a committed row may wait for its hits
     hits_look_s: float = 1.0      # between looks at a waiting row's count
     batch: int = 64               # keys per store call
@@ -173,7 +181,7 @@ class ClusterTier:
         self.cfg = cfg
         self.stats = dict(filled=0, absent=0, corrupt=0, fill_errors=0, put=0, put_errors=0,
                           dropped=0, store_down=0, node_restarts=0, waiting_hits=0, cold=0,
-                          gone=0, announced=0)
+                          gone=0, announced=0, pinned=0, pinned_put=0)
         self._stop = threading.Event()
         self._node = _Node(cfg)
         reg = cast(kvpool.Region, self._node.region)
@@ -187,6 +195,12 @@ class ClusterTier:
         self.log = AnnounceLog(self.ns)
         self._announced = _Recent(1 << 16)
         self._put_restarts = 0
+        try:
+            self._pins = PinSet(self._load_pins() if cfg.pin_file else [], cfg.pin_sweep_s)
+        except BaseException:
+            self._node.close()
+            raise
+        self.stats["pinned"] = len(self._pins)
         self._todo: deque[bytes] = deque()  # committed keys to put
         # The hits policy's committed keys waiting for their hits: key ->
         # (when it came, when to look next), in the order of the next look.
@@ -361,6 +375,11 @@ class ClusterTier:
             while not self._stop.is_set() and node is self._node:
                 for item in sub.poll(20):
                     self._queue_stored(item)
+                if self._pins:
+                    self._put_pinned(node)
+                if self.cfg.pinned_only:
+                    self._todo.clear()  # not pinned: never put
+                    continue
                 if self.cfg.min_hits > 0:
                     self._put_hit(node)
                     continue
@@ -374,6 +393,29 @@ class ClusterTier:
                         self._put_rows(node, keys)
         finally:
             sub.close()
+
+    # ---- pinned prefixes: put whatever the policy, soft-pinned ----
+    def _load_pins(self) -> list[bytes]:
+        info = self._node.fill.info
+        per_hash = int(info["hash_block_size"]) or int(info["block_size"])
+        if int(info["block_size"]) % per_hash:
+            raise ValueError(f"kvpool cluster: the pool's rows of {info['block_size']} tokens "
+                             f"are not whole hash blocks of {per_hash}")
+        hasher = kvpool.Hasher(self.cfg.pin_seed or kvpool.Hasher.DEFAULT_SEED,
+                               str(info["hash_algorithm"]))
+        pins = load_pins(cast(str, self.cfg.pin_file), hasher, per_hash,
+                         int(info["block_size"]) // per_hash, self.cfg.pin_groups)
+        log.info("kvpool cluster: %d pinned keys from %s", len(pins), self.cfg.pin_file)
+        return pins
+
+    def _put_pinned(self, node: _Node) -> None:
+        """Pinned rows go at once, soft-pinned, unless the store has them
+        (PinSet.due: committed ones, and a sweep of the rest)."""
+        keys, self._todo = self._pins.due(self._todo)
+        keys = [k for k in keys
+                if k not in self._filled and k not in self._put and k not in self._announced]
+        for i in range(0, len(keys), self.cfg.batch):
+            self._put_rows(node, keys[i:i + self.cfg.batch], pin=True)
 
     def _put_hit(self, node: _Node) -> None:
         """The hits policy: committed keys wait (queue of them at most, each
@@ -438,14 +480,15 @@ class ClusterTier:
                 self.stats["dropped"] += 1
             self._todo.append(k)
 
-    def _put_rows(self, node: _Node, keys: list[bytes]) -> None:
+    def _put_rows(self, node: _Node, keys: list[bytes], pin: bool = False) -> None:
         put = cast(kvpool.Client, node.put)
         rows, crcs, _ = put.lookup_and_lock_uncounted(keys)  # not an engine's hit
         held = [(k, r, c) for k, r, c in zip(keys, rows, crcs) if r > 0]
         if held:
-            self._put_held(node, held)
+            self._put_held(node, held, pin)
 
-    def _put_held(self, node: _Node, held: list[tuple[bytes, int, int]]) -> None:
+    def _put_held(self, node: _Node, held: list[tuple[bytes, int, int]],
+                  pin: bool = False) -> None:
         """Puts rows this agent holds locked (key, row, CRC), and unlocks them."""
         region, put = cast(kvpool.Region, node.region), cast(kvpool.Client, node.put)
         if node.put_store.restarts != self._put_restarts:  # its segment went with it
@@ -461,7 +504,7 @@ class ClusterTier:
             out = node.put_store.call("put", names=[self.ns.name(k) for k in locked],
                                       rows=[r for _, r, _ in held],
                                       slots=[base + i for i in range(len(held))],
-                                      row_bytes=region.row_bytes)
+                                      row_bytes=region.row_bytes, pin=pin)
         except StoreDown:  # the worker is gone: the rows are free to go; the keys wait
             self.stats["store_down"] += 1
             put.unlock(locked)
@@ -480,6 +523,7 @@ class ClusterTier:
                 self._put.add(k)
                 stored.append(k)
                 self.stats["put"] += 1
+                self.stats["pinned_put"] += pin
             else:
                 self.stats["put_errors"] += 1
         self.log.tell(stored=stored)
@@ -546,7 +590,15 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
     p.add_argument("--write-behind", default="all", metavar="POLICY",
                    help="which committed rows go to the store: all (default), hits:N (rows "
                    "engines' lookups hit N times since their commit, within --hits-window-s), "
-                   "or none (fill only)")
+                   "pinned (only --pin-file's prefixes) or none (fill only); pinned prefixes "
+                   "go under every policy but none")
+    p.add_argument("--pin-file", help="pinned prefixes: a JSON prompt a line (token ids, or "
+                   "an object with tokens, lora_name, lora_path, cache_salt), put as soon as "
+                   "this node holds them, soft-pinned in the store")
+    p.add_argument("--pin-hash-seed", help="the engines' PYTHONHASHSEED, if they set one "
+                   "(the pinned prompts' hashes must be theirs)")
+    p.add_argument("--pin-groups", default="0",
+                   help="the KV cache groups whose keys a pinned prompt has (default 0)")
     p.add_argument("--hits-window-s", type=float, default=600.0,
                    help="how long a committed row may wait for its hits (hits:N)")
     p.add_argument("--no-write-behind", action="store_true", help="fill only (--write-behind none)")
@@ -558,8 +610,18 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
     policy, min_hits = a.write_behind, 0
     if policy.startswith("hits:") and policy[5:].isdigit() and int(policy[5:]) >= 1:
         min_hits = int(policy[5:])
-    elif policy not in ("all", "none"):
-        p.error(f"--write-behind {policy}: all, hits:N (N 1 or more) or none")
+    elif policy not in ("all", "none", "pinned"):
+        p.error(f"--write-behind {policy}: all, hits:N (N 1 or more), pinned or none")
+    if policy == "pinned" and not a.pin_file:
+        p.error("--write-behind pinned needs --pin-file")
+    if a.pin_file and (policy == "none" or a.no_write_behind):
+        p.error("--pin-file needs write-behind (its prefixes are put): not with none")
+    try:
+        pin_groups = tuple(int(g) for g in a.pin_groups.split(","))
+    except ValueError:
+        p.error(f"--pin-groups {a.pin_groups}: group numbers, comma-separated")
+    if any(not 0 <= g < 1 << 32 for g in pin_groups):
+        p.error(f"--pin-groups {a.pin_groups}: group numbers are 0 to 2^32 - 1")
     if not a.hits_window_s > 0:
         p.error("--hits-window-s must be positive")
     token = None
@@ -570,6 +632,8 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
                       model=a.model, layout=a.layout,
                       write_behind=not a.no_write_behind and policy != "none",
                       min_hits=min_hits, hits_window_s=a.hits_window_s,
+                      pinned_only=policy == "pinned", pin_file=a.pin_file,
+                      pin_seed=a.pin_hash_seed, pin_groups=pin_groups,
                       allow_public=a.allow_public_address,
                       store=StoreConfig(master=a.master, metadata=a.metadata, host=a.host,
                                         segment_bytes=a.segment_mib << 20,

@@ -330,6 +330,11 @@ def _worker(args: dict) -> None:
                 sizes = [[c["row_bytes"], TRAILER]] * len(ptrs)
                 if op == "get":
                     res = s.batch_get_into_multi_buffers(c["names"], ptrs, sizes)
+                elif op == "put" and c.get("pin"):  # soft-pinned: evicted last
+                    from mooncake.store import ReplicateConfig, SoftPinAction  # type: ignore
+                    rc = ReplicateConfig()
+                    rc.soft_pin_action = SoftPinAction.ENABLE
+                    res = s.batch_put_from_multi_buffers(c["names"], ptrs, sizes, rc)
                 elif op == "put":
                     res = s.batch_put_from_multi_buffers(c["names"], ptrs, sizes)
                 else:

@@ -58,3 +58,67 @@ def test_the_agent_refuses_a_public_address_before_connecting():
     with pytest.raises(ValueError, match="master address 8.8.8.8:50051 is not private"):
         ClusterTier(cfg)
     assert not os.path.exists("/nonexistent")
+
+
+def _pins(tmp_path, text, **kw):
+    from kvpool.cluster_pins import load_pins
+    import kvpool
+    p = tmp_path / "pins.jsonl"
+    p.write_text(text)
+    return load_pins(str(p), kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED), kw.pop("per_hash", 4),
+                     kw.pop("chunk", 1), kw.pop("groups", (0,)), **kw)
+
+
+def test_a_pin_file_names_each_prompts_chunks_once(tmp_path):
+    import kvpool
+    from kvpool.cluster_pins import PinSet
+    h = kvpool.Hasher(kvpool.Hasher.DEFAULT_SEED).hash_request(list(range(10)), 4)
+    keys = _pins(tmp_path, "[0,1,2,3,4,5,6,7,8,9]\n# again\n[0,1,2,3,4,5,6,7,8,9]\n"
+                 '{"tokens": [0,1,2,3]}\n')
+    assert keys == [h[0] + b"\0\0\0\0", h[1] + b"\0\0\0\0"]  # 2 full blocks, each once
+    assert _pins(tmp_path, "[0,1,2,3,4,5,6,7,8,9]\n", chunk=2) == [h[1] + b"\0\0\0\0"]
+    assert _pins(tmp_path, "[0,1,2]\n") == []  # no full block
+    salted = _pins(tmp_path, '{"tokens": [0,1,2,3], "cache_salt": "t-7"}\n')
+    assert len(salted) == 1 and salted[0] != keys[0]
+    pins = PinSet(keys, sweep_s=60.0, per_sweep=1)
+    from collections import deque
+    due, rest = pins.due(deque([b"x" * 36, keys[1]]))
+    assert due == [keys[1], keys[0]] and list(rest) == [b"x" * 36]  # committed, then a sweep
+    due, rest = pins.due(deque([keys[0]]))
+    assert due == [keys[0]] and not rest  # the next sweep is a minute away
+
+
+@pytest.mark.parametrize("text,why", [
+    ("[0,1,\n", "not JSON"), ('{"tokens": [1], "lora": "x"}\n', "unknown fields"),
+    ("[]\n", "non-empty list"), ('["a"]\n', "token ids"), ("[-1]\n", "token ids"),
+    ('{"tokens": [1], "cache_salt": 7}\n', "strings"), ("7\n", "non-empty list")])
+def test_a_bad_pin_file_line_is_refused_with_its_place(tmp_path, text, why):
+    with pytest.raises(ValueError, match=f"pins.jsonl:1: .*{why}"):
+        _pins(tmp_path, text)
+
+
+def test_a_pin_file_past_its_limit_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="more than 3 pinned keys"):
+        _pins(tmp_path, "[" + ",".join(map(str, range(40))) + "]\n", limit=3)
+
+
+def test_the_agents_pin_flags_are_checked(tmp_path, capsys):
+    from kvpool.cluster import _parse
+    base = ["--url", "ipc:///x", "--events", "ipc:///y", "--master", "10.0.0.1:50051",
+            "--metadata", "http://10.0.0.1:8080/metadata", "--host", "10.0.0.2",
+            "--model", "m", "--layout", "l"]
+    cfg, _ = _parse(base + ["--write-behind", "pinned", "--pin-file", "p.jsonl",
+                            "--pin-hash-seed", "0", "--pin-groups", "0,2"])
+    assert cfg.pinned_only and cfg.pin_file == "p.jsonl" and cfg.pin_seed == "0"
+    assert cfg.pin_groups == (0, 2) and cfg.write_behind
+    cfg, _ = _parse(base + ["--write-behind", "hits:2", "--pin-file", "p.jsonl"])
+    assert cfg.min_hits == 2 and not cfg.pinned_only and cfg.pin_groups == (0,)
+    for bad, why in ((["--write-behind", "pinned"], "needs --pin-file"),
+                     (["--write-behind", "none", "--pin-file", "p"], "needs write-behind"),
+                     (["--no-write-behind", "--pin-file", "p"], "needs write-behind"),
+                     (["--pin-file", "p", "--pin-groups", "0,x"], "comma-separated"),
+                     (["--pin-file", "p", "--pin-groups", "-1"], "0 to 2"),
+                     (["--write-behind", "sometimes"], "pinned or none")):
+        with pytest.raises(SystemExit):
+            _parse(base + bad)
+        assert why in capsys.readouterr().err, bad

@@ -10,6 +10,7 @@ prefill; the master killed and restarted, then node a killed: no engine
 exception, no wrong bytes, misses meanwhile, hits again after. Every
 node's kvpoold announces the blocks the cluster holds (medium CLUSTER)
 and retracts them once a fill finds the store lost them."""
+import json
 import os
 import time
 
@@ -264,3 +265,41 @@ def test_hits_policy_puts_a_block_once_an_engine_hit_it(model_dir, hits_node):
     assert st["put_errors"] == 0 and st["cold"] == 0
     for e in (a, a2):
         e.close()
+
+
+@pytest.fixture
+def pinned_node(tmp_path):
+    """One node whose agent puts only a pinned prompt's blocks
+    (--write-behind pinned --pin-file)."""
+    c = cluster_net.Cluster(str(tmp_path), ["a"])
+    pins = tmp_path / "pins.jsonl"
+    pins.write_text("# the system prompt\n" + json.dumps(PROMPT) + "\n")
+    seed = os.environ.get("PYTHONHASHSEED")
+    try:
+        c.start_master()
+        c.start_node("a", list(tier_args(
+            tmp_path / "a", blocks=64,
+            extra=f",cluster_wait_ms={WAIT_MS},cluster_miss_ms=100")))
+        c.agent("a", extra=("--write-behind", "pinned", "--pin-file", str(pins),
+                            *(("--pin-hash-seed", seed) if seed else ())))
+        c.wait_joined("a")
+        yield c
+    finally:
+        print(f"--- agent a: {c.stats('a')}\n{c.log('agent-a', 1500)}")
+        c.close()
+
+
+def test_pinned_prefixes_are_put_and_nothing_else(model_dir, pinned_node):
+    """--write-behind pinned: the pin file's prompt (its keys computed by the
+    agent from token ids, as vLLM's offloading scheduler makes them) is put,
+    soft-pinned, as soon as an engine stores it; another prompt is not."""
+    assert pinned_node.wait_stats("a", "pinned", 4)["pinned"] == 4
+    a = Engine(model_dir, pinned_node.urls["a"][0], "engine-a")
+    other = list(range(5000, 5000 + 4 * BS + 3))
+    prefill(a, other)
+    hashes = prefill(a, PROMPT)
+    st = pinned_node.wait_stats("a", "pinned_put", len(hashes))
+    time.sleep(1.0)  # time for a wrongly queued put of the other prompt
+    st = pinned_node.stats("a")
+    assert st["put"] == st["pinned_put"] == 4 and st["put_errors"] == 0, st
+    a.close()

@@ -4,6 +4,7 @@ its tagged block-hash keys, hashed by vLLM's own request hasher, by
 kvpool.Hasher and by kvpoold, with every hash algorithm; and the untagged
 event form vLLM's BlockPool publishes, from RemoteBlockPool."""
 import io
+import json
 import os
 import random
 import sys
@@ -163,3 +164,42 @@ def test_keyed_events_are_vllms_block_pools(tmp_path, monkeypatch):
         assert got == want
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_pinned_prompts_are_vllms_offload_keys(tmp_path, monkeypatch, algo):
+    """The cluster tier's pinned prefixes (kvpool.cluster_pins): a pin file's
+    prompts, LoRA and salted ones included, give the offload keys vLLM 0.33's
+    offloading scheduler makes of the same requests (each chunk's last block
+    hash and its group), for chunks of 1 and 3 hash blocks."""
+    from vllm.v1.kv_offload.base import make_offload_key
+
+    from kvpool.cluster_pins import load_pins
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    fn = get_hash_fn_by_name(algo)
+    vku.init_none_hash(fn)
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    rnd = random.Random(seed)
+    prompts, hashes = [], []
+    for _ in range(20):
+        ntok = rnd.randint(4, 60)
+        lora, salt, _ = _random_keys(rnd, ntok)
+        req = _vllm_request(ntok, lora, salt, [])
+        hashes.append(list(_vllm_hash_incrementally(rnd, req, 4, fn)))
+        item = {"tokens": list(range(7000, 7000 + ntok))}
+        if lora:
+            item.update(lora_name=lora[0], lora_path=lora[1])
+        if salt is not None:
+            item["cache_salt"] = salt
+        prompts.append(item)
+    path = tmp_path / "pins.jsonl"
+    path.write_text("# pinned prefixes\n\n" + "\n".join(json.dumps(p) for p in prompts) + "\n")
+    for chunk in (1, 3):
+        want = {}
+        for hs in hashes:
+            for g in (0, 2):
+                for i in range(chunk - 1, len(hs), chunk):
+                    want[bytes(make_offload_key(hs[i], g))] = None
+        got = load_pins(str(path), kvpool.Hasher("0", algorithm=algo), 4, chunk, (0, 2))
+        assert sorted(got) == sorted(want), (seed, chunk)
