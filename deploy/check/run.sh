@@ -78,6 +78,20 @@ for want in 'name: cluster-agent' 'cluster_wait_ms=200' 'kvpool-mooncake:50051' 
 	'kind: Deployment' 'app.kubernetes.io/name: kvpool-mooncake'; do
 	grep -q "$want" out/helm-cluster.yaml || { echo "FAIL: cluster mode lacks $want"; exit 1; }
 done
+# Pinned prefixes: the prompts in the ConfigMap, a line each, and the agent told of them.
+$helm template kvpool ../helm/kvpool "$@" --set cluster.writeBehind=pinned --set-string cluster.pinHashSeed=0 \
+	--set-json 'cluster.pins=[[1,2,3],{"tokens":[4,5],"cache_salt":"t-7"}]' > out/helm-cluster-pins.yaml
+for want in 'cluster-pins.jsonl: |' '\[1,2,3\]' '"cache_salt":"t-7"' '/etc/kvpool/cluster-pins.jsonl' \
+	'- --pin-hash-seed' '- "pinned"'; do
+	grep -q -- "$want" out/helm-cluster-pins.yaml || { echo "FAIL: pinned prefixes lack $want"; exit 1; }
+done
+for bad in cluster.writeBehind=pinned 'cluster.writeBehind=none,cluster.pins[0][0]=1' \
+	'cluster.pins[0][0]=-1' cluster.writeBehind=sometimes; do
+	if $helm template kvpool ../helm/kvpool "$@" --set "$bad" > /dev/null 2>&1; then
+		echo "FAIL: the chart accepted cluster mode with $bad"
+		exit 1
+	fi
+done
 $helm template kvpool ../helm/kvpool -n inference --set podLabels.team=inference \
 	--set priorityClassName=high --set 'extraArgs[0]=--log-level=debug' \
 	--set 'extraEnv[0].name=KVPOOL_LEASE_MS' --set-string 'extraEnv[0].value=20000' \

@@ -168,6 +168,12 @@ vllm-rep-{{ $i }} {{ add $v.replayPort $rank }}
 {{- if or (not $c.model) (not $c.layout) }}
 {{- fail "cluster.enabled needs cluster.model and cluster.layout: they keep two models' or layouts' bytes apart" }}
 {{- end }}
+{{- if and (eq $c.writeBehind "pinned") (not $c.pins) }}
+{{- fail "cluster.writeBehind pinned needs cluster.pins: the prompts whose blocks are put" }}
+{{- end }}
+{{- if and (eq $c.writeBehind "none") $c.pins }}
+{{- fail "cluster.pins needs write-behind: not with cluster.writeBehind none" }}
+{{- end }}
 {{- if and (not $c.master.enabled) (or (not $c.master.address) (not $c.master.metadata)) }}
 {{- fail "cluster.master.enabled false needs cluster.master.address and cluster.master.metadata" }}
 {{- end }}

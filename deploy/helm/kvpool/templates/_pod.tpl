@@ -204,6 +204,14 @@ spec:
         - {{ int64 .Values.cluster.timeoutMs | quote }}
         - --write-behind
         - {{ .Values.cluster.writeBehind | quote }}
+        {{- if .Values.cluster.pins }}
+        - --pin-file
+        - /etc/kvpool/cluster-pins.jsonl
+        {{- end }}
+        {{- if .Values.cluster.pinHashSeed }}
+        - --pin-hash-seed
+        - {{ .Values.cluster.pinHashSeed | quote }}
+        {{- end }}
       env:
         - name: POD_IP
           valueFrom:
@@ -217,6 +225,11 @@ spec:
         capabilities:
           drop: ["ALL"]
       volumeMounts:
+        {{- if .Values.cluster.pins }}
+        - name: config
+          mountPath: /etc/kvpool
+          readOnly: true
+        {{- end }}
         {{- if .Values.auth.enabled }}
         - name: auth
           mountPath: /etc/kvpool/secret
