@@ -287,7 +287,7 @@ def main():
                           "ReadBlocks over tcp of the same rows", gbs["rb"], "higher")
         bench_json.note(area, f"a cross-node lookup to {n} rows ready: median "
                         f"{med['fill'] * 1000:.1f} ms (first lookup answered pending to every "
-                        f"row hit); the first fill, into rows b's store worker had never mapped "
+                        f"row committed); the first fill, into rows b's store worker had never mapped "
                         f"(a page fault per 4 KiB, once per row per worker life): "
                         f"{t_cold[0] * 1000:.1f} ms")
         del ra
