@@ -44,7 +44,7 @@ from typing import Any, Optional, cast
 
 import kvpool
 from kvpool.events import BlockStored, Reset
-from kvpool.cluster_log import AnnounceLog
+from kvpool.cluster_log import FleetEvents, Recent
 from kvpool.cluster_pins import PinSet, load_pins
 from kvpool.cluster_store import (NOT_FOUND, TRAILER, Namespace, StoreConfig, StoreDown,
                                   StoreWorker, check_trailer, pack_trailer, private_address)
@@ -52,7 +52,6 @@ from kvpool.cluster_store import (NOT_FOUND, TRAILER, Namespace, StoreConfig, St
 log = logging.getLogger("kvpool.cluster")
 DISK_MEDIUM = "STORAGE"  # a disk tier's events (docs/operations.md, "Disk tier")
 CLUSTER_MEDIUM = "CLUSTER"  # the cluster's blocks, as the pool announces them
-_ANNOUNCE_CALL = 256  # keys per ClusterFill that announces
 
 __all__ = ["ClusterTier", "TierConfig", "main"]
 
@@ -82,33 +81,8 @@ class TierConfig:
     hot_s: float = 1.0            # how long a wanted key keeps the fill loop polling fast
     queue: int = 65536            # committed keys waiting to be put, at most
     log_poll_s: float = 0.5       # between reads of the fleet's announcement log
+    audit_s: float = 10.0         # between looks at whether the store still holds our puts
     allow_public: bool = False
-
-
-class _Recent:
-    """A bounded set of recent keys (oldest forgotten first)."""
-
-    def __init__(self, cap: int) -> None:
-        self._d: OrderedDict[bytes, None] = OrderedDict()
-        self._cap = cap
-
-    def add(self, k: bytes) -> None:
-        self._d[k] = None
-        self._d.move_to_end(k)
-        while len(self._d) > self._cap:
-            self._d.popitem(last=False)
-
-    def __contains__(self, k: object) -> bool:
-        return k in self._d
-
-    def discard(self, k: bytes) -> None:
-        self._d.pop(k, None)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def keys(self) -> list[bytes]:
-        return list(self._d)
 
 
 class _Node:
@@ -181,19 +155,17 @@ class ClusterTier:
         self.cfg = cfg
         self.stats = dict(filled=0, absent=0, corrupt=0, fill_errors=0, put=0, put_errors=0,
                           dropped=0, store_down=0, node_restarts=0, waiting_hits=0, cold=0,
-                          gone=0, announced=0, pinned=0, pinned_put=0)
+                          gone=0, announced=0, evicted=0, pinned=0, pinned_put=0)
         self._stop = threading.Event()
         self._node = _Node(cfg)
         reg = cast(kvpool.Region, self._node.region)
         self.ns = Namespace(cfg.tenant, cfg.model, cfg.layout, reg.row_bytes, reg.shards,
                             self._node.key_len)
-        self._filled = _Recent(1 << 16)   # keys this agent filled: already in the store
-        self._put = _Recent(1 << 16)      # keys this agent put
-        # The fleet's announcement log (cluster_log.py) and the keys it told
-        # this node's kvpoold the cluster holds (a fill that finds one gone
-        # tells the fleet).
-        self.log = AnnounceLog(self.ns)
-        self._announced = _Recent(1 << 16)
+        self._filled = Recent(1 << 16)   # keys this agent filled: already in the store
+        self._put = Recent(1 << 16)      # keys this agent put
+        # The fleet's announcement log (cluster_log.py): what this node's
+        # kvpoold announces the cluster holds.
+        self.fleet = FleetEvents(self.ns, cfg.audit_s)
         self._put_restarts = 0
         try:
             self._pins = PinSet(self._load_pins() if cfg.pin_file else [], cfg.pin_sweep_s)
@@ -293,7 +265,7 @@ class ClusterTier:
         region = cast(kvpool.Region, node.region)
         # Keys the fleet's log says the store holds are not looked up first:
         # their get says whether they are there (a miss aborts the row).
-        ask = [i for i, k in enumerate(wants) if k not in self._announced]
+        ask = [i for i, k in enumerate(wants) if k not in self.fleet]
         held = [1] * len(wants)
         if ask:
             try:
@@ -307,7 +279,7 @@ class ClusterTier:
             for i, h in zip(ask, out):
                 held[i] = h
         absent = [k for k, h in zip(wants, held) if h != 1]
-        self._gone([k for k, h in zip(wants, held) if h == 0])
+        self.fleet.gone([k for k, h in zip(wants, held) if h == 0])
         have = [(k, n) for k, n, h in zip(wants, names, held) if h == 1]
         if not have:
             self.stats["absent"] += len(absent)
@@ -343,7 +315,7 @@ class ClusterTier:
                     gone.append(k)
         if bad:
             node.fill.abort(bad)
-            self._gone(gone)
+            self.fleet.gone(gone)
         if good:
             for k in good:  # before the commit: its BlockStored must find them here
                 self._filled.add(k)
@@ -413,7 +385,7 @@ class ClusterTier:
         (PinSet.due: committed ones, and a sweep of the rest)."""
         keys, self._todo = self._pins.due(self._todo)
         keys = [k for k in keys
-                if k not in self._filled and k not in self._put and k not in self._announced]
+                if k not in self._filled and k not in self._put and k not in self.fleet]
         for i in range(0, len(keys), self.cfg.batch):
             self._put_rows(node, keys[i:i + self.cfg.batch], pin=True)
 
@@ -493,8 +465,8 @@ class ClusterTier:
         region, put = cast(kvpool.Region, node.region), cast(kvpool.Client, node.put)
         if node.put_store.restarts != self._put_restarts:  # its segment went with it
             self._put_restarts = node.put_store.restarts
-            self._put = _Recent(1 << 16)
-            self._filled = _Recent(1 << 16)
+            self._put = Recent(1 << 16)
+            self._filled = Recent(1 << 16)
         locked = [k for k, _, _ in held]
         base = self.cfg.batch
         for i, (k, r, c) in enumerate(held):
@@ -526,48 +498,25 @@ class ClusterTier:
                 self.stats["pinned_put"] += pin
             else:
                 self.stats["put_errors"] += 1
-        self.log.tell(stored=stored)
+        self.fleet.put(stored)
 
     # ---- events: what the cluster holds, told to every node's routers ----
-    def _gone(self, keys: list[bytes]) -> None:
-        """Keys a fill found absent or corrupt: the fleet is told those it
-        was told the cluster holds."""
-        gone = [k for k in keys if k in self._announced]
-        if gone:
-            self.log.tell(removed=gone)
-
     def _log_loop(self) -> None:
-        """Writes what this agent learned to the fleet's log and hands what
-        the log says (every agent's, this one's included) to kvpoold, which
-        publishes it as medium CLUSTER events for this node's engines. A
-        new kvpoold life is told every block announced so far."""
-        told_node: Optional[_Node] = None
+        """The fleet's events (cluster_log.FleetEvents): what this agent
+        learned written to the log, what the log says handed to kvpoold,
+        which publishes it as medium CLUSTER events for this node's engines;
+        a new kvpoold life is told every block announced so far."""
+        told: Optional[_Node] = None
         while not self._stop.is_set():
             node = self._node
-            if node is not told_node:
-                keys = self._announced.keys()
-                for i in range(0, len(keys), _ANNOUNCE_CALL):
-                    node.fill.cluster_announce(stored=keys[i:i + _ANNOUNCE_CALL])
-                told_node = node
+            if node is not told:
+                self.fleet.retell(node.fill)
+                told = node
             try:
-                self.log.write(node.log_store)
-                entries = self.log.read(node.log_store)
+                self.fleet.step(node.fill, node.log_store, self._put.keys)
             except StoreDown:
                 self.stats["store_down"] += 1
-                self._stop.wait(self.cfg.log_poll_s)
-                continue
-            for stored, removed in entries:
-                # Each block once: several nodes may put, or find gone, one key.
-                stored = [k for k in dict.fromkeys(stored) if k not in self._announced]
-                removed = [k for k in dict.fromkeys(removed) if k in self._announced]
-                for k in stored:
-                    self._announced.add(k)
-                for k in removed:
-                    self._announced.discard(k)
-                for i in range(0, max(len(stored), len(removed)), _ANNOUNCE_CALL):
-                    node.fill.cluster_announce(stored[i:i + _ANNOUNCE_CALL],
-                                               removed[i:i + _ANNOUNCE_CALL])
-            self.stats["announced"] = len(self._announced)
+            self.stats.update(announced=len(self.fleet.announced), evicted=self.fleet.evicted)
             self._stop.wait(self.cfg.log_poll_s)
 
 
@@ -602,6 +551,9 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
     p.add_argument("--hits-window-s", type=float, default=600.0,
                    help="how long a committed row may wait for its hits (hits:N)")
     p.add_argument("--no-write-behind", action="store_true", help="fill only (--write-behind none)")
+    p.add_argument("--audit-s", type=float, default=10.0,
+                   help="between looks (1,024 keys each) at whether the store still holds "
+                   "this node's puts; those it lost are retracted from every node's events")
     p.add_argument("--stats-file", help="a JSON file of the agent's counters, rewritten each "
                    "half second (for a node exporter's textfile collector or a test)")
     p.add_argument("--allow-public-address", action="store_true",
@@ -624,6 +576,8 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
         p.error(f"--pin-groups {a.pin_groups}: group numbers are 0 to 2^32 - 1")
     if not a.hits_window_s > 0:
         p.error("--hits-window-s must be positive")
+    if not a.audit_s > 0:
+        p.error("--audit-s must be positive")
     token = None
     if a.token_file:
         with open(a.token_file) as f:
@@ -633,7 +587,7 @@ def _parse(argv: Optional[list[str]]) -> tuple[TierConfig, Optional[str]]:
                       write_behind=not a.no_write_behind and policy != "none",
                       min_hits=min_hits, hits_window_s=a.hits_window_s,
                       pinned_only=policy == "pinned", pin_file=a.pin_file,
-                      pin_seed=a.pin_hash_seed, pin_groups=pin_groups,
+                      pin_seed=a.pin_hash_seed, pin_groups=pin_groups, audit_s=a.audit_s,
                       allow_public=a.allow_public_address,
                       store=StoreConfig(master=a.master, metadata=a.metadata, host=a.host,
                                         segment_bytes=a.segment_mib << 20,
@@ -666,7 +620,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _write_stats(path: str, tier: ClusterTier) -> None:
-    st = dict(tier.stats, **tier.log.stats, log_pending=tier.log.pending(),
+    st = dict(tier.stats, **tier.fleet.log.stats, log_pending=tier.fleet.log.pending(),
               store_up=tier.store_up(), **tier.store_counts(), time=time.time())
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:

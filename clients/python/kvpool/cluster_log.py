@@ -26,6 +26,13 @@ is skipped after gap_s. A writer removes its entries after keep_s; a
 reader more than keep_s behind loses those (a router then learns of those
 blocks when a node fills them). A new agent starts reading at the head:
 what the fleet put before it joined is not announced by its node.
+
+FleetEvents keeps one node's side of it: the keys its kvpoold announces,
+what this agent learned (its puts, the keys its fills found gone), and an
+audit: every audit_s it asks the store about the next keys this agent put
+(per_audit of them, in turn) and retracts those the store no longer holds
+(evicted, or gone with a node's segment), so a block's removal reaches
+routers even if no node asks for it again.
 """
 from __future__ import annotations
 
@@ -34,8 +41,8 @@ import os
 import struct
 import threading
 import time
-from collections import deque
-from typing import Any, Optional
+from collections import OrderedDict, deque
+from typing import Any, Callable, Optional
 
 from kvpool.cluster_store import Namespace
 
@@ -46,8 +53,35 @@ _HDR_LEN = struct.calcsize(_HDR)
 ENTRY_KEYS = 1024      # keys an entry holds at most
 _PROBE = 8             # seqs a read looks at per call
 _CLAIM_TRIES = 32      # seqs a write tries before it gives up (the entry waits)
+ANNOUNCE_CALL = 256    # keys per ClusterFill that announces
 
-__all__ = ["AnnounceLog", "pack_entry", "unpack_entry"]
+__all__ = ["AnnounceLog", "FleetEvents", "Recent", "pack_entry", "unpack_entry"]
+
+
+class Recent:
+    """A bounded set of recent keys (oldest forgotten first)."""
+
+    def __init__(self, cap: int) -> None:
+        self._d: OrderedDict[bytes, None] = OrderedDict()
+        self._cap = cap
+
+    def add(self, k: bytes) -> None:
+        self._d[k] = None
+        self._d.move_to_end(k)
+        while len(self._d) > self._cap:
+            self._d.popitem(last=False)
+
+    def __contains__(self, k: object) -> bool:
+        return k in self._d
+
+    def discard(self, k: bytes) -> None:
+        self._d.pop(k, None)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def keys(self) -> list[bytes]:
+        return list(self._d)
 
 
 def pack_entry(ns: Namespace, nonce: bytes, stored: list[bytes], removed: list[bytes]) -> bytes:
@@ -225,3 +259,70 @@ class AnnounceLog:
         self._gap_since = None
         self.stats["log_skipped"] += 1
         return True
+
+
+class FleetEvents:
+    """One node's part in the fleet's events (see the module's doc): the
+    keys its kvpoold announces as held by the cluster (the last 65,536), in
+    step with the log. put() and gone() may be called from any thread; one
+    thread calls retell() and step()."""
+
+    def __init__(self, ns: Namespace, audit_s: float = 10.0, per_audit: int = 1024) -> None:
+        self.log = AnnounceLog(ns)
+        self.ns = ns
+        self.announced = Recent(1 << 16)
+        self.audit_s, self.per_audit = audit_s, per_audit
+        self._next_audit = time.monotonic() + audit_s
+        self._audit_at = 0
+        self.evicted = 0  # keys an audit found the store no longer holds
+
+    def __contains__(self, k: object) -> bool:
+        return k in self.announced
+
+    def put(self, keys: list[bytes]) -> None:
+        """Keys this agent put into the store."""
+        self.log.tell(stored=keys)
+
+    def gone(self, keys: list[bytes]) -> None:
+        """Keys the store lacks (a fill or an audit found so): the fleet is
+        told those it was told the cluster holds."""
+        gone = [k for k in keys if k in self.announced]
+        if gone:
+            self.log.tell(removed=gone)
+
+    def retell(self, client: Any) -> None:
+        """A new kvpoold life: every key announced so far, again."""
+        keys = self.announced.keys()
+        for i in range(0, len(keys), ANNOUNCE_CALL):
+            client.cluster_announce(stored=keys[i:i + ANNOUNCE_CALL])
+
+    def step(self, client: Any, worker: Any, own_puts: Callable[[], list[bytes]]) -> None:
+        """One round: the audit when due, then the log written and read, and
+        what it says handed to kvpoold (client). Raises StoreDown (the
+        worker's) with nothing lost: unwritten keys stay queued, unread
+        entries stay in the store."""
+        if time.monotonic() >= self._next_audit:
+            self._next_audit = time.monotonic() + self.audit_s
+            self._audit(worker, [k for k in own_puts() if k in self.announced])
+        self.log.write(worker)
+        for stored, removed in self.log.read(worker):
+            # Each block once: several nodes may put, or find gone, one key.
+            stored = [k for k in dict.fromkeys(stored) if k not in self.announced]
+            removed = [k for k in dict.fromkeys(removed) if k in self.announced]
+            for k in stored:
+                self.announced.add(k)
+            for k in removed:
+                self.announced.discard(k)
+            for i in range(0, max(len(stored), len(removed)), ANNOUNCE_CALL):
+                client.cluster_announce(stored[i:i + ANNOUNCE_CALL], removed[i:i + ANNOUNCE_CALL])
+
+    def _audit(self, worker: Any, keys: list[bytes]) -> None:
+        if not keys:
+            return
+        at = self._audit_at % len(keys)
+        batch = (keys[at:] + keys[:at])[:self.per_audit]
+        self._audit_at = at + len(batch)
+        held = worker.call("exists", names=[self.ns.name(k) for k in batch])
+        gone = [k for k, h in zip(batch, held) if h == 0]  # an error is no answer
+        self.evicted += len(gone)
+        self.gone(gone)

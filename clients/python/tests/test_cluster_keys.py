@@ -122,3 +122,88 @@ def test_the_agents_pin_flags_are_checked(tmp_path, capsys):
         with pytest.raises(SystemExit):
             _parse(base + bad)
         assert why in capsys.readouterr().err, bad
+
+
+class _MemStore:
+    """A store's semantics as the announcement log relies on them (the real
+    store runs in test_cluster): a put of an existing name writes nothing,
+    a missing name reads as "", exists answers 1 or 0."""
+
+    def __init__(self):
+        self.objs = {}
+
+    def call(self, op, names=(), data=(), **_):
+        if op == "blob_put":
+            for n, d in zip(names, data):
+                self.objs.setdefault(n, d)
+            return [0] * len(names)
+        if op == "blob_upsert":
+            self.objs.update(zip(names, data))
+            return [0] * len(names)
+        if op == "blob_get":
+            return [self.objs.get(n, "") for n in names]
+        if op == "blob_remove":
+            return [0 if self.objs.pop(n, None) is not None else -704 for n in names]
+        if op == "exists":
+            return [int(n in self.objs) for n in names]
+        raise ValueError(op)
+
+
+class _Pool:
+    def __init__(self):
+        self.told = []
+
+    def cluster_announce(self, stored=(), removed=()):
+        self.told.append((list(stored), list(removed)))
+
+
+def test_the_announcement_log_orders_writers_and_skips_gaps():
+    import base64
+    from kvpool.cluster_log import AnnounceLog, FleetEvents, pack_entry
+    store = _MemStore()
+    k = [bytes([i]) * 36 for i in range(8)]
+    a, b = AnnounceLog(NS, gap_s=0.0), AnnounceLog(NS, gap_s=0.0)
+    a.tell(stored=k[:2])
+    b.tell(stored=k[2:3], removed=k[:1])
+    a.write(store)
+    b.write(store)  # b starts at the head a left (1): its entry goes to 2
+    c = AnnounceLog(NS)
+    assert a.read(store) == [(k[:2], []), (k[2:3], k[:1])]
+    assert b.read(store) == [(k[2:3], k[:1])]  # what came before it joined is not its
+    b2 = AnnounceLog(NS)
+    b2.next = 1  # a writer that cannot take seq 2 (b's) takes the next
+    b2.tell(stored=k[6:7])
+    b2.write(store)
+    assert store.objs[b2.name(3)] and a.read(store) == [(k[6:7], [])]
+    assert c.read(store) == []  # a new reader starts after the head
+    # A foreign object at the next seq, and an empty seq before a written one.
+    other = Namespace("other", NS.model, NS.layout, NS.row_bytes, 1, 36)
+    store.objs[a.name(4)] = base64.b64encode(pack_entry(other, b"n" * 16, k[3:4], [])).decode()
+    a._claim = 6  # seq 5 stays empty, as after a writer that died mid-append
+    a.tell(stored=k[4:5])
+    a.write(store)
+    assert b.read(store) == [(k[6:7], [])]  # 3, then 4 is foreign, 5 is empty
+    assert b.read(store) == [(k[4:5], [])]  # 5 skipped (gap_s 0: at once), 6
+    assert b.stats["log_foreign"] == 1 and b.stats["log_skipped"] == 1
+    # FleetEvents: each key told once; a fill's gone key retracted; an audit
+    # finds a put the store lost.
+    store2, pool = _MemStore(), _Pool()
+    f = FleetEvents(NS, audit_s=0.0)
+    f.put(k[:3])
+    f.put(k[:1])
+    f.step(pool, store2, lambda: [])
+    f.step(pool, store2, lambda: [])
+    assert pool.told == [(k[:3], [])] and all(x in f for x in k[:3])
+    f.gone(k[5:6])  # never announced: nothing to retract
+    f.gone(k[1:2])
+    f.step(pool, store2, lambda: [])
+    assert pool.told[-1] == ([], k[1:2]) and k[1] not in f
+    for key in (k[0], k[2]):
+        store2.objs[NS.name(key)] = "x"
+    del store2.objs[NS.name(k[2])]  # evicted
+    f.step(pool, store2, lambda: [k[0], k[2]])  # the audit, then the log
+    f.step(pool, store2, lambda: [])
+    assert f.evicted == 1 and pool.told[-1] == ([], k[2:3]) and k[0] in f
+    f2 = _Pool()
+    f.retell(f2)  # a restarted kvpoold hears what is held
+    assert f2.told == [([k[0]], [])]

@@ -129,6 +129,27 @@ def _cluster_events(subs, want, timeout=20.0):
     raise TimeoutError(f"not every node told {want}: {seen}")
 
 
+def _lose_blocks(cluster, n):
+    """Removes the n block objects from the store (the announcement log's
+    entries stay), by a client of the store's own in the master's namespace;
+    an object read in the last seconds is leased and refuses removal until
+    its lease ends, so the remover tries again for up to 30 s."""
+    rm = cluster.run("m", "remover", [
+        os.path.join(cluster.mc, "bin", "python"), "-c",
+        "import sys, time\n"
+        "from mooncake.store import MooncakeDistributedStore as S\n"
+        "s = S()\n"
+        f"assert s.setup('{cluster.addr['m']}', '{cluster.metadata}', 0, 16 << 20, "
+        f"'tcp', '', '{cluster.master}') == 0\n"
+        "n, t = 0, time.time()\n"
+        f"while n < {n} and time.time() - t < 30:\n"
+        "    n += max(0, s.remove_by_regex(r'^kvpool/[^/]+/[0-9a-f]{16}/[0-9a-f]+$'))\n"
+        "    time.sleep(0.2)\n"
+        "print('removed', n)\n"
+        f"sys.exit(0 if n >= {n} else 1)\n"])
+    assert rm.wait(timeout=60) == 0, cluster.log("remover")
+
+
 def test_routers_see_the_clusters_blocks_on_every_node(model_dir, cluster):
     """Blocks node a put are announced by every node's kvpoold (medium
     CLUSTER, vLLM's locality REMOTE on its wire), so a router credits every
@@ -148,14 +169,7 @@ def test_routers_see_the_clusters_blocks_on_every_node(model_dir, cluster):
               f"{(time.monotonic() - t0) * 1000:.0f} ms of the puts")
         # The store loses the blocks (removed behind the tier's back, as an
         # eviction would): c's lookups miss, and every node retracts them.
-        rm = cluster.run("m", "remover", [
-            os.path.join(cluster.mc, "bin", "python"), "-c",
-            "from mooncake.store import MooncakeDistributedStore as S\n"
-            "s = S()\n"
-            f"assert s.setup('{cluster.addr['m']}', '{cluster.metadata}', 0, 16 << 20, "
-            f"'tcp', '', '{cluster.master}') == 0\n"
-            "print('removed', s.remove_by_regex(r'^kvpool/[^/]+/[0-9a-f]{16}/[0-9a-f]+$'))\n"])
-        assert rm.wait(timeout=60) == 0, cluster.log("remover")
+        _lose_blocks(cluster, len(keys))
         c = Engine(model_dir, cluster.urls["c"][0], "engine-c")
         assert served_from_cluster(c, PROMPT, []) == len(PROMPT)  # nothing to load
         _cluster_events(subs, {"removed": keys})
@@ -281,7 +295,7 @@ def pinned_node(tmp_path):
             tmp_path / "a", blocks=64,
             extra=f",cluster_wait_ms={WAIT_MS},cluster_miss_ms=100")))
         c.agent("a", extra=("--write-behind", "pinned", "--pin-file", str(pins),
-                            *(("--pin-hash-seed", seed) if seed else ())))
+                            "--audit-s", "7", *(("--pin-hash-seed", seed) if seed else ())))
         c.wait_joined("a")
         yield c
     finally:
@@ -292,14 +306,27 @@ def pinned_node(tmp_path):
 def test_pinned_prefixes_are_put_and_nothing_else(model_dir, pinned_node):
     """--write-behind pinned: the pin file's prompt (its keys computed by the
     agent from token ids, as vLLM's offloading scheduler makes them) is put,
-    soft-pinned, as soon as an engine stores it; another prompt is not."""
+    soft-pinned, as soon as an engine stores it; another prompt is not. When
+    the store loses them, the agent's audit (--audit-s 7: longer than the
+    store's 5 s lease, which its look renews) retracts them from the node's
+    events with no engine asking."""
     assert pinned_node.wait_stats("a", "pinned", 4)["pinned"] == 4
+    sub = kvpool.Subscriber(pinned_node.urls["a"][1], pinned_node.urls["a"][0],
+                            pools=["tier"], index=False, int_hashes=False, timeout_ms=2000)
     a = Engine(model_dir, pinned_node.urls["a"][0], "engine-a")
-    other = list(range(5000, 5000 + 4 * BS + 3))
-    prefill(a, other)
-    hashes = prefill(a, PROMPT)
-    st = pinned_node.wait_stats("a", "pinned_put", len(hashes))
-    time.sleep(1.0)  # time for a wrongly queued put of the other prompt
-    st = pinned_node.stats("a")
-    assert st["put"] == st["pinned_put"] == 4 and st["put_errors"] == 0, st
-    a.close()
+    try:
+        other = list(range(5000, 5000 + 4 * BS + 3))
+        prefill(a, other)
+        hashes = prefill(a, PROMPT)
+        st = pinned_node.wait_stats("a", "pinned_put", len(hashes))
+        keys = [h + b"\0\0\0\0" for h in hashes]
+        _cluster_events({"a": sub}, {"stored": keys})  # from the log, after the puts
+        time.sleep(1.0)  # time for a wrongly queued put of the other prompt
+        st = pinned_node.stats("a")
+        assert st["put"] == st["pinned_put"] == 4 and st["put_errors"] == 0, st
+        _lose_blocks(pinned_node, len(keys))
+        _cluster_events({"a": sub}, {"removed": keys}, timeout=30)
+        assert pinned_node.wait_stats("a", "evicted", 4)["evicted"] >= 4
+    finally:
+        sub.close()
+        a.close()
