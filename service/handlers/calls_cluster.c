@@ -43,7 +43,7 @@ kvpd_h_cluster_fill(struct call *c, const Kvpool__V1__ClusterFillRequest *m,
 		return kvpd_fail(c, KVP_ENOTSUP, "pool %s has no cluster tier (it needs a shared "
 		                 "region and cluster_wait_ms > 0)", c->p->cfg.name);
 	kl = f->key_len;
-	size_t n_absent, n_stored, n_removed;
+	size_t n_absent = 0, n_stored = 0, n_removed = 0;
 	int rv;
 	if ((rv = key_count(c, "absent", &m->absent_keys, kl, &n_absent)) != KVP_OK ||
 	    (rv = key_count(c, "stored", &m->stored_keys, kl, &n_stored)) != KVP_OK ||
