@@ -246,21 +246,26 @@ def test_master_and_node_faults_never_fail_an_engine(model_dir, cluster):
     a.manager.shutdown()
 
 
-@pytest.fixture
-def hits_node(tmp_path):
-    """One node whose agent puts only blocks hit once (--write-behind hits:1)."""
+def _one_node(tmp_path, agent_args):
+    """A master and node a, its agent run with agent_args; stats printed at the end."""
     c = cluster_net.Cluster(str(tmp_path), ["a"])
     try:
         c.start_master()
         c.start_node("a", list(tier_args(
             tmp_path / "a", blocks=64,
             extra=f",cluster_wait_ms={WAIT_MS},cluster_miss_ms=100")))
-        c.agent("a", extra=("--write-behind", "hits:1"))
+        c.agent("a", extra=tuple(agent_args))
         c.wait_joined("a")
         yield c
     finally:
         print(f"--- agent a: {c.stats('a')}\n{c.log('agent-a', 1500)}")
         c.close()
+
+
+@pytest.fixture
+def hits_node(tmp_path):
+    """One node whose agent puts only blocks hit once (--write-behind hits:1)."""
+    yield from _one_node(tmp_path, ("--write-behind", "hits:1"))
 
 
 def test_hits_policy_puts_a_block_once_an_engine_hit_it(model_dir, hits_node):
@@ -285,22 +290,12 @@ def test_hits_policy_puts_a_block_once_an_engine_hit_it(model_dir, hits_node):
 def pinned_node(tmp_path):
     """One node whose agent puts only a pinned prompt's blocks
     (--write-behind pinned --pin-file)."""
-    c = cluster_net.Cluster(str(tmp_path), ["a"])
     pins = tmp_path / "pins.jsonl"
     pins.write_text("# the system prompt\n" + json.dumps(PROMPT) + "\n")
     seed = os.environ.get("PYTHONHASHSEED")
-    try:
-        c.start_master()
-        c.start_node("a", list(tier_args(
-            tmp_path / "a", blocks=64,
-            extra=f",cluster_wait_ms={WAIT_MS},cluster_miss_ms=100")))
-        c.agent("a", extra=("--write-behind", "pinned", "--pin-file", str(pins),
-                            "--audit-s", "7", *(("--pin-hash-seed", seed) if seed else ())))
-        c.wait_joined("a")
-        yield c
-    finally:
-        print(f"--- agent a: {c.stats('a')}\n{c.log('agent-a', 1500)}")
-        c.close()
+    yield from _one_node(tmp_path, ("--write-behind", "pinned", "--pin-file", str(pins),
+                                    "--audit-s", "7",
+                                    *(("--pin-hash-seed", seed) if seed else ())))
 
 
 def test_pinned_prefixes_are_put_and_nothing_else(model_dir, pinned_node):

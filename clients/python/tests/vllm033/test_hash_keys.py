@@ -83,6 +83,17 @@ def _vllm_request(ntok, lora, salt, mm):
         _prompt_embeds_per_block_hashes={}, session_id=None)
 
 
+def _seeded(monkeypatch, algo):
+    """vLLM's hash function for algo with NONE_HASH from PYTHONHASHSEED=0,
+    and a random generator whose seed is printed (and returned)."""
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    fn = get_hash_fn_by_name(algo)
+    vku.init_none_hash(fn)
+    seed = random.randrange(1 << 30)
+    print("seed", seed)
+    return fn, random.Random(seed), seed
+
+
 def _vllm_hash_incrementally(rnd, req, block_size, fn):
     """vLLM's request hasher as the engine calls it: as tokens arrive."""
     hasher = vku.get_request_block_hasher(block_size, fn)
@@ -100,12 +111,7 @@ def test_random_keyed_requests_hash_as_vllm(tmp_path, monkeypatch, algo):
     """Random LoRA / multimodal / salted requests: vLLM 0.33's hashes (as the
     engine extends them) equal kvpool.Hasher's, and kvpoold, hashing the
     same tokens and keys, caches blocks that vLLM's hashes find."""
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
-    fn = get_hash_fn_by_name(algo)
-    vku.init_none_hash(fn)
-    seed = random.randrange(1 << 30)
-    print("seed", seed)
-    rnd = random.Random(seed)
+    fn, rnd, seed = _seeded(monkeypatch, algo)
     proc, url, _ = start(tmp_path, "--pool",
                          f"name=k,blocks=256,block_size=4,executor=none,seed=0,hash_algo={algo}",
                          pool="k")
@@ -175,12 +181,7 @@ def test_pinned_prompts_are_vllms_offload_keys(tmp_path, monkeypatch, algo):
     from vllm.v1.kv_offload.base import make_offload_key
 
     from kvpool.cluster_pins import load_pins
-    monkeypatch.setenv("PYTHONHASHSEED", "0")
-    fn = get_hash_fn_by_name(algo)
-    vku.init_none_hash(fn)
-    seed = random.randrange(1 << 30)
-    print("seed", seed)
-    rnd = random.Random(seed)
+    fn, rnd, seed = _seeded(monkeypatch, algo)
     prompts, hashes = [], []
     for _ in range(20):
         ntok = rnd.randint(4, 60)
