@@ -357,7 +357,7 @@ token_pool_metrics(bool token_pools, char *metrics, size_t cap)
 	int port = daemon_admin_port();
 	snprintf(rpc, sizeof(rpc), "ipc:///tmp/kvpool-vwt-%d.ipc", (int)getpid());
 	/* tcp: the second pool's dp_rank offsets the port, as vLLM does */
-	snprintf(pub, sizeof(pub), "tcp://127.0.0.1:%d", 46000 + (int)(getpid() % 5000) * 2);
+	snprintf(pub, sizeof(pub), "tcp://127.0.0.1:%d", 16000 + (int)(getpid() % 2000) * 2);
 	snprintf(tok, sizeof(tok), "/tmp/kvpool-vwt-tok-%d", (int)getpid());
 	snprintf(sec, sizeof(sec), "name=sec,blocks=16,block_size=4,dp_rank=1,token_file=%s", tok);
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", port);

@@ -344,7 +344,9 @@ main(int argc, char **argv)
 		return 2;
 	}
 	daemon_urls(ipc_url, sizeof(ipc_url), tcp_url, sizeof(tcp_url));
-	int base_port = 40000 + (int)(getpid() % 10000) * 2;
+	/* Below the ephemeral range (32768-), where a port can be taken by any
+	 * connection's local end at the moment kvpoold binds it. */
+	int base_port = 30000 + (int)(getpid() % 1300) * 2;
 	snprintf(admin, sizeof(admin), "http://127.0.0.1:%d", daemon_admin_port());
 	snprintf(vllm_sub, sizeof(vllm_sub), "tcp://127.0.0.1:%d", base_port);
 	snprintf(vllm_rep, sizeof(vllm_rep), "tcp://127.0.0.1:%d", base_port + 1);
@@ -357,6 +359,18 @@ main(int argc, char **argv)
 	                      "--lease-ms", "2000", "--pool", pool, NULL};
 	if ((daemon_pid = daemon_start(args)) <= 0)
 		return 1;
+	/* A daemon that cannot start (a port taken) ends the run at once. */
+	char body[256];
+	for (int i = 0; http_get(daemon_admin_port(), "/healthz", body, sizeof(body)) != 200; i++) {
+		if (waitpid(daemon_pid, NULL, WNOHANG) == daemon_pid || i == 100) {
+			fprintf(stderr, "kvp-soak-hostile: kvpoold %s (its log is above)\n",
+			        i == 100 ? "did not answer /healthz within 10 s" : "exited at start");
+			if (i == 100)
+				kill(daemon_pid, SIGKILL);
+			return 1;
+		}
+		sleep_ms(100);
+	}
 	sleep_ms(500);
 	double rss0 = rss_mib(), peak = rss0;
 
