@@ -263,6 +263,10 @@ class ClusterTier:
         """Fills what the store holds; returns the keys to report absent."""
         names = [self.ns.name(k) for k in wants]
         region = cast(kvpool.Region, node.region)
+        if not node.fill_store.up():  # no row reserved (and none evicted) for nothing
+            self.stats["store_down"] += 1
+            self.stats["absent"] += len(wants)
+            return wants
         # Keys the fleet's log says the store holds are not looked up first:
         # their get says whether they are there (a miss aborts the row).
         ask = [i for i, k in enumerate(wants) if k not in self.fleet]
