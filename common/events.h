@@ -33,6 +33,13 @@ enum kvp_event_type {
 	KVP_EVENT_ALL_CLEARED = 3,
 };
 
+/*
+ * The medium of the blocks a cluster tier's store holds, as a pool
+ * announces them (ClusterFill; docs/cluster.md, "Events"). vLLM's wire
+ * gives these events locality "REMOTE".
+ */
+#define KVP_MEDIUM_CLUSTER "CLUSTER"
+
 /* A decoded view of one event; pointers are valid until the batch changes. */
 struct kvp_event {
 	enum kvp_event_type type;
@@ -46,7 +53,7 @@ struct kvp_event {
 	bool has_lora_id;
 	int64_t lora_id;
 	const char *lora_name;      /* NULL: None */
-	const char *medium;         /* NULL: None */
+	const char *medium;         /* NULL: None; KVP_MEDIUM_CLUSTER: the cluster tier's */
 	const char *session_id;     /* Stored: the request's session_id, NULL: None */
 	const uint8_t *extra_keys;  /* Stored: num_hashes CBOR items, back to back */
 	const uint32_t *extra_key_offsets; /* num_hashes + 1 offsets into extra_keys */

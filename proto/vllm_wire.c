@@ -50,13 +50,13 @@ struct enc {
 
 /*
  * vLLM 0.33's locality of an event: the cluster tier's blocks (medium
- * CLUSTER, docs/cluster.md) live in a store across the network, REMOTE as
+ * KVP_MEDIUM_CLUSTER, docs/cluster.md) live in a store across the network, REMOTE as
  * vLLM's network-backed tiers report theirs; every other medium's None.
  */
 static const char *
 locality_of(const struct kvp_event *ev)
 {
-	return ev->medium != NULL && strcmp(ev->medium, "CLUSTER") == 0 ? "REMOTE" : NULL;
+	return ev->medium != NULL && strcmp(ev->medium, KVP_MEDIUM_CLUSTER) == 0 ? "REMOTE" : NULL;
 }
 
 static void

@@ -11,8 +11,6 @@
 #include "engine/pool.h"
 #include "service/rpc/call.h"
 
-#define CLUSTER_MEDIUM "CLUSTER" /* docs/cluster.md, "Events" */
-
 /* A key list of the request: KVP_OK with its count, or a failed call. */
 static int
 key_count(struct call *c, const char *what, const ProtobufCBinaryData *keys, size_t kl,
@@ -59,9 +57,9 @@ kvpd_h_cluster_fill(struct call *c, const Kvpool__V1__ClusterFillRequest *m,
 		for (uint32_t g = 0; g < c->p->cfg.num_groups; g++)
 			bs[g] = c->p->cfg.groups[g].block_size;
 		if ((rv = kvp_pool_announce(c->p->pool, true, m->stored_keys.data, kl, n_stored,
-		                            CLUSTER_MEDIUM, bs, c->p->cfg.num_groups)) != KVP_OK ||
+		                            KVP_MEDIUM_CLUSTER, bs, c->p->cfg.num_groups)) != KVP_OK ||
 		    (rv = kvp_pool_announce(c->p->pool, false, m->removed_keys.data, kl, n_removed,
-		                            CLUSTER_MEDIUM, bs, c->p->cfg.num_groups)) != KVP_OK)
+		                            KVP_MEDIUM_CLUSTER, bs, c->p->cfg.num_groups)) != KVP_OK)
 			return kvpd_fail(c, rv, "cannot queue the cluster's events (out of memory)");
 	}
 	size_t n = 0;
